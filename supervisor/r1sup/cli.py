@@ -1,0 +1,188 @@
+"""The command line: ``main(argv) -> int``. Thin: parse, configure logging, call a command module.
+
+Nothing heavy is imported here; each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from r1sup import __version__
+from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_SIGINT, R1supError
+
+EXIT_CODES_HELP = """exit codes:
+  0    ok
+  2    usage or configuration error (one line on stderr naming the field)
+  3    no working configuration within the ladder's bounds
+  4    fatal non-memory failure (model not found, port taken, bad engine arguments)
+  5    serving gave up: more crashes than daemon.restart_budget allows
+  130  stopped by SIGINT (vLLM stopped first)
+  143  stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)
+"""
+
+KV_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_CONFIG)
+
+
+def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--config", "-c", required=required, metavar="FILE", help="TOML config of one served model")
+    p.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting (repeatable); beats R1SUP_* variables and the file",
+    )
+    p.add_argument("--state-dir", metavar="DIR", help="same as --set state.dir=DIR")
+
+
+def _add_plan_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine flags (override the config's [start])")
+    g.add_argument("--max-model-len", type=int, metavar="N")
+    g.add_argument("--gpu-memory-utilization", type=float, metavar="F")
+    g.add_argument("--kv-cache-dtype", choices=KV_DTYPE_CHOICES)
+    g.add_argument("--quantization", choices=("none", "fp8", "awq", "gptq"), help="weight quantization")
+    g.add_argument("--enforce-eager", action="store_true", default=None)
+    g.add_argument("--max-num-seqs", type=int, metavar="N")
+    g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
+    g.add_argument("--target-concurrency", type=int, metavar="N", help="requests that must fit at once")
+    g.add_argument("--target-context", type=int, metavar="N", help="tokens per request that must fit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="r1sup",
+        description="Start vLLM, recover it from out-of-memory, keep it serving.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"r1sup {__version__}")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
+    parser.add_argument(
+        "--log-format", choices=("auto", "json", "console"), default="auto", help="auto: JSON unless a terminal"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(
+            name, help=help, description=help, epilog=EXIT_CODES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return p
+
+    p = add("run", "serve under supervision: reuse or tune a working config, then keep vLLM alive")
+    _add_config_args(p)
+
+    p = add("tune", "find a configuration that starts and passes the load probe, save it, print a report")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set ladder.strategy=...")
+
+    p = add("plan", "size a model for a GPU before anything is downloaded or launched")
+    p.add_argument("--config", "-c", metavar="FILE", help="take model, flags and target from this config")
+    p.add_argument("--model", "-m", help="HF id (catalog or local HF cache) or a local model directory")
+    p.add_argument("--gpu", metavar="NAME", help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80'")
+    p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of one GPU in GiB")
+    p.add_argument("--gpus", type=int, metavar="N", help="GPUs for tensor parallel")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_plan_flags(p)
+
+    p = add("diagnose", "explain a vLLM log: failure class, phase, evidence, numbers, next step")
+    p.add_argument("file", metavar="FILE|-", help="log file, or - for standard input")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = add("status", "show saved profiles and the live state of a running daemon")
+    p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")
+    p.add_argument("--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = add("check", "validate a config and print the effective settings")
+    _add_config_args(p)
+    p.add_argument("--json", action="store_true", help="print the settings as JSON")
+
+    p = add("profile", "export or import a tuned profile for identical boxes")
+    psub = p.add_subparsers(dest="profile_command", metavar="ACTION", parser_class=_Parser)
+    psub.required = True
+    pe = psub.add_parser("export", help="write the profile matching this box and config to FILE")
+    _add_config_args(pe)
+    pe.add_argument("file", metavar="FILE")
+    pi = psub.add_parser("import", help="install a profile from FILE after checking its fingerprint")
+    _add_config_args(pi)
+    pi.add_argument("file", metavar="FILE")
+    pi.add_argument("--force", action="store_true", help="import even if the fingerprint differs")
+
+    p = add("tiny-model", "write the tiny dummy-weight model used by the demo and the tests")
+    p.add_argument("dir", metavar="DIR")
+    return parser
+
+
+# command name -> module in r1sup.commands with a ``main(args) -> int``
+COMMANDS = {
+    "run": "run",
+    "tune": "tune",
+    "plan": "plan",
+    "diagnose": "diagnose",
+    "status": "status",
+    "check": "check",
+    "profile": "profile",
+    "tiny-model": "tinymodel",
+}
+
+
+def load_config(args: argparse.Namespace) -> Any:
+    """The config named by ``--config`` with ``--set``/``--state-dir``/``--strategy`` applied."""
+    from r1sup import config as cfg
+
+    overrides: dict[str, Any] = cfg.parse_assignments(getattr(args, "assignments", []) or [])
+    if getattr(args, "state_dir", None):
+        overrides["state.dir"] = args.state_dir
+    if getattr(args, "strategy", None):
+        overrides["ladder.strategy"] = args.strategy
+    return cfg.load(args.config, overrides=overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors
+        return int(exc.code or 0)
+
+    from r1sup import logs
+
+    json_out = getattr(args, "json", False)
+    level = args.log_level or ("warning" if args.command in ("diagnose", "plan", "check", "status") else "info")
+    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout)
+    try:
+        module = importlib.import_module(f"r1sup.commands.{COMMANDS[args.command]}")
+        return int(module.main(args))
+    except R1supError as exc:
+        sys.stderr.write(f"r1sup: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("r1sup: interrupted\n")
+        return EXIT_SIGINT
+    except BrokenPipeError:
+        return EXIT_INTERNAL
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

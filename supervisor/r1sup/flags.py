@@ -1,0 +1,94 @@
+"""The engine flags r1sup manages, as one frozen value shared by planner, ladder, launcher and profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"})
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """vLLM's memory-relevant flags. ``None`` means: leave vLLM's default."""
+
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = False
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    kv_cache_memory_bytes: int | None = None
+    cpu_offload_gb: float | None = None
+
+    @classmethod
+    def from_start(cls, start: Any) -> EngineFlags:
+        """From a ``[start]`` section (or anything with the same attributes)."""
+        return cls(**{f.name: getattr(start, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineFlags:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown flag(s): {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> EngineFlags:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_cache_dtype in FP8_KV_DTYPES
+
+    def to_argv(self) -> list[str]:
+        """vLLM command-line arguments for these flags, in a stable order."""
+        argv: list[str] = []
+        if self.max_model_len is not None:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        argv += ["--gpu-memory-utilization", _fmt_float(self.gpu_memory_utilization)]
+        if self.kv_cache_dtype != "auto":
+            argv += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.enforce_eager:
+            argv.append("--enforce-eager")
+        if self.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.max_num_batched_tokens is not None:
+            argv += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.quantization is not None:
+            argv += ["--quantization", self.quantization]
+        if self.tensor_parallel_size != 1:
+            argv += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.kv_cache_memory_bytes is not None:
+            argv += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
+        if self.cpu_offload_gb:
+            argv += ["--cpu-offload-gb", _fmt_float(self.cpu_offload_gb)]
+        return argv
+
+    def describe_change(self, new: EngineFlags) -> str:
+        """A short text of what differs, e.g. ``max_model_len 32768 -> 3712, kv_cache_dtype auto -> fp8``."""
+        parts = []
+        for f in dataclasses.fields(self):
+            old_v, new_v = getattr(self, f.name), getattr(new, f.name)
+            if old_v != new_v:
+                parts.append(f"{f.name} {_show(old_v)} -> {_show(new_v)}")
+        return ", ".join(parts) or "no change"
+
+
+def _fmt_float(value: float) -> str:
+    text = f"{value:.4f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "default"
+    if isinstance(value, float):
+        return _fmt_float(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,56 @@
+"""Shared test helpers: bounded waiting, free ports, the tiny model, the real engine's availability."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # helpers such as the fake engine live with the tests
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "") -> object:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass (then fail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def engine_available() -> bool:
+    """True where the real CPU engine can be imported (make test installs it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from r1sup.tinymodel import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if engine_available() or os.environ.get("R1SUP_REQUIRE_ENGINE") == "1":
+        return
+    skip = pytest.mark.skip(reason="the vLLM CPU engine is not installed (run make test)")
+    for item in items:
+        if "engine" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,174 @@
+"""Config validation: every rule gives exit 2 and one stderr line naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from r1sup import config as cfg
+from r1sup.cli import main
+from r1sup.errors import ConfigError
+
+MINIMAL = '[model]\nname = "org/model"\n'
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "fragment"),
+    [
+        ("[start]\nmax_model_length = 4096\n", "start.max_model_length", "did you mean start.max_model_len"),
+        ("[strat]\nx = 1\n", "strat", "unknown section"),
+        ("[start]\ngpu_memory_utilization = 0\n", "start.gpu_memory_utilization", "must be > 0"),
+        ("[start]\ngpu_memory_utilization = 1.2\n", "start.gpu_memory_utilization", "must be <= 1"),
+        ("[start]\ngpu_memory_utilization = \"high\"\n", "start.gpu_memory_utilization", "expected a number"),
+        ("[start]\nkv_cache_dtype = \"int4\"\n", "start.kv_cache_dtype", "must be one of"),
+        ("[start]\nmax_model_len = 4096.5\n", "start.max_model_len", "expected an integer"),
+        ("[start]\nmax_model_len = 0\n", "start.max_model_len", "must be >= 1"),
+        ("[start]\nenforce_eager = 1\n", "start.enforce_eager", "expected true or false"),
+        ("[start]\nquantization = \"int3\"\n", "start.quantization", "must be one of"),
+        ("[start]\ntensor_parallel_size = 0\n", "start.tensor_parallel_size", "must be >= 1"),
+        ("[server]\nport = 0\n", "server.port", "must be >= 1"),
+        ("[server]\nport = 70000\n", "server.port", "must be <= 65535"),
+        ("[server]\nport = true\n", "server.port", "expected an integer"),
+        ("[server]\nextra_args = \"--foo\"\n", "server.extra_args", "expected a list of strings"),
+        ("[server]\nextra_args = [\"--max-model-len\", \"4\"]\n", "server.extra_args", "managed by r1sup"),
+        ("[server]\nextra_args = [\"--port=9\"]\n", "server.extra_args", "--port is managed"),
+        ("[server]\nextra_args = [\"--api-key\", \"x\"]\n", "server.extra_args", "--api-key is managed"),
+        ("[server]\nenv = { VLLM_API_KEY = \"k\" }\n", "server.env", "api_key_file"),
+        ("[server]\nenv = { A = 1 }\n", "server.env", "expected a table of strings"),
+        ("[server]\nhost = \"0.0.0.0\"\n", "server.host", "not a loopback address"),
+        ("[ladder]\nstrategy = \"random\"\n", "ladder.strategy", "must be one of smart, naive"),
+        (
+            "[ladder]\nmin_gpu_memory_utilization = 0.9\nmax_gpu_memory_utilization = 0.8\n",
+            "ladder.min_gpu_memory_utilization",
+            "must be <=",
+        ),
+        ("[ladder]\nmax_attempts = 0\n", "ladder.max_attempts", "must be >= 1"),
+        ("[target]\nconcurrency = -1\n", "target.concurrency", "must be >= 1"),
+        ("[start]\nmax_model_len = 1024\n[target]\ncontext = 4096\n", "target.context", "longer than"),
+        ("[probe]\ntimeout_s = 0\n", "probe.timeout_s", "must be > 0"),
+        ("[daemon]\nmetrics_port = 8000\n", "daemon.metrics_port", "same as server.port"),
+        ("[daemon]\nbackoff_initial_s = 10\nbackoff_max_s = 1\n", "daemon.backoff_initial_s", "must be <="),
+        ("[state]\ndir = 5\n", "state.dir", "expected a string"),
+        ("model = 5\n", "model", "must be a table"),
+    ],
+)
+def test_rule_names_field(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, field: str, fragment: str):
+    path = write(tmp_path, (MINIMAL + body) if not body.startswith("model =") else body)
+    code, out, err = run_check(capsys, "--config", str(path))
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"r1sup: error: {field}: ")
+    assert fragment in lines[0]
+    assert "Traceback" not in err
+
+
+def test_missing_model_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, _, err = run_check(capsys, "--config", str(write(tmp_path, "[start]\nmax_model_len = 4\n")))
+    assert code == 2
+    assert "model.name: required but not set" in err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    code, _, err = run_check(capsys, "--config", str(tmp_path / "nope.toml"))
+    assert code == 2
+    assert err.strip() == f"r1sup: error: config file not found: {tmp_path / 'nope.toml'}"
+
+
+def test_syntax_error_reports_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    path = write(tmp_path, MINIMAL + "[start]\nmax_model_len = = 3\n")
+    code, _, err = run_check(capsys, "--config", str(path))
+    assert code == 2
+    assert "TOML syntax error" in err and "line 4" in err
+
+
+def test_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"[model]\nname = \"\xff\"\n")
+    code, _, err = run_check(capsys, "--config", str(path))
+    assert code == 2 and "not UTF-8" in err
+
+
+def test_precedence_defaults_file_env_cli(tmp_path: Path):
+    path = write(tmp_path, MINIMAL + "[server]\nport = 8100\n[start]\nmax_model_len = 8192\n")
+    env = {"R1SUP_SERVER_PORT": "8200", "R1SUP_START_MAX_MODEL_LEN": "4096"}
+    c = cfg.load(path, environ=env, overrides={"server.port": "8300"})
+    assert c.server.port == 8300  # command line beats environment
+    assert c.start.max_model_len == 4096  # environment beats file
+    assert c.start.gpu_memory_utilization == 0.9  # default
+    assert cfg.load(path, environ={}).server.port == 8100  # file beats default
+
+
+def test_env_unknown_key_is_error(tmp_path: Path):
+    with pytest.raises(ConfigError) as info:
+        cfg.load(write(tmp_path, MINIMAL), environ={"R1SUP_START_MAX_MODEL_LENGTH": "5"})
+    assert info.value.field == "start.max_model_length"
+    assert "environment" in str(info.value)
+
+
+def test_env_bad_value_names_field(tmp_path: Path):
+    with pytest.raises(ConfigError) as info:
+        cfg.load(write(tmp_path, MINIMAL), environ={"R1SUP_SERVER_PORT": "eighty"})
+    assert info.value.field == "server.port"
+
+
+def test_env_ignores_non_settings(tmp_path: Path):
+    c = cfg.load(write(tmp_path, MINIMAL), environ={"R1SUP_LOG_LEVEL": "debug", "R1SUP_CONFIG": "x"})
+    assert c.model.name == "org/model"
+
+
+def test_env_list_and_bool(tmp_path: Path):
+    env = {"R1SUP_SERVER_EXTRA_ARGS": '["--seed", "1"]', "R1SUP_START_ENFORCE_EAGER": "true"}
+    c = cfg.load(write(tmp_path, MINIMAL), environ=env)
+    assert c.server.extra_args == ["--seed", "1"]
+    assert c.start.enforce_eager is True
+
+
+def test_cli_set_and_bad_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    path = write(tmp_path, MINIMAL)
+    code, out, _ = run_check(capsys, "--config", str(path), "--set", "start.max_model_len=1234")
+    assert code == 0 and '"start.max_model_len"' not in out and "1234" in out
+    code, _, err = run_check(capsys, "--config", str(path), "--set", "nonsense")
+    assert code == 2 and "--set: expected section.key=value" in err
+    code, _, err = run_check(capsys, "--config", str(path), "--set", "start.max_model_len=abc")
+    assert code == 2 and "start.max_model_len: expected an integer" in err
+
+
+def test_public_bind_needs_key_or_opt_in(tmp_path: Path):
+    body = MINIMAL + '[server]\nhost = "0.0.0.0"\n'
+    with pytest.raises(ConfigError):
+        cfg.load(write(tmp_path, body), environ={})
+    assert cfg.load(write(tmp_path, body), environ={"VLLM_API_KEY": "k"}).server.host == "0.0.0.0"
+    opt_in = body.replace('"0.0.0.0"\n', '"0.0.0.0"\nallow_public_bind = true\n')
+    assert cfg.load(write(tmp_path, opt_in), environ={}).server.allow_public_bind
+
+
+def test_check_json_and_configs_dir_are_valid(capsys: pytest.CaptureFixture[str]):
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "configs").glob("*.toml"))
+    assert files, "configs/ holds example configs"
+    for path in files:
+        code, out, err = run_check(capsys, "--config", str(path), "--json")
+        assert code == 0, (path, err)
+        assert '"model"' in out
+
+
+def test_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]):
+    code = main(["tune"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "--config" in err
