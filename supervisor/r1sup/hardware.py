@@ -53,6 +53,22 @@ class DeviceFacts:
     processes: tuple[ProcessUse, ...] = ()
     source: str = "probe"  # probe (NVML/psutil), catalog (--gpu NAME), manual (--gpu-memory-gib)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    cpu_flags: frozenset[str] | None = None  # /proc/cpuinfo flags on the CPU backend; None: unknown
+
+    @property
+    def fp8_kv_supported(self) -> bool | None:
+        """Whether vLLM can keep the KV cache in fp8 here (None: unknown, assume yes).
+
+        CUDA: from compute capability 8.0 (e4m3 from 8.9, e5m2 below). vLLM's CPU backend needs x86
+        with AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py: "FP8 KV cache on CPU requires
+        x86 with AVX-512 or AMX").
+        """
+        if self.backend == "cpu":
+            if self.cpu_flags is None:
+                return None
+            return bool({"avx512f", "amx_tile"} & self.cpu_flags)
+        cc = self.compute_capability
+        return None if cc is None else cc >= (8, 0)
 
     @property
     def count(self) -> int:

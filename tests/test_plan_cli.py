@@ -1,0 +1,344 @@
+"""``r1sup plan`` end to end through ``r1sup.cli.main``, and the offline model-config lookup behind it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from r1sup import catalog, modelinfo
+from r1sup.cli import main
+from r1sup.errors import ConfigError
+
+Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+Q14 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
+
+
+@pytest.fixture(autouse=True)
+def no_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Deterministic: no NVIDIA driver, an empty HF cache, no R1SUP_* settings from the caller."""
+    nv = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def init() -> None:
+        raise NVMLError("NVML Shared Library Not Found")
+
+    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
+    nv.nvmlInit = init  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
+    for key in list(os.environ):
+        if key.startswith("R1SUP_"):
+            monkeypatch.delenv(key)
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code = main(["plan", *argv, "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data: dict[str, Any] = json.loads(out)
+    return data
+
+
+# --- the issue's examples ------------------------------------------------------------------------
+
+
+def test_issue_example_14b_fp8_kv_on_24_gib(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", Q14, "--gpu-memory-gib", "24", "--kv-cache-dtype", "fp8")
+    for key in (
+        "weights_gib",
+        "kv_bytes_per_token",
+        "fits",
+        "kv_capacity_tokens",
+        "recommended",
+        "suggestions",
+        "breakdown",
+    ):
+        assert key in d
+    assert d["kv_bytes_per_token"] == 98304
+    assert d["weights_gib"] == pytest.approx(27.51, abs=0.01)
+    assert d["fits"] is False and d["recommended"] is None
+    assert d["model"]["source"].startswith("built-in catalog")
+
+
+def test_14b_bf16_on_24_gib_does_not_fit_and_names_the_way_out(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", Q14, "--gpu-memory-gib", "24")
+    assert d["fits"] is False and d["model_fits"] is False
+    assert d["kv_bytes_per_token"] == 196608
+    fitting = {s["kind"]: s for s in d["suggestions"] if s["fits"]}
+    assert {"fp8_weights", "four_bit", "tensor_parallel"} <= set(fitting)
+    assert fitting["tensor_parallel"]["flags"]["tensor_parallel_size"] == 2
+    assert fitting["fp8_weights"]["kv_capacity_tokens"] > 0
+
+    code = main(["plan", "--model", Q14, "--gpu-memory-gib", "24"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "DOES NOT FIT" in text and "27.51" in text
+    assert "fp8 weights" in text and "4-bit" in text and "tensor parallel over 2 GPUs" in text
+
+
+def test_7b_fits_with_a_predicted_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", Q7, "--gpu", "RTX 4090", "--max-model-len", "32768")
+    assert d["fits"] is True
+    assert d["kv_capacity_tokens"] > 50_000
+    assert d["recommended"]["max_model_len"] == 32768
+    assert d["device"]["name"] == "RTX 4090" and d["device"]["compute_capability"] == "8.9"
+
+    code = main(["plan", "--model", Q7, "--gpu", "RTX 4090", "--max-model-len", "32768"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "FITS as given" in text
+    assert f"{d['kv_capacity_tokens']:,} tokens" in text
+    assert "--max-model-len 32768 --gpu-memory-utilization 0.9" in text
+
+
+def test_full_context_7b_recommends_fp8_e5m2_on_an_rtx_3090(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", Q7, "--gpu", "rtx3090")
+    assert d["fits"] is False and d["model_fits"] is True
+    assert d["recommended"]["kv_cache_dtype"] == "fp8_e5m2"
+    assert d["recommended_argv"][:2] == ["--max-model-len", "131072"]
+
+
+def test_tensor_parallel_and_target(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(
+        capsys,
+        "--model",
+        Q14,
+        "--gpu",
+        "L4",
+        "--gpus",
+        "2",
+        "--target-concurrency",
+        "4",
+        "--max-model-len",
+        "16384",
+    )
+    assert d["flags"]["tensor_parallel_size"] == 2 and d["device"]["count"] == 2
+    assert d["kv_bytes_per_token"] == 98304  # 8 KV heads over 2 ranks, bf16
+    assert d["target"]["concurrency"] == 4
+    assert d["max_context_for_target"] is not None
+
+
+def test_every_engine_flag_has_a_command_line_form(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(
+        capsys,
+        "--model",
+        Q7,
+        "--gpu",
+        "H100",
+        "--max-model-len",
+        "8192",
+        "--gpu-memory-utilization",
+        "0.85",
+        "--kv-cache-dtype",
+        "bf16",
+        "--quantization",
+        "fp8",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "64",
+        "--max-num-batched-tokens",
+        "4096",
+        "--target-context",
+        "4096",
+    )
+    assert d["flags"] == {
+        "max_model_len": 8192,
+        "gpu_memory_utilization": 0.85,
+        "kv_cache_dtype": "bfloat16",
+        "enforce_eager": True,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 4096,
+        "quantization": "fp8",
+        "tensor_parallel_size": 1,
+        "kv_cache_memory_bytes": None,
+        "cpu_offload_gb": None,
+    }
+    assert d["breakdown"]["cudagraph_gib"] == 0
+    assert d["target"]["context"] == 4096
+
+
+def test_config_file_supplies_model_flags_and_target(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cfg = tmp_path / "r1.toml"
+    cfg.write_text(
+        f'[model]\nname = "{Q7}"\n\n[start]\nmax_model_len = 16384\nkv_cache_dtype = "fp8"\n'
+        "gpu_memory_utilization = 0.85\n\n[target]\nconcurrency = 4\n\n[ladder]\nmin_max_model_len = 4096\n"
+    )
+    d = run_json(capsys, "--config", str(cfg), "--gpu", "RTX 4090")
+    assert d["model"]["name"] == Q7
+    assert (d["flags"]["max_model_len"], d["flags"]["kv_cache_dtype"]) == (16384, "fp8")
+    assert d["flags"]["gpu_memory_utilization"] == 0.85
+    assert d["target"]["concurrency"] == 4
+    # the command line overrides the file
+    d2 = run_json(
+        capsys,
+        "--config",
+        str(cfg),
+        "--gpu",
+        "RTX 4090",
+        "--max-model-len",
+        "8192",
+        "--target-concurrency",
+        "2",
+    )
+    assert d2["flags"]["max_model_len"] == 8192 and d2["target"]["concurrency"] == 2
+    assert d2["flags"]["kv_cache_dtype"] == "fp8"
+
+
+def test_without_a_gpu_it_plans_for_the_cpu_backend(
+    capsys: pytest.CaptureFixture[str], tiny_model: Path
+) -> None:
+    d = run_json(
+        capsys, "--model", str(tiny_model), "--max-model-len", "4096", "--gpu-memory-utilization", "0.3"
+    )
+    assert d["device"]["backend"] == "cpu"
+    assert d["block_size"] == 128 and d["kv_bytes_per_token"] == 1024
+    assert d["model"]["source"].startswith("local directory")
+    code = main(
+        ["plan", "--model", str(tiny_model), "--max-model-len", "4096", "--gpu-memory-utilization", "0.3"]
+    )
+    text = capsys.readouterr().out
+    assert code == 0 and "vLLM CPU backend" in text and "no NVIDIA GPU" in text
+
+
+# --- bad input: exit 2 with one line naming the input --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--model", Q7, "--gpu", "GTX 9999"], "--gpu"),
+        (["--model", "someone/not-a-model", "--gpu", "L4"], "--model"),
+        (["--model", "/nonexistent/model/dir", "--gpu", "L4"], "--model"),
+        (["--gpu", "L4"], "--model"),
+        (["--model", Q7, "--gpu", "L4", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+        (["--model", Q7, "--gpu-memory-gib", "0"], "--gpu-memory-gib"),
+        (["--model", Q7, "--gpu", "L4", "--gpus", "0"], "--gpus"),
+        (["--model", Q7, "--gpu", "L4", "--max-model-len", "0"], "--max-model-len"),
+        (["--model", Q7, "--kv-cache-dtype", "int3"], "--kv-cache-dtype"),
+    ],
+)
+def test_bad_input_exits_2_naming_it(capsys: pytest.CaptureFixture[str], argv: list[str], named: str) -> None:
+    code = main(["plan", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert named in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_config_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["plan", "--config", str(tmp_path / "absent.toml")])
+    assert code == 2 and "not found" in capsys.readouterr().err
+
+
+# --- the model-config lookup (offline) -----------------------------------------------------------
+
+TINY_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+    "max_position_embeddings": 512,
+}
+
+
+def make_cache(root: Path, repo: str, commit: str, config: dict[str, Any], ref: str | None = "main") -> Path:
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    snap = repo_dir / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(config))
+    if ref:
+        (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+        (repo_dir / "refs" / ref).write_text(commit)
+    return snap / "config.json"
+
+
+def test_local_directory_first(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
+    source = modelinfo.locate_model_config(str(tmp_path))
+    assert source.kind == "local" and source.config == TINY_CONFIG
+
+
+def test_hf_cache_with_refs_and_revision(tmp_path: Path) -> None:
+    cache = tmp_path / "hub"
+    make_cache(cache, "org/model", "abc123", TINY_CONFIG)
+    make_cache(cache, "org/model", "def456", {**TINY_CONFIG, "hidden_size": 128}, ref="v2")
+    env = {"HF_HUB_CACHE": str(cache), "HOME": str(tmp_path)}
+    main_config = modelinfo.load_model_config("org/model", environ=env)
+    assert main_config["hidden_size"] == 64
+    assert modelinfo.load_model_config("org/model", revision="v2", environ=env)["hidden_size"] == 128
+    assert modelinfo.load_model_config("org/model", revision="def456", environ=env)["hidden_size"] == 128
+    with pytest.raises(ConfigError):
+        modelinfo.load_model_config("org/model", revision="nope", environ=env)
+
+
+@pytest.mark.parametrize("variable", ["HF_HOME", "XDG_CACHE_HOME", "HOME"])
+def test_hf_cache_locations(tmp_path: Path, variable: str) -> None:
+    base = tmp_path / "base"
+    hub = {
+        "HF_HOME": base / "hub",
+        "XDG_CACHE_HOME": base / "huggingface" / "hub",
+        "HOME": base / ".cache" / "huggingface" / "hub",
+    }[variable]
+    make_cache(hub, "org/model", "abc", TINY_CONFIG, ref=None)
+    env = {variable: str(base)}
+    if variable != "HOME":
+        env["HOME"] = str(tmp_path / "elsewhere")
+    source = modelinfo.locate_model_config("org/model", environ=env)
+    assert source.kind == "hf-cache" and source.config == TINY_CONFIG
+
+
+def test_hf_cache_beats_the_catalog(tmp_path: Path) -> None:
+    cache = tmp_path / "hub"
+    make_cache(cache, Q7, "abc", {**catalog.MODELS[Q7], "max_position_embeddings": 4096})
+    env = {"HF_HUB_CACHE": str(cache), "HOME": str(tmp_path)}
+    assert modelinfo.load_model_config(Q7, environ=env)["max_position_embeddings"] == 4096
+
+
+@pytest.mark.parametrize(
+    "name", [Q14, "DeepSeek-R1-Distill-Qwen-14B", "deepseek-ai/deepseek-r1-distill-qwen-14b"]
+)
+def test_catalog_fallback(tmp_path: Path, name: str) -> None:
+    source = modelinfo.locate_model_config(name, environ={"HOME": str(tmp_path)})
+    assert source.kind == "catalog" and source.where == Q14
+
+
+def test_unknown_model_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        modelinfo.load_model_config("org/unknown", environ={"HOME": str(tmp_path)})
+    assert err.value.field == "model.name" and "never downloads" in err.value.message
+
+
+def test_directory_without_config_and_bad_json(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no config.json"):
+        modelinfo.load_model_config(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        modelinfo.load_model_config(str(tmp_path))
+
+
+def test_load_arch_reports_unusable_configs(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "x"}))
+    with pytest.raises(ConfigError, match="layer count"):
+        modelinfo.load_arch(str(tmp_path))
+
+
+def test_config_hash_is_stable_and_order_free() -> None:
+    a = {"b": 1, "a": [1, 2], "c": {"y": 1, "x": 2}}
+    b = {"c": {"x": 2, "y": 1}, "a": [1, 2], "b": 1}
+    assert modelinfo.config_hash(a) == modelinfo.config_hash(b)
+    assert len(modelinfo.config_hash(a)) == 64
+    assert modelinfo.config_hash(a) != modelinfo.config_hash({**a, "b": 2})

