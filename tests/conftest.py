@@ -40,6 +40,16 @@ def engine_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@pytest.fixture(autouse=True)
+def _fresh_structlog():
+    """cli.main() configures structlog for the process; each test starts from the defaults."""
+    import structlog
+
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from r1sup.tinymodel import write_tiny_model

