@@ -1,0 +1,680 @@
+"""The fake engine's OpenAI-compatible HTTP side: /health, /v1/models, /v1/chat/completions,
+/v1/completions, /tokenize, /version, /metrics, with vLLM 0.32's response shapes and error texts.
+
+Requests hold KV blocks while they run (prompt + max_tokens, rounded up to blocks); when the running set
+needs more blocks than the cache has, a preemption is counted and the request still completes, as vLLM
+recomputes preempted requests rather than failing them. A request can also kill the engine (the scenario's
+runtime faults); the engine object passed in decides that and prints the tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+CHARS_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 3  # role markers of the chat template
+TOKENS_PER_REPLY = 3  # the assistant prefix the template adds
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+FILLER = ("The", " quick", " brown", " fox", " thinks", " step", " by", " step", " about", " memory", ".")
+
+
+def text_tokens(text: str) -> int:
+    """Tokens of a text: about four characters a token, at least one for a non-empty text."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN) if text else 0
+
+
+def message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def chat_prompt_tokens(messages: list[Any]) -> int:
+    """Prompt tokens of a chat request: the messages' text plus the template's markers."""
+    total = TOKENS_PER_REPLY
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        total += TOKENS_PER_MESSAGE + text_tokens(message_text(content))
+    return total
+
+
+def completion_prompt_tokens(prompt: Any) -> int:
+    """Prompt tokens of a /v1/completions or /tokenize prompt (text plus BOS, or a list of ids)."""
+    if isinstance(prompt, list):
+        if all(isinstance(x, int) for x in prompt):
+            return len(prompt)
+        return sum(completion_prompt_tokens(p) for p in prompt)
+    return 1 + text_tokens(str(prompt or ""))
+
+
+def filler(n: int) -> str:
+    return "".join(FILLER[i % len(FILLER)] for i in range(n))
+
+
+class EngineSide(Protocol):
+    """What the HTTP side needs from the engine process."""
+
+    def log(self, level: str, source: str, message: str) -> None: ...
+
+    def access(self, line: str) -> None: ...
+
+    def request_started(self) -> int: ...
+
+    def maybe_fail(self, request_number: int) -> bool: ...
+
+    @property
+    def dead(self) -> bool: ...
+
+    def sleep(self, simulated_seconds: float) -> bool: ...
+
+
+@dataclass
+class Counters:
+    running: dict[str, int] = field(default_factory=dict)  # request id -> blocks held
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    success: int = 0
+    interval_prompt: int = 0
+    interval_generation: int = 0
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    served_names: tuple[str, ...]
+    model_path: str
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    kv_cache_dtype: str
+    gpu_memory_utilization: float
+    api_key: str | None
+    version: str
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    reasoning: bool
+    health_while_dead: bool
+
+    @property
+    def usable_blocks(self) -> int:
+        return max(1, self.num_blocks - 1)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.err_type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+class Serving:
+    """State shared by the request threads."""
+
+    def __init__(self, config: ServeConfig, engine: EngineSide, hang: threading.Event | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.lock = threading.Lock()
+        self.counters = Counters()
+        self.created = int(time.time())
+        self.hang = hang  # set: every request blocks (a hung engine)
+
+    # --- KV bookkeeping -----------------------------------------------------------------------
+    def admit(self, request_id: str, tokens: int) -> None:
+        blocks = -(-tokens // self.config.block_size)
+        with self.lock:
+            used = sum(self.counters.running.values())
+            if used + blocks > self.config.usable_blocks:
+                self.counters.preemptions += 1
+            self.counters.running[request_id] = blocks
+
+    def release(self, request_id: str, prompt: int, generated: int, success: bool) -> None:
+        with self.lock:
+            self.counters.running.pop(request_id, None)
+            if success:
+                self.counters.prompt_tokens += prompt
+                self.counters.generation_tokens += generated
+                self.counters.interval_prompt += prompt
+                self.counters.interval_generation += generated
+                self.counters.success += 1
+
+    def kv_usage(self) -> float:
+        with self.lock:
+            used = sum(self.counters.running.values())
+        return min(1.0, used / self.config.usable_blocks)
+
+    def stats_line(self, interval_s: float) -> str | None:
+        """vLLM's periodic "Engine 000: Avg prompt throughput ..." line, or None when idle."""
+        with self.lock:
+            prompt, gen = self.counters.interval_prompt, self.counters.interval_generation
+            running = len(self.counters.running)
+            self.counters.interval_prompt = self.counters.interval_generation = 0
+        if not (prompt or gen or running):
+            return None
+        usage = self.kv_usage() * 100
+        return (
+            f"Engine 000: Avg prompt throughput: {prompt / interval_s:.1f} tokens/s, Avg generation "
+            "throughput: "
+            f"{gen / interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: 0 reqs, GPU KV cache usage: "
+            f"{usage:.1f}%, Prefix cache hit rate: 0.0%"
+        )
+
+    def metrics_text(self) -> str:
+        name = self.config.served_names[0]
+        labels = f'engine="0",model_name="{name}"'
+        with self.lock:
+            running = len(self.counters.running)
+            c = self.counters
+            values = (c.preemptions, c.prompt_tokens, c.generation_tokens, c.success)
+        usage = self.kv_usage()
+        cfg = self.config
+        info = (
+            f'block_size="{cfg.block_size}",cache_dtype="{cfg.kv_cache_dtype}",engine="0",'
+            f'gpu_memory_utilization="{cfg.gpu_memory_utilization}",num_gpu_blocks="{cfg.num_blocks}"'
+        )
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} {float(running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
+            "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+            "# TYPE vllm:num_preemptions_total counter",
+            f"vllm:num_preemptions_total{{{labels}}} {float(values[0])}",
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{labels}}} {float(values[1])}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{labels}}} {float(values[2])}",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{name}"}} '
+            f"{float(values[3])}",
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+            f"vllm:cache_config_info{{{info}}} 1.0",
+        ]
+        return "\n".join(lines) + "\n"
+
+    # --- request handling ---------------------------------------------------------------------
+    def check_model(self, name: Any) -> str:
+        if name is None:
+            return self.config.served_names[0]
+        if name not in self.config.served_names:
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist. Valid aliases: {', '.join(self.config.served_names)}.",
+                "NotFoundError",
+                "model",
+            )
+        return str(name)
+
+    def check_lengths(self, prompt: int, max_tokens: int | None) -> int:
+        limit = self.config.max_model_len
+        if max_tokens is not None and max_tokens > limit:
+            raise ApiError(
+                400,
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
+                "fewer output "
+                f"tokens. (parameter=max_tokens, value={max_tokens})",
+                "BadRequestError",
+                "max_tokens",
+            )
+        if prompt > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{prompt} input "
+                "tokens, which exceeds this limit even without any output tokens. Please reduce the length "
+                "of the "
+                f"input prompt. (parameter=input_tokens, value={prompt})",
+                "BadRequestError",
+                "input_tokens",
+            )
+        if max_tokens is None:
+            return limit - prompt
+        if prompt + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} in the completion). "
+                "Please "
+                f"reduce the length of the messages or completion. (parameter=input_tokens, value={prompt})",
+                "BadRequestError",
+                "input_tokens",
+            )
+        return max_tokens
+
+    def run_request(
+        self, prompt: int, max_tokens: int, on_token: Callable[[int], None] | None = None
+    ) -> bool:
+        """Hold the KV blocks for the simulated duration; False if the engine died meanwhile."""
+        request_id = secrets.token_hex(8)
+        self.admit(request_id, prompt + max_tokens)
+        ok = False
+        try:
+            if not self.engine.sleep(prompt / self.config.prefill_tokens_per_s):
+                return False
+            step = 1.0 / self.config.decode_tokens_per_s
+            batch = max(1, max_tokens // 64)  # at most ~64 sleeps per request
+            done = 0
+            while done < max_tokens:
+                n = min(batch, max_tokens - done)
+                if not self.engine.sleep(step * n):
+                    return False
+                if on_token is not None:
+                    for i in range(done, done + n):
+                        on_token(i)
+                done += n
+            ok = not self.engine.dead
+            return ok
+        finally:
+            self.release(request_id, prompt, max_tokens, ok)
+
+
+def _chunks(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: FakeHTTPServer
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    # --- plumbing -----------------------------------------------------------------------------
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+        return  # access lines are written by _access()
+
+    def _access(self, status: int) -> None:
+        host, port = self.client_address[0], self.client_address[1]
+        phrase = HTTPStatus(status).phrase
+        self.server.serving.engine.access(
+            f'INFO:     {host}:{port} - "{self.command} {self.path} HTTP/1.1" {status} {phrase}'
+        )
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._access(status)
+
+    def _json(self, status: int, data: Any) -> None:
+        self._send(status, json.dumps(data).encode())
+
+    def _error(self, err: ApiError, log: bool = True) -> None:
+        if log:
+            self.server.serving.engine.log(
+                "ERROR",
+                "serving.py:274",
+                f"Error with model error=ErrorInfo(message={err.message!r}, type={err.err_type!r}, "
+                f"param={err.param!r}, code={err.status})",
+            )
+        self._json(err.status, err.body())
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            data = json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"JSON decode error: {exc}", "BadRequestError") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "Input should be a valid dictionary", "BadRequestError")
+        return data
+
+    def _authorized(self) -> bool:
+        key = self.server.serving.config.api_key
+        if not key or not self.path.startswith("/v1"):
+            return True
+        if self.headers.get("authorization", "") == f"Bearer {key}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    def _hold_if_hung(self) -> None:
+        hang = self.server.serving.hang
+        if hang is not None and hang.is_set():
+            self.server.stopping.wait()
+
+    # --- routes -------------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._hold_if_hung()
+        path = self.path.split("?", 1)[0]
+        serving = self.server.serving
+        if path == "/health":
+            dead = serving.engine.dead and not serving.config.health_while_dead
+            self._send(503 if dead else 200, b"")
+        elif path in ("/ping", "/load"):
+            with serving.lock:
+                load = len(serving.counters.running)
+            self._json(200, {} if path == "/ping" else {"server_load": load})
+        elif path == "/version":
+            self._json(200, {"version": serving.config.version})
+        elif path == "/metrics":
+            self._send(200, serving.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/v1/models":
+            if self._authorized():
+                self._json(200, self._models())
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._hold_if_hung()
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
+            length = int(self.headers.get("content-length") or 0)
+            if length:
+                self.rfile.read(length)
+            self._json(
+                404 if path not in ("/health", "/v1/models", "/metrics") else 405,
+                {
+                    "detail": "Not Found"
+                    if path not in ("/health", "/v1/models", "/metrics")
+                    else "Method Not Allowed"
+                },
+            )
+            return
+        if not self._authorized():
+            return
+        try:
+            body = self._body()
+            if path == "/tokenize":
+                self._tokenize(body)
+            else:
+                self._generate(body, chat=path == "/v1/chat/completions")
+        except ApiError as err:
+            self._error(err)
+
+    def _models(self) -> dict[str, Any]:
+        serving = self.server.serving
+        cfg = serving.config
+        data = []
+        for name in cfg.served_names:
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": serving.created,
+                    "owned_by": "vllm",
+                    "root": cfg.model_path,
+                    "parent": None,
+                    "max_model_len": cfg.max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{secrets.token_hex(8)}",
+                            "object": "model_permission",
+                            "created": serving.created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            )
+        return {"object": "list", "data": data}
+
+    def _tokenize(self, body: dict[str, Any]) -> None:
+        serving = self.server.serving
+        serving.check_model(body.get("model"))
+        if "messages" in body:
+            count = chat_prompt_tokens(list(body.get("messages") or []))
+        else:
+            count = completion_prompt_tokens(body.get("prompt", ""))
+        tokens = [(i * 7919 + 13) % 32000 for i in range(count)]
+        self._json(
+            200,
+            {
+                "count": count,
+                "max_model_len": serving.config.max_model_len,
+                "tokens": tokens,
+                "token_strs": None,
+            },
+        )
+
+    def _generate(self, body: dict[str, Any], chat: bool) -> None:
+        serving = self.server.serving
+        model = serving.check_model(body.get("model"))
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise ApiError(400, "messages: Field required", "BadRequestError", "messages")
+            prompt = chat_prompt_tokens(messages)
+        else:
+            if "prompt" not in body:
+                raise ApiError(400, "prompt: Field required", "BadRequestError", "prompt")
+            prompt = completion_prompt_tokens(body["prompt"])
+        raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
+        if raw_max is not None and (isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1):
+            raise ApiError(
+                400, f"max_tokens must be at least 1, got {raw_max}.", "BadRequestError", "max_tokens"
+            )
+        max_tokens = serving.check_lengths(prompt, raw_max)
+        number = serving.engine.request_started()
+        if serving.engine.dead or serving.engine.maybe_fail(number):
+            self._engine_dead()
+            return
+        stream = bool(body.get("stream"))
+        rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(8)
+        created = int(time.time())
+        if stream:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(rid, created, model, prompt, max_tokens, chat, include_usage)
+            return
+        if not serving.run_request(prompt, max_tokens):
+            self._engine_dead()
+            return
+        text = filler(max_tokens)
+        usage = {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + max_tokens,
+            "completion_tokens": max_tokens,
+            "prompt_tokens_details": None,
+        }
+        if chat:
+            reasoning = None
+            if serving.config.reasoning:
+                cut = len(text) // 2
+                reasoning, text = text[:cut], text[cut:]
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning": reasoning,
+                },
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            obj = "text_completion"
+        self._json(
+            200,
+            {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+                "system_fingerprint": f"vllm-{serving.config.version}",
+            },
+        )
+
+    def _engine_dead(self) -> None:
+        serving = self.server.serving
+        if not serving.engine.dead:  # the server is shutting down: the request was aborted
+            self._json(
+                503,
+                ApiError(
+                    503, "Request aborted: the server is shutting down.", "ServiceUnavailableError"
+                ).body(),
+            )
+            return
+        serving.engine.log(
+            "ERROR", "serving.py:1173", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}"
+        )
+        self._json(500, ApiError(500, ENGINE_DEAD, "InternalServerError").body())
+
+    def _stream(
+        self,
+        rid: str,
+        created: int,
+        model: str,
+        prompt: int,
+        max_tokens: int,
+        chat: bool,
+        include_usage: bool,
+    ) -> None:
+        serving = self.server.serving
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choices: list[dict[str, Any]], **extra: Any) -> None:
+            data = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+            self.wfile.write(_chunks(f"data: {json.dumps(data)}\n\n".encode()))
+            self.wfile.flush()
+
+        def piece(i: int) -> None:
+            word = FILLER[i % len(FILLER)]
+            if chat:
+                event([{"index": 0, "delta": {"content": word}, "logprobs": None, "finish_reason": None}])
+            else:
+                event(
+                    [{"index": 0, "text": word, "logprobs": None, "finish_reason": None, "stop_reason": None}]
+                )
+
+        failed = False
+        try:
+            if chat:
+                event(
+                    [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
+            ok = serving.run_request(prompt, max_tokens, on_token=piece)
+            if not ok:
+                failed = True
+                err = {
+                    "error": {
+                        "message": ENGINE_DEAD,
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                }
+                self.wfile.write(_chunks(f"data: {json.dumps(err)}\n\n".encode()))
+            else:
+                final: dict[str, Any] = {
+                    "index": 0,
+                    "logprobs": None,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                }
+                final.update({"delta": {"content": ""}} if chat else {"text": ""})
+                event([final])
+                if include_usage:
+                    event(
+                        [],
+                        usage={
+                            "prompt_tokens": prompt,
+                            "total_tokens": prompt + max_tokens,
+                            "completion_tokens": max_tokens,
+                        },
+                    )
+            self.wfile.write(_chunks(b"data: [DONE]\n\n"))
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            failed = True
+        self._access(200)
+        if failed and serving.engine.dead:
+            serving.engine.log("ERROR", "serving.py:1173", "Error in chat completion stream generator.")
+
+
+class FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, sock: Any, serving: Serving) -> None:
+        super().__init__(sock.getsockname()[:2], Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.server_address = sock.getsockname()[:2]
+        self.serving = serving
+        self.stopping = threading.Event()
+
+    def start(self) -> threading.Thread:
+        self.server_activate()
+        thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="fakevllm-http"
+        )
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.shutdown()
+        self.server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # a client that went away mid-response is not the engine's problem
