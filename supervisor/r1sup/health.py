@@ -1,0 +1,85 @@
+"""Readiness and liveness over HTTP, with the standard library only (cheap to import, no pools)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    api_key: str | None = None
+
+    @property
+    def base(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        if host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+        """(HTTP status, body). Status 0 when the server could not be reached."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method="POST" if data is not None else "GET")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - http to our own child
+                return resp.status, resp.read(4 * 1024 * 1024)
+        except urllib.error.HTTPError as exc:
+            try:
+                payload = exc.read(64 * 1024)
+            except OSError:
+                payload = b""
+            return exc.code, payload
+        except (urllib.error.URLError, OSError, ValueError):
+            return 0, b""
+
+
+def check_ready(ep: Endpoint, served_name: str, timeout: float = 2.0) -> tuple[bool, str]:
+    """Ready: /health answers 200 and /v1/models lists the served model."""
+    status, _ = ep.request("/health", timeout=timeout)
+    if status != 200:
+        return False, f"/health {status or 'unreachable'}"
+    status, body = ep.request("/v1/models", timeout=timeout)
+    if status != 200:
+        return False, f"/v1/models {status or 'unreachable'}"
+    try:
+        ids = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        return False, "/v1/models: not JSON"
+    if served_name not in ids:
+        return False, f"/v1/models does not list {served_name!r} (lists {ids})"
+    return True, "ready"
+
+
+def check_health(ep: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:
+    status, _ = ep.request("/health", timeout=timeout)
+    return status == 200, f"/health {status or 'unreachable'}"
+
+
+def tiny_completion(ep: Endpoint, served_name: str, timeout: float = 30.0) -> tuple[bool, str]:
+    """A real one-token chat completion: /health can answer while the engine is dead."""
+    body = {
+        "model": served_name,
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    status, payload = ep.request("/v1/chat/completions", body, timeout=timeout)
+    if status != 200:
+        return False, f"completion {status or 'unreachable'}: {payload[:200].decode('utf-8', 'replace')}"
+    try:
+        choices = json.loads(payload)["choices"]
+    except (ValueError, KeyError, TypeError):
+        return False, "completion: malformed response"
+    return bool(choices), "completion ok"

@@ -1,0 +1,58 @@
+"""Prometheus metrics on a loopback port, in a registry of our own (no module globals)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+STATES = ("planning", "launching", "probing", "serving", "backoff", "stopping", "failed", "stopped")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.state = Gauge("r1sup_state", "1 for the daemon's current state", ["state"], registry=r)
+        self.launches = Counter("r1sup_launches", "vLLM launches", registry=r)
+        self.failures = Counter("r1sup_failures", "classified failures", ["failure_class"], registry=r)
+        self.ladder_steps = Counter("r1sup_ladder_steps", "ladder steps taken", ["failure_class"], registry=r)
+        self.restarts = Counter("r1sup_restarts", "restarts after transient failures", registry=r)
+        self.child_up = Gauge("r1sup_child_up", "1 while vLLM is serving and healthy", registry=r)
+        self.probe_ttft = Gauge("r1sup_probe_ttft_seconds", "TTFT of the last probe", ["quantile"], registry=r)
+        self.probe_duration = Gauge("r1sup_probe_duration_seconds", "duration of the last probe", registry=r)
+        self.last_success = Gauge(
+            "r1sup_last_success_timestamp_seconds", "wall-clock time of the last passed probe or check", registry=r
+        )
+        self.context = Gauge("r1sup_max_model_len", "context length being served", registry=r)
+        self._server: Any = None
+
+    def serve(self, host: str, port: int) -> None:
+        from prometheus_client import start_http_server
+
+        result = start_http_server(port, addr=host, registry=self.registry)
+        self._server = result[0] if isinstance(result, tuple) else result
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+
+    def set_state(self, state: str) -> None:
+        for s in STATES:
+            self.state.labels(state=s).set(1 if s == state else 0)
+
+    def probe(self, result: dict[str, Any] | None) -> None:
+        if not result:
+            return
+        for q, key in (("0.5", "ttft_p50_s"), ("0.95", "ttft_p95_s")):
+            if result.get(key) is not None:
+                self.probe_ttft.labels(quantile=q).set(result[key])
+        if result.get("duration_s") is not None:
+            self.probe_duration.set(result["duration_s"])
+        if result.get("ok"):
+            self.success()
+
+    def success(self) -> None:
+        self.last_success.set(time.time())
