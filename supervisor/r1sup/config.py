@@ -29,9 +29,20 @@ ENV_PREFIX = "R1SUP_"
 
 # vLLM's --kv-cache-dtype choices that concern r1sup (CacheDType in vllm/config/cache.py), plus the
 # common aliases that the planner understands.
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
-QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "compressed-tensors")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+QUANTIZATIONS = (
+    "fp8",
+    "fp8_per_tensor",
+    "fp8_per_block",
+    "awq",
+    "awq_marlin",
+    "gptq",
+    "gptq_marlin",
+    "bitsandbytes",
+    "compressed-tensors",
+)
 STRATEGIES = ("smart", "naive")
+FIRST_LAUNCH = ("planned", "as_configured")
 
 # Flags r1sup sets itself; they may not appear in server.extra_args.
 MANAGED_FLAGS = (
@@ -135,6 +146,9 @@ class StartSection:
 @dataclass(frozen=True)
 class LadderSection:
     strategy: str = setting("smart", "how to search: smart or naive", choices=STRATEGIES)
+    first_launch: str = setting(
+        "planned", "planned: start from the planner's flags when [start] is predicted not to fit", choices=FIRST_LAUNCH
+    )
     min_max_model_len: int = setting(2048, "never shorten the context below this", minimum=1)
     min_gpu_memory_utilization: float = setting(0.5, "lowest utilization to try", exclusive_minimum=0.0, maximum=1.0)
     max_gpu_memory_utilization: float = setting(0.95, "highest utilization to try", exclusive_minimum=0.0, maximum=1.0)

