@@ -143,8 +143,8 @@ COMMANDS = {
 }
 
 
-def load_config(args: argparse.Namespace) -> Any:
-    """The config named by ``--config`` with ``--set``/``--state-dir``/``--strategy`` applied."""
+def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set``/``--state-dir``/``--strategy`` as dotted settings."""
     from r1sup import config as cfg
 
     overrides: dict[str, Any] = cfg.parse_assignments(getattr(args, "assignments", []) or [])
@@ -152,7 +152,14 @@ def load_config(args: argparse.Namespace) -> Any:
         overrides["state.dir"] = args.state_dir
     if getattr(args, "strategy", None):
         overrides["ladder.strategy"] = args.strategy
-    return cfg.load(args.config, overrides=overrides)
+    return overrides
+
+
+def load_config(args: argparse.Namespace) -> Any:
+    """The config named by ``--config`` with the command line's overrides applied."""
+    from r1sup import config as cfg
+
+    return cfg.load(args.config, overrides=cli_overrides(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,23 @@ import sys
 from collections.abc import Iterable
 from typing import IO, Any
 
-import structlog
+
+def _import_structlog() -> Any:
+    """Import structlog without letting it pull in ``rich`` (vLLM's environment has it): that import
+    alone costs a tenth of a second, and r1sup's start-up must stay close to a bare interpreter's."""
+    if "rich" in sys.modules:
+        import structlog as module
+
+        return module
+    sys.modules["rich"] = None  # type: ignore[assignment]
+    try:
+        import structlog as module
+    finally:
+        del sys.modules["rich"]
+    return module
+
+
+structlog = _import_structlog()
 
 LEVELS = ("debug", "info", "warning", "error")
 MASK = "***"

@@ -1,0 +1,15 @@
+"""``r1sup run``: the supervisor daemon (systemd Type=notify)."""
+
+from __future__ import annotations
+
+import argparse
+
+from r1sup.cli import cli_overrides, load_config
+from r1sup.daemon import Daemon
+from r1sup.session import open_session
+
+
+def main(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    session = open_session(args, config, overrides=cli_overrides(args))
+    return Daemon(session).run()

@@ -1,0 +1,487 @@
+"""``r1sup run``: bring vLLM up (saved profile or a search), then keep it serving.
+
+One loop, one queue of events. Signals only append to deques: SIGTERM/SIGINT stop the child group
+and exit 0 (a second one forces), SIGHUP reloads the config. While serving: ``/health`` every
+``daemon.health_interval_s`` and a tiny real completion every ``daemon.liveness_interval_s`` (the
+health endpoint can answer while the engine is dead). A memory failure steps down the ladder and
+saves the new profile; a transient one restarts with capped exponential backoff with jitter
+(tenacity), the budget reset after a stable period; beyond it r1sup exits 5 for systemd's limits.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tenacity
+
+from r1sup import __version__, health
+from r1sup import failure as F
+from r1sup import ladder as L
+from r1sup.config import Config
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_OK, EXIT_RESTART_BUDGET, R1supError
+from r1sup.events import CheckDone, ChildEOF, ChildOutput
+from r1sup.failure import Failure
+from r1sup.flags import EngineFlags
+from r1sup.notify import Notifier
+from r1sup.runner import Launch, StopRequested
+from r1sup.session import Session, now_iso, save_profile
+from r1sup.tuner import Tuner, TuneResult, ladder_facts, status_line
+
+STATUS_FILE = "status.json"
+RECENT_EVENTS = 20
+EXTEND_EVERY_S = 10.0
+
+
+class State(enum.Enum):
+    PLANNING = "planning"
+    LAUNCHING = "launching"
+    PROBING = "probing"
+    SERVING = "serving"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+_S = State
+LEGAL: dict[State, frozenset[State]] = {
+    _S.PLANNING: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
+    _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.PROBING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    _S.PROBING: frozenset({_S.LAUNCHING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    _S.SERVING: frozenset({_S.PLANNING, _S.LAUNCHING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    _S.BACKOFF: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
+    _S.FAILED: frozenset(),
+    _S.STOPPED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class ServeEnd:
+    """Why serving ended: a failure, or a reload with changed flags."""
+
+    failure: Failure | None
+    served_s: float
+    reload: Config | None = None
+
+
+class Daemon:
+    def __init__(self, session: Session, notifier: Notifier | None = None) -> None:
+        self.s = session
+        self.config = session.config
+        self.log = session.log
+        self.events = session.events
+        self.runner = session.runner
+        self.notifier = notifier or Notifier()
+        self.state = State.PLANNING
+        self.since = now_iso()
+        self.flags: EngineFlags | None = None
+        self.profile_source: str | None = None
+        self.last_failure: Failure | None = None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self.ready_sent = False
+        self.history = L.History()
+        self.metrics: Any = None
+        self.know: Any = None
+        self.fingerprint: dict[str, Any] | None = None
+        self._last_extend = 0.0
+        self._restarts = 0
+        self.runner.hooks.on_tick = self._on_tick
+
+    # --- state and status ----------------------------------------------------------------------
+
+    def transition(self, new: State, status: str | None = None) -> None:
+        if new is not self.state and new not in LEGAL[self.state]:
+            raise IllegalTransition(f"{self.state.value} -> {new.value}")
+        old, self.state = self.state, new
+        if old is not new:
+            self.since = now_iso()
+        self.log.info("state_changed", old=old.value, new=new.value, status=status)
+        self.note("state_changed", old=old.value, new=new.value)
+        if self.metrics:
+            self.metrics.set_state(new.value)
+        if status:
+            self.notifier.status(status)
+        self.write_status()
+
+    def note(self, event: str, **fields: Any) -> None:
+        self.recent.append({"ts": now_iso(), "event": event, **fields})
+
+    def write_status(self) -> None:
+        from r1sup import statefiles
+
+        current = self.runner.current
+        payload = {
+            "schema_version": statefiles.SCHEMA_VERSION,
+            "state": self.state.value,
+            "pid": os.getpid(),
+            "child_pid": current.engine.pid if current and current.engine.alive() else None,
+            "launches": self.runner.launches,
+            "profile_source": self.profile_source,
+            "flags": self.flags.to_dict() if self.flags else None,
+            "since": self.since,
+            "updated_at": now_iso(),
+            "last_failure": self.last_failure.to_dict() if self.last_failure else None,
+            "config": os.path.abspath(self.config.source) if self.config.source else None,
+            "served_model": self.config.served_name,
+            "port": self.config.server.port,
+            "r1sup_version": __version__,
+            "recent_events": list(self.recent),
+        }
+        try:
+            statefiles.ensure_state_dir(self.config.state.dir)
+            statefiles.atomic_write_json(Path(self.config.state.dir) / STATUS_FILE, payload, mode=0o644)
+        except R1supError as exc:
+            self.log.warning("status_write_failed", error=str(exc))
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        if self.state in (State.LAUNCHING, State.PROBING) and now - self._last_extend >= EXTEND_EVERY_S:
+            self._last_extend = now
+            self.notifier.extend_timeout(3 * EXTEND_EVERY_S)
+
+    def _listener(self, kind: str, **info: Any) -> None:
+        if kind == "launching":
+            flags: EngineFlags = info["flags"]
+            self.flags = flags
+            if self.metrics:
+                self.metrics.launches.inc()
+                if flags.max_model_len:
+                    self.metrics.context.set(flags.max_model_len)
+            self.transition(State.LAUNCHING, f"attempt {info['attempt']}: launching vLLM")
+            self.note("launch_started", attempt=info["attempt"], flags=flags.to_dict())
+        elif kind == "probing":
+            self.transition(State.PROBING, f"attempt {info['attempt']}: load probe")
+        elif kind == "failure":
+            failure: Failure = info["failure"]
+            self.last_failure = failure
+            if self.metrics:
+                self.metrics.failures.labels(failure_class=failure.cls).inc()
+            self.note("failure_classified", failure_class=failure.cls, phase=failure.phase,
+                      evidence=failure.evidence[:200])
+            self.write_status()
+        elif kind == "step":
+            text = status_line(info["attempt"], info["old"], info["new"], info["failure_class"])
+            if self.metrics:
+                self.metrics.ladder_steps.labels(failure_class=info["failure_class"]).inc()
+            self.note("ladder_step", status=text)
+            self.notifier.status(text)
+
+    # --- main ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.events.install_signal_handlers()
+        try:
+            import signal
+
+            self.events.install_signal_handlers((signal.SIGHUP,))
+            self._start_metrics()
+            self._clean_state_dir()
+            self.transition(State.PLANNING, "planning")
+            return self._run()
+        except StopRequested as stop:
+            self.log.info("stop_requested", signal=stop.signum)
+            return self._shutdown(EXIT_OK)
+        finally:
+            self.events.restore_signal_handlers()
+            if self.metrics:
+                self.metrics.close()
+
+    def _clean_state_dir(self) -> None:
+        """Temp files of a write that crashed (status.json of a killed daemon) are removed."""
+        from r1sup import statefiles
+
+        try:
+            directory = statefiles.ensure_state_dir(self.config.state.dir)
+        except R1supError as exc:
+            self.log.warning("state_dir_unusable", error=str(exc))
+            return
+        statefiles.remove_stale_temp_files(directory)
+
+    def _start_metrics(self) -> None:
+        d = self.config.daemon
+        if not d.metrics_port:
+            return
+        from r1sup.metrics import Metrics
+
+        self.metrics = Metrics()
+        try:
+            self.metrics.serve(d.metrics_host, d.metrics_port)
+            self.log.info("metrics_listening", host=d.metrics_host, port=d.metrics_port)
+        except OSError as exc:
+            self.log.warning("metrics_unavailable", host=d.metrics_host, port=d.metrics_port, error=str(exc))
+
+    def _run(self) -> int:
+        result = self._bring_up()
+        while True:
+            live = result.live
+            if not result.ok or live is None:
+                return self._fail(result.exit_code, result.reason or "no working configuration")
+            end = self._serve(live)
+            if end.reload is not None:
+                result = self._reload(live, end.reload)
+                continue
+            result = self._recover(live, end)
+
+    def _fail(self, code: int, reason: str) -> int:
+        self.log.error("daemon_failed", exit_code=code, reason=reason)
+        self.note("daemon_failed", exit_code=code, reason=reason)
+        self.runner.stop_current(reason="failed")
+        self.transition(State.FAILED, f"failed: {reason[:200]}")
+        return code
+
+    def _shutdown(self, code: int) -> int:
+        if self.state not in (State.FAILED, State.STOPPED):
+            if self.state is not State.STOPPING:
+                self.transition(State.STOPPING, "stopping vLLM")
+            self.notifier.stopping()
+            self.runner.stop_current(reason="shutdown")
+            if self.metrics:
+                self.metrics.child_up.set(0)
+            self.transition(State.STOPPED, "stopped")
+        return code
+
+    # --- bringing up ---------------------------------------------------------------------------
+
+    def _tuner(self) -> Tuner:
+        return Tuner(self.config, self.runner, self.log, know=self.know, listener=self._listener)
+
+    def _bring_up(self, start: EngineFlags | None = None) -> TuneResult:
+        from r1sup import profiles
+        from r1sup.tuner import gather_knowledge
+
+        if self.know is None:
+            self.know = gather_knowledge(self.config, self.log)
+        self.fingerprint = profiles.current_fingerprint(self.config, device=self.know.device)
+        store = profiles.ProfileStore(self.config.state.dir)
+        key = profiles.fingerprint_key(self.fingerprint)
+        saved = store.load(key) if start is None else None
+        if saved is not None:
+            start = EngineFlags.from_dict(saved.flags)
+            self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)
+            self.note("profile_found", key=key)
+        elif start is None:
+            self.log.info("profile_missing", key=key)
+        tuner = self._tuner()
+        result = tuner.run(start, keep_running=True, history=self.history)
+        self.history = result.history or self.history
+        if result.ok:
+            persisted = saved is not None and result.launches == 1
+            self.profile_source = "persisted" if persisted else "tuned"
+            if not persisted:
+                result.profile_path = save_profile(self.s, result, self.fingerprint)
+            self._served(result)
+        return result
+
+    def _served(self, result: TuneResult) -> None:
+        self.flags = result.flags
+        if self.metrics:
+            self.metrics.probe(result.probe)
+            self.metrics.child_up.set(1)
+        ctx = result.flags.max_model_len if result.flags else None
+        text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
+            f" (context {ctx})" if ctx else ""
+        )
+        self.transition(State.SERVING, text)
+        if not self.ready_sent:
+            self.ready_sent = self.notifier.ready(text) or not self.notifier.enabled
+        self.log.info("serving", flags=result.flags.to_dict() if result.flags else None, source=self.profile_source)
+
+    # --- serving -------------------------------------------------------------------------------
+
+    def _serve(self, launch: Launch) -> ServeEnd:
+        d = self.config.daemon
+        start = time.monotonic()
+        ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
+        next_health = start + d.health_interval_s
+        next_live = start + d.liveness_interval_s
+        next_dog = start
+        next_record = start
+        health_busy = live_busy = False
+        health_failures = 0
+        healthy = True
+        exited_at: float | None = None
+        while True:
+            self.runner.check_signals()
+            if self.events.reloads:
+                self.events.reloads.clear()
+                new = self._load_new_config()
+                if new is not None and _implied_change(self.config, new):
+                    return ServeEnd(None, time.monotonic() - start, reload=new)
+            now = time.monotonic()
+            event = self.events.get(0.2)
+            if isinstance(event, CheckDone) and event.launch == launch.number:
+                if event.kind == "health":
+                    health_busy = False
+                    health_failures = 0 if event.ok else health_failures + 1
+                    healthy = event.ok
+                    if event.ok and self.metrics:
+                        self.metrics.success()
+                    if health_failures >= d.health_failures:
+                        what = f"/health failed {health_failures} times in a row ({event.detail})"
+                        return self._serve_failure(launch, start, Failure(F.HANG, F.PHASE_SERVING, what, detail=what))
+                elif event.kind == "liveness":
+                    live_busy = False
+                    if not event.ok:
+                        seen = launch.reader.verdict(exit_code=launch.engine.poll())
+                        failure = seen if seen.cls != F.NONE else Failure(
+                            F.ENGINE_DEAD, F.PHASE_SERVING, evidence=event.detail,
+                            detail="a real completion failed while serving",
+                        )
+                        return self._serve_failure(launch, start, failure)
+            elif isinstance(event, (ChildOutput, ChildEOF)):
+                self.runner._handle_output(launch, event)
+            code = launch.engine.poll()
+            if code is not None:
+                exited_at = exited_at or now
+                if launch.engine.eof or now - exited_at >= 1.0:
+                    self.runner._drain(launch)
+                    failure = launch.reader.verdict(exit_code=code)
+                    if failure.cls == F.NONE:
+                        failure = Failure(F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code}")
+                    return self._serve_failure(launch, start, failure)
+                continue
+            if now >= next_record:
+                launch.engine.record_descendants()
+                next_record = now + 10.0
+            if not health_busy and now >= next_health:
+                health_busy = True
+                next_health = now + d.health_interval_s
+                self.runner._run_check(
+                    "health", launch, lambda: (*health.check_health(ep, d.health_timeout_s), None)
+                )
+            if not live_busy and now >= next_live:
+                live_busy = True
+                next_live = now + d.liveness_interval_s
+                name = self.config.served_name
+                self.runner._run_check(
+                    "liveness", launch, lambda: (*health.tiny_completion(ep, name, max(30.0, d.health_timeout_s)), None)
+                )
+            if self.notifier.watchdog_interval_s and healthy and now >= next_dog:
+                self.notifier.watchdog()
+                next_dog = now + self.notifier.watchdog_interval_s
+
+    def _serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
+        self.last_failure = failure
+        served = time.monotonic() - start
+        self.log.error("serving_failed", served_s=round(served, 1), failure_class=failure.cls, phase=failure.phase,
+                       evidence=failure.evidence[:300], detail=failure.detail)
+        self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
+        if self.metrics:
+            self.metrics.failures.labels(failure_class=failure.cls).inc()
+            self.metrics.child_up.set(0)
+        return ServeEnd(failure, served)
+
+    # --- recovering ----------------------------------------------------------------------------
+
+    def _recover(self, launch: Launch, end: ServeEnd) -> TuneResult:
+        failure = end.failure
+        assert failure is not None
+        self.runner.stop(launch, reason=f"serving failed: {failure.cls}")
+        flags = launch.flags
+        if failure.memory:
+            facts = ladder_facts(self.know, flags)
+            decision = L.next_step(flags, failure, self.history, L.Bounds.from_config(self.config), facts,
+                                   launch.observations)
+            if isinstance(decision, L.GiveUp):
+                return TuneResult(ok=False, exit_code=decision.exit_code, reason=decision.reason)
+            self.history = decision.history
+            text = status_line(self.runner.launches + 1, flags, decision.flags, failure.cls)
+            self.log.info("ladder_step", failure_class=failure.cls, evidence=failure.evidence[:300],
+                          old=flags.to_dict(), new=decision.flags.to_dict(), reason=decision.reason)
+            self._listener("step", attempt=self.runner.launches + 1, old=flags, new=decision.flags,
+                           failure_class=failure.cls)
+            self.notifier.status(text)
+            result = self._tuner().run(decision.flags, keep_running=True, history=self.history)
+            self.history = result.history or self.history
+            if result.ok:
+                self.profile_source = "tuned"
+                result.profile_path = save_profile(self.s, result, self.fingerprint or {})
+                self._served(result)
+            return result
+        if failure.cls not in L.TRANSIENT:
+            return TuneResult(ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}")
+        return self._restart(flags, end)
+
+    def _restart(self, flags: EngineFlags, end: ServeEnd) -> TuneResult:
+        d = self.config.daemon
+        if end.served_s >= d.stable_after_s:
+            self._restarts = 0
+        self._restarts += 1
+        if self._restarts > d.restart_budget:
+            reason = f"{self._restarts - 1} restarts without {d.stable_after_s:.0f}s of stable serving"
+            return TuneResult(ok=False, exit_code=EXIT_RESTART_BUDGET, reason=reason)
+        delay = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
+        self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
+        if self.metrics:
+            self.metrics.restarts.inc()
+        self.log.info("restart_backoff", restart=self._restarts, budget=d.restart_budget, seconds=round(delay, 2))
+        self.runner.sleep(delay)
+        result = self._tuner().run(flags, keep_running=True, history=self.history)
+        if result.ok:
+            self._served(result)
+        return result
+
+    # --- reloading -----------------------------------------------------------------------------
+
+    def _load_new_config(self) -> Config | None:
+        from r1sup import config as cfg
+
+        self.notifier.reloading()
+        try:
+            new = cfg.load(self.config.source, overrides=self.s.overrides) if self.config.source else None
+        except R1supError as exc:
+            self.log.error("reload_failed", error=str(exc))
+            self.notifier.status(f"serving; reload failed: {exc}")
+            return None
+        self.log.info("config_reloaded", changed=_implied_change(self.config, new) if new else False)
+        if new is not None and not _implied_change(self.config, new):
+            self.config = new
+            self.runner.config = new
+            self.notifier.status("serving; config reloaded, flags unchanged")
+        return new
+
+    def _reload(self, launch: Launch, new: Config) -> TuneResult:
+        self.runner.stop(launch, reason="config reloaded")
+        self.config = new
+        self.s.config = new
+        self.runner.config = new
+        self.know = None
+        self.history = L.History()
+        self.transition(State.PLANNING, "re-planning after reload")
+        return self._bring_up()
+
+
+def _implied_change(old: Config, new: Config) -> bool:
+    """Whether the new config implies other flags or another server (then re-tune)."""
+    return (
+        old.model != new.model
+        or old.start != new.start
+        or old.ladder != new.ladder
+        or old.target != new.target
+        or old.server.host != new.server.host
+        or old.server.port != new.server.port
+        or old.server.python != new.server.python
+        or old.server.launch != new.server.launch
+        or old.server.extra_args != new.server.extra_args
+        or old.server.env != new.server.env
+    )
+
+
+def backoff_delay(restart: int, initial: float, maximum: float) -> float:
+    """Capped exponential backoff with jitter, as tenacity computes it: initial x 2^(n-1) + U(0, initial)."""
+    wait = tenacity.wait_exponential_jitter(initial=initial, max=maximum, jitter=initial)
+    state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = restart
+    return float(wait(state))
+

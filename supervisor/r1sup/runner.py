@@ -1,0 +1,394 @@
+"""The imperative shell around one vLLM launch: start, watch, probe, stop.
+
+One loop reads one queue of typed events (child output, child EOF, finished checks); signals only
+append to a deque the loop looks at. Checks that block (readiness, the probe) run on threads and
+report back as events, so vLLM's output is drained all the time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from r1sup import failure as F
+from r1sup import health
+from r1sup.config import Config
+from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
+from r1sup.failure import Failure
+from r1sup.flags import EngineFlags
+from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_leftovers, port_holder
+from r1sup.logparse import LogLine, LogReader, Progress
+from r1sup.logs import get_logger
+
+READY_POLL_S = 1.0
+EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
+
+
+class StopRequested(Exception):
+    """A signal arrived while waiting; the caller stops the child and exits."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"signal {signum}")
+
+
+@dataclass
+class Launch:
+    """One launch: its engine, its reader, and what it ended in."""
+
+    number: int
+    flags: EngineFlags
+    spec: LaunchSpec
+    engine: Engine
+    reader: LogReader
+    started: float
+    ready: bool = False
+    ready_after_s: float | None = None
+    failure: Failure = F.NO_FAILURE
+    exit_code: int | None = None
+    probe: dict[str, Any] | None = None
+    stop_report: StopReport | None = None
+
+    @property
+    def observations(self) -> dict[str, float]:
+        return dict(self.reader.observations)
+
+
+@dataclass
+class Hooks:
+    """Ways the runner touches the world beyond the child, swappable in tests."""
+
+    memory_released: Callable[[Sequence[int]], bool] | None = None
+    gpu_processes: Callable[[], list[Any]] = field(default=lambda: [])
+    on_progress: Callable[[Launch, Progress], None] = field(default=lambda launch, progress: None)
+    on_line: Callable[[Launch, LogLine], None] = field(default=lambda launch, line: None)
+    on_tick: Callable[[], None] = field(default=lambda: None)  # each turn of a waiting loop
+
+
+class Runner:
+    def __init__(
+        self,
+        config: Config,
+        events: EventQueue,
+        *,
+        api_key: str | None = None,
+        hooks: Hooks | None = None,
+        log: Any = None,
+        relay: bool = True,
+    ) -> None:
+        self.config = config
+        self.events = events
+        self.api_key = api_key
+        self.hooks = hooks or Hooks()
+        self.log = log or get_logger()
+        self.relay = relay
+        self.launches = 0
+        self.current: Launch | None = None  # the launch whose engine may be running
+        self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
+
+    # --- waiting -------------------------------------------------------------------------------
+
+    def check_signals(self) -> None:
+        signum = self.events.pending_signal()
+        if signum is not None:
+            raise StopRequested(signum)
+
+    def sleep(self, seconds: float, launch: Launch | None = None) -> None:
+        """An interruptible wait that keeps draining the child's output."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self.check_signals()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            event = self.events.get(min(remaining, 0.2))
+            if event is not None and launch is not None:
+                self._handle_output(launch, event)
+
+    def _run_check(self, kind: str, launch: Launch, fn: Callable[[], tuple[bool, str, Any]]) -> None:
+        def work() -> None:
+            try:
+                ok, detail, payload = fn()
+            except Exception as exc:  # a check must always report back
+                ok, detail, payload = False, f"{type(exc).__name__}: {exc}", None
+            self.events.put(CheckDone(kind, launch.number, ok, detail, payload))
+
+        threading.Thread(target=work, daemon=True, name=f"check-{kind}").start()
+
+    def _handle_output(self, launch: Launch, event: object) -> None:
+        if isinstance(event, ChildOutput) and event.launch == launch.number:
+            for item in launch.reader.feed(event.line):
+                if isinstance(item, LogLine):
+                    if self.relay:
+                        self.log.info(
+                            "vllm",
+                            source="vllm",
+                            proc=item.process,
+                            rank=item.rank,
+                            pid=item.pid,
+                            vllm_level=item.level,
+                            text=item.text,
+                        )
+                    self.hooks.on_line(launch, item)
+                else:
+                    self.log.info("engine_progress", kind=item.kind, **dict(item.numbers))
+                    self.hooks.on_progress(launch, item)
+        elif isinstance(event, ChildEOF) and event.launch == launch.number:
+            launch.engine.eof = True
+
+    # --- launching -----------------------------------------------------------------------------
+
+    def preflight(self, spec: LaunchSpec) -> Failure | None:
+        """Clean up our leftovers; a port held by anything else is fatal; log foreign GPU users."""
+        killed = kill_leftovers(spec.instance)
+        if killed:
+            self.log.warning("leftovers_killed", pids=killed)
+        holder = port_holder(spec.host, spec.port, spec.instance)
+        if holder is not None and holder.ours and holder.pid:
+            kill_leftovers(spec.instance)
+            holder = port_holder(spec.host, spec.port, spec.instance)
+        if holder is not None:
+            who = f"pid {holder.pid} ({holder.name})" if holder.pid else holder.name
+            detail = f"port {spec.port} on {spec.host} is held by {who}"
+            if holder.cmdline:
+                detail += f": {holder.cmdline[:200]}"
+            return Failure(F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers={"port": float(spec.port)})
+        for proc in self.hooks.gpu_processes():
+            self.log.warning(
+                "foreign_gpu_process", pid=proc.pid, name=proc.name, used_gib=round(proc.used_bytes / 1024**3, 2)
+            )
+        return None
+
+    def launch(self, flags: EngineFlags, *, attempt: int) -> Launch:
+        """Start vLLM with ``flags`` and wait until it is ready or has failed."""
+        self.launches += 1
+        spec = build_spec(self.config, flags, api_key=self.api_key)
+        engine = Engine(spec, self.events, self.launches)
+        launch = Launch(self.launches, flags, spec, engine, LogReader(), time.monotonic())
+        self.current = launch
+        blocked = self.preflight(spec)
+        if blocked is not None:
+            launch.failure = blocked
+            self.log.error("failure_classified", attempt=attempt, **_failure_fields(blocked))
+            return launch
+        self.log.info(
+            "launch_started", attempt=attempt, launch=self.launches, flags=flags.to_dict(), command=list(spec.display)
+        )
+        engine.start()
+        self.log.info("child_started", attempt=attempt, pid=engine.pid)
+        self._wait_ready(launch)
+        if launch.failure.cls != F.NONE:
+            self.log.error("failure_classified", attempt=attempt, **_failure_fields(launch.failure))
+        return launch
+
+    def _wait_ready(self, launch: Launch) -> None:
+        server = self.config.server
+        start_deadline = launch.started + server.startup_timeout_s
+        last_activity = time.monotonic()
+        check_running = False
+        next_check = time.monotonic() + READY_POLL_S
+        exited_at: float | None = None
+        next_record = time.monotonic()
+        while True:
+            self.check_signals()
+            self.hooks.on_tick()
+            now = time.monotonic()
+            event = self.events.get(0.2)
+            if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
+                check_running = False
+                if event.ok and launch.engine.alive():
+                    launch.ready = True
+                    launch.ready_after_s = round(time.monotonic() - launch.started, 2)
+                    launch.reader.mark_ready()
+                    self.log.info("engine_ready", launch=launch.number, seconds=launch.ready_after_s)
+                    return
+            elif event is not None:
+                if isinstance(event, ChildOutput) and event.launch == launch.number:
+                    last_activity = now
+                self._handle_output(launch, event)
+            if now >= next_record:
+                launch.engine.record_descendants()
+                next_record = now + 2.0
+            code = launch.engine.poll()
+            if code is not None:
+                if exited_at is None:
+                    exited_at = now
+                if launch.engine.eof or now - exited_at >= EXIT_DRAIN_S:
+                    self._drain(launch)
+                    launch.exit_code = code
+                    launch.failure = launch.reader.verdict(exit_code=code)
+                    if launch.failure.cls == F.NONE:
+                        launch.failure = Failure(
+                            F.ENGINE_DEAD, F.PHASE_STARTUP, detail=f"vLLM exited with code {code} before it was ready"
+                        )
+                    return
+                continue
+            if not check_running and now >= next_check:
+                check_running = True
+                next_check = now + READY_POLL_S
+                self._run_check(
+                    "ready",
+                    launch,
+                    lambda: (*health.check_ready(self.endpoint, launch.spec.served_name), None),
+                )
+            stalled = now - last_activity > server.stall_timeout_s
+            if stalled or now > start_deadline:
+                seen = launch.reader.verdict(exit_code=None)
+                if seen.cls != F.NONE:
+                    launch.failure = seen
+                else:
+                    what = (
+                        f"no output for {server.stall_timeout_s:.0f}s"
+                        if stalled
+                        else f"not ready after {server.startup_timeout_s:.0f}s (server.startup_timeout_s)"
+                    )
+                    launch.failure = Failure(F.HANG, F.PHASE_STARTUP, detail=what, evidence=what)
+                return
+
+    def _drain(self, launch: Launch, limit_s: float = 0.5) -> None:
+        """Take what output is still queued for this launch."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            event = self.events.get(0.05)
+            if event is None:
+                if launch.engine.eof:
+                    return
+                continue
+            self._handle_output(launch, event)
+
+    # --- probing -------------------------------------------------------------------------------
+
+    def capacity_failure(self, launch: Launch) -> Failure | None:
+        """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
+        tgt = self.config.target
+        obs = launch.observations
+        tokens = obs.get("kv_cache_tokens")
+        if tgt.concurrency and tgt.context and tokens is not None:
+            need = tgt.concurrency * tgt.context
+            if tokens < need:
+                return Failure(
+                    F.KV_INSUFFICIENT,
+                    F.PHASE_KV_CACHE,
+                    evidence=f"KV cache holds {int(tokens)} tokens; the target needs {tgt.concurrency} x "
+                    f"{tgt.context} = {need}",
+                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": obs.get("kv_cache_gib", 0.0)},
+                    detail="target",
+                )
+        return None
+
+    def probe(self, launch: Launch) -> Failure:
+        """Run the load probe against the launched server; NONE when it passed."""
+        from r1sup.probe import ProbeSpec, default_prompt_tokens, run_probe
+
+        p = self.config.probe
+        tgt = self.config.target
+        context = tgt.context or launch.flags.max_model_len or int(launch.observations.get("max_model_len", 0)) or 2048
+        concurrency = p.concurrency or tgt.concurrency or 1
+        prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
+        spec = ProbeSpec(
+            base_url=self.endpoint.base,
+            model=launch.spec.served_name,
+            requests=p.requests,
+            concurrency=concurrency,
+            prompt_tokens=prompt_tokens,
+            output_tokens=p.output_tokens,
+            request_timeout_s=p.request_timeout_s,
+            timeout_s=p.timeout_s,
+            api_key=self.api_key,
+        )
+        self.log.info(
+            "probe_started", launch=launch.number, requests=spec.requests, concurrency=concurrency,
+            prompt_tokens=prompt_tokens, output_tokens=spec.output_tokens,
+        )
+        self._run_check("probe", launch, lambda: _probe_call(run_probe, spec))
+        deadline = time.monotonic() + p.timeout_s + 30
+        result: dict[str, Any] | None = None
+        while result is None:
+            self.check_signals()
+            self.hooks.on_tick()
+            event = self.events.get(0.2)
+            if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
+                result = event.payload or {"ok": False, "errors": [event.detail]}
+            elif event is not None:
+                self._handle_output(launch, event)
+            if time.monotonic() > deadline:
+                result = {"ok": False, "errors": ["the probe did not return"], "timed_out": True}
+        launch.probe = result
+        self._drain(launch, 0.3)
+        code = launch.engine.poll()
+        seen = launch.reader.verdict(exit_code=code)
+        if result.get("ok") and code is None and seen.cls == F.NONE:
+            self.log.info("probe_passed", launch=launch.number, **_probe_fields(result))
+            return F.NO_FAILURE
+        if seen.cls != F.NONE:
+            failure = seen
+        elif code is not None:
+            failure = Failure(F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code} during the probe")
+        elif result.get("timed_out"):
+            failure = Failure(F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=_first(result))
+        else:
+            failure = Failure(F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=_first(result))
+        self.log.error("probe_failed", launch=launch.number, **_failure_fields(failure), **_probe_fields(result))
+        return failure
+
+    # --- stopping ------------------------------------------------------------------------------
+
+    def stop_current(self, reason: str) -> None:
+        if self.current is not None and self.current.engine.proc is not None:
+            self.stop(self.current, reason=reason)
+        self.current = None
+
+    def stop(self, launch: Launch, *, reason: str) -> StopReport:
+        n0 = len(self.events.signals)
+        server = self.config.server
+        report = launch.engine.stop(
+            server.stop_timeout_s,
+            force=lambda: len(self.events.signals) > n0,
+            release_timeout=server.memory_release_timeout_s,
+            memory_released=self.hooks.memory_released,
+        )
+        launch.stop_report = report
+        if self.current is launch:
+            self.current = None
+        self._drain(launch, 0.2)
+        self.log.info(
+            "engine_stopped",
+            launch=launch.number,
+            reason=reason,
+            escalated=report.escalated,
+            killed_descendants=report.killed_descendants,
+            memory_released=report.memory_released,
+            port_free=report.port_free,
+            seconds=round(report.seconds, 2),
+        )
+        return report
+
+
+def _probe_call(run: Callable[[Any], Any], spec: Any) -> tuple[bool, str, Any]:
+    result = run(spec)
+    return result.ok, result.summary(), result.to_dict()
+
+
+def _first(result: Mapping[str, Any]) -> str:
+    errors = result.get("errors") or []
+    return str(errors[0]) if errors else ""
+
+
+def _failure_fields(failure: Failure) -> dict[str, Any]:
+    return {
+        "failure_class": failure.cls,
+        "phase": failure.phase,
+        "memory": failure.memory,
+        "evidence": failure.evidence[:500],
+        "numbers": dict(failure.numbers),
+        "detail": failure.detail,
+    }
+
+
+def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("succeeded", "requests", "error_count", "concurrency", "prompt_tokens", "ttft_p50_s", "ttft_p95_s",
+            "output_tokens_per_s", "peak_kv_usage", "preemptions", "duration_s")
+    return {k: result.get(k) for k in keys}

@@ -1,0 +1,72 @@
+"""Wiring shared by ``tune`` and ``run``: config, key, logging, signals, runner, hooks, profiles."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from r1sup import logs
+from r1sup import apikey as sec
+from r1sup.config import Config
+from r1sup.events import EventQueue
+from r1sup.runner import Hooks, Runner
+
+
+@dataclass
+class Session:
+    config: Config
+    api_key: str | None
+    log: Any
+    events: EventQueue
+    runner: Runner
+    overrides: dict[str, Any]
+
+
+def default_hooks() -> Hooks:
+    from r1sup import devices
+
+    def memory_released(pids: Any) -> bool:
+        held = {p.pid for p in devices.gpu_processes()}
+        return not held.intersection(pids)
+
+    return Hooks(memory_released=memory_released, gpu_processes=devices.gpu_processes)
+
+
+def open_session(
+    args: argparse.Namespace, config: Config, *, json_out: bool = False, overrides: dict[str, Any] | None = None
+) -> Session:
+    api_key = sec.load_api_key(config)
+    secrets = sec.secret_values(config, api_key)
+    level = args.log_level or "info"
+    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout, secrets=secrets)
+    log = logs.get_logger(command=args.command)
+    for warning in sec.permission_warnings(config):
+        log.warning("file_permissions", **warning)
+    events = EventQueue()
+    runner = Runner(config, events, api_key=api_key, hooks=default_hooks(), log=log)
+    return Session(config, api_key, log, events, runner, dict(overrides or {}))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def save_profile(session: Session, result: Any, fingerprint: dict[str, Any]) -> str | None:
+    """Persist a passed configuration; returns the path, or None when saving failed (logged)."""
+    from r1sup import profiles
+
+    profile = profiles.Profile.create(
+        fingerprint=fingerprint,
+        model=session.config.model.name,
+        served_name=session.config.served_name,
+        flags=result.flags,
+        command=list(result.command),
+        probe=result.probe,
+        observations=dict(result.observations),
+        attempts=[a.to_dict() for a in result.attempts],
+    )
+    path = profiles.ProfileStore(session.config.state.dir).save(profile)
+    return str(path) if path is not None else None

@@ -1,0 +1,305 @@
+"""The search: launch, classify, step down the ladder, until start-up and the load probe pass.
+
+Used by ``r1sup tune`` (stop the server at the end, print a report) and by ``r1sup run`` (keep it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from r1sup import failure as F
+from r1sup import ladder as L
+from r1sup.config import Config
+from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
+from r1sup.failure import Failure
+from r1sup.flags import EngineFlags
+from r1sup.hardware import GIB, DeviceFacts
+from r1sup.runner import Launch, Runner
+
+
+@dataclass
+class ModelKnowledge:
+    """What r1sup knows about the box and the model before launching (for planner and ladder)."""
+
+    device: DeviceFacts | None = None
+    arch: Any = None  # planner.ModelArch, when the model's config.json was found
+    config_hash: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Attempt:
+    number: int
+    flags: dict[str, Any]
+    outcome: str  # ok, failed
+    failure_class: str
+    phase: str
+    evidence: str
+    seconds: float
+    change: str = ""  # what the ladder did next, and why
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class TuneResult:
+    ok: bool
+    exit_code: int
+    launches: int = 0
+    flags: EngineFlags | None = None
+    probe: dict[str, Any] | None = None
+    command: list[str] = field(default_factory=list)
+    observations: dict[str, float] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)
+    failure: Failure | None = None
+    reason: str = ""
+    suggestions: list[str] = field(default_factory=list)
+    profile_path: str | None = None
+    live: Launch | None = None  # the running server, when asked to keep it
+    history: L.History | None = None  # what the ladder has tried, to continue from
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "launches": self.launches,
+            "flags": self.flags.to_dict() if self.flags else None,
+            "probe": self.probe,
+            "profile_path": self.profile_path,
+            "command": self.command,
+            "observations": self.observations,
+            "attempts": [a.to_dict() for a in self.attempts],
+            "reason": self.reason,
+            "suggestions": self.suggestions,
+            "last_failure": self.failure.to_dict() if self.failure else None,
+        }
+
+
+def gather_knowledge(config: Config, log: Any) -> ModelKnowledge:
+    """Device facts and the model's architecture, best effort: missing pieces only make the ladder blunter."""
+    from r1sup import devices, modelinfo, planner
+    from r1sup.errors import ConfigError
+
+    know = ModelKnowledge()
+    try:
+        know.device = devices.probe()
+    except Exception as exc:  # noqa: BLE001 - device probing must never stop a launch
+        log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+    try:
+        model_config = modelinfo.load_model_config(config.model.name, config.model.revision)
+        know.arch = planner.arch_from_config(model_config)
+        know.config_hash = modelinfo.config_hash(model_config)
+    except ConfigError as exc:
+        know.notes.append(f"model architecture unknown ({exc.message}); the ladder uses vLLM's numbers only")
+    except (ValueError, KeyError, TypeError) as exc:
+        know.notes.append(f"model config.json not understood ({exc}); the ladder uses vLLM's numbers only")
+    for note in know.notes:
+        log.info("planner_note", note=note)
+    return know
+
+
+def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> L.Facts:
+    from r1sup import planner
+
+    device = know.device
+    backend = device.backend if device else "cuda"
+    bpt = None
+    if know.arch is not None:
+        bpt = planner.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
+    holders: tuple[str, ...] = ()
+    if device:
+        holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
+    return L.Facts(
+        backend=backend,
+        total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
+        free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
+        compute_capability=device.compute_capability if device else None,
+        gpu_count=max(1, device.count) if device else 1,
+        fp8_kv_supported=device.fp8_kv_supported if device else None,
+        model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
+        kv_bytes_per_token=bpt,
+        block_size=planner.block_size(backend),
+        holders=holders,
+        suggestions=suggestions,
+    )
+
+
+def plan_first(config: Config, know: ModelKnowledge, observations: dict[str, float], log: Any) -> tuple[EngineFlags, str]:
+    """The first launch's flags: the user's, or the planner's when the user's are predicted not to fit."""
+    flags = EngineFlags.from_start(config.start)
+    if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
+        return flags, "as configured"
+    from r1sup import planner
+
+    bounds = L.Bounds.from_config(config)
+    plan = planner.plan(
+        know.arch,
+        know.device,
+        flags,
+        target_concurrency=config.target.concurrency,
+        target_context=config.target.context,
+        observations=planner.Observations(**_obs_for_planner(observations)) if observations else None,
+        bounds=_bounds_dict(bounds),
+    )
+    log.info("plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens, max_context=plan.max_context)
+    if plan.fits or plan.recommended is None:
+        return flags, "as configured" + ("" if plan.fits else " (the planner found nothing that fits)")
+    return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
+
+
+def _bounds_dict(bounds: L.Bounds) -> dict[str, Any]:
+    return {
+        "min_max_model_len": bounds.min_max_model_len,
+        "min_gpu_memory_utilization": bounds.min_gpu_memory_utilization,
+        "max_gpu_memory_utilization": bounds.max_gpu_memory_utilization,
+        "allow_fp8_kv": bounds.allow_fp8_kv,
+        "allow_eager": bounds.allow_eager,
+        "allow_weight_quantization": bounds.allow_weight_quantization,
+        "allow_tensor_parallel": bounds.allow_tensor_parallel,
+    }
+
+
+def _obs_for_planner(observations: dict[str, float]) -> dict[str, float]:
+    keys = ("weights_gib", "non_torch_gib", "peak_activation_gib", "cudagraph_gib", "kv_cache_gib", "kv_cache_tokens")
+    return {k: observations[k] for k in keys if k in observations}
+
+
+def planner_suggestions(config: Config, know: ModelKnowledge, flags: EngineFlags) -> tuple[str, ...]:
+    if know.arch is None or know.device is None:
+        return ()
+    from r1sup import planner
+
+    try:
+        plan = planner.plan(
+            know.arch, know.device, flags,
+            target_concurrency=config.target.concurrency, target_context=config.target.context,
+        )
+    except (ValueError, ZeroDivisionError):
+        return ()
+    return tuple(str(getattr(s, "summary", s)) for s in plan.suggestions)
+
+
+class Tuner:
+    def __init__(
+        self,
+        config: Config,
+        runner: Runner,
+        log: Any,
+        know: ModelKnowledge | None = None,
+        listener: Callable[..., None] | None = None,
+    ) -> None:
+        self.config = config
+        self.listener = listener or (lambda kind, **info: None)
+        self.runner = runner
+        self.log = log
+        self.know = know if know is not None else gather_knowledge(config, log)
+        self.bounds = L.Bounds.from_config(config)
+
+    def refresh_device(self) -> None:
+        from r1sup import devices
+
+        try:
+            self.know.device = devices.probe()
+        except Exception as exc:  # noqa: BLE001
+            self.log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def run(
+        self,
+        start: EngineFlags | None = None,
+        *,
+        keep_running: bool = False,
+        observations: dict[str, float] | None = None,
+        history: L.History | None = None,
+    ) -> TuneResult:
+        result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
+        obs: dict[str, float] = dict(observations or {})
+        if start is None:
+            start, why = plan_first(self.config, self.know, obs, self.log)
+            self.log.info("first_flags", flags=start.to_dict(), reason=why)
+        flags = start
+        history = history or L.History()
+        attempt = 0
+        while True:
+            result.history = history
+            attempt += 1
+            self.runner.check_signals()
+            if attempt > 1:
+                self.refresh_device()
+            t0 = time.monotonic()
+            self.listener("launching", attempt=attempt, flags=flags)
+            launch = self.runner.launch(flags, attempt=attempt)
+            result.launches += 1
+            result.command = list(launch.spec.display)
+            failure = launch.failure
+            if failure.cls == F.NONE and launch.ready:
+                failure = self.runner.capacity_failure(launch) or F.NO_FAILURE
+                if failure.cls != F.NONE:
+                    self.log.error("failure_classified", attempt=attempt, failure_class=failure.cls, evidence=failure.evidence)
+                elif self.config.probe.enabled:
+                    self.listener("probing", attempt=attempt, flags=flags)
+                    failure = self.runner.probe(launch)
+            obs.update(launch.observations)
+            record = Attempt(
+                number=attempt,
+                flags=flags.to_dict(),
+                outcome="ok" if failure.cls == F.NONE else "failed",
+                failure_class=failure.cls,
+                phase=failure.phase,
+                evidence=(failure.evidence or failure.detail)[:300],
+                seconds=round(time.monotonic() - t0, 1),
+            )
+            result.attempts.append(record)
+            if failure.cls == F.NONE:
+                result.ok, result.exit_code, result.flags = True, EXIT_OK, flags
+                result.probe = launch.probe
+                result.observations = obs
+                if keep_running:
+                    result.live = launch
+                else:
+                    self.runner.stop(launch, reason="tune finished")
+                self.log.info("tune_succeeded", launches=result.launches, flags=flags.to_dict())
+                return result
+            self.runner.stop(launch, reason=f"failed: {failure.cls}")
+            result.failure = failure
+            self.listener("failure", attempt=attempt, failure=failure)
+            suggestions = planner_suggestions(self.config, self.know, flags) if failure.memory else ()
+            facts = ladder_facts(self.know, flags, suggestions)
+            decision = L.next_step(flags, failure, history, self.bounds, facts, obs)
+            if isinstance(decision, L.GiveUp):
+                record.change = f"give up: {decision.reason}"
+                result.exit_code = decision.exit_code
+                result.reason = decision.reason
+                result.suggestions = list(decision.suggestions)
+                self.log.error(
+                    "ladder_exhausted" if decision.exit_code == EXIT_NO_WORKING_CONFIG else "fatal_failure",
+                    failure_class=failure.cls, reason=decision.reason, suggestions=list(decision.suggestions),
+                    exit_code=decision.exit_code,
+                )
+                return result
+            history = decision.history
+            record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
+            self.log.info(
+                "ladder_step",
+                attempt=attempt,
+                failure_class=failure.cls,
+                evidence=failure.evidence[:300],
+                old=flags.to_dict(),
+                new=decision.flags.to_dict(),
+                change=flags.describe_change(decision.flags),
+                reason=decision.reason,
+            )
+            self.listener("step", attempt=attempt + 1, old=flags, new=decision.flags, failure_class=failure.cls)
+            if decision.retry:
+                delay = self.config.daemon.backoff_initial_s
+                self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
+                self.runner.sleep(delay)
+            flags = decision.flags
+
+
+def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
+    """``attempt 2: context 8192 -> 3712 (kv_insufficient)``: for systemd's STATUS= and humans."""
+    return f"attempt {attempt}: {old.describe_change(new).replace('max_model_len', 'context')} ({failure_class})"

@@ -1,0 +1,138 @@
+"""``r1sup run`` with the real vLLM CPU engine: READY after the probe, crashes and hangs recovered,
+clean SIGTERM, profile reuse, and nothing left behind when r1sup itself is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import free_port, wait_until
+from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+FAST_DAEMON = {
+    "health_interval_s": 0.5,
+    "health_timeout_s": 2.0,
+    "health_failures": 3,
+    "liveness_interval_s": 3.0,
+    "backoff_initial_s": 0.5,
+    "backoff_max_s": 2.0,
+    "restart_budget": 4,
+}
+
+
+class NotifySocket:
+    """A stand-in for systemd's notify socket that records every datagram."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.messages.append(self.sock.recv(65536).decode())
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+def status(state_dir: Path) -> dict:
+    try:
+        return json.loads((state_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def engine_core(child_pid: int) -> psutil.Process | None:
+    try:
+        kids = psutil.Process(child_pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for kid in kids:
+        try:
+            if "EngineCore" in kid.name() or any("EngineCore" in a for a in kid.cmdline()):
+                return kid
+        except psutil.Error:
+            continue
+    return kids[0] if kids else None
+
+
+def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(tmp_path, tiny_model, free_port(), daemon=FAST_DAEMON)
+    config = write_config(tmp_path / "c.toml", body)
+    state = tmp_path / "state"
+    notify = NotifySocket(tmp_path / "notify.sock")
+    proc = R1sup("run", "--config", str(config), env={"NOTIFY_SOCKET": str(notify.path)})
+    try:
+        proc.wait_event("serving", 400)
+        wait_until(lambda: any("READY=1" in m for m in notify.messages), 10, what="READY=1")
+        ready_at = next(i for i, m in enumerate(notify.messages) if "READY=1" in m)
+        assert proc.named("probe_passed"), "READY only after the probe passed"
+        assert any("STATUS=" in m for m in notify.messages[:ready_at])
+        st = status(state)
+        assert st["state"] == "serving" and st["launches"] == 1 and st["profile_source"] == "tuned"
+        child = st["child_pid"]
+        assert child and psutil.pid_exists(child)
+
+        # 1. kill -9 of the engine core: detected, restarted with the same flags
+        core = engine_core(child)
+        assert core is not None
+        core.kill()
+        proc.wait_event("serving_failed", 60)
+        proc.wait_event("serving", 400, count=2)
+        st = status(state)
+        assert st["launches"] == 2 and st["state"] == "serving"
+
+        # 2. SIGSTOP of the vLLM child: /health stops answering -> a hang -> restarted
+        stopped = st["child_pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        failed = proc.wait_event("serving_failed", 60, count=2)
+        assert failed["failure_class"] == "hang"
+        proc.wait_event("serving", 400, count=3)
+        assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+
+        # 3. SIGTERM: the child group stops, r1sup exits 0, nothing is left
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(120) == 0, proc.tail()
+        assert not engine_processes(config)
+        assert status(state)["state"] == "stopped"
+        assert any("STOPPING=1" in m for m in notify.messages)
+    finally:
+        proc.kill()
+        notify.close()
+        kill_engine_processes(config)
+
+    # 4. a second run reuses the saved profile: exactly one launch; SIGKILL of r1sup leaves no vLLM
+    proc = R1sup("run", "--config", str(config))
+    try:
+        proc.wait_event("serving", 400)
+        st = status(state)
+        assert st["launches"] == 1 and st["profile_source"] == "persisted"
+        assert proc.named("profile_found")
+        assert len(engine_processes(config)) >= 2
+        proc.proc.kill()
+        proc.wait(30)
+        wait_until(lambda: not engine_processes(config), 60, interval=0.5, what="no vLLM process left")
+    finally:
+        proc.kill()
+        kill_engine_processes(config)

