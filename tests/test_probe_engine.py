@@ -1,0 +1,78 @@
+"""The load probe against the real vLLM CPU engine: figures on a healthy server, a classified failure
+when the engine core is killed under it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import free_port, wait_until
+from r1sup_proc import engine_processes, kill_engine_processes, tiny_engine_config, write_config
+
+from r1sup import config as cfg
+from r1sup import failure as F
+from r1sup.events import EventQueue
+from r1sup.flags import EngineFlags
+from r1sup.health import Endpoint
+from r1sup.logs import get_logger
+from r1sup.runner import Runner
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+
+def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(tmp_path, tiny_model, free_port(), probe={"requests": 6, "concurrency": 2})
+    path = write_config(tmp_path / "c.toml", body)
+    config = cfg.load(path, environ={})
+    runner = Runner(config, EventQueue(), log=get_logger(test="probe"), relay=False)
+    launch = None
+    try:
+        launch = runner.launch(EngineFlags.from_start(config.start), attempt=1)
+        assert launch.ready, launch.failure
+        assert launch.observations.get("kv_cache_tokens") == 3840  # 4,000,000 B / 1024 B per token, 128-blocks
+
+        assert runner.probe(launch) == F.NO_FAILURE
+        p = launch.probe
+        assert p is not None and p["ok"] and p["succeeded"] == 6 and p["concurrency"] == 2
+        # prompts near the 2048-token context, measured with the server's /tokenize
+        assert 1900 <= p["prompt_tokens"] <= 2048 - 8
+        assert p["ttft_p50_s"] > 0 and p["ttft_p95_s"] >= p["ttft_p50_s"] and p["output_tokens_per_s"] > 0
+        assert p["peak_kv_usage"] is not None and 0 < p["peak_kv_usage"] <= 1
+        assert p["preemptions"] is not None
+
+        # now a long probe, and the engine core killed while it runs
+        runner.config = cfg.load(path, environ={}, overrides={"probe.requests": "40", "probe.concurrency": "1"})
+        core = _engine_core(launch.engine.pid)
+        killer = threading.Thread(target=_kill_when_busy, args=(core, runner.endpoint), daemon=True)
+        killer.start()
+        failure = runner.probe(launch)
+        assert failure.cls == F.ENGINE_DEAD
+        assert failure.phase == F.PHASE_SERVING
+        assert launch.probe is not None and not launch.probe["ok"]
+    finally:
+        if launch is not None:
+            runner.stop(launch, reason="test over")
+        wait_until(lambda: not engine_processes(path), 30, interval=0.5, what="no vLLM left")
+        kill_engine_processes(path)
+
+
+def _engine_core(api_pid: int | None) -> psutil.Process:
+    assert api_pid is not None
+    for kid in psutil.Process(api_pid).children(recursive=True):
+        if "EngineCore" in kid.name() or any("EngineCore" in part for part in kid.cmdline()):
+            return kid
+    raise AssertionError("no engine core process found")
+
+
+def _kill_when_busy(core: psutil.Process, endpoint: Endpoint) -> None:
+    """Kill the engine core as soon as vLLM reports a running request (the probe is under way)."""
+
+    def busy() -> bool:
+        status, body = endpoint.request("/metrics", timeout=2)
+        running = [line for line in body.decode().splitlines() if line.startswith("vllm:num_requests_running")]
+        return status == 200 and any(float(line.rsplit(" ", 1)[1]) > 0 for line in running)
+
+    wait_until(busy, 60, interval=0.05, what="a request in flight")
+    core.kill()
