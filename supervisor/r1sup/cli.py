@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -173,12 +174,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     json_out = getattr(args, "json", False)
     level = args.log_level or ("warning" if args.command in ("diagnose", "plan", "check", "status") else "info")
-    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout)
+    env_key = os.environ.get("VLLM_API_KEY")
+    logs.configure(
+        level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout,
+        secrets=[env_key] if env_key else [],
+    )
     try:
         module = importlib.import_module(f"r1sup.commands.{COMMANDS[args.command]}")
         return int(module.main(args))
     except R1supError as exc:
-        sys.stderr.write(f"r1sup: error: {exc}\n")
+        sys.stderr.write(f"r1sup: error: {logs.mask(str(exc))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("r1sup: interrupted\n")

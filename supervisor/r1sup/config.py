@@ -420,13 +420,13 @@ def build(
         raise ConfigError("", "the config must be a TOML table")
     for section, body in data.items():
         if section not in SECTIONS:
-            raise ConfigError(section, f"unknown section (known: {', '.join(SECTIONS)})")
+            raise ConfigError(_printable(section), f"unknown section (known: {', '.join(SECTIONS)})")
         if not isinstance(body, Mapping):
             raise ConfigError(section, "must be a table ([" + section + "])")
         known = {f.name for f in dataclasses.fields(SECTIONS[section])}
         for key in body:
             if key not in known:
-                raise ConfigError(f"{section}.{key}", _unknown_key_message(section, key, known))
+                raise ConfigError(f"{section}.{_printable(key)}", _unknown_key_message(section, key, known))
 
     text_layers: list[tuple[str, Mapping[str, Any]]] = []
     if env:
@@ -440,7 +440,7 @@ def build(
                 section, _, key = dotted.partition(".")
                 known = {f.name for f in dataclasses.fields(SECTIONS[section])} if section in SECTIONS else set()
                 hint = _unknown_key_message(section, key, known) if known else "unknown setting"
-                raise ConfigError(dotted, f"{hint} (from the {origin})")
+                raise ConfigError(_printable(dotted), f"{hint} (from the {origin})")
 
     sections: dict[str, Any] = {}
     for section, cls in SECTIONS.items():
@@ -470,6 +470,11 @@ def build(
     config = Config(**sections, source=source)
     _cross_check(config, env or {})
     return config
+
+
+def _printable(name: str) -> str:
+    """A key as it can stand in a one-line message: quoted when it holds odd characters."""
+    return name if name.isprintable() and name.strip() == name and name else repr(name)
 
 
 def _unknown_key_message(section: str, key: str, known: set[str]) -> str:

@@ -140,7 +140,7 @@ class Daemon:
         }
         try:
             statefiles.ensure_state_dir(self.config.state.dir)
-            statefiles.atomic_write_json(Path(self.config.state.dir) / STATUS_FILE, payload, mode=0o644)
+            statefiles.atomic_write_json(Path(self.config.state.dir) / STATUS_FILE, payload, mode=0o600)
         except R1supError as exc:
             self.log.warning("status_write_failed", error=str(exc))
 

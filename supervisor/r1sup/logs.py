@@ -59,6 +59,14 @@ class Redactor:
         return {k: self.mask(v) for k, v in event_dict.items()}
 
 
+_active = {"redactor": Redactor()}  # the process's logging configuration is process-wide, like structlog's
+
+
+def mask(text: str) -> str:
+    """Mask the secrets the logging was configured with (for text printed outside structlog)."""
+    return str(_active["redactor"].mask(text))
+
+
 def configure(
     level: str = "info",
     fmt: str = "auto",
@@ -69,6 +77,8 @@ def configure(
     out = stream if stream is not None else sys.stdout
     if fmt == "auto":
         fmt = "console" if _isatty(out) else "json"
+    redactor = Redactor(secrets)
+    _active["redactor"] = redactor
     renderer: Any
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer(default=str)
@@ -79,7 +89,7 @@ def configure(
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            Redactor(secrets),
+            redactor,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),

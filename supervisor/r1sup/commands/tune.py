@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from r1sup import logs
 from r1sup.cli import load_config
 from r1sup.errors import EXIT_SIGINT, EXIT_SIGTERM
 from r1sup.runner import StopRequested
@@ -34,10 +35,8 @@ def main(args: argparse.Namespace) -> int:
             result.profile_path = save_profile(session, result, fingerprint)
     finally:
         session.events.restore_signal_handlers()
-    if args.json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
-    else:
-        sys.stdout.write(report(result))
+    text = json.dumps(result.to_dict(), indent=2, default=str) + "\n" if args.json else report(result)
+    sys.stdout.write(logs.mask(text))
     return result.exit_code
 
 
