@@ -78,6 +78,7 @@ class Runner:
         hooks: Hooks | None = None,
         log: Any = None,
         relay: bool = True,
+        relay_level: str = "info",
     ) -> None:
         self.config = config
         self.events = events
@@ -85,6 +86,9 @@ class Runner:
         self.hooks = hooks or Hooks()
         self.log = log or get_logger()
         self.relay = relay
+        # vLLM's lines: "info" for log shippers (JSON); a console shows vLLM's warnings and errors only,
+        # the rest at debug (--log-level debug shows everything)
+        self.relay_level = relay_level
         self.launches = 0
         self.current: Launch | None = None  # the launch whose engine may be running
         self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
@@ -123,7 +127,10 @@ class Runner:
             for item in launch.reader.feed(event.line):
                 if isinstance(item, LogLine):
                     if self.relay:
-                        self.log.info(
+                        level = self.relay_level
+                        if item.level in ("WARNING", "ERROR", "CRITICAL"):
+                            level = "warning" if item.level == "WARNING" else "error"
+                        getattr(self.log, level)(
                             "vllm",
                             source="vllm",
                             proc=item.process,

@@ -46,7 +46,11 @@ def open_session(
     for warning in sec.permission_warnings(config):
         log.warning("file_permissions", **warning)
     events = EventQueue()
-    runner = Runner(config, events, api_key=api_key, hooks=default_hooks(), log=log)
+    stream = sys.stderr if json_out else sys.stdout
+    console = args.log_format == "console" or (args.log_format == "auto" and stream.isatty())
+    runner = Runner(
+        config, events, api_key=api_key, hooks=default_hooks(), log=log, relay_level="debug" if console else "info"
+    )
     return Session(config, api_key, log, events, runner, dict(overrides or {}))
 
 
