@@ -29,52 +29,28 @@ from r1sup.commands.diagnose import diagnose_path
 
 BASELINE_RE = re.compile(r"Error|Traceback|out of memory")
 
-STARTUP = """\
-(APIServer pid=1) INFO 06-02 09:14:02 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.33.0
-(APIServer pid=1) INFO 06-02 09:14:02 [api_utils.py:286] non-default args: {'model': '/models/qwen-14b', 'max_model_len': 32768}
-(APIServer pid=1) INFO 06-02 09:14:09 [model.py:2152] Using max model len 32768
-(EngineCore_DP0 pid=212) INFO 06-02 09:14:15 [core.py:133] Initializing a V1 LLM engine (v0.33.0) with config: model='/models/qwen-14b', dtype=torch.bfloat16, max_seq_len=32768, tensor_parallel_size=1
-(EngineCore_DP0 pid=212) INFO 06-02 09:14:24 [gpu_model_runner.py:5150] Model loading took 27.54 GiB memory and 7.004518 seconds
-(EngineCore_DP0 pid=212) INFO 06-02 09:14:39 [gpu_worker.py:760] Available KV cache memory: 42.17 GiB
-(EngineCore_DP0 pid=212) INFO 06-02 09:14:39 [kv_cache_utils.py:2327] GPU KV cache size: 230,304 tokens, Maximum concurrency for 32,768 tokens per request: 7.03x
-(EngineCore_DP0 pid=212) INFO 06-02 09:14:52 [gpu_model_runner.py:6582] Graph capturing finished in 9 secs, took 0.87 GiB
-(EngineCore_DP0 pid=212) INFO 06-02 09:14:54 [core.py:402] init engine (profile, create kv cache, warmup model) took 30.21 s
-(APIServer pid=1) INFO 06-02 09:14:56 [entry.py:140] Starting vLLM server on http://0.0.0.0:8000
-INFO:     Started server process [1]
-INFO:     Waiting for application startup.
-INFO:     Application startup complete.
-"""
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "logs" / "gpu"
 
-REQUEST_ERROR = """\
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200] Error in preprocessing prompt inputs
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200] Traceback (most recent call last):
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200]   File "/opt/venv/lib/python3.12/site-packages/vllm/entrypoints/openai/serving_chat.py", line 183, in create_chat_completion
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200]     ) = await self._preprocess_chat(
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200]   File "/opt/venv/lib/python3.12/site-packages/vllm/entrypoints/openai/serving_engine.py", line 612, in _validate_input
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200]     raise ValueError(
-(APIServer pid=1) ERROR {ts} [serving_chat.py:200] ValueError: This model's maximum context length is 32768 tokens. However, you requested 40100 tokens (39100 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.
-INFO:     10.0.0.9:40112 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request
-"""
 
-CRASH = """\
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131] EngineCore encountered a fatal error.
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131] Traceback (most recent call last):
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131]   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 1170, in run_busy_loop
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131]     self._process_engine_step()
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131]   File "/opt/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 3411, in execute_model
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131]     model_output = self.model(
-(EngineCore_DP0 pid=212) ERROR {ts} [core.py:1131] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 50.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which 21.75 MiB is free. Including non-PyTorch memory, this process has 79.10 GiB memory in use.
-(APIServer pid=1) ERROR {ts} [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
-INFO:     Shutting down
-"""
+def _fixture_lines(name: str, first: str, last: str | None = None) -> list[str]:
+    """The lines of a test fixture from the one containing ``first`` to the one containing ``last``."""
+    lines = (FIXTURES / name).read_text(encoding="utf-8").split("\n")
+    start = next(i for i, line in enumerate(lines) if first in line)
+    end = next(i for i, line in enumerate(lines) if last in line) if last else len(lines) - 1
+    return lines[start : end + 1]
 
 
 def write_log(path: Path, n_lines: int, seed: int = 7) -> int:
     """Write a realistic serving log of about ``n_lines`` lines; return the number written."""
     rng = random.Random(seed)
-    out: list[str] = STARTUP.splitlines()
+    startup = _fixture_lines("success-v1-full.log", "version", "Application startup complete")
+    request_error = _fixture_lines(
+        "request-too-long-serving.log", "Error in preprocessing", "400 Bad Request"
+    )
+    crash = _fixture_lines("oom-runtime-v1.log", "EngineDeadError", "Finished server process")
+    out: list[str] = list(startup)
     second = 0
-    while len(out) < n_lines - 10:
+    while len(out) < n_lines - len(crash):
         second += 1
         ts = f"06-02 {9 + second // 3600 % 14:02d}:{second // 60 % 60:02d}:{second % 60:02d}"
         roll = rng.random()
@@ -83,29 +59,32 @@ def write_log(path: Path, n_lines: int, seed: int = 7) -> int:
             out.append(f'INFO:     {ip} - "POST /v1/chat/completions HTTP/1.1" 200 OK')
         elif roll < 0.70:
             out.append(
-                f"(APIServer pid=1) INFO {ts} [loggers.py:236] Engine 000: Avg prompt throughput: "
-                f"{rng.uniform(0, 5000):.1f} tokens/s, Avg generation throughput: {rng.uniform(0, 900):.1f} tokens/s, "
-                f"Running: {rng.randrange(64)} reqs, Waiting: {rng.randrange(8)} reqs, GPU KV cache usage: "
-                f"{rng.uniform(0, 100):.1f}%, Prefix cache hit rate: {rng.uniform(0, 60):.1f}%"
+                f"(APIServer pid=1) INFO {ts} [loggers.py:236] Engine 000: "
+                f"Avg prompt throughput: {rng.uniform(0, 5000):.1f} tokens/s, "
+                f"Avg generation throughput: {rng.uniform(0, 900):.1f} tokens/s, "
+                f"Running: {rng.randrange(64)} reqs, Waiting: {rng.randrange(8)} reqs, "
+                f"GPU KV cache usage: {rng.uniform(0, 100):.1f}%, Prefix cache hit "
+                f"rate: {rng.uniform(0, 60):.1f}%"
             )
         elif roll < 0.85:
             out.append(
-                f"(APIServer pid=1) INFO {ts} [logger.py:43] Received request chatcmpl-{rng.getrandbits(64):016x}: "
-                f"params: SamplingParams(n=1, temperature=0.7, top_p=0.95, max_tokens={rng.randrange(16, 4096)}), "
-                f"prompt_token_ids: None, lora_request: None."
+                f"(APIServer pid=1) INFO {ts} [logger.py:43] Received request "
+                f"chatcmpl-{rng.getrandbits(64):016x}: "
+                f"params: SamplingParams(n=1, temperature=0.7, top_p=0.95, "
+                f"max_tokens={rng.randrange(16, 4096)}), "
+                "prompt_token_ids: None, lora_request: None."
             )
         elif roll < 0.95:
-            out.append(
-                f"(APIServer pid=1) INFO {ts} [async_llm.py:420] Added request chatcmpl-{rng.getrandbits(64):016x}."
-            )
+            request = f"chatcmpl-{rng.getrandbits(64):016x}"
+            out.append(f"(APIServer pid=1) INFO {ts} [async_llm.py:420] Added request {request}.")
         elif roll < 0.997:
             out.append(
-                f"(EngineCore_DP0 pid=212) WARNING {ts} [scheduler.py:1620] Request chatcmpl-{rng.getrandbits(48):012x} "
-                "was preempted: not enough free KV cache blocks; it will be recomputed."
+                f"(EngineCore_DP0 pid=212) WARNING {ts} [scheduler.py:1620] Request "
+                f"chatcmpl-{rng.getrandbits(48):012x} was preempted: not enough free KV cache blocks."
             )
         else:
-            out.extend(REQUEST_ERROR.format(ts=ts).splitlines())
-    out.extend(CRASH.format(ts="06-02 23:59:59").splitlines())
+            out.extend(request_error)
+    out.extend(crash)
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return len(out)
 
@@ -147,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = best_diag / best_base
     print(f"log: {written} lines, {size_mib:.1f} MiB (best of {args.repeat})")
     print(
-        f"{'baseline (one regex per line)':<32} {best_base * 1000:8.1f} ms  {best_base / written * 1e6:6.2f} us/line"
+        f"{'baseline (one regex per line)':<32} {best_base * 1000:8.1f} ms  {best_base / written * 1e6:6.2f} "
+        f"us/line"
     )
     print(f"{'r1sup diagnose':<32} {best_diag * 1000:8.1f} ms  {best_diag / written * 1e6:6.2f} us/line")
     print(f"ratio {ratio:.2f}x (limit {args.max_ratio:.1f}x); verdict: {failure.cls} ({failure.phase})")

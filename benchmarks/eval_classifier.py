@@ -7,7 +7,7 @@ the exception line are shown apart, for information.
 Exit status: 0 when exact accuracy >= 90% and there is no memory/non-memory confusion, 1 otherwise,
 2 when the data file cannot be read.
 
-    python benchmarks/eval_classifier.py [--data PATH] [--all] [--verbose]
+    python benchmarks/eval_classifier.py [--data PATH] [--verbose]
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def evaluate(records: list[dict[str, object]], verbose: bool) -> tuple[int, int,
             if (label in MEMORY_CLASSES) != failure.memory:
                 confusions += 1
             misses.append(
-                f"  {rec['id']}: expected {label}, got {failure.cls} ({failure.phase}) <- {failure.evidence[:100]!r}"
+                f"  {rec['id']}: expected {label}, got {failure.cls} ({failure.phase}) "
+                f"<- {failure.evidence[:100]!r}"
             )
         if verbose:
             mark = "ok " if ok else "MISS"

@@ -1,0 +1,127 @@
+"""``r1sup diagnose [--json] FILE|-``: explain a vLLM log.
+
+Prints the failure class, the phase, the evidence line, the numbers and what r1sup would change next.
+The input is read as bytes in bounded chunks and decoded with replacement, and the reader caps the
+length of a line, so a huge, binary or truncated file gives a verdict in bounded memory. Exit status 0
+whenever the input could be read (whatever the class), 2 when it cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from typing import IO, Any
+
+from r1sup.errors import InputError
+from r1sup.failure import Failure
+from r1sup.logparse import LogReader, advice, lines_from_chunks
+
+CHUNK_BYTES = 1 << 20
+
+# failure numbers first, then the success path, then anything else in sorted order
+_KEY_ORDER = (
+    "max_model_len",
+    "estimated_max_model_len",
+    "kv_capacity_tokens",
+    "kv_needed_gib",
+    "kv_available_gib",
+    "free_gib",
+    "total_gib",
+    "requested_gib",
+    "gpu_memory_utilization",
+    "tried_to_allocate_mib",
+    "device_free_mib",
+    "device_total_gib",
+    "weights_gib",
+    "kv_cache_gib",
+    "kv_cache_tokens",
+    "max_concurrency",
+    "cudagraph_gib",
+    "peak_activation_gib",
+)
+
+
+def read_chunks(stream: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The stream's bytes in chunks of at most ``chunk_bytes``."""
+    while True:
+        chunk = stream.read(chunk_bytes)
+        if not chunk:
+            return
+        yield chunk
+
+
+def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
+    """Read a whole log from a binary stream; return the verdict and the success-path observations."""
+    reader = LogReader()
+    reader.feed_lines(lines_from_chunks(read_chunks(stream)))
+    return reader.verdict(exit_code), reader.observations
+
+
+def diagnose_path(path: str, exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
+    """Like :func:`diagnose_stream` for a file name, ``-`` meaning standard input."""
+    try:
+        if path == "-":
+            return diagnose_stream(sys.stdin.buffer, exit_code)
+        with open(path, "rb") as stream:
+            return diagnose_stream(stream, exit_code)
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise InputError(f"cannot read {path}: {reason}") from exc
+
+
+def report(failure: Failure) -> dict[str, Any]:
+    """The ``--json`` object."""
+    return {
+        "class": failure.cls,
+        "phase": failure.phase,
+        "memory": failure.memory,
+        "numbers": dict(failure.numbers),
+        "evidence": failure.evidence,
+        "advice": advice(failure),
+    }
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
+
+
+def _number(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:g}"
+
+
+def render(failure: Failure) -> str:
+    """The human report."""
+    kind = "memory" if failure.memory else "not memory"
+    lines = [
+        f"class     {failure.cls} ({kind})",
+        f"phase     {failure.phase}",
+        f"evidence  {_printable(failure.evidence) or '(none)'}",
+    ]
+    if failure.detail:
+        lines.append(f"where     {_printable(failure.detail)}")
+    numbers = dict(failure.numbers)
+    keys = [k for k in _KEY_ORDER if k in numbers] + sorted(k for k in numbers if k not in _KEY_ORDER)
+    if keys:
+        width = max(len(k) for k in keys)
+        lines.append("numbers")
+        lines.extend(f"  {k:<{width}}  {_number(numbers[k])}" for k in keys)
+    else:
+        lines.append("numbers   (none)")
+    lines.append(f"next      {advice(failure)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    failure, _ = diagnose_path(args.file)
+    from r1sup.logs import get_logger
+
+    get_logger().debug("log_diagnosed", source=args.file, failure_class=failure.cls, phase=failure.phase)
+    if args.json:
+        sys.stdout.write(json.dumps(report(failure), indent=2) + "\n")
+    else:
+        sys.stdout.write(render(failure))
+    return 0

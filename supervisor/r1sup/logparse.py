@@ -1,0 +1,1812 @@
+"""Read vLLM's output: relay lines, success-path numbers, and one verdict (a :class:`Failure`).
+
+Pure: lines in, typed values out; no ``os``, no clock, no subprocess. Streaming: the reader keeps a
+bounded state (per-process traceback frames, the best finding per class, numbers) and never the log.
+
+How a verdict is reached:
+
+* Every line is cleaned of its wrappers (docker/k8s/CI prefixes, vLLM's ``(EngineCore_DP0 pid=..)``
+  process tag, the logger stamp, ANSI colours, ``^M``, Ray's ``[repeated Nx across cluster]``).
+* Lines that vLLM logged at INFO/DEBUG/WARNING are *quiet*: they can only carry progress (numbers on
+  the success path), never a failure, so ``If out-of-memory error occurs ...`` is harmless.
+* Other lines (ERROR, CRITICAL, raw stderr) are matched against the message families of each failure
+  class. Every match is kept (earliest per class) and the verdict takes the most specific class, not
+  the last line: ``Engine core initialization failed`` or ``EngineDeadError`` only decide the class
+  when nothing else explains the failure.
+* The phase comes from the traceback frames of the finding (``load_model``, ``profile_run``,
+  ``capture_model`` ...), from frames seen anywhere in the log, from whether readiness was reached,
+  and last from the progress milestones already passed.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from r1sup.failure import (
+    CONFIG_ERROR,
+    CUDA_ERROR,
+    ENGINE_DEAD,
+    FP8_UNSUPPORTED,
+    FREE_MEM_BELOW_UTIL,
+    HANG,
+    HOST_OOM,
+    KV_INSUFFICIENT,
+    MODEL_NOT_FOUND,
+    NO_KV_MEMORY,
+    NONE,
+    OOM_CUDAGRAPH,
+    OOM_KV_ALLOC,
+    OOM_PROFILE,
+    OOM_RUNTIME,
+    OOM_WEIGHTS,
+    PHASE_CUDA_GRAPH,
+    PHASE_KV_CACHE,
+    PHASE_LOAD_WEIGHTS,
+    PHASE_PROFILE,
+    PHASE_SERVING,
+    PHASE_STARTUP,
+    PORT_IN_USE,
+    Failure,
+)
+
+__all__ = [
+    "LogLine",
+    "LogReader",
+    "Progress",
+    "advice",
+    "diagnose_text",
+    "lines_from_chunks",
+]
+
+DEFAULT_MAX_LINE_CHARS = 65536
+EVIDENCE_CHARS = 2000  # longest evidence kept in a verdict
+JOIN_CHARS = 4096  # longest exception message rebuilt from continuation lines
+JOIN_LINES = 8  # continuation lines followed after an exception line
+PENDING_WINDOW = 12  # lines after which an open exception message is closed whatever comes
+WRAP_MIN_WIDTH = 72  # a line this long followed by an unprefixed piece may have been hard-wrapped
+COLLAPSED_TAIL = 20  # text after a frame's function name beyond this: more records on the same line
+COLLAPSED_LONG = 400  # a line this long may hold several records (frames are scanned inside it)
+MAX_PROCESSES = 256  # per-process states kept (oldest dropped)
+BLOCK_SIZE = 16  # vLLM's default KV block size, used to round context lengths
+
+# ----------------------------------------------------------------------------------------------
+# Public value types
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One relayed vLLM line with its prefixes parsed out."""
+
+    text: str
+    process: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    level: str | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A success-path milestone with its numbers (canonical keys)."""
+
+    kind: str
+    numbers: Mapping[str, float]
+    text: str
+
+
+# ----------------------------------------------------------------------------------------------
+# Line cleaning
+
+_LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
+# Progress lines start their message with one of these (after the level stamp and vLLM's
+# ``[file.py:123]`` source); a quiet line without one cannot change the reader's state.
+_PROGRESS_KEYWORDS = (
+    r"Model loading took|Loading (?:model )?weights took|Available KV cache memory|"
+    r"[A-Z]{3}(?: \+ host)? KV cache size|"
+    r"Maximum concurrency|# \w+ blocks|Graph capturing finished|CUDA graph pool memory|"
+    r"Free memory on device \(|"
+    r"init engine \(profile|Application startup complete|Uvicorn running on|"
+    r"Initializing an? (?:V1 )?LLM engine|"
+    r"Using max model len|Auto-fit max_model_len|Shutting down|\[shutdown\]|Memory profiling|"
+    r"the current vLLM instance|model weights take|Capturing|Received signal|Explicitly set \("
+)
+# A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
+# with the progress keyword that may start the message. The first stamp of a line tells whether
+# vLLM logged it quietly (INFO/DEBUG/WARNING: progress only) or as a possible failure.
+_STAMP_RE = re.compile(
+    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::\s+| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"(?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
+    rf"(?P<kw>{_PROGRESS_KEYWORDS})?"
+)
+_STAMP_WINDOW = 320  # characters searched for the stamp
+# In a quiet line longer than COLLAPSED_LONG, these mean more records were pasted onto it.
+_COLLAPSED_ALERT_RE = re.compile(r" ERROR \d\d-\d\d |ERROR: |Traceback \(most recent call last\)")
+_QUIET = frozenset({"DEBUG", "INFO", "WARNING"})
+_STAMP_BEFORE = frozenset(" \t|>)]")
+_RAW_PROGRESS_RE = re.compile(rf"\s*(?:{_PROGRESS_KEYWORDS})")
+
+_ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_CARET_M_RE = re.compile(r"(?:\^M)+\s*$")
+
+_TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+_OUTER_RE = re.compile(
+    r"(?:"
+    r"\s*>[ \t]?"  # markdown quote
+    r"|[ \t]*\|[ \t]"  # CI (buildkite) pipe
+    r"|\[rank\d+\]:(?![IWEF]\d{4})[ \t]?"  # torch.distributed rank tag
+    rf"|\[{_TS}\][ \t]*"  # [2024-09-05T00:38:34Z]
+    rf"|{_TS}[ \t]+\|[ \t]+(?P<fc>{_LEVELS})[ \t]+\|[ \t]+[\w.-]+[ \t]+\|[ \t]?"  # fastchat re-logging
+    rf"|{_TS}[ \t]+-[ \t]+(?P<pl>{_LEVELS})[ \t]+-[ \t]+"  # python logging "ts - LEVEL - "
+    rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)(?!(?:{_LEVELS})\b)(?!\d+[ \t])"  # docker/k8s
+    r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"  # syslog
+    r"|[\w.-]+[ \t]+\|[ \t]"  # docker compose "vllm-1  | "
+    r")"
+)
+_PROC_RE = re.compile(
+    r"\(?(?P<proc>[A-Za-z_][\w.-]*?)(?:[ \t]+rank=(?P<rank>\d+))?[ \t]+pid=(?P<pid>\d+)"
+    r"(?:,[ \t]*ip=[\w.:-]+)?\)[ \t]?"
+)
+_LOGGER_RE = re.compile(
+    rf"(?P<v>{_LEVELS})[ \t]+\d\d-\d\d[ \t]+\d\d:\d\d:\d\d(?:\.\d+)?[ \t]+\[?[\w./-]+:\d+\][ \t]?"
+    rf"|{_TS}[ \t]+(?:[\w.]+[ \t]+)?(?P<c>{_LEVELS})[ \t]+(?:\d+[ \t]+)?(?:\[[\w./-]+:\d+\][ \t]?)?"
+    rf"|(?P<u>{_LEVELS}):(?:[\w.]+:|[ \t]+)"
+    r"|(?:\[rank\d+\]:)?(?P<g>[IWEF])\d{4}[ \t]+[\d:.]+[ \t]+(?:\d+[ \t]+)?[\w./-]+:\d+\][ \t]?"
+    r"|\[(?P<w>[IWEF])\d{4}[ \t]+[\d:.]+[ \t]+[\w./-]+:\d+\][ \t]?"
+)
+_GLOG_LEVEL = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_RANK_IN_NAME_RE = re.compile(r"(?:TP|-)(\d+)$")
+
+
+def _norm_level(level: str | None) -> str | None:
+    if level is None:
+        return None
+    if level == "WARN":
+        return "WARNING"
+    if level == "FATAL":
+        return "CRITICAL"
+    return level
+
+
+def _quiet(segment: str) -> bool | None:
+    """None when the line is not quiet; else whether its message starts with a progress keyword.
+
+    A line is quiet when its first level stamp is INFO/DEBUG/WARNING: vLLM logs progress at those
+    levels and failures at ERROR (or as raw stderr), so a quiet line can only carry progress.
+    """
+    pos = 0
+    while True:
+        m = _STAMP_RE.search(segment, pos, _STAMP_WINDOW)
+        if m is None:
+            return None
+        start = m.start()
+        if start == 0 or segment[start - 1] in _STAMP_BEFORE:
+            return m.group("kw") is not None if m.group(1) in _QUIET else None
+        pos = m.end()
+
+
+def _segments(raw: str) -> list[str]:
+    """A raw line split at carriage returns (progress bars, pasted CR), empty pieces dropped."""
+    if raw.endswith("\n"):
+        raw = raw[:-1]
+    if "\x1b" in raw:
+        raw = _ANSI_RE.sub("", raw)
+    if "\x00" in raw:
+        raw = raw.replace("\x00", "")
+    if "\r" not in raw:
+        return [raw]
+    parts = [p for p in raw.split("\r") if p.strip()]
+    return parts or [""]
+
+
+def parse_line(segment: str) -> LogLine:
+    """Strip docker/k8s/CI wrappers, vLLM's process tag and the logger stamp from one line."""
+    text = segment
+    if "^M" in text:
+        text = _CARET_M_RE.sub("", text)
+    if "across cluster]" in text:
+        text = _REPEATED_RE.sub("", text)
+    level: str | None = None
+    for _ in range(6):
+        if text[:1] == "(":
+            break  # vLLM's process tag comes next: no wrapper left
+        m = _OUTER_RE.match(text)
+        if m is None or m.end() == 0:
+            break
+        level = level or m.group("fc") or m.group("pl")
+        text = text[m.end() :]
+    process: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    m = _PROC_RE.match(text)
+    if m is not None:
+        process = m.group("proc")
+        pid = int(m.group("pid"))
+        if m.group("rank") is not None:
+            rank = int(m.group("rank"))
+        elif "orker" in process:
+            rm = _RANK_IN_NAME_RE.search(process)
+            rank = int(rm.group(1)) if rm else None
+        text = text[m.end() :]
+    m = _LOGGER_RE.match(text)
+    if m is None and text[:1] == " " and text.lstrip()[:1].isupper():
+        # a stamp after stray indentation (lines pasted with their newlines collapsed)
+        unindented = text.lstrip()
+        m = _LOGGER_RE.match(unindented)
+        if m is not None:
+            text = unindented
+    if m is not None:
+        g = m.group("g") or m.group("w")
+        level = _norm_level(m.group("v") or m.group("c") or m.group("u") or (_GLOG_LEVEL[g] if g else None))
+        text = text[m.end() :]
+    return LogLine(text=text.rstrip(), process=process, rank=rank, pid=pid, level=_norm_level(level))
+
+
+# ----------------------------------------------------------------------------------------------
+# Progress (success path)
+
+_NUM = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
+_GAP = r".{0,300}?"  # a bounded gap inside one message (no unbounded .* on long lines)
+
+
+def _f(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+def _unit_gib(value: float, unit: str) -> float:
+    unit = unit.upper().replace("I", "")
+    scale = {"B": 1 / 2**30, "BYTES": 1 / 2**30, "KB": 1 / 2**20, "MB": 1 / 2**10, "GB": 1.0, "TB": 1024.0}
+    return value * scale.get(unit, 1.0)
+
+
+_PROGRESS_RULES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
+    (
+        "weights_loaded",
+        re.compile(
+            rf"(?:Model loading|Loading model weights) took (?P<weights_gib>{_NUM}) ?(?:GiB|GB)"
+            rf"(?: memory)?(?: and (?P<weights_load_s>{_NUM}) ?s)?"
+        ),
+        ("weights_gib", "weights_load_s"),
+    ),
+    (
+        "weights_loaded",
+        re.compile(rf"Loading weights took (?P<weights_load_s>{_NUM}) ?s"),
+        ("weights_load_s",),
+    ),
+    (
+        "kv_cache_available",
+        re.compile(rf"Available KV cache memory: (?P<kv_cache_gib>{_NUM}) ?GiB"),
+        ("kv_cache_gib",),
+    ),
+    (
+        "kv_cache_size",
+        re.compile(
+            rf"KV cache size: (?P<kv_cache_tokens>{_NUM}) tokens"
+            rf"(?:, Maximum concurrency for (?P<max_model_len>{_NUM}) tokens per request: "
+            rf"(?P<max_concurrency>{_NUM})x)?"
+        ),
+        ("kv_cache_tokens", "max_model_len", "max_concurrency"),
+    ),
+    (
+        "kv_cache_size",
+        re.compile(
+            rf"^Maximum concurrency for (?P<max_model_len>{_NUM}) tokens per request: "
+            rf"(?P<max_concurrency>{_NUM})x"
+        ),
+        ("max_model_len", "max_concurrency"),
+    ),
+    (
+        "kv_blocks",
+        re.compile(
+            rf"# (?:GPU|gpu|cuda|CUDA|\w+) blocks: (?P<gpu_blocks>{_NUM})(?:, # CPU blocks: "
+            rf"(?P<cpu_blocks>{_NUM}))?"
+        ),
+        ("gpu_blocks", "cpu_blocks"),
+    ),
+    (
+        "kv_cache_available",
+        re.compile(
+            rf"Explicitly set \((?P<kv_cache_gib>{_NUM})/(?P<node_total_gib>{_NUM})\) GiB for KV cache"
+        ),
+        ("kv_cache_gib", "node_total_gib"),
+    ),
+    (
+        "cudagraph_memory",
+        re.compile(
+            rf"Graph capturing finished in (?P<cudagraph_capture_s>{_NUM}) secs?(?:, took "
+            rf"(?P<cudagraph_gib>{_NUM}) ?GiB)?"
+        ),
+        ("cudagraph_capture_s", "cudagraph_gib"),
+    ),
+    (
+        "cudagraph_memory",
+        re.compile(
+            rf"CUDA graph pool memory: (?P<cudagraph_gib>{_NUM}) ?GiB \(actual\), "
+            rf"(?P<cudagraph_estimated_gib>{_NUM}) ?GiB \(estimated\)"
+        ),
+        ("cudagraph_gib", "cudagraph_estimated_gib"),
+    ),
+    (
+        "memory_breakdown",
+        re.compile(
+            rf"Free memory on device \((?P<free_gib>{_NUM})/(?P<total_gib>{_NUM}) GiB\) on startup\. "
+            rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
+            rf"(?P<requested_gib>{_NUM}) GiB\)\. "
+            rf"Actual usage is (?P<consumed_gib>{_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
+            rf"(?P<peak_activation_gib>{_NUM}) GiB for peak activation, and "
+            rf"(?P<cudagraph_gib>{_NUM}) GiB for CUDAGraph memory\."
+            rf"(?: Replace gpu_memory_utilization config with `?--kv-cache-memory="
+            rf"(?P<suggested_kv_cache_memory_bytes>{_NUM})`?{_GAP}`?--kv-cache-memory="
+            rf"(?P<suggested_kv_cache_memory_bytes_full>{_NUM}))?"
+            rf"(?:{_GAP}Current kv cache memory in use is (?P<kv_cache_gib>{_NUM}) GiB)?"
+        ),
+        (
+            "free_gib",
+            "total_gib",
+            "gpu_memory_utilization",
+            "requested_gib",
+            "consumed_gib",
+            "peak_activation_gib",
+            "cudagraph_gib",
+            "suggested_kv_cache_memory_bytes",
+            "suggested_kv_cache_memory_bytes_full",
+            "kv_cache_gib",
+        ),
+    ),
+    (
+        "memory_profile",
+        re.compile(
+            rf"total_gpu_memory \((?P<total_gib>{_NUM}) ?GiB\) x gpu_memory_utilization "
+            rf"\((?P<gpu_memory_utilization>{_NUM})\) = (?P<requested_gib>{_NUM}) ?GiB"
+        ),
+        ("total_gib", "gpu_memory_utilization", "requested_gib"),
+    ),
+    (
+        "memory_profile",
+        re.compile(
+            rf"model weights take (?P<weights_gib>{_NUM}) ?GiB; non_torch_memory takes "
+            rf"(?P<non_torch_gib>{_NUM}) ?GiB; "
+            rf"PyTorch activation peak memory takes (?P<peak_activation_gib>{_NUM}) ?GiB; "
+            rf"the rest of the memory reserved for KV Cache is (?P<kv_cache_gib>{_NUM}) ?GiB"
+        ),
+        ("weights_gib", "non_torch_gib", "peak_activation_gib", "kv_cache_gib"),
+    ),
+    (
+        "memory_profile",
+        re.compile(
+            rf"Memory profiling results:{_GAP}total_gpu_memory=(?P<total_gib>{_NUM}) ?GiB{_GAP}"
+            rf"peak_torch_memory=(?P<peak_activation_gib>{_NUM}) ?GiB{_GAP}"
+            rf"non_torch_memory=(?P<non_torch_gib>{_NUM}) ?GiB{_GAP}"
+            rf"kv_cache_size=(?P<kv_cache_gib>{_NUM}) ?GiB{_GAP}"
+            rf"gpu_memory_utilization=(?P<gpu_memory_utilization>{_NUM})"
+        ),
+        ("total_gib", "peak_activation_gib", "non_torch_gib", "kv_cache_gib", "gpu_memory_utilization"),
+    ),
+    (
+        "engine_init",
+        re.compile(
+            rf"init engine \(profile, create kv cache, warmup model\) took (?P<engine_init_s>{_NUM}) ?s"
+        ),
+        ("engine_init_s",),
+    ),
+    (
+        "auto_fit",
+        re.compile(
+            rf"Auto-fit max_model_len: reduced from (?P<original_max_model_len>{_NUM}) to "
+            rf"(?P<max_model_len>{_NUM})"
+        ),
+        ("original_max_model_len", "max_model_len"),
+    ),
+    (
+        "engine_config",
+        re.compile(r"Initializing an? (?:V1 )?LLM engine.{0,3000}?max_seq_len=(?P<max_model_len>\d+)"),
+        ("max_model_len",),
+    ),
+    ("engine_config", re.compile(rf"Using max model len (?P<max_model_len>{_NUM})"), ("max_model_len",)),
+)
+_READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
+_SHUTDOWN_RE = re.compile(r"\[shutdown\]|Shutting down|Received signal|received signal")
+_CAPTURE_START_RE = re.compile(r"Capturing (?:CUDA|cuda|the model for CUDA)")
+_BLOCK_SIZE_RE = re.compile(r"\bblock_size=(\d+)")
+
+# ----------------------------------------------------------------------------------------------
+# Failure message families
+
+_P_FP8 = 100
+_P_FREE = 95
+_P_FREE_PROFILE = 92
+_P_KV = 90
+_P_NO_KV = 88
+_P_PORT = 85
+_P_MODEL = 80
+_P_OOM = 70
+_P_CONFIG = 60
+_P_CUDA = 55
+_P_CONFIG_WEAK = 45
+_P_UNKNOWN_VALUE = 40
+_P_HOST = 20
+_P_DEAD = 10
+
+_OOM = "oom"  # class decided later from the phase
+_OOM_FIXED_PROFILE = "oom:profile"
+_OOM_FIXED_WEIGHTS = "oom:weights"
+
+# (class, priority, fixed phase or None, pattern)
+_FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
+    (
+        FP8_UNSUPPORTED,
+        _P_FP8,
+        None,
+        re.compile(
+            r"fp8e4nv[^.\n]{0,40}?not supported|not implemented for '?Float8|_scaled_mm is only supported|"
+            r"(?i:\bfp8\w*\b[^.\n]{0,80}?(?:not supported|unsupported|not implemented|only supported|"
+            r"requires))|"
+            r"(?i:(?:not supported|unsupported|not implemented|does not support)[^.\n]{0,60}?\bfp8)"
+        ),
+    ),
+    (
+        FREE_MEM_BELOW_UTIL,
+        _P_FREE,
+        PHASE_STARTUP,
+        re.compile(r"on startup\s+is\s+less\s+than\s+desired\s+(?:GPU|CPU)\s+memory\s+utilization"),
+    ),
+    (
+        FREE_MEM_BELOW_UTIL,
+        _P_FREE_PROFILE,
+        PHASE_PROFILE,
+        re.compile(r"Error in memory profiling\. Initial free memory"),
+    ),
+    (
+        KV_INSUFFICIENT,
+        _P_KV,
+        PHASE_KV_CACHE,
+        re.compile(
+            r"To serve at least one request with the models?(?:'s)?\s+max\s+seq\s+len|"
+            r"is larger than the maximum number of tokens that can be stored in KV cache"
+        ),
+    ),
+    (NO_KV_MEMORY, _P_NO_KV, PHASE_KV_CACHE, re.compile(r"No available memory for the cache blocks")),
+    (
+        PORT_IN_USE,
+        _P_PORT,
+        PHASE_STARTUP,
+        re.compile(
+            r"(?i:address already in use)|EADDRINUSE|\[Errno 98\]|WinError 10048|"
+            r"while attempting to bind on address"
+        ),
+    ),
+    (
+        MODEL_NOT_FOUND,
+        _P_MODEL,
+        PHASE_STARTUP,
+        re.compile(
+            r"Invalid repository ID or local directory|Repo id must be in the form|Repository Not Found|"
+            r"RepositoryNotFoundError|GatedRepoError|Cannot access gated repo|is a gated repo|"
+            r"access a gated repo|"
+            r"No supported config format found|"
+            r"(?:401|403|404) Client Error|Unauthorized for url|is not a local folder and is not a valid "
+            r"model identifier|"
+            r"does not appear to have a file named config\.json|Can't load the configuration of|"
+            r"Model path does not exist|"
+            r"LocalEntryNotFoundError|HFValidationError|couldn't connect to 'https://huggingface\.co'|"
+            r"Cannot find the requested files in the local cache|OfflineModeIsEnabled|Incorrect "
+            r"path_or_model_id|"
+            r"RevisionNotFoundError|No such file or directory: '[^']*(?:config|params)\.json'|"
+            r"Cannot find any model weights"
+        ),
+    ),
+    (_OOM_FIXED_PROFILE, _P_OOM, PHASE_PROFILE, re.compile(r"out of memory occurred when warming up")),
+    (
+        _OOM_FIXED_WEIGHTS,
+        _P_OOM,
+        PHASE_LOAD_WEIGHTS,
+        re.compile(r"Failed to load model - not enough GPU memory"),
+    ),
+    (
+        _OOM,
+        _P_OOM,
+        None,
+        re.compile(
+            r"(?i:out of memory)(?!: Kill)|OutOfMemoryError|cudaErrorMemoryAllocation|"
+            r"CUBLAS_STATUS_ALLOC_FAILED|"
+            r"OOM when allocating|RESOURCE_EXHAUSTED"
+        ),
+    ),
+    (
+        CONFIG_ERROR,
+        _P_CONFIG,
+        None,
+        re.compile(
+            r"is greater than the derived max_model_len|Model architectures? \[[^\]]{0,1000}\] (?:are|"
+            r"is) not supported|"
+            r"failed to be inspected|Error in inspecting model architecture|Cannot find model module|"
+            r"Bfloat16 is only supported|only supported on GPUs with compute capability|"
+            r"trust_remote_code|trust-remote-code|contains custom code which must be executed|"
+            r"requires you to execute the (?:configuration|tokenizer) file|Failed to load the tokenizer|"
+            r"Failed to load the model config|Tokenizer class \w+ does not exist|Couldn't instantiate the "
+            r"backend tokenizer|"
+            r"Can't load tokenizer|Unrecognized model in|does not recognize this architecture|"
+            r"Unknown quantization method|Unknown (?:dtype|data type)|is not supported for quantization|"
+            r"is smaller than max_model_len|must be divisible by|is not divisible by|"
+            r": error: (?:argument|unrecognized arguments|the following arguments are required)|"
+            r"unrecognized arguments:|invalid choice:|validation errors? for \w+|Value error, |"
+            r"\[type=value_error"
+        ),
+    ),
+    (
+        CUDA_ERROR,
+        _P_CUDA,
+        None,
+        re.compile(
+            r"CUDA error: |CUDA driver error: |DeferredCudaCallError|(?i:NCCL error)|NCCL communicator|"
+            r"illegal memory access|cudaError\w+|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|"
+            r"device-side assert|AcceleratorError|no kernel image is available|unhandled cuda error|"
+            r"nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidUsage|RemoteError)|NCCL WARN|"
+            r"Cuda failure|"
+            r"Found no NVIDIA driver|No CUDA GPUs are available|CUDA driver version is insufficient|"
+            r"CUDA driver initialization failed|unspecified launch failure|misaligned address|"
+            r"uncorrectable ECC error|CUDA-capable device\(s\) is/are busy or unavailable|"
+            r"OutOfResources|out of resource: shared memory"
+        ),
+    ),
+    (
+        CONFIG_ERROR,
+        _P_CONFIG_WEAK,
+        None,
+        re.compile(
+            r"\b[Uu]nsupported\b|\bnot supported\b|NotImplementedError|\bis not implemented\b|"
+            r"not implemented for|\bonly supports\b"
+        ),
+    ),
+    (
+        HOST_OOM,
+        _P_HOST,
+        None,
+        re.compile(
+            r"^Killed\s*$|^\S.{0,200}?:\s+\d+\s+Killed\b|"
+            r"Out of memory: Kill(?:ed)? process|oom-kill|OOMKilled|"
+            r"invoked oom-killer|(?:^|\s)MemoryError\b|Cannot allocate memory|std::bad_alloc|"
+            r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|"
+            r"exit ?code[:=]? ?-9\b|exited with code 137|exit status 137"
+        ),
+    ),
+    (
+        ENGINE_DEAD,
+        _P_DEAD,
+        None,
+        re.compile(
+            r"EngineDeadError|Engine core initialization failed|Engine process failed to start|"
+            r"EngineCore failed to start|Got fatal signal from worker processes|"
+            r"Background loop has errored already|"
+            r"Engine loop has died|died unexpectedly|EngineCore encountered a fatal error|"
+            r"Engine core proc \S+ died|Background loop is not running|Segmentation fault|core dumped|"
+            r"Fatal Python error|SIGSEGV|SIGABRT|Engine background task failed|Task finished unexpectedly"
+        ),
+    ),
+)
+# Any line a family could match contains one of these (a cheap gate before the family patterns).
+_FAMILY_GATE_RE = re.compile(
+    r"(?i:fp8|float8|out of memory|memory)|_scaled_mm|on startup|KV cache|cache blocks|max seq len|"
+    r"(?i:in use)|EADDRINUSE|Errno|WinError|bind on|[Rr]epo|[Gg]ated|Client Error|Unauthorized|"
+    r"valid model identifier|"
+    r"config\.json|params\.json|Model path|EntryNotFound|huggingface|local cache|OfflineMode|"
+    r"path_or_model_id|"
+    r"OOM|RESOURCE_EXHAUSTED|ALLOC|derived max_model_len|architecture|model module|[Bb]float16|"
+    r"compute capability|"
+    r"trust|custom code|execute the|tokenizer|Tokenizer|Unrecognized model|quantization|Unknown|smaller than|"
+    r"divisible|"
+    r"error: |arguments|invalid choice|validation error|Value error|value_error|CUDA|NCCL|nccl|illegal|cuda|"
+    r"CUBLAS|"
+    r"CUDNN|device-side|AcceleratorError|kernel image|Cuda|NVIDIA|launch failure|misaligned|ECC|"
+    r"[Uu]nsupported|"
+    r"not supported|NotImplemented|not implemented|Killed|[Kk]ill|MemoryError|allocate|bad_alloc|exit ?code|"
+    r"exited with|exit status|EngineDead|Engine core|Engine process|EngineCore|fatal signal|Background loop|"
+    r"Engine loop|died|encountered a fatal|Segmentation|dumped|Fatal Python|SIGSEGV|SIGABRT|config format|"
+    r"does not support|model weights|resource|only supports|background task|finished unexpectedly"
+)
+# Deaths of an engine that was already running requests: what fails after them fails while serving.
+_SERVING_DEATH_RE = re.compile(
+    r"EngineCore encountered a fatal error|Engine background task failed|Task finished unexpectedly|"
+    r"Background loop has errored already|Engine loop has died"
+)
+# Ray/v0 workers name the method that failed: "Error executing method determine_num_available_blocks".
+_METHOD_RE = re.compile(r"Error executing method '?(\w+)")
+# Per-request errors: the server stays up (an over-long prompt, an unknown model name in a request).
+_BENIGN_RE = re.compile(
+    r"maximum context length|is longer than the maximum model length|is too long to fit into the model|"
+    r"[Pp]lease reduce the length of the|The model `[^`]{0,300}` does not exist|exceeds the max_model_len|"
+    r"is too long and exceeds (?:the )?limit|Error in preprocessing prompt inputs|"
+    r"Dumping (?:input data|scheduler)|out-of-memory error occurs|[Pp]rompt length of \d+ is longer"
+)
+_EXC_HEADER_RE = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?=:|\(|\s*$)"
+)
+_NOT_A_CAUSE = frozenset(
+    {
+        "SystemExit",
+        "KeyboardInterrupt",
+        "CancelledError",
+        "GeneratorExit",
+        "StopIteration",
+        "StopAsyncIteration",
+        "BrokenPipeError",
+        "ConnectionResetError",
+        "EngineDeadError",
+        "AsyncEngineDeadError",
+        "EngineGenerateError",
+    }
+)
+_CONFIG_LIKE = frozenset({"ValueError", "TypeError", "ValidationError"})
+
+# Traceback frames
+_FRAME_RE = re.compile(
+    r'\s*File\s+(?:"(?P<file>[^"]*)", line \d+'  # File "path", line 12, in func
+    # Jupyter: File [path:12](url), in Class.func(...)
+    r"|\[?(?P<jfile>[^\],]{0,400}?)(?::\d+)?\]?(?:\([^)]{0,400}\))?)"
+    r", in (?P<func>[\w<>.]+)"
+)
+_PHASE_RANK = {
+    PHASE_CUDA_GRAPH: 6,
+    PHASE_PROFILE: 5,
+    PHASE_KV_CACHE: 4,
+    PHASE_LOAD_WEIGHTS: 3,
+    "kv_cache_weak": 2,
+    PHASE_SERVING: 1,
+}
+_FRAME_PHASE = {
+    # CUDA graph capture (and its memory profiling)
+    "capture_model": PHASE_CUDA_GRAPH,
+    "_capture_cudagraphs": PHASE_CUDA_GRAPH,
+    "_warmup_and_capture": PHASE_CUDA_GRAPH,
+    "capture": PHASE_CUDA_GRAPH,
+    "capture_graph": PHASE_CUDA_GRAPH,
+    "_capture_graph": PHASE_CUDA_GRAPH,
+    "graph_capture": PHASE_CUDA_GRAPH,
+    "profile_cudagraph_memory": PHASE_CUDA_GRAPH,
+    # profile / dummy runs / sampler warm-up
+    "profile_run": PHASE_PROFILE,
+    "_dummy_run": PHASE_PROFILE,
+    "_dummy_sampler_run": PHASE_PROFILE,
+    "_dummy_pooler_run": PHASE_PROFILE,
+    "determine_available_memory": PHASE_PROFILE,
+    "determine_num_available_blocks": PHASE_PROFILE,
+    "profile_num_available_blocks": PHASE_PROFILE,
+    "_init_minimal_kv_cache_for_profiling": PHASE_PROFILE,
+    # KV cache sizing and allocation
+    "initialize_kv_cache": PHASE_KV_CACHE,
+    "_allocate_kv_cache": PHASE_KV_CACHE,
+    "_allocate_kv_cache_tensors": PHASE_KV_CACHE,
+    "_reshape_kv_cache_tensors": PHASE_KV_CACHE,
+    "initialize_kv_cache_tensors": PHASE_KV_CACHE,
+    "initialize_cache": PHASE_KV_CACHE,
+    "_init_cache_engine": PHASE_KV_CACHE,
+    "initialize_from_config": "kv_cache_weak",
+    # weights
+    "load_model": PHASE_LOAD_WEIGHTS,
+    "get_model": PHASE_LOAD_WEIGHTS,
+    "load_weights": PHASE_LOAD_WEIGHTS,
+    "process_weights_after_loading": PHASE_LOAD_WEIGHTS,
+    "initialize_model": PHASE_LOAD_WEIGHTS,
+    "_initialize_model": PHASE_LOAD_WEIGHTS,
+    "download_model": PHASE_LOAD_WEIGHTS,
+    # serving
+    "execute_model": PHASE_SERVING,
+    "execute_model_async": PHASE_SERVING,
+    "run_busy_loop": PHASE_SERVING,
+    "_process_engine_step": PHASE_SERVING,
+    "engine_step": PHASE_SERVING,
+    "step_async": PHASE_SERVING,
+    "run_engine_loop": PHASE_SERVING,
+    "output_handler": PHASE_SERVING,
+    "_run_workers_async": PHASE_SERVING,
+    "_log_task_completion": PHASE_SERVING,
+}
+_REQUEST_FRAMES = frozenset(
+    {
+        "create_chat_completion",
+        "create_completion",
+        "create_embedding",
+        "create_responses",
+        "create_pooling",
+        "create_score",
+        "_preprocess_chat",
+        "_preprocess_completion",
+        "_tokenize_prompt_input_async",
+        "_tokenize_prompt_inputs_async",
+        "_validate_input",
+        "_normalize_prompt_text_to_input",
+        "render_chat_request",
+        "render_completion_request",
+    }
+)
+_INLINE_FRAME_RE = re.compile(r'File "(?P<file>[^"]{0,400})", line \d+, in (?P<func>[\w<>.]+)')
+_CALL_RE = re.compile(r"(\w+)\(")
+_HINT_RE = re.compile(
+    r"logits|[Ss]ampler|sample\(|dummy|\bforward\b|compute_logits|model_executable|hidden_states"
+)
+
+# Numbers carried by failure messages
+_NUMC = r"\d+(?:,\d{3})*(?:\.\d+)?"
+_N = f"({_NUMC})"
+_RX_KV_V1 = re.compile(
+    rf"max\s+seq\s+len\s+\({_N}\),?\s*\(\s*{_N}\s*GiB\s+KV\s*cache\s+is\s+needed,"
+    rf"\s*which\s+is\s+larger\s+than\s+"
+    rf"the\s+available\s+KV\s*cache\s+memory\s+\(\s*(-?{_NUMC})\s*GiB\)"
+)
+_RX_KV_EST = re.compile(rf"estimated\s+maximum\s+model\s+length\s+is\s+{_N}")
+_RX_KV_V0 = re.compile(
+    rf"max seq len \({_N}\) is larger than the maximum number of tokens that can be stored in KV cache "
+    rf"\({_N}\)"
+)
+_RX_FREE = re.compile(
+    rf"\({_N}/{_N}\s*GiB\)\s+on\s+startup\s+is\s+less\s+than\s+desired\s+(?:GPU|"
+    rf"CPU)\s+memory\s+utilization\s+"
+    rf"\({_N},\s*{_N}\s*GiB\)"
+)
+_RX_FREE_PROFILE = re.compile(rf"Initial free memory {_N} ?GiB, current free memory {_N} ?GiB")
+_RX_TRIED = re.compile(rf"Tried to allocate {_N} ?([KMGT]i?B|bytes?)")
+_RX_CAP24 = re.compile(
+    rf"GPU (\d+) has a total capac(?:i)?ty of {_N} ?([KMGT]i?B) of which {_N} ?([KMGT]i?B|bytes) is free"
+)
+_RX_CAP20 = re.compile(
+    rf"\(GPU (\d+); {_N} ?([KMGT]i?B) total capacity; {_N} ?([KMGT]i?B) already allocated; {_N} ?([KMGT]i?B) "
+    rf"free"
+)
+_RX_INUSE = re.compile(rf"(?:this process|Process \d+) has {_N} ?([KMGT]i?B) memory in use")
+_RX_SAMPLER = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy requests")
+_RX_DERIVED = re.compile(
+    rf"User-specified max_model_len \({_N}\) is greater than the derived max_model_len \((?:\w+=)?{_N}"
+)
+_RX_PORT = re.compile(r"bind on address \(?'?[^',)]*'?,\s*(\d+)\)")
+_RX_CC = re.compile(r"(?:has compute capability|Current capability:) (\d+(?:\.\d+)?)")
+
+
+def _failure_numbers(cls: str, text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if cls == KV_INSUFFICIENT:
+        m = _RX_KV_V1.search(text)
+        if m:
+            out["max_model_len"] = _f(m.group(1))
+            out["kv_needed_gib"] = _f(m.group(2))
+            out["kv_available_gib"] = _f(m.group(3))
+        m = _RX_KV_EST.search(text)
+        if m:
+            out["estimated_max_model_len"] = _f(m.group(1))
+        m = _RX_KV_V0.search(text)
+        if m:
+            out["max_model_len"] = _f(m.group(1))
+            out["kv_capacity_tokens"] = _f(m.group(2))
+    elif cls == FREE_MEM_BELOW_UTIL:
+        m = _RX_FREE.search(text)
+        if m:
+            out["free_gib"] = _f(m.group(1))
+            out["total_gib"] = _f(m.group(2))
+            out["gpu_memory_utilization"] = _f(m.group(3))
+            out["requested_gib"] = _f(m.group(4))
+        m = _RX_FREE_PROFILE.search(text)
+        if m:
+            out["initial_free_gib"] = _f(m.group(1))
+            out["free_gib"] = _f(m.group(2))
+    elif cls.startswith(_OOM):
+        m = _RX_TRIED.search(text)
+        if m:
+            out["tried_to_allocate_mib"] = round(_unit_gib(_f(m.group(1)), m.group(2)) * 1024, 3)
+        m = _RX_CAP24.search(text)
+        if m:
+            out["device_index"] = float(m.group(1))
+            out["device_total_gib"] = round(_unit_gib(_f(m.group(2)), m.group(3)), 3)
+            out["device_free_mib"] = round(_unit_gib(_f(m.group(4)), m.group(5)) * 1024, 3)
+        m = _RX_CAP20.search(text)
+        if m:
+            out["device_index"] = float(m.group(1))
+            out["device_total_gib"] = round(_unit_gib(_f(m.group(2)), m.group(3)), 3)
+            out["device_allocated_gib"] = round(_unit_gib(_f(m.group(4)), m.group(5)), 3)
+            out["device_free_mib"] = round(_unit_gib(_f(m.group(6)), m.group(7)) * 1024, 3)
+        m = _RX_INUSE.search(text)
+        if m:
+            out["process_in_use_gib"] = round(_unit_gib(_f(m.group(1)), m.group(2)), 3)
+        m = _RX_SAMPLER.search(text)
+        if m:
+            out["dummy_requests"] = _f(m.group(1))
+    elif cls == CONFIG_ERROR:
+        m = _RX_DERIVED.search(text)
+        if m:
+            out["max_model_len"] = _f(m.group(1))
+            out["derived_max_model_len"] = _f(m.group(2))
+        _capability(text, out)
+    elif cls == PORT_IN_USE:
+        m = _RX_PORT.search(text)
+        if m:
+            out["port"] = _f(m.group(1))
+    elif cls == FP8_UNSUPPORTED:
+        _capability(text, out)
+    return out
+
+
+def _capability(text: str, out: dict[str, float]) -> None:
+    m = _RX_CC.search(text)
+    if m:
+        value = _f(m.group(1))
+        out["compute_capability"] = value / 10 if value >= 10 else value  # "75" means 7.5
+
+
+def _specificity(fam: tuple[str, int, str | None, dict[str, float]]) -> tuple[int, bool, int]:
+    return fam[1], fam[2] is not None, len(fam[3])
+
+
+def _match_families(text: str) -> tuple[str, int, str | None, dict[str, float]] | None:
+    """The most specific family ``text`` belongs to: (class, priority, fixed phase, numbers)."""
+    best: tuple[str, int, str | None] | None = None
+    for cls, prio, phase, rx in _FAMILIES:
+        if (best is None or prio > best[1]) and rx.search(text):
+            best = (cls, prio, phase)
+    if best is None:
+        return None
+    cls, prio, phase = best
+    return cls, prio, phase, _failure_numbers(cls, text)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reader state
+
+
+@dataclass
+class _Traceback:
+    start_line: int
+    phases: dict[str, int] = field(default_factory=dict)  # phase -> rank, from frames
+    hint: bool = False  # the model was running a forward pass (sampler, logits, dummy run)
+    request: bool = False  # a per-request handler (the server survives these)
+    last_frame: str = ""
+    process: str | None = None
+    pid: int | None = None
+
+
+@dataclass
+class _Finding:
+    cls: str  # a class, an OOM marker (phase decides), or an exception name for unexplained ones
+    prio: int
+    fixed_phase: str | None
+    text: str
+    numbers: dict[str, float]
+    line_no: int
+    process: str | None
+    pid: int | None
+    frame_phase: str | None
+    hint: bool
+    request: bool
+    after_ready: bool
+    after_shutdown: bool
+    stage: int  # progress milestone reached when it was seen (_STAGE_*)
+    header: bool  # the line was the exception line itself (preferred as evidence)
+
+
+@dataclass
+class _Pending:
+    """An exception message that may continue on the next lines (multi-line or hard-wrapped)."""
+
+    finding: _Finding | None
+    text_space: str
+    text_tight: str
+    lines: int
+    opened_at: int
+    tb: _Traceback | None = None  # the traceback the exception line ended
+    indent: int = 0  # indentation of the exception line; deeper lines are source, not message
+    wrapped: bool = False  # continued by hard-wrapped pieces: join them without spaces
+
+
+@dataclass
+class _Proc:
+    tb: _Traceback | None = None
+    pending: _Pending | None = None
+    method_phase: str | None = None  # from "Error executing method X", for the traceback that follows
+
+
+_STAGE_NONE = 0
+_STAGE_WEIGHTS = 1
+_STAGE_KV = 2
+_STAGE_CAPTURE = 3
+_STAGE_CAPTURED = 4
+_REQUESTED_STOP_EXITS = frozenset({0, -15, 143, -2, 130})
+
+
+def _rank(finding: _Finding) -> tuple[int, bool, int]:
+    """Priority, then the more specific message of a class (a fixed phase), then the earliest."""
+    return finding.prio, finding.fixed_phase is not None, -finding.line_no
+
+
+def _best_phase(phases: Mapping[str, int]) -> str | None:
+    if not phases:
+        return None
+    best = max(phases.items(), key=lambda kv: kv[1])[0]
+    return PHASE_KV_CACHE if best == "kv_cache_weak" else best
+
+
+def _phase_from_stage(stage: int) -> str:
+    if stage >= _STAGE_CAPTURED:
+        return PHASE_PROFILE  # the sampler warm-up follows graph capture
+    if stage == _STAGE_CAPTURE:
+        return PHASE_CUDA_GRAPH
+    if stage == _STAGE_KV:
+        return PHASE_KV_CACHE
+    if stage == _STAGE_WEIGHTS:
+        return PHASE_PROFILE
+    return PHASE_STARTUP
+
+
+_OOM_BY_PHASE = {
+    PHASE_LOAD_WEIGHTS: OOM_WEIGHTS,
+    PHASE_PROFILE: OOM_PROFILE,
+    PHASE_KV_CACHE: OOM_KV_ALLOC,
+    PHASE_CUDA_GRAPH: OOM_CUDAGRAPH,
+    PHASE_SERVING: OOM_RUNTIME,
+}
+
+
+class LogReader:
+    """Streaming reader of vLLM output (stdout and stderr merged): relay lines, progress, verdict.
+
+    State is bounded whatever the input: one finding per class, the first unexplained exception,
+    per-process traceback frames (at most ``MAX_PROCESSES`` processes) and the numbers seen.
+    """
+
+    def __init__(self, max_line_chars: int = DEFAULT_MAX_LINE_CHARS) -> None:
+        if max_line_chars < 256:
+            raise ValueError("max_line_chars must be at least 256")
+        self._max = max_line_chars
+        self._line_no = 0
+        self._procs: dict[tuple[str | None, int | None], _Proc] = {}
+        self._pending_count = 0
+        self._findings: dict[str, _Finding] = {}
+        self._unknown: _Finding | None = None
+        self._all_phases: dict[str, int] = {}
+        self._obs: dict[str, float] = {}
+        self._ready_text: str | None = None
+        self._ready_line: int | None = None
+        self._marked_ready_line: int | None = None
+        self._shutdown_line: int | None = None
+        self._stage = _STAGE_NONE
+        self._block_size = BLOCK_SIZE
+        self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
+        self._serving_death_line: int | None = None
+        # a hard-wrapped "File ..." line: (process, line, text so far, wrap width)
+        self._partial_frame: tuple[_Proc, int, str, int] | None = None
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def feed(self, raw_line: str) -> list[LogLine | Progress]:
+        """Read one raw line (it may hold carriage returns); return its relay line and any progress."""
+        self._line_no += 1
+        if len(raw_line) > self._max:
+            raw_line = raw_line[: self._max]
+        events: list[LogLine | Progress] = []
+        last = LogLine(text="")
+        for seg in _segments(raw_line):
+            last = parse_line(seg)
+            self._handle(seg, last, events)
+        events.insert(0, last)
+        return events
+
+    def feed_lines(self, raw_lines: Iterable[str]) -> None:
+        """Read many lines without building relay values (``diagnose`` and replays use this).
+
+        The state changes are those of :meth:`feed` on each line: a line is skipped only when it is
+        a quiet (INFO/DEBUG/WARNING) vLLM line that no progress pattern matches, which ``_handle``
+        would ignore too.
+        """
+        max_chars = self._max
+        stamp = _STAMP_RE.search
+        window = _STAMP_WINDOW
+        quiet_levels = _QUIET
+        before = _STAMP_BEFORE
+        handle = self._handle
+        n = self._line_no
+        for raw in raw_lines:
+            n += 1
+            if len(raw) > max_chars:
+                raw = raw[:max_chars]
+            if (
+                not self._pending_count
+                and len(raw) <= COLLAPSED_LONG
+                and "\r" not in raw
+                and "\x1b" not in raw
+                and "\x00" not in raw
+            ):
+                m = stamp(raw, 0, window)
+                if m is not None and m.group("kw") is None and m.group(1) in quiet_levels:
+                    start = m.start()
+                    if start == 0 or raw[start - 1] in before:
+                        continue
+            self._line_no = n
+            for seg in _segments(raw):
+                handle(seg, None, None)
+        self._line_no = n
+
+    def mark_ready(self) -> None:
+        """The supervisor saw readiness (health 200 and the model listed): later failures are serving."""
+        if self._marked_ready_line is None:
+            self._marked_ready_line = self._line_no
+            self._forget_survived()
+
+    def _forget_survived(self) -> None:
+        """vLLM became ready: what it logged before did not stop it, and frees the slot of its class."""
+        self._findings = {cls: f for cls, f in self._findings.items() if f.line_no >= self._line_no}
+        if self._unknown is not None and self._unknown.line_no < self._line_no:
+            self._unknown = None
+
+    @property
+    def ready_seen(self) -> bool:
+        """vLLM printed ``Application startup complete.`` (or uvicorn's running line)."""
+        return self._ready_line is not None
+
+    @property
+    def observations(self) -> dict[str, float]:
+        """Success-path numbers gathered so far (weights_gib, kv_cache_gib, kv_cache_tokens, ...)."""
+        return dict(self._obs)
+
+    def verdict(self, exit_code: int | None = None) -> Failure:
+        """The failure class (or ``none``), phase, evidence and numbers. Callable mid-stream."""
+        specific = self._best(lambda f: f.prio > _P_HOST)
+        if specific is not None:
+            return self._build(specific, specific.cls)
+        host = self._best(lambda f: f.cls == HOST_OOM)
+        if host is not None:
+            return self._build(host, HOST_OOM)
+        if exit_code in (-9, 137):
+            return self._bare(
+                HOST_OOM,
+                f"exit status {exit_code} (SIGKILL) and no other cause in the log",
+                "killed by SIGKILL: on Linux usually the kernel's OOM killer (host RAM)",
+            )
+        dead = self._best(lambda f: f.cls == ENGINE_DEAD and not f.after_shutdown)
+        unknown = self._unknown
+        if unknown is not None and self._ready_before(unknown.line_no) is not None:
+            unknown = None  # vLLM became ready after it: it was not fatal
+        cut = self._cut_traceback()
+        requested_stop = self._shutdown_line is not None and exit_code in _REQUESTED_STOP_EXITS
+        nonzero = exit_code is not None and exit_code != 0 and not requested_stop
+        startup_unknown = unknown is not None and not unknown.after_ready and not self._is_ready()
+        if dead is None and not nonzero and not startup_unknown and cut is None:
+            return Failure(
+                NONE,
+                phase=PHASE_SERVING if self._is_ready() else PHASE_STARTUP,
+                evidence=self._ready_text or "",
+                numbers=self.observations,
+            )
+        inferred = self._infer_v0_kv()
+        if inferred is not None:
+            return inferred
+        if unknown is not None:
+            if unknown.cls in _CONFIG_LIKE and not unknown.after_ready:
+                return self._build(unknown, CONFIG_ERROR)
+            return self._build(unknown, ENGINE_DEAD)
+        if dead is not None:
+            return self._build(dead, ENGINE_DEAD)
+        if cut is not None:
+            phase = _best_phase(cut.phases) or _best_phase(self._all_phases) or _phase_from_stage(self._stage)
+            where = (cut.process or "main") + (f" pid {cut.pid}" if cut.pid is not None else "")
+            return Failure(
+                ENGINE_DEAD,
+                phase=phase,
+                evidence=f"the log ends inside a traceback; last frame: {cut.last_frame}",
+                numbers=self.observations,
+                detail=f"{where}, traceback from line {cut.start_line}",
+            )
+        return self._bare(ENGINE_DEAD, f"exit status {exit_code} and no cause in the log", "")
+
+    def _cut_traceback(self) -> _Traceback | None:
+        """A start-up traceback that never reached its exception line (a cut or truncated log)."""
+        if self._is_ready() or self._shutdown_line is not None:
+            return None
+        cut: _Traceback | None = None
+        for proc in self._procs.values():
+            tb = proc.tb
+            if tb is None or tb.request or not tb.last_frame:
+                continue
+            if cut is None or tb.start_line < cut.start_line:
+                cut = tb
+        return cut
+
+    # -- line handling ------------------------------------------------------------------------
+
+    def _is_ready(self) -> bool:
+        return self._ready_line is not None or self._marked_ready_line is not None
+
+    def _ready_before(self, line_no: int) -> int | None:
+        """The line where readiness was reached after ``line_no`` (None when it was not)."""
+        for ready in (self._ready_line, self._marked_ready_line):
+            if ready is not None and ready > line_no:
+                return ready
+        return None
+
+    def _handle(self, seg: str, line: LogLine | None, events: list[LogLine | Progress] | None) -> None:
+        progress = _quiet(seg)
+        if progress is not None and len(seg) > COLLAPSED_LONG and _COLLAPSED_ALERT_RE.search(seg) is not None:
+            progress = None  # records pasted onto one line: an error follows the quiet first one
+        if progress is not None:
+            if progress:
+                self._progress((line or parse_line(seg)).text, events)
+            return
+        if line is None:
+            line = parse_line(seg)
+        text = line.text
+        stripped = text.lstrip()
+        if line.level is None and _RAW_PROGRESS_RE.match(text) is not None:
+            self._progress(text, events)  # progress bars and v0's multi-line summaries come unstamped
+        proc = self._proc(line)
+        if self._pending_count:
+            self._expire_pending()
+        if self._partial_frame is not None and self._wrapped_frame(proc, stripped, line, len(seg)):
+            return
+        if self._continued(proc, stripped, line, len(seg)):
+            return
+        if not stripped:
+            return
+        first = stripped[0]
+        collapsed = False  # a whole traceback on one line (pasted with its newlines turned to spaces)
+        if first == "F" and stripped.startswith("File"):
+            fm = _FRAME_RE.match(stripped)
+            if fm is not None:
+                self._frame(proc, fm, stripped, line)
+                if len(stripped) - fm.end() <= COLLAPSED_TAIL:
+                    return
+                collapsed = True
+            elif len(seg) >= WRAP_MIN_WIDTH:
+                self._partial_frame = (proc, self._line_no, stripped[:JOIN_CHARS], len(seg))
+                return
+        elif first == "T" and stripped.startswith(("Traceback", "The above exception")):
+            if stripped[1] == "r":
+                fresh = _Traceback(
+                    self._line_no, last_frame=stripped[:300], process=line.process, pid=line.pid
+                )
+                if proc.method_phase is not None:
+                    fresh.phases[proc.method_phase] = _PHASE_RANK[proc.method_phase]
+                    proc.method_phase = None
+                proc.tb = fresh
+            if len(stripped) <= COLLAPSED_TAIL + 35:
+                return
+            collapsed = True
+        if collapsed or len(stripped) > COLLAPSED_LONG:
+            self._inline_frames(proc, stripped, line)
+        elif first == "D" and stripped.startswith("During handling of the above"):
+            return
+        header = _EXC_HEADER_RE.match(stripped) if first.isalpha() else None
+        if (
+            header is None
+            and not collapsed
+            and len(text) - len(stripped) >= 4
+            and not stripped.startswith(("raise ", "assert "))
+        ):
+            # a source line of a traceback: it may show a forward pass or the call of the next frame
+            if proc.tb is not None:
+                self._source_line(proc.tb, text)
+            elif text.startswith("    ") and _HINT_RE.search(text) is not None:
+                proc.tb = _Traceback(
+                    self._line_no, hint=True, process=line.process, pid=line.pid
+                )  # header cut off
+            return
+        gate = _FAMILY_GATE_RE.search(text) is not None
+        if (gate or header is not None) and _BENIGN_RE.search(text) is not None:
+            if proc.tb is not None:
+                proc.tb.request = True  # a per-request error: the server stays up
+            return
+        if "[serving" in seg[:400]:  # logged by an OpenAI request handler (serving_chat.py ...)
+            if proc.tb is None:
+                proc.tb = _Traceback(self._line_no, request=True, process=line.process, pid=line.pid)
+            else:
+                proc.tb.request = True
+        fam = _match_families(text) if gate else None
+        if fam is None and header is None:
+            if "executing method" in text:
+                mm = _METHOD_RE.search(text)
+                phase = _FRAME_PHASE.get(mm.group(1)) if mm is not None else None
+                if phase is not None:
+                    proc.method_phase = phase
+                    self._all_phases[phase] = _PHASE_RANK[phase]
+            if len(seg) >= WRAP_MIN_WIDTH:
+                # a long message line: a terminal may have wrapped it, the next piece completes it
+                self._open_pending(proc, None, stripped, None, 0, len(seg))
+            return
+        if (
+            fam is not None
+            and fam[0] == ENGINE_DEAD
+            and self._serving_death_line is None
+            and _SERVING_DEATH_RE.search(text) is not None
+        ):
+            self._serving_death_line = self._line_no
+        tb = proc.tb
+        finding: _Finding | None = None
+        if fam is not None:
+            cls, prio, fixed, numbers = fam
+            finding = self._new_finding(cls, prio, fixed, stripped, numbers, line, tb, header is not None)
+            self._record(finding)
+        elif header is not None:
+            name = header.group("name")
+            if name == "KeyboardInterrupt" and self._shutdown_line is None:
+                self._shutdown_line = self._line_no  # stopped from the terminal
+            if (
+                self._unknown is None
+                and name not in _NOT_A_CAUSE
+                and not (tb is not None and tb.request)
+                and self._shutdown_line is None
+            ):
+                self._unknown = self._new_finding(name, 0, None, stripped, {}, line, tb, True)
+        if header is not None:
+            proc.tb = None  # the exception line ends its traceback
+        self._open_pending(proc, finding, stripped, tb, len(text) - len(stripped), len(seg))
+
+    def _open_pending(
+        self,
+        proc: _Proc,
+        finding: _Finding | None,
+        stripped: str,
+        tb: _Traceback | None,
+        indent: int,
+        width: int,
+    ) -> None:
+        if proc.pending is None:
+            self._pending_count += 1
+        proc.pending = _Pending(finding, stripped, stripped, 0, self._line_no, tb, indent)
+        self._last_pending = (proc, self._line_no, width)
+
+    def _inline_frames(self, proc: _Proc, stripped: str, line: LogLine) -> None:
+        """Frames inside one long line (a collapsed paste) still tell the phase."""
+        if "File " not in stripped:
+            return
+        for fm in _INLINE_FRAME_RE.finditer(stripped):
+            if proc.tb is None:
+                proc.tb = _Traceback(self._line_no, process=line.process, pid=line.pid)
+            self._frame(proc, fm, fm.group(0), line)
+
+    def _wrapped_frame(self, proc: _Proc, stripped: str, line: LogLine, width: int) -> bool:
+        """Rejoin a frame line that a terminal hard-wrapped; True when this line was a piece of it."""
+        assert self._partial_frame is not None
+        owner, at, head, wrap_width = self._partial_frame
+        self._partial_frame = None
+        if at != self._line_no - 1 or not (line.process is None or owner is proc) or not stripped:
+            return False
+        joined = head + stripped
+        if width == wrap_width and line.process is None and line.level is None and len(joined) < JOIN_CHARS:
+            self._partial_frame = (owner, self._line_no, joined, wrap_width)  # full width: the line goes on
+            return True
+        fm = _FRAME_RE.match(joined)
+        if fm is None:
+            return False
+        self._frame(owner, fm, joined, line)
+        return True
+
+    def _continued(self, proc: _Proc, stripped: str, line: LogLine, width: int) -> bool:
+        """Join the line to an open exception message when it continues one (multi-line or wrapped)."""
+        if line.process is None and line.level is None and self._last_pending is not None:
+            # a hard-wrapped piece of the previous (full-width) line carries no prefix: it continues it
+            owner, at, prev_width = self._last_pending
+            if (
+                at == self._line_no - 1
+                and prev_width >= WRAP_MIN_WIDTH
+                and owner.pending is not None
+                and self._continues(line.text, stripped, owner.pending, wrapped=True)
+            ):
+                owner.pending.wrapped = True
+                self._extend(owner.pending, stripped, line)
+                self._last_pending = (owner, self._line_no, width)
+                return True
+        pending = proc.pending
+        if pending is None:
+            return False
+        if self._continues(line.text, stripped, pending):
+            self._extend(pending, stripped, line)
+            self._last_pending = (proc, self._line_no, width)
+            return True
+        proc.pending = None
+        self._pending_count -= 1
+        return False
+
+    def _proc(self, line: LogLine) -> _Proc:
+        key = (line.process, line.pid)
+        proc = self._procs.get(key)
+        if proc is None:
+            if len(self._procs) >= MAX_PROCESSES:
+                old = self._procs.pop(next(iter(self._procs)))
+                if old.pending is not None:
+                    self._pending_count -= 1
+            proc = self._procs[key] = _Proc()
+        return proc
+
+    def _frame(self, proc: _Proc, fm: re.Match[str], stripped: str, line: LogLine) -> None:
+        if proc.tb is None:
+            proc.tb = _Traceback(self._line_no, process=line.process, pid=line.pid)  # header cut off
+        tb = proc.tb
+        tb.last_frame = stripped[:300]
+        func = fm.group("func")
+        name = func.rsplit(".", 1)[-1]
+        phase = _FRAME_PHASE.get(name)
+        if phase is None and "CacheEngine" in func:
+            phase = PHASE_KV_CACHE
+        if phase is not None:
+            rank = _PHASE_RANK[phase]
+            tb.phases[phase] = rank
+            self._all_phases[phase] = rank
+        if name in _REQUEST_FRAMES:
+            tb.request = True
+            tb.phases.setdefault(PHASE_SERVING, _PHASE_RANK[PHASE_SERVING])
+        if not tb.hint and _HINT_RE.search(stripped) is not None:
+            tb.hint = True
+
+    def _source_line(self, tb: _Traceback, text: str) -> None:
+        """A source line under a frame: the call it makes tells the phase when the next frame is cut."""
+        if not tb.hint and _HINT_RE.search(text) is not None:
+            tb.hint = True
+        if "(" in text:
+            for name in _CALL_RE.findall(text):
+                phase = _FRAME_PHASE.get(name)
+                if phase is not None:
+                    rank = _PHASE_RANK[phase]
+                    tb.phases[phase] = rank
+                    self._all_phases[phase] = rank
+
+    @staticmethod
+    def _continues(text: str, stripped: str, pending: _Pending, wrapped: bool = False) -> bool:
+        if not stripped or pending.lines >= JOIN_LINES or len(pending.text_space) >= JOIN_CHARS:
+            return False
+        if len(text) - len(stripped) > pending.indent + 2:
+            return False  # a source line of the next traceback, not more of the message
+        if stripped.startswith(("File ", "Traceback", "The above exception", "During handling", "Process ")):
+            return False
+        if not wrapped and _EXC_HEADER_RE.match(stripped) is not None:
+            return False  # a new exception (a wrapped piece may look like one: "rs.CompilationError: ...")
+        if _FAMILY_GATE_RE.search(stripped) is None:
+            return True
+        # a line that names a cause of another class by itself ("Killed") starts something new,
+        # unless it only completes the message ("...type fp8" + "e4nv not supported ...")
+        alone = _match_families(stripped)
+        if alone is None or (pending.finding is not None and alone[0] == pending.finding.cls):
+            return True
+        joined = _match_families(pending.text_tight + stripped)
+        if joined is None:
+            return False
+        return _specificity(joined) > _specificity(alone) or (
+            joined[0] == alone[0] and _specificity(joined) >= _specificity(alone)
+        )
+
+    def _extend(self, pending: _Pending, stripped: str, line: LogLine) -> None:
+        pending.lines += 1
+        pending.text_space = f"{pending.text_space} {stripped}"[:JOIN_CHARS]
+        pending.text_tight = f"{pending.text_tight}{stripped}"[:JOIN_CHARS]
+        old = pending.finding
+        if old is None and _FAMILY_GATE_RE.search(pending.text_tight[-(len(stripped) + 40) :]) is None:
+            return
+        fam = _match_families(pending.text_space)
+        joined = pending.text_space
+        tight = _match_families(pending.text_tight)
+        if tight is not None and (
+            fam is None
+            or _specificity(tight) > _specificity(fam)
+            or (pending.wrapped and _specificity(tight) == _specificity(fam))
+        ):
+            fam, joined = tight, pending.text_tight
+        if fam is None:
+            return
+        cls, prio, fixed, numbers = fam
+        if old is not None and _specificity(fam) <= (old.prio, old.fixed_phase is not None, len(old.numbers)):
+            return
+        if old is not None and self._findings.get(old.cls) is old:
+            del self._findings[old.cls]
+        if old is None:
+            finding = self._new_finding(cls, prio, fixed, joined, numbers, line, pending.tb, True)
+            finding.line_no = pending.opened_at
+        else:
+            finding = _Finding(
+                cls=cls,
+                prio=prio,
+                fixed_phase=fixed,
+                text=joined[:EVIDENCE_CHARS],
+                numbers=numbers,
+                line_no=old.line_no,
+                process=old.process,
+                pid=old.pid,
+                frame_phase=old.frame_phase,
+                hint=old.hint,
+                request=old.request,
+                after_ready=old.after_ready,
+                after_shutdown=old.after_shutdown,
+                stage=old.stage,
+                header=old.header,
+            )
+        pending.finding = finding
+        self._record(finding)
+
+    def _expire_pending(self) -> None:
+        for proc in self._procs.values():
+            p = proc.pending
+            if p is not None and self._line_no - p.opened_at > PENDING_WINDOW:
+                proc.pending = None
+                self._pending_count -= 1
+
+    def _new_finding(
+        self,
+        cls: str,
+        prio: int,
+        fixed: str | None,
+        text: str,
+        numbers: dict[str, float],
+        line: LogLine,
+        tb: _Traceback | None,
+        header: bool,
+    ) -> _Finding:
+        return _Finding(
+            cls=cls,
+            prio=prio,
+            fixed_phase=fixed,
+            text=text[:EVIDENCE_CHARS],
+            numbers=numbers,
+            line_no=self._line_no,
+            process=line.process,
+            pid=line.pid,
+            frame_phase=_best_phase(tb.phases) if tb is not None else None,
+            hint=tb.hint if tb is not None else False,
+            request=tb.request if tb is not None else False,
+            after_ready=self._is_ready(),
+            after_shutdown=self._shutdown_line is not None,
+            stage=self._stage,
+            header=header,
+        )
+
+    def _record(self, finding: _Finding) -> None:
+        if finding.request and finding.cls in (CONFIG_ERROR, MODEL_NOT_FOUND):
+            return  # a per-request error: the server stays up
+        current = self._findings.get(finding.cls)
+        if current is None:
+            self._findings[finding.cls] = finding
+        elif finding.header and not current.header and finding.line_no - current.line_no <= 50:
+            # the exception line itself beats the raise statement shown just above it
+            finding.line_no = current.line_no
+            self._findings[finding.cls] = finding
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def _progress(self, text: str, events: list[LogLine | Progress] | None) -> None:
+        for kind, rx, keys in _PROGRESS_RULES:
+            m = rx.search(text)
+            if m is None:
+                continue
+            numbers: dict[str, float] = {}
+            for key in keys:
+                value = m.group(key)
+                if value is not None:
+                    numbers[key] = _f(value)
+            if kind == "kv_blocks" and "gpu_blocks" in numbers:
+                numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
+            self._obs.update(numbers)
+            if kind == "weights_loaded":
+                self._stage = max(self._stage, _STAGE_WEIGHTS)
+            elif kind in ("kv_cache_available", "kv_cache_size", "kv_blocks", "memory_profile"):
+                self._stage = max(self._stage, _STAGE_KV)
+            elif kind == "cudagraph_memory":
+                self._stage = max(self._stage, _STAGE_CAPTURED)
+            elif kind == "engine_config":
+                bm = _BLOCK_SIZE_RE.search(text)
+                if bm is not None:
+                    self._block_size = int(bm.group(1))
+            if events is not None:
+                events.append(Progress(kind=kind, numbers=numbers, text=text[:EVIDENCE_CHARS]))
+            break
+        if self._stage < _STAGE_CAPTURE and _CAPTURE_START_RE.search(text) is not None:
+            self._stage = _STAGE_CAPTURE
+        if self._ready_line is None and _READY_RE.search(text) is not None:
+            self._ready_line = self._line_no
+            self._ready_text = text.strip()[:EVIDENCE_CHARS]
+            self._forget_survived()
+            if events is not None:
+                events.append(Progress(kind="server_ready", numbers={}, text=self._ready_text))
+        if self._shutdown_line is None and _SHUTDOWN_RE.search(text) is not None:
+            self._shutdown_line = self._line_no
+
+    # -- verdict helpers -------------------------------------------------------------------------
+
+    def _best(self, keep: Callable[[_Finding], bool]) -> _Finding | None:
+        """The most specific live finding: highest priority, earliest on a tie.
+
+        A finding seen before vLLM became ready did not stop it (a logged, survived error), except a
+        port clash, which uvicorn reports after ``Application startup complete``.
+        """
+        best: _Finding | None = None
+        for finding in self._findings.values():
+            if not keep(finding) or self._ready_before(finding.line_no) is not None:
+                continue
+            if best is None or _rank(finding) > _rank(best):
+                best = finding
+        return best
+
+    def _phase_of(self, finding: _Finding) -> str:
+        if finding.after_ready and finding.cls not in (PORT_IN_USE, MODEL_NOT_FOUND, FREE_MEM_BELOW_UTIL):
+            return PHASE_SERVING
+        if finding.fixed_phase is not None:
+            return finding.fixed_phase
+        if self._serving_death_line is not None:
+            return PHASE_SERVING  # the engine died in its serving loop
+        if finding.frame_phase is not None:
+            return finding.frame_phase
+        union = _best_phase(self._all_phases)
+        if union is not None:
+            return union
+        return _phase_from_stage(finding.stage)
+
+    def _build(self, finding: _Finding, cls: str) -> Failure:
+        phase = self._phase_of(finding)
+        if cls.startswith(_OOM):
+            if phase == PHASE_STARTUP:
+                # no frame and no milestone: a forward pass in the traceback means profiling, else weights
+                phase = PHASE_PROFILE if finding.hint else PHASE_LOAD_WEIGHTS
+            cls = _OOM_BY_PHASE[phase]
+        numbers = dict(self._obs)
+        if cls in _OOM_BY_PHASE.values():
+            for other in self._findings.values():  # the torch message under vLLM's (sampler, weights)
+                if other is not finding and other.cls.startswith(_OOM):
+                    numbers.update(other.numbers)
+        numbers.update(finding.numbers)
+        detail = (finding.process or "main") + (f" pid {finding.pid}" if finding.pid is not None else "")
+        detail += f", line {finding.line_no}"
+        return Failure(cls, phase=phase, evidence=finding.text, numbers=numbers, detail=detail)
+
+    def _bare(self, cls: str, evidence: str, detail: str) -> Failure:
+        if self._is_ready():
+            phase = PHASE_SERVING
+        else:
+            phase = _best_phase(self._all_phases) or _phase_from_stage(self._stage)
+        return Failure(cls, phase=phase, evidence=evidence, numbers=self.observations, detail=detail)
+
+    def _infer_v0_kv(self) -> Failure | None:
+        """v0 prints ``# GPU blocks: N`` before it checks them: enough to explain a death without the line."""
+        blocks = self._obs.get("gpu_blocks")
+        if blocks is None or self._is_ready():
+            return None
+        numbers = dict(self._obs)
+        if blocks <= 0:
+            return Failure(
+                NO_KV_MEMORY,
+                phase=PHASE_KV_CACHE,
+                evidence="# GPU blocks: 0",
+                numbers=numbers,
+                detail="inferred from the block count: no room for the KV cache",
+            )
+        capacity = blocks * self._block_size
+        max_len = self._obs.get("max_model_len")
+        if max_len is None or capacity >= max_len:
+            return None
+        numbers["kv_capacity_tokens"] = capacity
+        return Failure(
+            KV_INSUFFICIENT,
+            phase=PHASE_KV_CACHE,
+            evidence=f"# GPU blocks: {int(blocks)} x {self._block_size} tokens = {int(capacity)} tokens "
+            f"< max_model_len {int(max_len)}",
+            numbers=numbers,
+            detail="inferred from the block count",
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Convenience
+
+
+def _line_batches(chunks: Iterable[bytes], max_line_chars: int) -> Iterator[list[str]]:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    partial = ""
+    dropping = False  # the rest of an over-long line is being skipped
+    for chunk in chunks:
+        data = decoder.decode(chunk)
+        if not data:
+            continue
+        pieces = data.split("\n")
+        if len(pieces) == 1:
+            if not dropping:
+                partial += data
+                if len(partial) > max_line_chars:
+                    partial = partial[:max_line_chars]
+                    dropping = True
+            continue
+        pieces[0] = partial if dropping else partial + pieces[0]
+        dropping = False
+        partial = pieces.pop()
+        if len(partial) > max_line_chars:
+            partial = partial[:max_line_chars]
+            dropping = True
+        if max(map(len, pieces)) > max_line_chars:
+            pieces = [p[:max_line_chars] for p in pieces]
+        yield pieces
+    tail = decoder.decode(b"", final=True)
+    if tail and not dropping:
+        partial = (partial + tail)[:max_line_chars]
+    if partial:
+        yield [partial]
+
+
+def lines_from_chunks(chunks: Iterable[bytes], max_line_chars: int = DEFAULT_MAX_LINE_CHARS) -> Iterator[str]:
+    """Decode byte chunks (invalid UTF-8 replaced) into lines of at most ``max_line_chars``.
+
+    Memory stays bounded by one chunk plus one capped line: the rest of an over-long line is dropped.
+    """
+    return itertools.chain.from_iterable(_line_batches(chunks, max_line_chars))
+
+
+def diagnose_text(lines: Iterable[str], exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
+    """Read a whole log and return the verdict and the success-path observations."""
+    reader = LogReader()
+    reader.feed_lines(lines)
+    return reader.verdict(exit_code), reader.observations
+
+
+# ----------------------------------------------------------------------------------------------
+# Advice: what r1sup would change next and why (pure text from the numbers)
+
+
+def _round_down(value: float, step: int = BLOCK_SIZE) -> int:
+    return int(math.floor(value / step) * step)
+
+
+def _gib(value: float) -> str:
+    return f"{value:.2f} GiB"
+
+
+def advice(failure: Failure) -> str:
+    """One paragraph: what r1sup would change next and why, computed from the failure's numbers."""
+    n = failure.numbers
+    cls = failure.cls
+    util = n.get("gpu_memory_utilization")
+    if cls == KV_INSUFFICIENT:
+        est = n.get("estimated_max_model_len")
+        cap = n.get("kv_capacity_tokens")
+        max_len = n.get("max_model_len")
+        need, avail = n.get("kv_needed_gib"), n.get("kv_available_gib")
+        want = f" ({int(max_len)} tokens)" if max_len else ""
+        if est:
+            fit = (
+                f"set --max-model-len to {_round_down(est)} (vLLM's estimate {int(est)}, "
+                f"rounded down to the block size {BLOCK_SIZE})"
+            )
+        elif cap:
+            fit = f"set --max-model-len to {_round_down(cap)} (the KV cache holds {int(cap)} tokens)"
+        elif need and avail is not None and max_len and need > 0:
+            fit = (
+                f"set --max-model-len to about {_round_down(max_len * avail / need)} "
+                f"({_gib(avail)} of the {_gib(need)} one request needs)"
+            )
+        else:
+            fit = "lower --max-model-len to what the KV cache holds"
+        return (
+            f"The KV cache cannot hold one request of the configured context{want}. r1sup would {fit}, "
+            "or switch the KV cache to fp8 (--kv-cache-dtype fp8) to about double it, or give the KV cache "
+            "more memory (higher --gpu-memory-utilization) if the target context must stay."
+        )
+    if cls == NO_KV_MEMORY:
+        raise_to = f" from {util:.2f} to {min(util + 0.05, 0.95):.2f}" if util else ""
+        return (
+            "Weights and activations already fill the memory budget, so nothing is left for the KV cache. "
+            "r1sup "
+            f"would raise --gpu-memory-utilization{raise_to}, lower --max-num-batched-tokens and "
+            f"--max-num-seqs to "
+            "shrink the activation peak, or quantize the weights (--quantization fp8) to free room."
+        )
+    if cls == FREE_MEM_BELOW_UTIL:
+        free, total = n.get("free_gib"), n.get("total_gib")
+        if free is not None and total:
+            target = max(math.floor((free / total - 0.02) * 100) / 100, 0.0)
+            return (
+                f"Only {_gib(free)} of {_gib(total)} was free at start-up, below the requested "
+                f"{util if util is not None else 'utilization'}. Another process (often an orphaned "
+                "EngineCore or worker of an earlier launch) holds the memory: r1sup would first make sure no "
+                f"child of its own is left, wait for the memory to come back, and otherwise lower "
+                f"--gpu-memory-utilization to {target:.2f} (free/total minus a margin) or pin the KV size."
+            )
+        return (
+            "Free memory changed or was below the requested utilization at start-up: another process uses "
+            "the "
+            "device. r1sup would wait until the memory is back, then relaunch, or pin the KV cache size "
+            "(--kv-cache-memory-bytes) so the start does not depend on free memory."
+        )
+    if cls == OOM_WEIGHTS:
+        return (
+            "The weights do not fit in device memory. Lowering the KV budget cannot help; r1sup would "
+            "quantize "
+            "the weights (--quantization fp8 roughly halves bf16 weights), split them with "
+            "--tensor-parallel-size, or offload part with --cpu-offload-gb."
+        )
+    if cls == OOM_PROFILE:
+        dummy = n.get("dummy_requests")
+        seqs = (
+            f" (the sampler warm-up ran {int(dummy)} dummy requests: try "
+            f"--max-num-seqs {max(int(dummy) // 2, 1)})"
+            if dummy
+            else ""
+        )
+        return (
+            "The profile run (peak activations for --max-num-batched-tokens, sampler warm-up for "
+            "--max-num-seqs) "
+            f"ran out of memory. r1sup would halve --max-num-batched-tokens and --max-num-seqs{seqs}, or "
+            f"lower "
+            "--gpu-memory-utilization to leave headroom."
+        )
+    if cls == OOM_CUDAGRAPH:
+        est = n.get("cudagraph_estimated_gib") or n.get("cudagraph_gib")
+        size = f" (about {_gib(est)})" if est else ""
+        return (
+            f"Capturing CUDA graphs{size} ran out of memory after the KV cache was sized. r1sup would cap "
+            f"the "
+            "capture sizes (--max-cudagraph-capture-size) or run eager (--enforce-eager), or lower "
+            "--gpu-memory-utilization by the graph memory."
+        )
+    if cls == OOM_KV_ALLOC:
+        tried = n.get("tried_to_allocate_mib")
+        what = f" (a {tried:.0f} MiB block)" if tried else ""
+        return (
+            f"Allocating the KV cache failed{what} after profiling decided its size: the estimate was too "
+            "optimistic. r1sup would lower --gpu-memory-utilization by 0.05 or pin a smaller "
+            "--kv-cache-memory-bytes."
+        )
+    if cls == OOM_RUNTIME:
+        return (
+            "The server ran out of memory while serving (activations of a large batch or a long prefill). "
+            "r1sup would lower --gpu-memory-utilization by 0.05 to leave activation headroom and cap "
+            "--max-num-batched-tokens / --max-num-seqs, then restart."
+        )
+    if cls == HOST_OOM:
+        return (
+            "The process was killed for host RAM (SIGKILL, no device error). Device flags will not help: "
+            "r1sup "
+            "would reduce host memory use (fewer workers, smaller --swap-space / --cpu-offload-gb, "
+            "--kv-cache-memory-bytes on the CPU backend) or ask for more RAM."
+        )
+    if cls == FP8_UNSUPPORTED:
+        return (
+            "This hardware cannot run the fp8 kernels that were requested. r1sup would revert fp8: "
+            "--kv-cache-dtype auto for the KV cache (or fp8_e5m2 on GPUs below compute capability 8.9), and "
+            "drop --quantization fp8 for the weights, then size the context again without the fp8 gain."
+        )
+    if cls == CUDA_ERROR:
+        return (
+            "A CUDA/NCCL fault that is not an out-of-memory error. Memory flags will not fix it; r1sup would "
+            "retry once (with --enforce-eager if it happened in a kernel) and otherwise stop: check the "
+            "driver, "
+            "the GPU (Xid in the kernel log) and NCCL (NCCL_DEBUG=INFO)."
+        )
+    if cls == PORT_IN_USE:
+        port = n.get("port")
+        which = f" {int(port)}" if port else ""
+        return (
+            f"The port{which} is already taken. r1sup would not change memory flags: it checks for a "
+            f"leftover "
+            "server of its own, otherwise picks another --port (or VLLM_PORT for an internal port) or stops."
+        )
+    if cls == MODEL_NOT_FOUND:
+        return (
+            "The model path or repository id cannot be resolved (missing directory, typo, gated repository "
+            "without a token, or no network). No flag change can fix it: r1sup stops and names the model."
+        )
+    if cls == CONFIG_ERROR:
+        derived = n.get("derived_max_model_len")
+        if derived:
+            return (
+                f"The requested context is above the model's limit ({int(derived)} tokens). r1sup would cap "
+                f"--max-model-len at {int(derived)}."
+            )
+        return (
+            "vLLM rejected the configuration (an argument, the architecture, the dtype or the tokenizer), or "
+            "the engine crashed on a configuration it does not support. Memory changes will not help: r1sup "
+            "stops and reports the evidence line."
+        )
+    if cls == ENGINE_DEAD:
+        return (
+            "The engine died and the log holds no root cause (a native crash or a kill). r1sup would "
+            "relaunch "
+            "once with the same flags; a second death without a cause is reported, not retried."
+        )
+    if cls == HANG:
+        return "vLLM stopped making progress. r1sup would stop the process group and relaunch once."
+    kv_tokens = n.get("kv_cache_tokens")
+    conc = n.get("max_concurrency")
+    if kv_tokens:
+        extra = f", {conc:.2f}x concurrency at the configured context" if conc else ""
+        return f"No failure. KV cache: {int(kv_tokens)} tokens{extra}; r1sup changes nothing."
+    return "No failure found; r1sup changes nothing."

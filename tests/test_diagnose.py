@@ -1,0 +1,255 @@
+"""``r1sup diagnose``: output, exit codes, hostile input (in-process and as a process), the real engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from r1sup import cli
+from r1sup import failure as fl
+from r1sup.commands.diagnose import diagnose_path, render, report
+from r1sup.logparse import LogReader, advice, diagnose_text, lines_from_chunks
+
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+ROOT = Path(__file__).resolve().parent.parent
+JSON_KEYS = {"class", "phase", "memory", "numbers", "evidence", "advice"}
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_process(
+    args: list[str], stdin: bytes = b"", timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
+    """``r1sup diagnose`` as a real child process (no shell), bounded by ``timeout``."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "supervisor"))
+    return subprocess.run(
+        [sys.executable, "-m", "r1sup.cli", "diagnose", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["diagnose", str(FIXTURES / "cpu/kv-insufficient.log")], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "class     kv_insufficient (memory)"
+    assert lines[1] == "phase     kv_cache"
+    assert lines[2].startswith(
+        "evidence  ValueError: To serve at least one request with the model's max seq len (32768)"
+    )
+    assert "  estimated_max_model_len  3712" in lines
+    assert "  max_model_len            32768" in lines
+    assert lines[-1].startswith("next      ") and "--max-model-len to 3712" in lines[-1]
+
+
+def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["diagnose", "--json", str(FIXTURES / "gpu/oom-cudagraph-v1-tp2.log")], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    assert set(obj) == JSON_KEYS
+    assert obj["class"] == fl.OOM_CUDAGRAPH
+    assert obj["phase"] == fl.PHASE_CUDA_GRAPH
+    assert obj["memory"] is True
+    assert obj["evidence"] == "RuntimeError: CUDA error: out of memory"
+    assert obj["numbers"]["kv_cache_tokens"] == 482112
+    assert "--enforce-eager" in obj["advice"]
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(FIXTURES)) for p in FIXTURES.glob("*/*.log")))
+def test_json_matches_the_reader_for_every_fixture(path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["diagnose", "--json", str(FIXTURES / path)], capsys)
+    assert code == 0
+    verdict, _ = diagnose_text(lines_from_chunks([(FIXTURES / path).read_bytes()]))
+    assert json.loads(out) == report(verdict)
+    assert report(verdict)["advice"] == advice(verdict)
+
+
+@pytest.mark.parametrize(("target", "reason"), [("missing.log", "No such file"), (".", "Is a directory")])
+def test_unreadable_input_exits_2(
+    tmp_path: Path, target: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["diagnose", str(tmp_path / target)], capsys)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("r1sup: error: cannot read") and reason in err
+
+
+def test_render_numbers_and_empty_verdict() -> None:
+    text = render(fl.Failure(fl.NONE))
+    assert "class     none (not memory)" in text and "numbers   (none)" in text and "evidence  (none)" in text
+    text = render(
+        fl.Failure(fl.OOM_RUNTIME, phase=fl.PHASE_SERVING, evidence="bell\x07", numbers={"a_gib": 1.5})
+    )
+    assert "evidence  bell?" in text and "  a_gib  1.5" in text
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile input (issue 9): a verdict or a clear error, never a traceback, bounded memory
+
+HOSTILE = [
+    ("empty", b"", fl.NONE),
+    (
+        "invalid UTF-8",
+        b"\xff\xfe\xfd\n\xc3\x28 (EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1] "
+        b"ValueError: No available memory for the cache blocks.\n\x80\x81",
+        fl.NO_KV_MEMORY,
+    ),
+    ("NUL bytes", b"\x00" * 1000 + b"\nKilled\x00\n" + b"\x00" * 1000, fl.HOST_OOM),
+    (
+        "truncated traceback",
+        b"(EngineCore pid=9) ERROR 01-01 00:00:00 [core.py:1] Traceback (most recent call last):\n"
+        b"(EngineCore pid=9) ERROR 01-01 00:00:00 [core.py:1]   "
+        b'File "/v/vllm/v1/worker/gpu_worker.py", line 9, in load_model\n'
+        b"(EngineCore pid=9) ERROR 01-01 00:00:00 [core.py:1]     self.model_runner.load_mo",
+        fl.ENGINE_DEAD,
+    ),
+    ("only carriage returns", b"\r" * 5000, fl.NONE),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "cls"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_input_in_process(what: str, data: bytes, cls: str, tmp_path: Path) -> None:
+    path = tmp_path / "input.log"
+    path.write_bytes(data)
+    failure, _ = diagnose_path(str(path))
+    assert failure.cls == cls
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("what", "data", "cls"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_input_on_stdin_of_a_real_process(what: str, data: bytes, cls: str) -> None:
+    done = run_process(["--json", "-"], stdin=data)
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert json.loads(done.stdout)["class"] == cls
+
+
+def write_huge_line(path: Path, megabytes: int = 50) -> None:
+    block = b"A" * (1 << 20)
+    with path.open("wb") as f:
+        f.write(b"(APIServer pid=1) INFO 01-01 00:00:00 [x.py:1] Starting\n")
+        for _ in range(megabytes):
+            f.write(block)  # one 50 MB line without a newline until the end
+        f.write(
+            b"\n(EngineCore pid=2) ERROR 01-01 00:00:01 [core.py:1] "
+            b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. "
+            b"GPU 0 has a total capacity of 23.56 GiB of which 1.75 MiB is free.\n"
+        )
+
+
+def test_fifty_megabyte_line_in_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "huge.log"
+    write_huge_line(path)
+    tracemalloc.start()
+    try:
+        failure, _ = diagnose_path(str(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert failure.cls == fl.OOM_WEIGHTS  # the line after the huge one is still read
+    assert peak < 16 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.timeout(180)
+def test_fifty_megabyte_line_real_process(tmp_path: Path) -> None:
+    path = tmp_path / "huge.log"
+    write_huge_line(path)
+    done = run_process([str(path)], timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert done.stdout.startswith(b"class     oom_weights (memory)")
+
+
+@pytest.mark.timeout(60)
+def test_unreadable_file_real_process(tmp_path: Path) -> None:
+    done = run_process([str(tmp_path / "nope.log")])
+    assert done.returncode == 2
+    assert done.stderr.startswith(b"r1sup: error: cannot read") and b"Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The real engine: its output, streamed through the reader while it runs
+
+
+def _pump(stream: object, lines: queue.Queue[bytes | None]) -> None:
+    for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+        lines.put(raw)
+    lines.put(None)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_real_engine_kv_budget_failure_streamed(tiny_model: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "32768",
+        "--kv-cache-memory-bytes",
+        "4000000",
+        "--port",
+        str(free_port()),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    lines: queue.Queue[bytes | None] = queue.Queue()
+    pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
+    pump.start()
+    reader = LogReader()
+    progress = []
+    deadline = time.monotonic() + 360
+    try:
+        while time.monotonic() < deadline:
+            try:
+                raw = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if raw is None:
+                break
+            progress += [e for e in reader.feed(raw.decode("utf-8", errors="replace"))[1:]]
+        exit_code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # any child left in the group
+        pump.join(timeout=10)
+    verdict = reader.verdict(exit_code)
+    assert exit_code != 0
+    assert (verdict.cls, verdict.phase) == (fl.KV_INSUFFICIENT, fl.PHASE_KV_CACHE), verdict
+    assert verdict.numbers["max_model_len"] == 32768
+    assert 0 < verdict.numbers["estimated_max_model_len"] < 32768
+    assert "estimated maximum model length" in verdict.evidence
+    assert any(p.kind == "engine_config" for p in progress)
