@@ -36,7 +36,11 @@ demo: venv
 	$(BIN)/r1sup --log-format console tune --config configs/demo-cpu.toml
 
 bench: venv
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/bench_cli_startup.py
+	$(BIN)/python benchmarks/eval_classifier.py
+	$(BIN)/python benchmarks/bench_diagnose.py
+	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_scenarios.py
+	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_daemon_idle.py
 
 clean:
 	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache build supervisor/*.egg-info

@@ -23,7 +23,9 @@ TARGET_RATIO = 10.0
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False, timeout=60)
+    subprocess.run(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False, timeout=60
+    )
     return time.perf_counter() - t0
 
 

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # helpers such as the fake engine live with the tests
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = "") -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = ""
+) -> object:
     """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass (then fail)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -60,8 +60,12 @@ def tiny_engine_config(
             "stop_timeout_s": 15,
             "memory_release_timeout_s": 20,
         },
-        "start": {"max_model_len": 2048, "gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": 4_000_000,
-                  **(start or {})},
+        "start": {
+            "max_model_len": 2048,
+            "gpu_memory_utilization": 0.5,
+            "kv_cache_memory_bytes": 4_000_000,
+            **(start or {}),
+        },
         "ladder": {"min_max_model_len": 1024, "first_launch": "as_configured"},
         "probe": {"requests": 4, "output_tokens": 8, "request_timeout_s": 120, "timeout_s": 300},
         "state": {"dir": str(tmp_path / "state")},
@@ -107,8 +111,13 @@ class R1sup:
     def named(self, event: str) -> list[dict[str, Any]]:
         return [e for e in list(self.events) if e.get("event") == event]
 
-    def wait_event(self, event: str, timeout: float, count: int = 1,
-                   where: Callable[[dict[str, Any]], bool] = lambda e: True) -> dict[str, Any]:
+    def wait_event(
+        self,
+        event: str,
+        timeout: float,
+        count: int = 1,
+        where: Callable[[dict[str, Any]], bool] = lambda e: True,
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = [e for e in self.named(event) if where(e)]

@@ -32,24 +32,24 @@ def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
         ("[strat]\nx = 1\n", "strat", "unknown section"),
         ("[start]\ngpu_memory_utilization = 0\n", "start.gpu_memory_utilization", "must be > 0"),
         ("[start]\ngpu_memory_utilization = 1.2\n", "start.gpu_memory_utilization", "must be <= 1"),
-        ("[start]\ngpu_memory_utilization = \"high\"\n", "start.gpu_memory_utilization", "expected a number"),
-        ("[start]\nkv_cache_dtype = \"int4\"\n", "start.kv_cache_dtype", "must be one of"),
+        ('[start]\ngpu_memory_utilization = "high"\n', "start.gpu_memory_utilization", "expected a number"),
+        ('[start]\nkv_cache_dtype = "int4"\n', "start.kv_cache_dtype", "must be one of"),
         ("[start]\nmax_model_len = 4096.5\n", "start.max_model_len", "expected an integer"),
         ("[start]\nmax_model_len = 0\n", "start.max_model_len", "must be >= 1"),
         ("[start]\nenforce_eager = 1\n", "start.enforce_eager", "expected true or false"),
-        ("[start]\nquantization = \"int3\"\n", "start.quantization", "must be one of"),
+        ('[start]\nquantization = "int3"\n', "start.quantization", "must be one of"),
         ("[start]\ntensor_parallel_size = 0\n", "start.tensor_parallel_size", "must be >= 1"),
         ("[server]\nport = 0\n", "server.port", "must be >= 1"),
         ("[server]\nport = 70000\n", "server.port", "must be <= 65535"),
         ("[server]\nport = true\n", "server.port", "expected an integer"),
-        ("[server]\nextra_args = \"--foo\"\n", "server.extra_args", "expected a list of strings"),
-        ("[server]\nextra_args = [\"--max-model-len\", \"4\"]\n", "server.extra_args", "managed by r1sup"),
-        ("[server]\nextra_args = [\"--port=9\"]\n", "server.extra_args", "--port is managed"),
-        ("[server]\nextra_args = [\"--api-key\", \"x\"]\n", "server.extra_args", "--api-key is managed"),
-        ("[server]\nenv = { VLLM_API_KEY = \"k\" }\n", "server.env", "api_key_file"),
+        ('[server]\nextra_args = "--foo"\n', "server.extra_args", "expected a list of strings"),
+        ('[server]\nextra_args = ["--max-model-len", "4"]\n', "server.extra_args", "managed by r1sup"),
+        ('[server]\nextra_args = ["--port=9"]\n', "server.extra_args", "--port is managed"),
+        ('[server]\nextra_args = ["--api-key", "x"]\n', "server.extra_args", "--api-key is managed"),
+        ('[server]\nenv = { VLLM_API_KEY = "k" }\n', "server.env", "api_key_file"),
         ("[server]\nenv = { A = 1 }\n", "server.env", "expected a table of strings"),
-        ("[server]\nhost = \"0.0.0.0\"\n", "server.host", "not a loopback address"),
-        ("[ladder]\nstrategy = \"random\"\n", "ladder.strategy", "must be one of smart, naive"),
+        ('[server]\nhost = "0.0.0.0"\n', "server.host", "not a loopback address"),
+        ('[ladder]\nstrategy = "random"\n', "ladder.strategy", "must be one of smart, naive"),
         (
             "[ladder]\nmin_gpu_memory_utilization = 0.9\nmax_gpu_memory_utilization = 0.8\n",
             "ladder.min_gpu_memory_utilization",
@@ -65,7 +65,9 @@ def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
         ("model = 5\n", "model", "must be a table"),
     ],
 )
-def test_rule_names_field(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, field: str, fragment: str):
+def test_rule_names_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, field: str, fragment: str
+):
     path = write(tmp_path, (MINIMAL + body) if not body.startswith("model =") else body)
     code, out, err = run_check(capsys, "--config", str(path))
     assert code == 2
@@ -98,7 +100,7 @@ def test_syntax_error_reports_line(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     path = tmp_path / "c.toml"
-    path.write_bytes(b"[model]\nname = \"\xff\"\n")
+    path.write_bytes(b'[model]\nname = "\xff"\n')
     code, _, err = run_check(capsys, "--config", str(path))
     assert code == 2 and "not UTF-8" in err
 

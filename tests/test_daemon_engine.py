@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from conftest import free_port, wait_until
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
@@ -45,7 +46,7 @@ class NotifySocket:
         while not self._stop.is_set():
             try:
                 self.messages.append(self.sock.recv(65536).decode())
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

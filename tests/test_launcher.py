@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import free_port, wait_until
 
+from conftest import free_port, wait_until
 from r1sup import config as cfg
 from r1sup.events import ChildEOF, ChildOutput, EventQueue
 from r1sup.flags import EngineFlags
@@ -100,7 +100,10 @@ def test_recorded_descendant_that_left_the_group_is_killed():
 
 def test_sigkill_of_the_supervisor_leaves_no_child():
     proc = subprocess.Popen(
-        [sys.executable, PARENT], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        [sys.executable, PARENT],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -116,7 +119,12 @@ def test_sigkill_of_the_supervisor_leaves_no_child():
 
 def test_child_environment_is_clean(tmp_path: Path):
     config = cfg.build({"model": {"name": "m"}, "server": {"env": {"EXTRA": "1"}}}, env={})
-    base = {"PATH": os.environ["PATH"], "NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "5", "VLLM_API_KEY": "outer"}
+    base = {
+        "PATH": os.environ["PATH"],
+        "NOTIFY_SOCKET": "/run/x",
+        "WATCHDOG_USEC": "5",
+        "VLLM_API_KEY": "outer",
+    }
     spec = build_spec(config, EngineFlags(), api_key="sk-secret-123", base_env=base)
     assert "sk-secret-123" not in " ".join(spec.argv)
     child_spec = LaunchSpec((sys.executable, CHILD, "env"), spec.env, (), "127.0.0.1", 1, "x", spec.instance)
@@ -132,7 +140,10 @@ def test_child_environment_is_clean(tmp_path: Path):
 
 def test_command_line_is_an_argument_list_with_managed_flags():
     config = cfg.build(
-        {"model": {"name": "org/m", "served_name": "m"}, "server": {"port": 8123, "extra_args": ["--seed", "1"]}},
+        {
+            "model": {"name": "org/m", "served_name": "m"},
+            "server": {"port": 8123, "extra_args": ["--seed", "1"]},
+        },
         env={},
     )
     spec = build_spec(config, EngineFlags(max_model_len=4096, kv_cache_dtype="fp8"), base_env={})
@@ -146,7 +157,9 @@ def test_command_line_is_an_argument_list_with_managed_flags():
 def test_port_holder_foreign_and_ours():
     port = free_port()
     assert port_holder("127.0.0.1", port, "inst") is None
-    foreign = subprocess.Popen([sys.executable, CHILD, "listen", str(port)], stdout=subprocess.PIPE, text=True)
+    foreign = subprocess.Popen(
+        [sys.executable, CHILD, "listen", str(port)], stdout=subprocess.PIPE, text=True
+    )
     ours = None
     try:
         assert foreign.stdout is not None and foreign.stdout.readline().startswith("listening")
@@ -157,7 +170,9 @@ def test_port_holder_foreign_and_ours():
         foreign.wait(timeout=10)
         wait_until(lambda: not port_in_use("127.0.0.1", port), 10)
         env = {**os.environ, "R1SUP_INSTANCE": "inst"}
-        ours = subprocess.Popen([sys.executable, CHILD, "listen", str(port)], stdout=subprocess.PIPE, text=True, env=env)
+        ours = subprocess.Popen(
+            [sys.executable, CHILD, "listen", str(port)], stdout=subprocess.PIPE, text=True, env=env
+        )
         assert ours.stdout is not None and ours.stdout.readline().startswith("listening")
         holder = port_holder("127.0.0.1", port, "inst")
         assert holder is not None and holder.ours

@@ -7,8 +7,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
+from conftest import free_port
 from r1sup.daemon import LEGAL, IllegalTransition, State, backoff_delay
 from r1sup.metrics import Metrics
 from r1sup.notify import Notifier
@@ -64,7 +64,9 @@ def test_metrics_endpoint_serves_on_loopback():
     assert "r1sup_last_success_timestamp_seconds" in text
 
 
-@pytest.mark.parametrize(("n", "low", "high"), [(1, 2.0, 4.0), (2, 4.0, 6.0), (3, 8.0, 10.0), (8, 60.0, 60.0)])
+@pytest.mark.parametrize(
+    ("n", "low", "high"), [(1, 2.0, 4.0), (2, 4.0, 6.0), (3, 8.0, 10.0), (8, 60.0, 60.0)]
+)
 def test_backoff_is_capped_exponential_with_jitter(n: int, low: float, high: float):
     delays = [backoff_delay(n, 2.0, 60.0) for _ in range(50)]
     assert all(low <= d <= high for d in delays), delays

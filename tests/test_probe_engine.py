@@ -8,9 +8,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import free_port, wait_until
-from r1sup_proc import engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
+from conftest import free_port, wait_until
 from r1sup import config as cfg
 from r1sup import failure as F
 from r1sup.events import EventQueue
@@ -18,6 +17,7 @@ from r1sup.flags import EngineFlags
 from r1sup.health import Endpoint
 from r1sup.logs import get_logger
 from r1sup.runner import Runner
+from r1sup_proc import engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -31,7 +31,9 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
     try:
         launch = runner.launch(EngineFlags.from_start(config.start), attempt=1)
         assert launch.ready, launch.failure
-        assert launch.observations.get("kv_cache_tokens") == 3840  # 4,000,000 B / 1024 B per token, 128-blocks
+        assert (
+            launch.observations.get("kv_cache_tokens") == 3840
+        )  # 4,000,000 B / 1024 B per token, 128-blocks
 
         assert runner.probe(launch) == F.NO_FAILURE
         p = launch.probe
@@ -43,7 +45,9 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         assert p["preemptions"] is not None
 
         # now a long probe, and the engine core killed while it runs
-        runner.config = cfg.load(path, environ={}, overrides={"probe.requests": "40", "probe.concurrency": "1"})
+        runner.config = cfg.load(
+            path, environ={}, overrides={"probe.requests": "40", "probe.concurrency": "1"}
+        )
         core = _engine_core(launch.engine.pid)
         killer = threading.Thread(target=_kill_when_busy, args=(core, runner.endpoint), daemon=True)
         killer.start()
@@ -71,7 +75,9 @@ def _kill_when_busy(core: psutil.Process, endpoint: Endpoint) -> None:
 
     def busy() -> bool:
         status, body = endpoint.request("/metrics", timeout=2)
-        running = [line for line in body.decode().splitlines() if line.startswith("vllm:num_requests_running")]
+        running = [
+            line for line in body.decode().splitlines() if line.startswith("vllm:num_requests_running")
+        ]
         return status == 200 and any(float(line.rsplit(" ", 1)[1]) > 0 for line in running)
 
     wait_until(busy, 60, interval=0.05, what="a request in flight")

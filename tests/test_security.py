@@ -11,16 +11,16 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 
+from conftest import ROOT, free_port, wait_until
 from r1sup import apikey, logs
 from r1sup import config as cfg
 from r1sup.cli import main
 from r1sup.errors import ConfigError
 from r1sup.health import Endpoint
+from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 
 FAKE_ENV = {"PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}"}
 
@@ -28,7 +28,12 @@ FAKE_ENV = {"PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}"}
 def fake_config(tmp_path: Path, port: int, **extra: dict) -> Path:
     body = {
         "model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "served_name": "r1-7b"},
-        "server": {"port": port, "launch": ["-m", "fakevllm"], "startup_timeout_s": 60, "stall_timeout_s": 30},
+        "server": {
+            "port": port,
+            "launch": ["-m", "fakevllm"],
+            "startup_timeout_s": 60,
+            "stall_timeout_s": 30,
+        },
         "start": {"max_model_len": 16384},
         "probe": {"requests": 3, "output_tokens": 4},
         "daemon": {"health_interval_s": 0.5, "liveness_interval_s": 1.0},
@@ -129,7 +134,11 @@ def test_exposure_defaults_are_loopback():
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.one_of(st.binary(max_size=400), st.text(max_size=400).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+@given(
+    data=st.one_of(
+        st.binary(max_size=400), st.text(max_size=400).map(lambda t: t.encode("utf-8", "surrogatepass"))
+    )
+)
 def test_config_loader_survives_any_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes):
     path = tmp_path / "fuzz.toml"
     path.write_bytes(data)
@@ -147,8 +156,14 @@ def test_config_loader_survives_any_bytes(tmp_path: Path, capsys: pytest.Capture
         st.sampled_from(["model", "server", "start", "ladder", "target", "probe", "daemon", "state", "x"]),
         st.dictionaries(
             st.text(min_size=1, max_size=25),
-            st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.text(max_size=20),
-                      st.lists(st.text(max_size=5), max_size=3), st.none()),
+            st.one_of(
+                st.integers(),
+                st.floats(allow_nan=True),
+                st.booleans(),
+                st.text(max_size=20),
+                st.lists(st.text(max_size=5), max_size=3),
+                st.none(),
+            ),
             max_size=4,
         ),
         max_size=5,

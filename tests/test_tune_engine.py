@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from conftest import free_port, wait_until
 from r1sup import devices
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
@@ -73,7 +74,9 @@ def test_bf16_only_takes_vllms_estimate(tmp_path: Path, tiny_model: Path):
 
 def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path, tiny_model: Path):
     body = tiny_engine_config(
-        tmp_path, tiny_model, free_port(),
+        tmp_path,
+        tiny_model,
+        free_port(),
         start={"gpu_memory_utilization": 0.99, "kv_cache_memory_bytes": None, "max_model_len": 2048},
         ladder={"min_gpu_memory_utilization": 0.05},
     )
@@ -111,7 +114,9 @@ def test_sigint_during_tune_stops_vllm_and_exits_130(tmp_path: Path, tiny_model:
     proc = R1sup("tune", "--config", str(config))
     try:
         proc.wait_event("child_started", 120)
-        wait_until(lambda: len(engine_processes(config)) >= 2, 120, interval=0.5, what="vLLM to spawn its engine")
+        wait_until(
+            lambda: len(engine_processes(config)) >= 2, 120, interval=0.5, what="vLLM to spawn its engine"
+        )
         proc.signal(signal.SIGINT)
         assert proc.wait(120) == 130
         assert not engine_processes(config)

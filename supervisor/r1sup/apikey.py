@@ -34,7 +34,9 @@ def load_api_key(config: Config, environ: Mapping[str, str] | None = None) -> st
     except OSError as exc:
         raise ConfigError("server.api_key_file", f"cannot read {p}: {exc.strerror}") from None
     if len(data) > MAX_KEY_FILE_BYTES:
-        raise ConfigError("server.api_key_file", f"{p} is larger than {MAX_KEY_FILE_BYTES} bytes; not a key file")
+        raise ConfigError(
+            "server.api_key_file", f"{p} is larger than {MAX_KEY_FILE_BYTES} bytes; not a key file"
+        )
     try:
         key = data.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -50,12 +52,16 @@ def permission_warnings(config: Config) -> list[dict[str, Any]]:
     if config.server.api_key_file:
         mode = _mode(config.server.api_key_file)
         if mode is not None and mode & (stat.S_IRWXG | stat.S_IRWXO):
-            warnings.append({"file": config.server.api_key_file, "mode": oct(mode), "why": "key file readable by others"})
+            warnings.append(
+                {"file": config.server.api_key_file, "mode": oct(mode), "why": "key file readable by others"}
+            )
     if config.source:
         mode = _mode(config.source)
         if mode is not None:
             if mode & (stat.S_IWGRP | stat.S_IWOTH):
-                warnings.append({"file": config.source, "mode": oct(mode), "why": "config writable by others"})
+                warnings.append(
+                    {"file": config.source, "mode": oct(mode), "why": "config writable by others"}
+                )
             if mode & (stat.S_IRGRP | stat.S_IROTH) and secret_env_names(config):
                 warnings.append(
                     {

@@ -38,7 +38,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--config", "-c", required=required, metavar="FILE", help="TOML config of one served model")
+    p.add_argument(
+        "--config", "-c", required=required, metavar="FILE", help="TOML config of one served model"
+    )
     p.add_argument(
         "--set",
         dest="assignments",
@@ -73,14 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"r1sup {__version__}")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
     parser.add_argument(
-        "--log-format", choices=("auto", "json", "console"), default="auto", help="auto: JSON unless a terminal"
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="auto: JSON unless a terminal",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(
-            name, help=help, description=help, epilog=EXIT_CODES_HELP,
+            name,
+            help=help,
+            description=help,
+            epilog=EXIT_CODES_HELP,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         return p
@@ -108,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("status", "show saved profiles and the live state of a running daemon")
     p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")
-    p.add_argument("--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)")
+    p.add_argument(
+        "--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = add("check", "validate a config and print the effective settings")
@@ -173,10 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from r1sup import logs
 
     json_out = getattr(args, "json", False)
-    level = args.log_level or ("warning" if args.command in ("diagnose", "plan", "check", "status") else "info")
+    level = args.log_level or (
+        "warning" if args.command in ("diagnose", "plan", "check", "status") else "info"
+    )
     env_key = os.environ.get("VLLM_API_KEY")
     logs.configure(
-        level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout,
+        level=level,
+        fmt=args.log_format,
+        stream=sys.stderr if json_out else sys.stdout,
         secrets=[env_key] if env_key else [],
     )
     try:

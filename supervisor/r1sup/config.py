@@ -117,12 +117,16 @@ class ServerSection:
         ["-m", "vllm.entrypoints.openai.api_server"],
         "arguments after the interpreter that start the OpenAI-compatible server",
     )
-    extra_args: list[str] = setting([], "further vLLM arguments (not the managed ones)", validate=_check_not_managed)
+    extra_args: list[str] = setting(
+        [], "further vLLM arguments (not the managed ones)", validate=_check_not_managed
+    )
     env: dict[str, str] = setting({}, "extra environment for vLLM", validate=_check_env)
     api_key_file: str | None = setting(None, "file holding the API key vLLM requires (mode 0600)")
     allow_public_bind: bool = setting(False, "allow a non-loopback host without an API key")
     startup_timeout_s: float = setting(1800.0, "longest start-up before giving up", exclusive_minimum=0)
-    stall_timeout_s: float = setting(600.0, "start-up with no output for this long is a hang", exclusive_minimum=0)
+    stall_timeout_s: float = setting(
+        600.0, "start-up with no output for this long is a hang", exclusive_minimum=0
+    )
     stop_timeout_s: float = setting(30.0, "grace between SIGTERM and SIGKILL", exclusive_minimum=0)
     memory_release_timeout_s: float = setting(60.0, "wait for GPU memory and port to be free", minimum=0)
 
@@ -147,11 +151,17 @@ class StartSection:
 class LadderSection:
     strategy: str = setting("smart", "how to search: smart or naive", choices=STRATEGIES)
     first_launch: str = setting(
-        "planned", "planned: start from the planner's flags when [start] is predicted not to fit", choices=FIRST_LAUNCH
+        "planned",
+        "planned: start from the planner's flags when [start] is predicted not to fit",
+        choices=FIRST_LAUNCH,
     )
     min_max_model_len: int = setting(2048, "never shorten the context below this", minimum=1)
-    min_gpu_memory_utilization: float = setting(0.5, "lowest utilization to try", exclusive_minimum=0.0, maximum=1.0)
-    max_gpu_memory_utilization: float = setting(0.95, "highest utilization to try", exclusive_minimum=0.0, maximum=1.0)
+    min_gpu_memory_utilization: float = setting(
+        0.5, "lowest utilization to try", exclusive_minimum=0.0, maximum=1.0
+    )
+    max_gpu_memory_utilization: float = setting(
+        0.95, "highest utilization to try", exclusive_minimum=0.0, maximum=1.0
+    )
     allow_fp8_kv: bool = setting(True, "may switch the KV cache to fp8")
     allow_eager: bool = setting(True, "may disable CUDA graphs")
     allow_weight_quantization: bool = setting(False, "may quantize weights to fp8 on the fly")
@@ -438,7 +448,9 @@ def build(
         for dotted in layer:
             if dotted not in decls:
                 section, _, key = dotted.partition(".")
-                known = {f.name for f in dataclasses.fields(SECTIONS[section])} if section in SECTIONS else set()
+                known = (
+                    {f.name for f in dataclasses.fields(SECTIONS[section])} if section in SECTIONS else set()
+                )
                 hint = _unknown_key_message(section, key, known) if known else "unknown setting"
                 raise ConfigError(_printable(dotted), f"{hint} (from the {origin})")
 
@@ -497,14 +509,22 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
     if not config.model.name.strip():
         raise ConfigError("model.name", "must not be empty")
     start = config.start
-    if start.max_model_len is not None and config.target.context and start.max_model_len < config.target.context:
+    if (
+        start.max_model_len is not None
+        and config.target.context
+        and start.max_model_len < config.target.context
+    ):
         raise ConfigError(
             "target.context",
             f"({config.target.context}) is longer than start.max_model_len ({start.max_model_len})",
         )
     if config.daemon.metrics_port and config.daemon.metrics_port == config.server.port:
         raise ConfigError("daemon.metrics_port", f"is the same as server.port ({config.server.port})")
-    if not is_loopback(config.server.host) and not config.server.allow_public_bind and not _has_key_source(config, env):
+    if (
+        not is_loopback(config.server.host)
+        and not config.server.allow_public_bind
+        and not _has_key_source(config, env)
+    ):
         raise ConfigError(
             "server.host",
             f"{config.server.host} is not a loopback address and no API key is configured; "

@@ -14,6 +14,7 @@ import enum
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,12 @@ class Daemon:
             self.last_failure = failure
             if self.metrics:
                 self.metrics.failures.labels(failure_class=failure.cls).inc()
-            self.note("failure_classified", failure_class=failure.cls, phase=failure.phase,
-                      evidence=failure.evidence[:200])
+            self.note(
+                "failure_classified",
+                failure_class=failure.cls,
+                phase=failure.phase,
+                evidence=failure.evidence[:200],
+            )
             self.write_status()
         elif kind == "step":
             text = status_line(info["attempt"], info["old"], info["new"], info["failure_class"])
@@ -295,7 +300,9 @@ class Daemon:
         self.transition(State.SERVING, text)
         if not self.ready_sent:
             self.ready_sent = self.notifier.ready(text) or not self.notifier.enabled
-        self.log.info("serving", flags=result.flags.to_dict() if result.flags else None, source=self.profile_source)
+        self.log.info(
+            "serving", flags=result.flags.to_dict() if result.flags else None, source=self.profile_source
+        )
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -329,14 +336,22 @@ class Daemon:
                         self.metrics.success()
                     if health_failures >= d.health_failures:
                         what = f"/health failed {health_failures} times in a row ({event.detail})"
-                        return self._serve_failure(launch, start, Failure(F.HANG, F.PHASE_SERVING, what, detail=what))
+                        return self._serve_failure(
+                            launch, start, Failure(F.HANG, F.PHASE_SERVING, what, detail=what)
+                        )
                 elif event.kind == "liveness":
                     live_busy = False
                     if not event.ok:
                         seen = launch.reader.verdict(exit_code=launch.engine.poll())
-                        failure = seen if seen.cls != F.NONE else Failure(
-                            F.ENGINE_DEAD, F.PHASE_SERVING, evidence=event.detail,
-                            detail="a real completion failed while serving",
+                        failure = (
+                            seen
+                            if seen.cls != F.NONE
+                            else Failure(
+                                F.ENGINE_DEAD,
+                                F.PHASE_SERVING,
+                                evidence=event.detail,
+                                detail="a real completion failed while serving",
+                            )
                         )
                         return self._serve_failure(launch, start, failure)
             elif isinstance(event, (ChildOutput, ChildEOF)):
@@ -348,7 +363,9 @@ class Daemon:
                     self.runner._drain(launch)
                     failure = launch.reader.verdict(exit_code=code)
                     if failure.cls == F.NONE:
-                        failure = Failure(F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code}")
+                        failure = Failure(
+                            F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code}"
+                        )
                     return self._serve_failure(launch, start, failure)
                 continue
             if now >= next_record:
@@ -363,19 +380,26 @@ class Daemon:
             if not live_busy and now >= next_live:
                 live_busy = True
                 next_live = now + d.liveness_interval_s
-                name = self.config.served_name
-                self.runner._run_check(
-                    "liveness", launch, lambda: (*health.tiny_completion(ep, name, max(30.0, d.health_timeout_s)), None)
-                )
+                self.runner._run_check("liveness", launch, self._liveness_check(ep))
             if self.notifier.watchdog_interval_s and healthy and now >= next_dog:
                 self.notifier.watchdog()
                 next_dog = now + self.notifier.watchdog_interval_s
 
+    def _liveness_check(self, ep: health.Endpoint) -> Callable[[], tuple[bool, str, Any]]:
+        name, timeout = self.config.served_name, max(30.0, self.config.daemon.health_timeout_s)
+        return lambda: (*health.tiny_completion(ep, name, timeout), None)
+
     def _serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
         self.last_failure = failure
         served = time.monotonic() - start
-        self.log.error("serving_failed", served_s=round(served, 1), failure_class=failure.cls, phase=failure.phase,
-                       evidence=failure.evidence[:300], detail=failure.detail)
+        self.log.error(
+            "serving_failed",
+            served_s=round(served, 1),
+            failure_class=failure.cls,
+            phase=failure.phase,
+            evidence=failure.evidence[:300],
+            detail=failure.detail,
+        )
         self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
         if self.metrics:
             self.metrics.failures.labels(failure_class=failure.cls).inc()
@@ -391,16 +415,28 @@ class Daemon:
         flags = launch.flags
         if failure.memory:
             facts = ladder_facts(self.know, flags)
-            decision = L.next_step(flags, failure, self.history, L.Bounds.from_config(self.config), facts,
-                                   launch.observations)
+            decision = L.next_step(
+                flags, failure, self.history, L.Bounds.from_config(self.config), facts, launch.observations
+            )
             if isinstance(decision, L.GiveUp):
                 return TuneResult(ok=False, exit_code=decision.exit_code, reason=decision.reason)
             self.history = decision.history
             text = status_line(self.runner.launches + 1, flags, decision.flags, failure.cls)
-            self.log.info("ladder_step", failure_class=failure.cls, evidence=failure.evidence[:300],
-                          old=flags.to_dict(), new=decision.flags.to_dict(), reason=decision.reason)
-            self._listener("step", attempt=self.runner.launches + 1, old=flags, new=decision.flags,
-                           failure_class=failure.cls)
+            self.log.info(
+                "ladder_step",
+                failure_class=failure.cls,
+                evidence=failure.evidence[:300],
+                old=flags.to_dict(),
+                new=decision.flags.to_dict(),
+                reason=decision.reason,
+            )
+            self._listener(
+                "step",
+                attempt=self.runner.launches + 1,
+                old=flags,
+                new=decision.flags,
+                failure_class=failure.cls,
+            )
             self.notifier.status(text)
             result = self._tuner().run(decision.flags, keep_running=True, history=self.history)
             self.history = result.history or self.history
@@ -410,7 +446,9 @@ class Daemon:
                 self._served(result)
             return result
         if failure.cls not in L.TRANSIENT:
-            return TuneResult(ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}")
+            return TuneResult(
+                ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}"
+            )
         return self._restart(flags, end)
 
     def _restart(self, flags: EngineFlags, end: ServeEnd) -> TuneResult:
@@ -425,7 +463,9 @@ class Daemon:
         self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
         if self.metrics:
             self.metrics.restarts.inc()
-        self.log.info("restart_backoff", restart=self._restarts, budget=d.restart_budget, seconds=round(delay, 2))
+        self.log.info(
+            "restart_backoff", restart=self._restarts, budget=d.restart_budget, seconds=round(delay, 2)
+        )
         self.runner.sleep(delay)
         result = self._tuner().run(flags, keep_running=True, history=self.history)
         if result.ok:
@@ -484,4 +524,3 @@ def backoff_delay(restart: int, initial: float, maximum: float) -> float:
     state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
     state.attempt_number = restart
     return float(wait(state))
-

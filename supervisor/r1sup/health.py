@@ -24,10 +24,14 @@ class Endpoint:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
 
-    def request(self, path: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    def request(
+        self, path: str, body: dict[str, Any] | None = None, timeout: float = 5.0
+    ) -> tuple[int, bytes]:
         """(HTTP status, body). Status 0 when the server could not be reached."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method="POST" if data is not None else "GET")
+        req = urllib.request.Request(
+            self.base + path, data=data, method="POST" if data is not None else "GET"
+        )
         if data is not None:
             req.add_header("Content-Type", "application/json")
         if self.api_key:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import re
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,7 +36,14 @@ from r1sup.logs import MASK
 
 MAX_LINE_BYTES = 64 * 1024
 CHILD_MARK_VAR = "R1SUP_INSTANCE"
-SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+SYSTEMD_VARS = (
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+)
 PR_SET_PDEATHSIG = 1
 _LINE_END = re.compile(rb"\r\n|\n|\r")
 
@@ -161,7 +168,10 @@ class Engine:
         self._start_guard(self.proc.pid)
         assert self.proc.stdout is not None
         self._reader = threading.Thread(
-            target=_pump, args=(self.proc.stdout, self.events, self.launch_id), daemon=True, name="vllm-output"
+            target=_pump,
+            args=(self.proc.stdout, self.events, self.launch_id),
+            daemon=True,
+            name="vllm-output",
         )
         self._reader.start()
 
@@ -183,10 +193,8 @@ class Engine:
 
     def _release_guard(self) -> None:
         if self._guard_pipe is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.write(self._guard_pipe, b"done\n")
-            except OSError:
-                pass
             os.close(self._guard_pipe)
             self._guard_pipe = None
         if self._guard is not None:
@@ -249,10 +257,8 @@ class Engine:
             if self.proc.poll() is None or _group_alive(pgid):
                 report.escalated = True
                 _killpg(pgid, signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL does not fail; bounded anyway
             self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
-            pass
         report.killed_descendants = self._kill_recorded()
         if self._reader is not None:
             self._reader.join(timeout=2)
@@ -260,8 +266,10 @@ class Engine:
         pids = self.all_pids()
         deadline = time.monotonic() + release_timeout
         report.memory_released = _wait(
-            lambda: not any(_same_process_alive(p, self._descendants.get(p)) for p in pids)
-            and (memory_released is None or memory_released(pids)),
+            lambda: (
+                not any(_same_process_alive(p, self._descendants.get(p)) for p in pids)
+                and (memory_released is None or memory_released(pids))
+            ),
             deadline,
         )
         report.port_free = _wait(lambda: not port_in_use(self.spec.host, self.spec.port), deadline)
@@ -320,10 +328,8 @@ def _emit(events: EventQueue, launch_id: int, line: bytes) -> None:
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -464,4 +470,3 @@ def kill_leftovers(instance: str, timeout: float = 10.0) -> list[int]:
             continue
     psutil.wait_procs(alive, timeout=5)
     return pids
-

@@ -20,10 +20,14 @@ class Metrics:
         self.ladder_steps = Counter("r1sup_ladder_steps", "ladder steps taken", ["failure_class"], registry=r)
         self.restarts = Counter("r1sup_restarts", "restarts after transient failures", registry=r)
         self.child_up = Gauge("r1sup_child_up", "1 while vLLM is serving and healthy", registry=r)
-        self.probe_ttft = Gauge("r1sup_probe_ttft_seconds", "TTFT of the last probe", ["quantile"], registry=r)
+        self.probe_ttft = Gauge(
+            "r1sup_probe_ttft_seconds", "TTFT of the last probe", ["quantile"], registry=r
+        )
         self.probe_duration = Gauge("r1sup_probe_duration_seconds", "duration of the last probe", registry=r)
         self.last_success = Gauge(
-            "r1sup_last_success_timestamp_seconds", "wall-clock time of the last passed probe or check", registry=r
+            "r1sup_last_success_timestamp_seconds",
+            "wall-clock time of the last passed probe or check",
+            registry=r,
         )
         self.context = Gauge("r1sup_max_model_len", "context length being served", registry=r)
         self._server: Any = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,10 +18,11 @@ import httpx
 import openai
 
 WORDS = (
-    "river stone lantern orbit quiet copper meadow signal harbor velvet thunder pixel garden marble "
-    "compass falcon ember glacier violet canyon anchor willow saffron beacon cobalt prairie summit "
-    "harvest lattice nectar quartz tundra zephyr mosaic cinder delta fjord grove horizon island jade "
-    "kernel ledger mirror nimbus oasis pepper quiver ripple sierra timber umber vertex walnut yonder"
+    "river stone lantern orbit quiet copper meadow signal harbor velvet thunder pixel garden "
+    "marble compass falcon ember glacier violet canyon anchor willow saffron beacon cobalt "
+    "prairie summit harvest lattice nectar quartz tundra zephyr mosaic cinder delta fjord grove "
+    "horizon island jade kernel ledger mirror nimbus oasis pepper quiver ripple sierra timber "
+    "umber vertex walnut yonder"
 ).split()
 PROMPT_MARGIN_FRACTION = 0.02
 PROMPT_MARGIN_TOKENS = 8

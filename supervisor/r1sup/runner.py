@@ -162,10 +162,15 @@ class Runner:
             detail = f"port {spec.port} on {spec.host} is held by {who}"
             if holder.cmdline:
                 detail += f": {holder.cmdline[:200]}"
-            return Failure(F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers={"port": float(spec.port)})
+            return Failure(
+                F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers={"port": float(spec.port)}
+            )
         for proc in self.hooks.gpu_processes():
             self.log.warning(
-                "foreign_gpu_process", pid=proc.pid, name=proc.name, used_gib=round(proc.used_bytes / 1024**3, 2)
+                "foreign_gpu_process",
+                pid=proc.pid,
+                name=proc.name,
+                used_gib=round(proc.used_bytes / 1024**3, 2),
             )
         return None
 
@@ -182,7 +187,11 @@ class Runner:
             self.log.error("failure_classified", attempt=attempt, **_failure_fields(blocked))
             return launch
         self.log.info(
-            "launch_started", attempt=attempt, launch=self.launches, flags=flags.to_dict(), command=list(spec.display)
+            "launch_started",
+            attempt=attempt,
+            launch=self.launches,
+            flags=flags.to_dict(),
+            command=list(spec.display),
         )
         engine.start()
         self.log.info("child_started", attempt=attempt, pid=engine.pid)
@@ -229,7 +238,9 @@ class Runner:
                     launch.failure = launch.reader.verdict(exit_code=code)
                     if launch.failure.cls == F.NONE:
                         launch.failure = Failure(
-                            F.ENGINE_DEAD, F.PHASE_STARTUP, detail=f"vLLM exited with code {code} before it was ready"
+                            F.ENGINE_DEAD,
+                            F.PHASE_STARTUP,
+                            detail=f"vLLM exited with code {code} before it was ready",
                         )
                     return
                 continue
@@ -292,7 +303,12 @@ class Runner:
 
         p = self.config.probe
         tgt = self.config.target
-        context = tgt.context or launch.flags.max_model_len or int(launch.observations.get("max_model_len", 0)) or 2048
+        context = (
+            tgt.context
+            or launch.flags.max_model_len
+            or int(launch.observations.get("max_model_len", 0))
+            or 2048
+        )
         concurrency = p.concurrency or tgt.concurrency or 1
         prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
         spec = ProbeSpec(
@@ -307,8 +323,12 @@ class Runner:
             api_key=self.api_key,
         )
         self.log.info(
-            "probe_started", launch=launch.number, requests=spec.requests, concurrency=concurrency,
-            prompt_tokens=prompt_tokens, output_tokens=spec.output_tokens,
+            "probe_started",
+            launch=launch.number,
+            requests=spec.requests,
+            concurrency=concurrency,
+            prompt_tokens=prompt_tokens,
+            output_tokens=spec.output_tokens,
         )
         self._run_check("probe", launch, lambda: _probe_call(run_probe, spec))
         deadline = time.monotonic() + p.timeout_s + 30
@@ -333,12 +353,18 @@ class Runner:
         if seen.cls != F.NONE:
             failure = seen
         elif code is not None:
-            failure = Failure(F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code} during the probe")
+            failure = Failure(
+                F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code} during the probe"
+            )
         elif result.get("timed_out"):
             failure = Failure(F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=_first(result))
         else:
-            failure = Failure(F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=_first(result))
-        self.log.error("probe_failed", launch=launch.number, **_failure_fields(failure), **_probe_fields(result))
+            failure = Failure(
+                F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=_first(result)
+            )
+        self.log.error(
+            "probe_failed", launch=launch.number, **_failure_fields(failure), **_probe_fields(result)
+        )
         return failure
 
     # --- stopping ------------------------------------------------------------------------------
@@ -396,6 +422,17 @@ def _failure_fields(failure: Failure) -> dict[str, Any]:
 
 
 def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("succeeded", "requests", "error_count", "concurrency", "prompt_tokens", "ttft_p50_s", "ttft_p95_s",
-            "output_tokens_per_s", "peak_kv_usage", "preemptions", "duration_s")
+    keys = (
+        "succeeded",
+        "requests",
+        "error_count",
+        "concurrency",
+        "prompt_tokens",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "output_tokens_per_s",
+        "peak_kv_usage",
+        "preemptions",
+        "duration_s",
+    )
     return {k: result.get(k) for k in keys}

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from r1sup import logs
 from r1sup import apikey as sec
+from r1sup import logs
 from r1sup.config import Config
 from r1sup.events import EventQueue
 from r1sup.runner import Hooks, Runner
@@ -36,12 +36,18 @@ def default_hooks() -> Hooks:
 
 
 def open_session(
-    args: argparse.Namespace, config: Config, *, json_out: bool = False, overrides: dict[str, Any] | None = None
+    args: argparse.Namespace,
+    config: Config,
+    *,
+    json_out: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> Session:
     api_key = sec.load_api_key(config)
     secrets = sec.secret_values(config, api_key)
     level = args.log_level or "info"
-    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout, secrets=secrets)
+    logs.configure(
+        level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout, secrets=secrets
+    )
     log = logs.get_logger(command=args.command)
     for warning in sec.permission_warnings(config):
         log.warning("file_permissions", **warning)
@@ -49,7 +55,12 @@ def open_session(
     stream = sys.stderr if json_out else sys.stdout
     console = args.log_format == "console" or (args.log_format == "auto" and stream.isatty())
     runner = Runner(
-        config, events, api_key=api_key, hooks=default_hooks(), log=log, relay_level="debug" if console else "info"
+        config,
+        events,
+        api_key=api_key,
+        hooks=default_hooks(),
+        log=log,
+        relay_level="debug" if console else "info",
     )
     return Session(config, api_key, log, events, runner, dict(overrides or {}))
 

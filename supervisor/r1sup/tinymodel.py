@@ -57,7 +57,9 @@ def write_tiny_model(directory: str | os.PathLike[str]) -> Path:
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError("tiny-model", "the 'tokenizers' package is needed (pip install tokenizers)") from exc
+        raise ConfigError(
+            "tiny-model", "the 'tokenizers' package is needed (pip install tokenizers)"
+        ) from exc
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)

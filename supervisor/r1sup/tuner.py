@@ -128,7 +128,9 @@ def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[st
     )
 
 
-def plan_first(config: Config, know: ModelKnowledge, observations: dict[str, float], log: Any) -> tuple[EngineFlags, str]:
+def plan_first(
+    config: Config, know: ModelKnowledge, observations: dict[str, float], log: Any
+) -> tuple[EngineFlags, str]:
     """The first launch's flags: the user's, or the planner's when the user's are predicted not to fit."""
     flags = EngineFlags.from_start(config.start)
     if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
@@ -145,7 +147,9 @@ def plan_first(config: Config, know: ModelKnowledge, observations: dict[str, flo
         observations=planner.Observations(**_obs_for_planner(observations)) if observations else None,
         bounds=_bounds_dict(bounds),
     )
-    log.info("plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens, max_context=plan.max_context)
+    log.info(
+        "plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens, max_context=plan.max_context
+    )
     if plan.fits or plan.recommended is None:
         return flags, "as configured" + ("" if plan.fits else " (the planner found nothing that fits)")
     return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
@@ -164,7 +168,14 @@ def _bounds_dict(bounds: L.Bounds) -> dict[str, Any]:
 
 
 def _obs_for_planner(observations: dict[str, float]) -> dict[str, float]:
-    keys = ("weights_gib", "non_torch_gib", "peak_activation_gib", "cudagraph_gib", "kv_cache_gib", "kv_cache_tokens")
+    keys = (
+        "weights_gib",
+        "non_torch_gib",
+        "peak_activation_gib",
+        "cudagraph_gib",
+        "kv_cache_gib",
+        "kv_cache_tokens",
+    )
     return {k: observations[k] for k in keys if k in observations}
 
 
@@ -175,8 +186,11 @@ def planner_suggestions(config: Config, know: ModelKnowledge, flags: EngineFlags
 
     try:
         plan = planner.plan(
-            know.arch, know.device, flags,
-            target_concurrency=config.target.concurrency, target_context=config.target.context,
+            know.arch,
+            know.device,
+            flags,
+            target_concurrency=config.target.concurrency,
+            target_context=config.target.context,
         )
     except (ValueError, ZeroDivisionError):
         return ()
@@ -238,7 +252,12 @@ class Tuner:
             if failure.cls == F.NONE and launch.ready:
                 failure = self.runner.capacity_failure(launch) or F.NO_FAILURE
                 if failure.cls != F.NONE:
-                    self.log.error("failure_classified", attempt=attempt, failure_class=failure.cls, evidence=failure.evidence)
+                    self.log.error(
+                        "failure_classified",
+                        attempt=attempt,
+                        failure_class=failure.cls,
+                        evidence=failure.evidence,
+                    )
                 elif self.config.probe.enabled:
                     self.listener("probing", attempt=attempt, flags=flags)
                     failure = self.runner.probe(launch)
@@ -276,7 +295,9 @@ class Tuner:
                 result.suggestions = list(decision.suggestions)
                 self.log.error(
                     "ladder_exhausted" if decision.exit_code == EXIT_NO_WORKING_CONFIG else "fatal_failure",
-                    failure_class=failure.cls, reason=decision.reason, suggestions=list(decision.suggestions),
+                    failure_class=failure.cls,
+                    reason=decision.reason,
+                    suggestions=list(decision.suggestions),
                     exit_code=decision.exit_code,
                 )
                 return result
@@ -292,7 +313,9 @@ class Tuner:
                 change=flags.describe_change(decision.flags),
                 reason=decision.reason,
             )
-            self.listener("step", attempt=attempt + 1, old=flags, new=decision.flags, failure_class=failure.cls)
+            self.listener(
+                "step", attempt=attempt + 1, old=flags, new=decision.flags, failure_class=failure.cls
+            )
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
                 self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
@@ -302,4 +325,6 @@ class Tuner:
 
 def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
     """``attempt 2: context 8192 -> 3712 (kv_insufficient)``: for systemd's STATUS= and humans."""
-    return f"attempt {attempt}: {old.describe_change(new).replace('max_model_len', 'context')} ({failure_class})"
+    return (
+        f"attempt {attempt}: {old.describe_change(new).replace('max_model_len', 'context')} ({failure_class})"
+    )

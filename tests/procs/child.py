@@ -40,12 +40,18 @@ def main() -> int:
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         grandchild = subprocess.Popen(
-            [sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"]
+            [
+                sys.executable,
+                "-c",
+                "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+            ]
         )
         print(f"pids {os.getpid()} {grandchild.pid}", flush=True)
         wait_forever()
     if mode == "escape":
-        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        grandchild = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
         print(f"pids {os.getpid()} {grandchild.pid}", flush=True)
         wait_forever()
     if mode == "listen":

@@ -1,4 +1,4 @@
-"""Plays r1sup: starts procs/child.py 'stubborn' through the launcher, prints pids, then waits to be killed."""
+"""Plays r1sup: starts child.py 'stubborn' through the launcher, prints pids, then waits to be killed."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from r1sup.cli import load_config
 from r1sup.errors import EXIT_SIGINT, EXIT_SIGTERM
 from r1sup.runner import StopRequested
 from r1sup.session import open_session, save_profile
-from r1sup.tuner import TuneResult, Tuner
+from r1sup.tuner import Tuner, TuneResult
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,7 +41,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def report(result: TuneResult) -> str:
-    lines = ["", "r1sup tune: " + ("found a working configuration" if result.ok else "no working configuration"), ""]
+    lines = [
+        "",
+        "r1sup tune: " + ("found a working configuration" if result.ok else "no working configuration"),
+        "",
+    ]
     rows = [("#", "outcome", "class", "phase", "secs", "flags", "evidence / next step")]
     for a in result.attempts:
         rows.append(
@@ -52,12 +56,14 @@ def report(result: TuneResult) -> str:
                 a.phase if a.outcome != "ok" else "-",
                 f"{a.seconds:.0f}",
                 _flags_short(a.flags),
-                (a.evidence[:90] + (" | " + a.change if a.change else "")) if a.outcome != "ok" else "probe passed",
+                (a.evidence[:90] + (" | " + a.change if a.change else ""))
+                if a.outcome != "ok"
+                else "probe passed",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:6], widths)) + "  " + r[6])
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=False)) + "  " + r[6])
     lines.append("")
     lines.append(f"launches: {result.launches}")
     if result.ok and result.flags is not None:
