@@ -705,8 +705,18 @@ def test_current_fingerprint_wires_devices_model_and_versions(
     config = cfg.build(
         {"model": {"name": str(model_dir)}, "target": {"concurrency": 8, "context": 4096}}, env={}
     )
-    expected = fp_with(model=str(model_dir), model_config_hash=modelinfo.config_hash(model_config))
+    request = {"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.ladder)}
+    expected = fp_with(model=str(model_dir), model_config_hash=modelinfo.config_hash(model_config), request=request)
     assert profiles.current_fingerprint(config) == expected
+    # another [start] (what the search starts from) is another key: the profile is not reused
+    edited = cfg.build(
+        {"model": {"name": str(model_dir)}, "target": {"concurrency": 8, "context": 4096},
+         "start": {"max_model_len": 4096}},
+        env={},
+    )
+    changed = profiles.current_fingerprint(edited, device=GPU_BOX)
+    assert profiles.fingerprint_key(changed) != profiles.fingerprint_key(expected)
+    assert "request.start.max_model_len: (unknown) -> 4096" in profiles.diff_fingerprints(expected, changed)
     assert probed == ["probe"]
     assert profiles.current_fingerprint(config, device=GPU_BOX) == expected  # facts already probed
     assert probed == ["probe"]

@@ -3,19 +3,27 @@
 Prompts are built to a token count with the server's own ``/tokenize`` (chat form, so the template
 is counted), each one different from its first word so that prefix caching cannot share KV blocks
 between them. Requests run ``concurrency`` at a time; ``/metrics`` is polled meanwhile for the peak
-KV-cache usage and the preemptions. Imported only when a probe runs (openai is heavy).
+KV-cache usage and the preemptions.
+
+The probe runs in a child process (``python -m r1sup.probe``: the spec as JSON on stdin, the result as
+JSON on stdout), so that the openai client, httpx and their pools never stay resident in the
+long-running supervisor, and a wedged client can be killed. The API key travels on stdin, never argv.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import openai
+if TYPE_CHECKING:
+    import httpx
 
 WORDS = (
     "river stone lantern orbit quiet copper meadow signal harbor velvet thunder pixel garden "
@@ -117,6 +125,8 @@ class _Prompts:
         self.estimated = False
 
     async def count(self, text: str) -> int | None:
+        import httpx
+
         body = {"model": self.spec.model, "messages": [{"role": "user", "content": text}]}
         try:
             resp = await self.http.post("/tokenize", json=body)
@@ -153,6 +163,9 @@ class _Prompts:
 
 
 async def _run(spec: ProbeSpec) -> ProbeResult:
+    import httpx
+    import openai
+
     result = ProbeResult(ok=False, requests=spec.requests, concurrency=spec.concurrency)
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     timeout = httpx.Timeout(spec.request_timeout_s)
@@ -246,6 +259,8 @@ def _round(value: float | None) -> float | None:
 
 
 async def _scrape(http: httpx.AsyncClient) -> dict[str, float]:
+    import httpx
+
     try:
         resp = await http.get("/metrics", timeout=5.0)
     except httpx.HTTPError:
@@ -265,5 +280,46 @@ async def _poll_metrics(http: httpx.AsyncClient, metrics: dict[str, float], stop
 
 
 def run_probe(spec: ProbeSpec) -> ProbeResult:
-    """Run the probe to completion (its own event loop; call it off the main loop's thread)."""
+    """Run the probe to completion in this process (its own event loop)."""
     return asyncio.run(_run(spec))
+
+
+def run_probe_isolated(
+    spec: ProbeSpec,
+    *,
+    python: str = sys.executable,
+    on_start: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None,
+) -> ProbeResult:
+    """Run the probe in a child process; bounded by the spec's timeout plus a grace period."""
+    proc = subprocess.Popen(  # noqa: S603 - an argument list
+        [python, "-m", "r1sup.probe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    on_start(proc)
+    try:
+        out, err = proc.communicate(json.dumps(asdict(spec)).encode(), timeout=spec.timeout_s + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=10)
+        return ProbeResult(
+            ok=False, requests=spec.requests, errors=["the probe process did not finish"], timed_out=True
+        )
+    if proc.returncode != 0:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        return ProbeResult(
+            ok=False, requests=spec.requests, errors=[f"the probe process failed: {tail[0][:300]}"]
+        )
+    try:
+        return ProbeResult(**json.loads(out))
+    except (ValueError, TypeError) as exc:
+        return ProbeResult(ok=False, requests=spec.requests, errors=[f"unreadable probe result: {exc}"])
+
+
+def main() -> int:
+    """``python -m r1sup.probe``: a ProbeSpec as JSON on stdin, the ProbeResult as JSON on stdout."""
+    spec = ProbeSpec(**json.loads(sys.stdin.read()))
+    sys.stdout.write(json.dumps(run_probe(spec).to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

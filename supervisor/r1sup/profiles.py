@@ -270,8 +270,13 @@ def fingerprint(
     target: dict[str, Any],
     tensor_parallel_size: int,
     r1sup_version: str,
+    request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What makes a working configuration valid, as plain JSON data.
+
+    ``request`` is what the search started from (the config's ``[start]`` and ``[ladder]``): a profile
+    found for other wishes or other bounds is not reused when they change (a SIGHUP after editing
+    ``[start]``, or a restart with an edited config, searches again).
 
     GPU memory is rounded to 0.1 GiB and host memory to 1 GiB, so that a few MiB of driver or kernel
     noise do not change it; only r1sup's major version counts.
@@ -293,6 +298,8 @@ def fingerprint(
     fp["target"] = dict(target)
     fp["tensor_parallel_size"] = tensor_parallel_size
     fp["r1sup_major"] = _major(r1sup_version)
+    if request is not None:
+        fp["request"] = request
     return fp
 
 
@@ -411,6 +418,7 @@ def current_fingerprint(config: Any, *, device: DeviceFacts | None = None) -> di
         target={"concurrency": config.target.concurrency, "context": config.target.context},
         tensor_parallel_size=config.start.tensor_parallel_size,
         r1sup_version=__version__,
+        request={"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.ladder)},
     )
 
 

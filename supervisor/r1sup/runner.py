@@ -91,6 +91,7 @@ class Runner:
         self.relay_level = relay_level
         self.launches = 0
         self.current: Launch | None = None  # the launch whose engine may be running
+        self._probe_proc: Any = None  # the probe's child process while it runs
         self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
 
     # --- waiting -------------------------------------------------------------------------------
@@ -299,7 +300,7 @@ class Runner:
 
     def probe(self, launch: Launch) -> Failure:
         """Run the load probe against the launched server; NONE when it passed."""
-        from r1sup.probe import ProbeSpec, default_prompt_tokens, run_probe
+        from r1sup.probe import ProbeSpec, default_prompt_tokens, run_probe_isolated
 
         p = self.config.probe
         tgt = self.config.target
@@ -330,7 +331,11 @@ class Runner:
             prompt_tokens=prompt_tokens,
             output_tokens=spec.output_tokens,
         )
-        self._run_check("probe", launch, lambda: _probe_call(run_probe, spec))
+        self._run_check(
+            "probe",
+            launch,
+            lambda: _probe_call(lambda sp: run_probe_isolated(sp, on_start=self._track_probe), spec),
+        )
         deadline = time.monotonic() + p.timeout_s + 30
         result: dict[str, Any] | None = None
         while result is None:
@@ -374,12 +379,21 @@ class Runner:
             self.stop(self.current, reason=reason)
         self.current = None
 
+    def _track_probe(self, proc: Any) -> None:
+        self._probe_proc = proc
+
+    def _kill_probe(self) -> None:
+        proc, self._probe_proc = self._probe_proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
     def stop(self, launch: Launch, *, reason: str) -> StopReport:
-        n0 = len(self.events.signals)
+        self._kill_probe()
         server = self.config.server
         report = launch.engine.stop(
             server.stop_timeout_s,
-            force=lambda: len(self.events.signals) > n0,
+            # the first SIGTERM/SIGINT asks for a clean stop; a second one (even a quick one) forces it
+            force=lambda: len(self.events.signals) >= 2,
             release_timeout=server.memory_release_timeout_s,
             memory_released=self.hooks.memory_released,
         )
