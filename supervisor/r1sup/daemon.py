@@ -97,6 +97,7 @@ class Daemon:
         self.fingerprint: dict[str, Any] | None = None
         self._last_extend = 0.0
         self._restarts = 0
+        self._next_watchdog = 0.0
         self.runner.hooks.on_tick = self._on_tick
 
     # --- state and status ----------------------------------------------------------------------
@@ -145,8 +146,18 @@ class Daemon:
         except R1supError as exc:
             self.log.warning("status_write_failed", error=str(exc))
 
+    def _watchdog(self, now: float) -> None:
+        """WATCHDOG=1 from the main loop, at half systemd's interval; callers ping only while healthy."""
+        interval = self.notifier.watchdog_interval_s
+        if interval and now >= self._next_watchdog:
+            self.notifier.watchdog()
+            self._next_watchdog = now + interval
+
     def _on_tick(self) -> None:
+        """Each turn of the loop while a launch or a probe runs: the loop is alive and vLLM is making
+        progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
         now = time.monotonic()
+        self._watchdog(now)
         if self.state in (State.LAUNCHING, State.PROBING) and now - self._last_extend >= EXTEND_EVERY_S:
             self._last_extend = now
             self.notifier.extend_timeout(3 * EXTEND_EVERY_S)
@@ -312,7 +323,6 @@ class Daemon:
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
         next_health = start + d.health_interval_s
         next_live = start + d.liveness_interval_s
-        next_dog = start
         next_record = start
         health_busy = live_busy = False
         health_failures = 0
@@ -381,9 +391,8 @@ class Daemon:
                 live_busy = True
                 next_live = now + d.liveness_interval_s
                 self.runner._run_check("liveness", launch, self._liveness_check(ep))
-            if self.notifier.watchdog_interval_s and healthy and now >= next_dog:
-                self.notifier.watchdog()
-                next_dog = now + self.notifier.watchdog_interval_s
+            if healthy:
+                self._watchdog(now)
 
     def _liveness_check(self, ep: health.Endpoint) -> Callable[[], tuple[bool, str, Any]]:
         name, timeout = self.config.served_name, max(30.0, self.config.daemon.health_timeout_s)

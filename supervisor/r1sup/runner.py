@@ -106,6 +106,7 @@ class Runner:
         deadline = time.monotonic() + seconds
         while True:
             self.check_signals()
+            self.hooks.on_tick()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
