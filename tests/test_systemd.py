@@ -1,0 +1,88 @@
+"""The systemd units pass `systemd-analyze verify` and carry the settings the daemon relies on."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS = ROOT / "systemd"
+R1SUP = Path(sys.executable).with_name("r1sup")
+
+
+def need_systemd() -> str:
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        if os.environ.get("R1SUP_REQUIRE_SYSTEMD") == "1":
+            pytest.fail("systemd-analyze is required here (R1SUP_REQUIRE_SYSTEMD=1)")
+        pytest.skip("systemd-analyze is not installed")
+    return tool
+
+
+@pytest.mark.parametrize(
+    ("unit", "as_name"), [("r1sup.service", "r1sup.service"), ("r1sup@.service", "r1sup@demo.service")]
+)
+def test_unit_verifies_cleanly(tmp_path: Path, unit: str, as_name: str):
+    tool = need_systemd()
+    assert R1SUP.exists(), "r1sup's console script sits next to the test interpreter"
+    text = (UNITS / unit).read_text().replace("/opt/r1sup/bin/r1sup", str(R1SUP))
+    (tmp_path / as_name).write_text(text)
+    proc = subprocess.run(
+        [tool, "verify", f"./{as_name}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # verify exits 0 even for some parse warnings: any output is a finding
+    findings = [
+        line for line in (proc.stdout + proc.stderr).splitlines() if as_name in line or "Unknown" in line
+    ]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert findings == [], findings
+
+
+def test_verify_catches_a_broken_unit(tmp_path: Path):
+    tool = need_systemd()
+    text = (UNITS / "r1sup.service").read_text().replace("/opt/r1sup/bin/r1sup", str(R1SUP))
+    (tmp_path / "r1sup.service").write_text(text.replace("KillMode=mixed", "KillMode=bogus"))
+    proc = subprocess.run(
+        [tool, "verify", "./r1sup.service"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "kill mode" in (proc.stdout + proc.stderr).lower()  # the check above would see it
+
+
+@pytest.mark.parametrize("unit", ["r1sup.service", "r1sup@.service"])
+def test_unit_settings(unit: str):
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((UNITS / unit).read_text())
+    service = parser["Service"]
+    assert service["Type"] == "notify" and service["NotifyAccess"] == "main"
+    assert service["Restart"] == "on-failure" and service["KillMode"] == "mixed"
+    # TimeoutStopSec above r1sup's own grace: server.stop_timeout_s 30 + memory_release_timeout_s 60
+    assert int(service["TimeoutStopSec"]) > 90
+    assert int(service["TimeoutStartSec"]) >= 1800
+    assert service["User"] == "r1sup" and service["StateDirectory"].startswith("r1sup")
+    for key in ("NoNewPrivileges", "PrivateTmp"):
+        assert service[key] == "yes"
+    assert service["ProtectSystem"] == "strict" and service["ProtectHome"] == "yes"
+    assert "ExecReload" in service and "-HUP" in service["ExecReload"]
+    unit_text = (UNITS / unit).read_text()
+    assert (
+        "DeviceAllow=char-nvidia-frontend rw" in unit_text and "DeviceAllow=char-nvidia-uvm rw" in unit_text
+    )
+    assert "ReadWritePaths=" in unit_text and "WatchdogSec=" in unit_text
+    assert "StartLimitBurst=" in unit_text and "RestartSec=" in unit_text
