@@ -10,22 +10,47 @@ from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 
-TINY_CPU = L.Facts(backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128,
-                   model_max_len=32768)
+TINY_CPU = L.Facts(
+    backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
+)
 # DeepSeek-R1-Distill-Qwen-14B on an RTX 4090: 196608 B/token in bf16
-R14_4090 = L.Facts(backend="cuda", total_gib=23.99, free_gib=23.5, compute_capability=(8, 9),
-                   kv_bytes_per_token=196608, block_size=16, model_max_len=131072)
-R14_3090 = L.Facts(backend="cuda", total_gib=23.69, free_gib=23.3, compute_capability=(8, 6),
-                   kv_bytes_per_token=196608, block_size=16, model_max_len=131072)
+R14_4090 = L.Facts(
+    backend="cuda",
+    total_gib=23.99,
+    free_gib=23.5,
+    compute_capability=(8, 9),
+    kv_bytes_per_token=196608,
+    block_size=16,
+    model_max_len=131072,
+)
+R14_3090 = L.Facts(
+    backend="cuda",
+    total_gib=23.69,
+    free_gib=23.3,
+    compute_capability=(8, 6),
+    kv_bytes_per_token=196608,
+    block_size=16,
+    model_max_len=131072,
+)
 
 
 def kv_fail(length: int, estimate: int, **numbers: float) -> Failure:
-    return Failure(F.KV_INSUFFICIENT, F.PHASE_KV_CACHE, "ValueError: To serve at least one request ...",
-                   {"max_model_len": length, "estimated_max_model_len": estimate, **numbers})
+    return Failure(
+        F.KV_INSUFFICIENT,
+        F.PHASE_KV_CACHE,
+        "ValueError: To serve at least one request ...",
+        {"max_model_len": length, "estimated_max_model_len": estimate, **numbers},
+    )
 
 
-def step(flags: EngineFlags, failure: Failure, facts: L.Facts, bounds: L.Bounds | None = None,
-         history: L.History | None = None, obs: dict | None = None) -> L.Decision:
+def step(
+    flags: EngineFlags,
+    failure: Failure,
+    facts: L.Facts,
+    bounds: L.Bounds | None = None,
+    history: L.History | None = None,
+    obs: dict | None = None,
+) -> L.Decision:
     return L.next_step(flags, failure, history or L.History(), bounds or L.Bounds(), facts, obs)
 
 
@@ -51,7 +76,11 @@ def test_fp8_unsupported_on_cpu_goes_back_to_the_bf16_context_in_one_step():
     bounds = L.Bounds(min_max_model_len=1024)
     d = step(flags, kv_fail(32768, 3712), TINY_CPU, bounds)
     assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8" and d.flags.max_model_len == 7680
-    f = Failure(F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.")
+    f = Failure(
+        F.FP8_UNSUPPORTED,
+        F.PHASE_KV_CACHE,
+        "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+    )
     d2 = step(d.flags, f, TINY_CPU, bounds, d.history)
     assert isinstance(d2, L.Step)
     assert d2.flags.kv_cache_dtype == "auto" and d2.flags.max_model_len == 3712  # not 7680 in bf16 again
@@ -106,14 +135,22 @@ def test_shorten_only_when_levers_cannot_reach_and_respect_min():
 
 def test_target_context_is_a_floor():
     flags = EngineFlags(max_model_len=131072, gpu_memory_utilization=0.95, kv_cache_dtype="fp8")
-    d = step(flags, kv_fail(131072, 6000), R14_4090,
-             L.Bounds(min_max_model_len=1024, target_concurrency=1, target_context=8192))
+    d = step(
+        flags,
+        kv_fail(131072, 6000),
+        R14_4090,
+        L.Bounds(min_max_model_len=1024, target_concurrency=1, target_context=8192),
+    )
     assert isinstance(d, L.GiveUp) and "target.context 8192" in d.reason
 
 
 def test_free_memory_below_utilization_uses_what_is_free():
-    f = Failure(F.FREE_MEM_BELOW_UTIL, F.PHASE_STARTUP, "ValueError: Available memory on node 0 ...",
-                {"free_gib": 6.89, "total_gib": 8.21, "gpu_memory_utilization": 0.99})
+    f = Failure(
+        F.FREE_MEM_BELOW_UTIL,
+        F.PHASE_STARTUP,
+        "ValueError: Available memory on node 0 ...",
+        {"free_gib": 6.89, "total_gib": 8.21, "gpu_memory_utilization": 0.99},
+    )
     d = step(EngineFlags(gpu_memory_utilization=0.99), f, TINY_CPU)
     assert isinstance(d, L.Step)
     assert d.flags.gpu_memory_utilization == pytest.approx(0.80)  # floor((6.89 - 0.25) / 8.21 = 0.808)
@@ -121,8 +158,12 @@ def test_free_memory_below_utilization_uses_what_is_free():
 
 def test_free_memory_too_low_names_holders():
     facts = L.Facts(backend="cuda", total_gib=24, free_gib=6, holders=("pid 42 python (17.5 GiB)",))
-    f = Failure(F.FREE_MEM_BELOW_UTIL, F.PHASE_STARTUP, "ValueError: Free memory on device ...",
-                {"free_gib": 6.0, "total_gib": 24.0})
+    f = Failure(
+        F.FREE_MEM_BELOW_UTIL,
+        F.PHASE_STARTUP,
+        "ValueError: Free memory on device ...",
+        {"free_gib": 6.0, "total_gib": 24.0},
+    )
     d = step(EngineFlags(gpu_memory_utilization=0.9), f, facts)
     assert isinstance(d, L.GiveUp) and "pid 42 python" in d.reason and d.exit_code == EXIT_NO_WORKING_CONFIG
 
@@ -139,16 +180,23 @@ def test_weights_oom_never_walks_blindly():
 
 
 def test_sampler_warmup_oom_lowers_sequences():
-    f = Failure(F.OOM_PROFILE, F.PHASE_PROFILE,
-                "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests.",
-                {"dummy_requests": 256})
+    f = Failure(
+        F.OOM_PROFILE,
+        F.PHASE_PROFILE,
+        "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests.",
+        {"dummy_requests": 256},
+    )
     d = step(EngineFlags(), f, R14_4090)
     assert isinstance(d, L.Step) and d.flags.max_num_seqs == 128
 
 
 def test_profile_oom_uses_the_allocation_figures():
-    f = Failure(F.OOM_PROFILE, F.PHASE_PROFILE, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
-                {"tried_to_allocate_mib": 4000.0, "device_free_mib": 1000.0})
+    f = Failure(
+        F.OOM_PROFILE,
+        F.PHASE_PROFILE,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+        {"tried_to_allocate_mib": 4000.0, "device_free_mib": 1000.0},
+    )
     d = step(EngineFlags(max_num_batched_tokens=8192), f, R14_4090)
     assert isinstance(d, L.Step) and d.flags.max_num_batched_tokens == 1638  # 8192 x 0.8 x 1000/4000
 
@@ -169,8 +217,13 @@ def test_runtime_oom_walks_seqs_then_util_then_context():
     assert isinstance(d, L.Step) and d.flags.max_num_seqs == 4
     d2 = step(d.flags, f, R14_4090, bounds, d.history)
     assert isinstance(d2, L.Step) and d2.flags.gpu_memory_utilization == 0.85 and d2.flags.max_num_seqs == 4
-    d3 = step(d2.flags, f, R14_4090, L.Bounds(min_max_model_len=1024, target_concurrency=4,
-                                              min_gpu_memory_utilization=0.85), d2.history)
+    d3 = step(
+        d2.flags,
+        f,
+        R14_4090,
+        L.Bounds(min_max_model_len=1024, target_concurrency=4, min_gpu_memory_utilization=0.85),
+        d2.history,
+    )
     assert isinstance(d3, L.Step) and d3.flags.max_model_len == 6144
 
 
@@ -180,8 +233,13 @@ def test_fp8_unsupported_switches_to_e5m2_and_bans_e4m3():
     assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
     assert "fp8_e4m3_kv" in d.history.banned
     # later, a KV shortage must not bring e4m3 back
-    d2 = step(d.flags.replace(kv_cache_dtype="auto", max_model_len=65536), kv_fail(65536, 20000), R14_3090,
-              L.Bounds(), d.history)
+    d2 = step(
+        d.flags.replace(kv_cache_dtype="auto", max_model_len=65536),
+        kv_fail(65536, 20000),
+        R14_3090,
+        L.Bounds(),
+        d.history,
+    )
     assert isinstance(d2, L.Step) and d2.flags.kv_cache_dtype in ("auto", "fp8_e5m2")
 
 
@@ -239,3 +297,141 @@ def test_no_kv_memory_computes_utilization_from_observations():
     assert isinstance(d, L.Step)
     # 20 GiB used + (512 + 1 null) blocks x 16 x 196608 B x 1.02 = 1.53 GiB -> 21.53 / 23.99 = 0.8975 -> 0.90
     assert d.flags.gpu_memory_utilization == pytest.approx(0.90)
+
+
+def target_fail(tokens: int, kv_gib: float) -> Failure:
+    evidence = f"KV cache holds {tokens} tokens; the target needs more"
+    return Failure(
+        F.KV_INSUFFICIENT,
+        F.PHASE_KV_CACHE,
+        evidence,
+        {"kv_capacity_tokens": float(tokens), "kv_cache_gib": kv_gib},
+        detail="target",
+    )
+
+
+# the run's CUDA-graph memory (GiB), weights (GiB), fp8 weights allowed -> the next change, or give up
+SHORTFALL_LEVERS = [
+    (3.0, 30.0, False, "enforce_eager false -> true"),  # the graphs' memory covers the 2 GiB missing
+    (0.5, 30.0, False, None),  # eager frees 0.5 GiB at most: give up at once
+    (0.5, 30.0, True, "quantization default -> fp8"),  # half the weights cover it
+    (0.5, 3.0, True, None),  # 1.5 GiB from fp8 weights is not enough either
+    (None, None, False, "enforce_eager false -> true"),  # no figures: try it
+]
+
+
+@pytest.mark.parametrize(("graphs", "weights", "quantize", "change"), SHORTFALL_LEVERS)
+def test_target_shortfall_skips_levers_that_cannot_cover_it(
+    graphs: float | None, weights: float | None, quantize: bool, change: str | None
+):
+    # fp8 KV at the top utilization holds 10 GiB; 4 requests of 32k at 98304 B/token need 12 GiB (plus the
+    # null block and the ladder's 2% margin): about 2.2 GiB short
+    flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.95, kv_cache_dtype="fp8")
+    bounds = L.Bounds(target_concurrency=4, target_context=32768, allow_weight_quantization=quantize)
+    kv_gib = 10.0
+    tokens = int(kv_gib * 1024**3 // 98304)
+    obs = {k: v for k, v in (("cudagraph_gib", graphs), ("weights_gib", weights)) if v is not None}
+    d = step(flags, target_fail(tokens, kv_gib), R14_4090, bounds, obs=obs)
+    if change is None:
+        assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+        assert "holds at most" in d.reason and "needs 4 x 32768 tokens" in d.reason
+    else:
+        assert isinstance(d, L.Step) and flags.describe_change(d.flags) == change
+
+
+# DeepSeek-R1-Distill-Llama-70B on 4 x H100: 163840 B/token per GPU at tensor parallel 2
+L70_4H100 = L.Facts(
+    backend="cuda",
+    total_gib=79.11,
+    free_gib=78.6,
+    compute_capability=(9, 0),
+    gpu_count=4,
+    kv_bytes_per_token=163840,
+    block_size=16,
+    model_max_len=131072,
+)
+
+
+def test_target_capacity_short_after_the_context_fits_takes_more_gpus():
+    # one request of 32k fits with fp8 KV, but 8 x 8k at once do not even at the top utilization: the
+    # context is not the problem (no "below target.context" give-up); tensor parallel 4 is
+    flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.9, tensor_parallel_size=2)
+    avail = 1.5 * 1024**3
+    estimate = (int(avail // (16 * 163840)) - 1) * 16
+    bounds = L.Bounds(target_concurrency=8, target_context=8192, max_gpu_memory_utilization=0.92)
+    obs = {"cudagraph_gib": 0.3, "weights_gib": 65.7}
+    d = step(flags, kv_fail(32768, estimate), L70_4H100, bounds, obs=obs)
+    assert isinstance(d, L.Step) and d.flags == flags.replace(tensor_parallel_size=4)
+    # with no GPUs to spare it gives up, naming the capacity, not the context
+    one = L.Facts(**{**L70_4H100.__dict__, "gpu_count": 2})
+    d = step(flags, kv_fail(32768, estimate), one, bounds, obs=obs)
+    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+    assert "holds at most" in d.reason and "below" not in d.reason
+
+
+def test_no_kv_memory_beyond_the_top_utilization_skips_to_a_lever_that_covers_it():
+    # Llama-70B in bf16 on one H200: no utilization leaves room for 32k of KV; eager mode would free
+    # 1.8 GiB, fp8 weights about 65 GiB
+    h200 = L.Facts(
+        backend="cuda",
+        total_gib=139.72,
+        free_gib=139.2,
+        compute_capability=(9, 0),
+        kv_bytes_per_token=327680,
+        block_size=16,
+        model_max_len=131072,
+    )
+    f = Failure(F.NO_KV_MEMORY, F.PHASE_KV_CACHE, "ValueError: No available memory for the cache blocks.")
+    obs = {"weights_gib": 131.42, "non_torch_gib": 0.45, "peak_activation_gib": 3.0, "cudagraph_gib": 1.8}
+    flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.9)
+    d = step(flags, f, h200, L.Bounds(allow_weight_quantization=True), obs=obs)
+    assert isinstance(d, L.Step) and d.flags == flags.replace(quantization="fp8")
+    d = step(flags, f, h200, L.Bounds(), obs=obs)
+    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+
+
+def test_no_kv_memory_uses_vllms_available_kv_figure():
+    # Qwen-7B at utilization 0.55 of 23.99 GiB: "Available KV cache memory: -2.54 GiB"; 8192 tokens need
+    # 0.44 GiB more: about 3 GiB, 0.125 of the card, on top of 0.55
+    q7 = L.Facts(
+        backend="cuda",
+        total_gib=23.99,
+        free_gib=23.5,
+        compute_capability=(8, 9),
+        kv_bytes_per_token=57344,
+        block_size=16,
+        model_max_len=131072,
+    )
+    f = Failure(
+        F.NO_KV_MEMORY,
+        F.PHASE_KV_CACHE,
+        "ValueError: No available memory for the cache blocks.",
+        {"kv_cache_gib": -2.54, "weights_gib": 14.19},
+    )
+    d = step(EngineFlags(max_model_len=8192, gpu_memory_utilization=0.55), f, q7, obs={"weights_gib": 14.19})
+    assert isinstance(d, L.Step) and d.flags.gpu_memory_utilization == pytest.approx(0.68)
+
+
+# pinned KV bytes, the OOM's figures (MiB) -> the next pinned size (GiB, approx.) or utilization
+KV_ALLOC = [
+    (12 * 1024**3, 12288.0, 9113.6, ("kv_cache_memory_bytes", 8.9 * 0.8)),  # keeps a fifth free
+    (4 * 1024**3, 4096.0, 3584.0, ("kv_cache_memory_bytes", 3.5 - 1.0)),  # keeps at least 1 GiB free
+    (None, 2048.0, 1024.0, ("gpu_memory_utilization", 0.84)),  # unpinned: 1 GiB short of 23.99 + 1%
+]
+
+
+@pytest.mark.parametrize(("pinned", "tried", "free", "expected"), KV_ALLOC)
+def test_kv_allocation_oom_shrinks_a_pinned_cache(pinned, tried, free, expected):
+    f = Failure(
+        F.OOM_KV_ALLOC,
+        F.PHASE_KV_CACHE,
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        {"tried_to_allocate_mib": tried, "device_free_mib": free},
+    )
+    flags = EngineFlags(max_model_len=8192, kv_cache_memory_bytes=pinned)
+    d = step(flags, f, R14_4090)
+    assert isinstance(d, L.Step)
+    name, value = expected
+    assert set(flags.describe_change(d.flags).split(" ")[:1]) == {name}
+    got = getattr(d.flags, name)
+    assert got == pytest.approx(value * 1024**3 if name == "kv_cache_memory_bytes" else value, rel=0.01)

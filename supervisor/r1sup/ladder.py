@@ -23,12 +23,15 @@ from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 
 GIB = 1024**3
+MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
 FREE_MARGIN_GIB = 0.25  # stay this far below the free memory measured before launch
 UTIL_STEP = 0.05  # blind utilization step, when no number says better
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM V1 defaults, used when the flag is unset and the log gives no figure
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 MIN_BATCHED_TOKENS = 256
+PINNED_RESERVE_GIB = 1.0  # a shrunk pinned KV cache leaves this much (or a fifth) of the free memory free
+PINNED_RESERVE_FRACTION = 0.2
 TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG})
 FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
 
@@ -155,7 +158,9 @@ def bytes_for_len(length: int, bpt: float, block: int) -> float:
     return (math.ceil(length / block) + 1) * block * bpt
 
 
-def kv_bytes_available(flags: EngineFlags, failure: Failure, facts: Facts, obs: Mapping[str, float]) -> float | None:
+def kv_bytes_available(
+    flags: EngineFlags, failure: Failure, facts: Facts, obs: Mapping[str, float]
+) -> float | None:
     """The KV budget of the failed launch, from the most precise source at hand."""
     if flags.kv_cache_memory_bytes:
         return float(flags.kv_cache_memory_bytes)
@@ -210,7 +215,9 @@ def next_step(
         return GiveUp(_fatal_reason(failure), EXIT_FATAL_FAILURE)
     if failure.cls in TRANSIENT:
         if failure.cls in history.retried:
-            return GiveUp(f"{failure.cls} again after a retry: {failure.evidence or failure.detail}", EXIT_FATAL_FAILURE)
+            return GiveUp(
+                f"{failure.cls} again after a retry: {failure.evidence or failure.detail}", EXIT_FATAL_FAILURE
+            )
         if history.attempts >= bounds.max_attempts:
             return GiveUp(f"ladder.max_attempts ({bounds.max_attempts}) reached")
         history = replace(history, retried=history.retried | {failure.cls})
@@ -335,13 +342,16 @@ def _kv_options(
         # 2. fp8 KV halves the bytes per token
         if fp8:
             if need_bytes(bpt / 2) <= have:
-                yield Step(flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) doubles the KV capacity; context kept")
+                yield Step(
+                    flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) doubles the KV capacity; context kept"
+                )
             elif not pinned:
                 util = _util_for_bytes(flags, have, need_bytes(bpt / 2), facts)
                 if util is not None and flags.gpu_memory_utilization < util <= max_util:
                     yield Step(
                         flags.replace(kv_cache_dtype=fp8, gpu_memory_utilization=util),
-                        f"fp8 KV ({fp8}) and utilization {flags.gpu_memory_utilization:g} -> {util:g} keep the context",
+                        f"fp8 KV ({fp8}) and utilization {flags.gpu_memory_utilization:g} -> {util:g} "
+                        "keep the context",
                     )
         # 3. the longest context that fits, with every lever the bounds allow
         if need_len:
@@ -355,16 +365,26 @@ def _kv_options(
             if facts.model_max_len:
                 longest = min(longest, facts.model_max_len)
             longest = min(longest, need_len)
-            if longest >= bounds.min_context and (not need_tokens or _capacity(budget, best_bpt, block) >= need_tokens):
-                new = flags.replace(max_model_len=longest, gpu_memory_utilization=best_util)
-                if fp8:
-                    new = new.replace(kv_cache_dtype=fp8)
+            new = flags.replace(max_model_len=longest, gpu_memory_utilization=best_util)
+            if fp8:
+                new = new.replace(kv_cache_dtype=fp8)
+            if longest >= bounds.min_context and (
+                not need_tokens or _capacity(budget, best_bpt, block) >= need_tokens
+            ):
                 yield Step(
                     new,
                     f"{need_len} tokens cannot fit; the longest context that fits is {longest}"
                     + (f" with fp8 KV ({fp8})" if fp8 else "")
                     + (f" at utilization {best_util:g}" if best_util != flags.gpu_memory_utilization else ""),
                 )
+            elif longest >= bounds.min_context and need_tokens:
+                # one request fits; target.concurrency x target.context does not: the KV cache needs room
+                stages = [
+                    (flags, _tokens_bytes(need_tokens, bpt, block) - have),
+                    (new, _tokens_bytes(need_tokens, best_bpt, block) - budget),
+                ]
+                yield from _room_levers(flags, facts, bounds, history, obs, stages)
+                yield _capacity_give_up(bounds, _capacity(budget, best_bpt, block), fp8, best_util)
             else:
                 bound = (
                     f"target.context {bounds.target_context}"
@@ -379,18 +399,26 @@ def _kv_options(
         return
 
     # Without the model's KV size: work from vLLM's estimate alone.
-    estimate = _int(failure.numbers.get("estimated_max_model_len") or failure.numbers.get("kv_capacity_tokens"))
+    estimate = _int(
+        failure.numbers.get("estimated_max_model_len") or failure.numbers.get("kv_capacity_tokens")
+    )
     if fp8 and estimate and need_len and 2 * estimate >= need_len:
-        yield Step(flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) about doubles vLLM's estimate {estimate}")
+        yield Step(
+            flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) about doubles vLLM's estimate {estimate}"
+        )
     if not pinned and flags.gpu_memory_utilization + UTIL_STEP <= max_util:
         util = ceil_util(flags.gpu_memory_utilization + UTIL_STEP)
-        yield Step(flags.replace(gpu_memory_utilization=util), f"more room for the KV cache: utilization -> {util:g}")
+        yield Step(
+            flags.replace(gpu_memory_utilization=util), f"more room for the KV cache: utilization -> {util:g}"
+        )
     if estimate and need_len:
         longest = floor_block(estimate, block)
         if longest >= bounds.min_context:
             yield Step(flags.replace(max_model_len=longest), f"context to vLLM's estimate {longest}")
         else:
-            yield GiveUp(f"vLLM's estimate {estimate} is below the smallest context allowed ({bounds.min_context})")
+            yield GiveUp(
+                f"vLLM's estimate {estimate} is below the smallest context allowed ({bounds.min_context})"
+            )
 
 
 def _capacity(kv_bytes: float, bpt: float, block: int) -> int:
@@ -401,52 +429,177 @@ def _capacity(kv_bytes: float, bpt: float, block: int) -> int:
 
 
 def _kv_insufficient(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     if failure.detail.startswith("target"):
         # started, but the KV cache cannot hold target.concurrency x target.context
         yield from _kv_options(flags, failure, facts, bounds, obs, history, None, bounds.target_tokens())
-        yield from _room_levers(flags, facts, bounds, history)
+        yield from _target_room(flags, failure, facts, bounds, obs, history)
         return
     need_len = _context(flags, failure, facts)
     yield from _kv_options(flags, failure, facts, bounds, obs, history, need_len, bounds.target_tokens())
 
 
-def _room_levers(flags: EngineFlags, facts: Facts, bounds: Bounds, history: History) -> Iterator[Step]:
-    """Levers that leave more memory for the KV cache without touching the context."""
+def _tokens_bytes(tokens: int, bpt: float, block: int) -> float:
+    """KV bytes ``tokens`` tokens at once need (whole blocks, the null block, the ladder's margin)."""
+    return (math.ceil(tokens / block) + 1) * block * bpt * (1 + KV_MARGIN)
+
+
+def _capacity_give_up(bounds: Bounds, capacity: int, fp8: str | None, util: float) -> GiveUp:
+    return GiveUp(
+        f"the KV cache holds at most {capacity} tokens"
+        + (f" even with fp8 KV ({fp8})" if fp8 else "")
+        + f" at utilization {util:g}; target.concurrency x target.context needs "
+        f"{bounds.target_concurrency} x {bounds.target_context} tokens and no other lever within the bounds "
+        "covers the rest"
+    )
+
+
+def _target_room(
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
+) -> Iterator[Step | GiveUp]:
+    """Levers beyond utilization and fp8 KV for a KV cache too small for the target, or give up."""
+    tokens = bounds.target_tokens()
+    have = kv_bytes_available(flags, failure, facts, obs)
+    bpt = kv_bpt(flags, facts)
+    if not tokens or have is None or not bpt:
+        yield from _room_levers(flags, facts, bounds, history, obs)
+        return
+    block = facts.block_size
+    best, budget, best_bpt = flags, have, bpt
+    max_util = _max_usable_util(flags, bounds, facts)
+    if flags.kv_cache_memory_bytes is None and facts.total_gib and max_util > flags.gpu_memory_utilization:
+        budget = have + (max_util - flags.gpu_memory_utilization) * facts.total_gib * GIB
+        best = best.replace(gpu_memory_utilization=max_util)
+    fp8 = None if flags.fp8_kv or not bounds.allow_fp8_kv else _fp8_kv_dtype(facts, history)
+    if fp8:
+        best, best_bpt = best.replace(kv_cache_dtype=fp8), bpt / 2
+    stages = [
+        (flags, _tokens_bytes(tokens, bpt, block) - have),
+        (best, _tokens_bytes(tokens, best_bpt, block) - budget),
+    ]
+    yield from _room_levers(flags, facts, bounds, history, obs, stages)
+    yield _capacity_give_up(bounds, _capacity(budget, best_bpt, block), fp8, best.gpu_memory_utilization)
+
+
+def _room_levers(
+    flags: EngineFlags,
+    facts: Facts,
+    bounds: Bounds,
+    history: History,
+    obs: Mapping[str, float] | None = None,
+    stages: list[tuple[EngineFlags, float]] | None = None,
+) -> Iterator[Step]:
+    """Levers that leave more memory for the KV cache without touching the context.
+
+    ``stages``: (flags, KV bytes still missing with them), mildest first. With the failed run's own
+    figures a lever comes on the first stage whose shortfall its whole gain covers, and not at all when
+    none: eager mode frees at most the CUDA-graph memory vLLM took (or estimated), fp8 weights at most
+    half of the weights it loaded. More tensor parallelism (when the GPUs are there) halves the weights
+    on each GPU and splits the KV heads; it is proposed on ``flags`` as they are.
+    """
+    o = obs or {}
+
+    def placed(change: dict[str, object], gain_gib: float | None) -> EngineFlags | None:
+        if not stages or gain_gib is None:
+            return flags.replace(**change)
+        for base, short in stages:
+            if gain_gib * GIB >= short:
+                return base.replace(**change)
+        return None
+
+    graphs = max(o.get("cudagraph_gib", 0.0), o.get("cudagraph_estimated_gib", 0.0)) or None
+    weights = o.get("weights_gib")
     if bounds.allow_eager and not flags.enforce_eager and facts.backend == "cuda":
-        yield Step(flags.replace(enforce_eager=True), "eager mode frees the CUDA-graph memory for the KV cache")
-    if bounds.allow_weight_quantization and flags.quantization is None and "fp8_weights" not in history.banned:
+        new = placed({"enforce_eager": True}, graphs)
+        if new is not None:
+            yield Step(new, "eager mode frees the CUDA-graph memory for the KV cache")
+    tp = flags.tensor_parallel_size
+    if bounds.allow_tensor_parallel and facts.backend == "cuda" and facts.gpu_count >= 2 * tp:
+        yield Step(
+            flags.replace(tensor_parallel_size=2 * tp),
+            f"more room on each GPU: tensor parallel {tp} -> {2 * tp} halves the weights per GPU",
+        )
+    if (
+        bounds.allow_weight_quantization
+        and flags.quantization is None
+        and "fp8_weights" not in history.banned
+    ):
         cc = facts.compute_capability
         if cc is None or cc >= (8, 0):
-            yield Step(flags.replace(quantization="fp8"), "fp8 weights halve the weight memory")
+            new = placed({"quantization": "fp8"}, weights / 2 if weights else None)
+            if new is not None:
+                yield Step(new, "fp8 weights halve the weight memory")
 
 
 def _no_kv_memory(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     max_util = _max_usable_util(flags, bounds, facts)
     need_len = _context(flags, failure, facts)
     bpt = kv_bpt(flags, facts)
-    used = sum(obs.get(k, 0.0) for k in ("weights_gib", "non_torch_gib", "peak_activation_gib", "cudagraph_gib"))
-    if used and facts.total_gib and bpt and need_len:
-        need = used * GIB + bytes_for_len(need_len, bpt, facts.block_size) * (1 + KV_MARGIN)
-        util = ceil_util(need / (facts.total_gib * GIB))
+    total = facts.total_gib * GIB if facts.total_gib else 0.0
+    need_kv = bytes_for_len(need_len, bpt, facts.block_size) * (1 + KV_MARGIN) if bpt and need_len else None
+    n = failure.numbers
+    avail = n.get("kv_available_gib", n.get("kv_cache_gib"))  # vLLM's "Available KV cache memory", may be < 0
+    used = sum(
+        obs.get(k, 0.0) for k in ("weights_gib", "non_torch_gib", "peak_activation_gib", "cudagraph_gib")
+    )
+    short: float | None = None  # KV bytes missing at these flags
+    why = ""
+    if flags.kv_cache_memory_bytes is None and total and need_kv is not None:
+        if avail is not None:
+            short = need_kv - avail * GIB
+            why = f"vLLM had {avail:.2f} GiB for the KV cache"
+        elif used:
+            short = used * GIB + need_kv - flags.gpu_memory_utilization * total
+            why = f"weights and activations take {used:.2f} GiB"
+    if short is not None:
+        util = ceil_util(flags.gpu_memory_utilization + short / total)
         if flags.gpu_memory_utilization < util <= max_util:
             yield Step(
                 flags.replace(gpu_memory_utilization=util),
-                f"weights and activations take {used:.2f} GiB: utilization -> {util:g} leaves room for the KV cache",
+                f"{why}: utilization -> {util:g} leaves room for the KV cache",
             )
-        elif util > max_util and max_util > flags.gpu_memory_utilization:
-            yield Step(flags.replace(gpu_memory_utilization=max_util), f"utilization -> {max_util:g}, the most allowed")
-    elif max_util > flags.gpu_memory_utilization:
+        if util > max_util:
+            # the most utilization allowed cannot reach it: other levers, on top of it when needed
+            stages = [(flags, short)]
+            if max_util > flags.gpu_memory_utilization:
+                extra = (max_util - flags.gpu_memory_utilization) * total
+                stages.append((flags.replace(gpu_memory_utilization=max_util), short - extra))
+            yield from _room_levers(flags, facts, bounds, history, obs, stages)
+            return
+    elif flags.kv_cache_memory_bytes is None and max_util > flags.gpu_memory_utilization:
         util = min(max_util, ceil_util(flags.gpu_memory_utilization + 2 * UTIL_STEP))
-        yield Step(flags.replace(gpu_memory_utilization=util), f"no memory left for the KV cache: utilization -> {util:g}")
-    yield from _room_levers(flags, facts, bounds, history)
+        yield Step(
+            flags.replace(gpu_memory_utilization=util),
+            f"no memory left for the KV cache: utilization -> {util:g}",
+        )
+    yield from _room_levers(flags, facts, bounds, history, obs)
 
 
 def _free_mem_below_util(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
     free = n.get("free_gib", facts.free_gib)
@@ -469,16 +622,25 @@ def _free_mem_below_util(
         return
     yield Step(
         flags.replace(gpu_memory_utilization=util),
-        f"{free:.2f} of {total:.2f} GiB free: utilization {flags.gpu_memory_utilization:g} -> {util:g}{holders}",
+        f"{free:.2f} of {total:.2f} GiB free: utilization {flags.gpu_memory_utilization:g} -> "
+        f"{util:g}{holders}",
     )
 
 
 def _oom_weights(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     tp = flags.tensor_parallel_size
     if bounds.allow_tensor_parallel and facts.backend == "cuda" and facts.gpu_count >= 2 * tp:
-        yield Step(flags.replace(tensor_parallel_size=2 * tp), f"weights do not fit one GPU: tensor parallel {tp} -> {2 * tp}")
+        yield Step(
+            flags.replace(tensor_parallel_size=2 * tp),
+            f"weights do not fit one GPU: tensor parallel {tp} -> {2 * tp}",
+        )
     cc = facts.compute_capability
     if (
         bounds.allow_weight_quantization
@@ -486,7 +648,9 @@ def _oom_weights(
         and "fp8_weights" not in history.banned
         and (cc is None or cc >= (8, 0))
     ):
-        yield Step(flags.replace(quantization="fp8"), "weights do not fit: fp8 weight quantization halves them")
+        yield Step(
+            flags.replace(quantization="fp8"), "weights do not fit: fp8 weight quantization halves them"
+        )
     yield GiveUp(
         "the weights alone do not fit the device"
         + ("" if bounds.allow_weight_quantization else "; ladder.allow_weight_quantization is off")
@@ -494,7 +658,12 @@ def _oom_weights(
 
 
 def _oom_profile(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
     sampler = "sampler" in failure.evidence.lower() or "dummy requests" in failure.evidence.lower()
@@ -507,12 +676,17 @@ def _oom_profile(
     new_seqs = max(bounds.min_seqs, int(seqs * factor))
     new_batched = max(MIN_BATCHED_TOKENS, int(batched * factor))
     if sampler and new_seqs < seqs:
-        yield Step(flags.replace(max_num_seqs=new_seqs), f"sampler warm-up ran out of memory: max_num_seqs {seqs} -> {new_seqs}")
+        yield Step(
+            flags.replace(max_num_seqs=new_seqs),
+            f"sampler warm-up ran out of memory: max_num_seqs {seqs} -> {new_seqs}",
+        )
     if new_batched < batched:
         yield Step(
-            flags.replace(max_num_batched_tokens=new_batched, max_num_seqs=min(seqs, max(new_seqs, bounds.min_seqs))),
-            f"profile run ran out of memory: max_num_batched_tokens {batched} -> {new_batched}, max_num_seqs {seqs} -> "
-            f"{min(seqs, max(new_seqs, bounds.min_seqs))}",
+            flags.replace(
+                max_num_batched_tokens=new_batched, max_num_seqs=min(seqs, max(new_seqs, bounds.min_seqs))
+            ),
+            f"profile run ran out of memory: max_num_batched_tokens {batched} -> {new_batched}, "
+            f"max_num_seqs {seqs} -> {min(seqs, max(new_seqs, bounds.min_seqs))}",
         )
     if new_seqs < seqs:
         yield Step(flags.replace(max_num_seqs=new_seqs), f"max_num_seqs {seqs} -> {new_seqs}")
@@ -520,47 +694,94 @@ def _oom_profile(
 
 
 def _oom_cudagraph(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     if bounds.allow_eager and not flags.enforce_eager:
         yield Step(flags.replace(enforce_eager=True), "CUDA-graph capture ran out of memory: eager mode")
     util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
     if util >= bounds.min_gpu_memory_utilization:
-        yield Step(flags.replace(gpu_memory_utilization=util), f"leave more room for the graph pool: utilization -> {util:g}")
+        yield Step(
+            flags.replace(gpu_memory_utilization=util),
+            f"leave more room for the graph pool: utilization -> {util:g}",
+        )
 
 
 def _oom_kv_alloc(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
-    step = UTIL_STEP
     tried, free = n.get("tried_to_allocate_mib"), n.get("device_free_mib")
+    if flags.kv_cache_memory_bytes:
+        # vLLM takes a pinned KV size as given, whatever the utilization: only a smaller size helps. The
+        # CUDA-graph capture and the sampler warm-up allocate after the KV cache, so part of what was
+        # free stays free for them.
+        if free is not None and free > 0:
+            room = free * MIB
+            new = int(room - max(PINNED_RESERVE_GIB * GIB, PINNED_RESERVE_FRACTION * room))
+            if 0 < new < flags.kv_cache_memory_bytes:
+                yield Step(
+                    flags.replace(kv_cache_memory_bytes=new),
+                    f"the pinned KV cache does not fit the {free / 1024:.2f} GiB free: "
+                    f"--kv-cache-memory-bytes -> {new} ({new / GIB:.2f} GiB)",
+                )
+        return
+    step = UTIL_STEP
     if tried and free is not None and facts.total_gib:
         step = max(0.02, ceil_util((tried - free) / 1024 / facts.total_gib + 0.01))
     util = floor_util(flags.gpu_memory_utilization - step)
     if util >= bounds.min_gpu_memory_utilization:
-        yield Step(flags.replace(gpu_memory_utilization=util), f"KV allocation ran out of memory: utilization -> {util:g}")
+        yield Step(
+            flags.replace(gpu_memory_utilization=util),
+            f"KV allocation ran out of memory: utilization -> {util:g}",
+        )
 
 
 def _oom_runtime(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     seqs = flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     if seqs > bounds.min_seqs:
         new = max(bounds.min_seqs, seqs // 2)
-        yield Step(flags.replace(max_num_seqs=new), f"out of memory while serving: max_num_seqs {seqs} -> {new}")
+        yield Step(
+            flags.replace(max_num_seqs=new), f"out of memory while serving: max_num_seqs {seqs} -> {new}"
+        )
     util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
     if util >= bounds.min_gpu_memory_utilization and flags.kv_cache_memory_bytes is None:
-        yield Step(flags.replace(gpu_memory_utilization=util), f"more headroom for activations: utilization -> {util:g}")
+        yield Step(
+            flags.replace(gpu_memory_utilization=util),
+            f"more headroom for activations: utilization -> {util:g}",
+        )
     length = _context(flags, failure, facts)
     if length:
         shorter = floor_block(length * 0.75, facts.block_size)
         if shorter >= bounds.min_context:
-            yield Step(flags.replace(max_model_len=shorter), f"shorter context to cut activation peaks: -> {shorter}")
+            yield Step(
+                flags.replace(max_model_len=shorter), f"shorter context to cut activation peaks: -> {shorter}"
+            )
 
 
 def _host_oom(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float], history: History
+    flags: EngineFlags,
+    failure: Failure,
+    facts: Facts,
+    bounds: Bounds,
+    obs: Mapping[str, float],
+    history: History,
 ) -> Iterator[Step | GiveUp]:
     if flags.cpu_offload_gb:
         new = flags.cpu_offload_gb / 2 if flags.cpu_offload_gb >= 2 else None
@@ -568,10 +789,15 @@ def _host_oom(
     if facts.backend == "cpu" and flags.kv_cache_memory_bytes is None:
         util = floor_util(flags.gpu_memory_utilization - 2 * UTIL_STEP)
         if util >= bounds.min_gpu_memory_utilization:
-            yield Step(flags.replace(gpu_memory_utilization=util), f"host memory ran out: utilization -> {util:g}")
+            yield Step(
+                flags.replace(gpu_memory_utilization=util), f"host memory ran out: utilization -> {util:g}"
+            )
     seqs = flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     if seqs > bounds.min_seqs:
-        yield Step(flags.replace(max_num_seqs=max(bounds.min_seqs, seqs // 2)), "host memory ran out: fewer sequences")
+        yield Step(
+            flags.replace(max_num_seqs=max(bounds.min_seqs, seqs // 2)),
+            "host memory ran out: fewer sequences",
+        )
 
 
 def _fp8_unsupported(
@@ -582,14 +808,18 @@ def _fp8_unsupported(
         cc = facts.compute_capability
         if e4m3 and facts.backend == "cuda" and (cc is None or cc >= (8, 0)):
             history = replace(history, banned=history.banned | {"fp8_e4m3_kv"})
-            return history, [Step(flags.replace(kv_cache_dtype="fp8_e5m2"), "fp8 e4m3 is not supported here: fp8_e5m2 KV")]
+            return history, [
+                Step(flags.replace(kv_cache_dtype="fp8_e5m2"), "fp8 e4m3 is not supported here: fp8_e5m2 KV")
+            ]
         # no fp8 KV at all here (the CPU backend without AVX-512/AMX, or e5m2 failed too)
         history = replace(history, banned=history.banned | {"fp8_kv", "fp8_e4m3_kv"})
         return history, [_without_fp8_kv(flags, facts, bounds, history)]
     if flags.quantization == "fp8":
         history = replace(history, banned=history.banned | {"fp8_weights"})
         return history, [Step(flags.replace(quantization=None), "fp8 weights are not supported here")]
-    return history, [GiveUp("fp8 failed although r1sup set no fp8 flag; check server.extra_args", EXIT_FATAL_FAILURE)]
+    return history, [
+        GiveUp("fp8 failed although r1sup set no fp8 flag; check server.extra_args", EXIT_FATAL_FAILURE)
+    ]
 
 
 def _without_fp8_kv(flags: EngineFlags, facts: Facts, bounds: Bounds, history: History) -> Step | GiveUp:
@@ -601,8 +831,8 @@ def _without_fp8_kv(flags: EngineFlags, facts: Facts, bounds: Bounds, history: H
         if longest < flags.max_model_len:
             if longest < bounds.min_context:
                 return GiveUp(
-                    f"fp8 KV is not supported here, and without it the longest context that fits is {longest} "
-                    f"tokens, below the smallest allowed ({bounds.min_context})"
+                    "fp8 KV is not supported here, and without it the longest context that fits is "
+                    f"{longest} tokens, below the smallest allowed ({bounds.min_context})"
                 )
             new = new.replace(max_model_len=longest)
             reason += f", context to the longest that fits without fp8 ({longest})"
@@ -614,7 +844,9 @@ def _naive(flags: EngineFlags, facts: Facts, bounds: Bounds) -> list[Step | Give
     out: list[Step | GiveUp] = []
     length = flags.max_model_len or facts.model_max_len
     if length and length // 2 >= bounds.min_context:
-        out.append(Step(flags.replace(max_model_len=length // 2), f"halve the context: {length} -> {length // 2}"))
+        out.append(
+            Step(flags.replace(max_model_len=length // 2), f"halve the context: {length} -> {length // 2}")
+        )
     if bounds.allow_fp8_kv and not flags.fp8_kv:
         out.append(Step(flags.replace(kv_cache_dtype="fp8"), "fp8 KV"))
     if bounds.allow_eager and not flags.enforce_eager:
