@@ -350,6 +350,100 @@ def test_activation_estimate_matches_a_logged_figure() -> None:
     assert gib == pytest.approx(1.26, abs=0.1)
 
 
+# --- targets, margins and the levers that keep the context ---------------------------------------
+
+
+def test_target_means_every_concurrent_request_may_use_the_whole_context() -> None:
+    # 4 x 16k fit in bf16, but 4 requests of the 32k context do not: fp8 KV keeps the context for all 4
+    flags = EngineFlags(max_model_len=32768)
+    p = planner.plan(arch(Q7), gpu(24), flags, target_concurrency=4, target_context=16384)
+    assert p.starts_as_given and not p.meets_target and not p.fits
+    assert p.recommended == EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
+
+
+def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> None:
+    # Llama-8B on an RTX 3090 (cc 8.6): 4 x 32k cannot fit even in fp8 KV, so the context shrinks, but
+    # only after utilization 0.95 (the bound), e5m2 KV and 16 sequences per batch made room
+    device = gpu(23.69, cc=(8, 6))
+    flags = EngineFlags(max_model_len=32768)
+    p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384)
+    rec = p.recommended
+    assert rec is not None and rec.max_model_len is not None
+    assert (rec.gpu_memory_utilization, rec.kv_cache_dtype, rec.max_num_seqs) == (0.95, "fp8_e5m2", 16)
+    assert 16384 <= rec.max_model_len < 32768 and not rec.enforce_eager
+    ev = planner._evaluate(arch(L8), device, rec, None)
+    assert ev.usable_blocks(margin=True) >= 4 * planner.cdiv(rec.max_model_len, 16)
+    assert ev.usable_blocks(margin=True) < 4 * planner.cdiv(rec.max_model_len + 16, 16)
+    # without the permission to go above 0.9, the context comes out shorter
+    p90 = planner.plan(
+        arch(L8),
+        device,
+        flags,
+        target_concurrency=4,
+        target_context=16384,
+        bounds={"max_gpu_memory_utilization": 0.9},
+    )
+    assert p90.recommended is not None and p90.recommended.gpu_memory_utilization == 0.9
+    assert (p90.recommended.max_model_len or 0) < rec.max_model_len
+
+
+# target concurrency, the user's max_num_seqs, GPU memory (GiB) -> the planner's max_num_seqs
+FEWER_SEQS = [
+    (None, None, 24, None),  # no target: vLLM's default stays
+    (4, None, 24, 16),  # at least 16
+    (20, None, 24, 24),  # a multiple of 8
+    (64, None, 80, 64),
+    (4, 128, 24, None),  # the user's own value stays
+    (300, None, 24, None),  # not above vLLM's default (256 here)
+]
+
+
+@pytest.mark.parametrize(("target", "user", "gib", "expected"), FEWER_SEQS)
+def test_fewer_seqs(target: int | None, user: int | None, gib: float, expected: int | None) -> None:
+    device = gpu(gib, name="NVIDIA H100 80GB HBM3" if gib >= 70 else "test")
+    assert planner.fewer_seqs(arch(Q7), device, EngineFlags(max_num_seqs=user), target) == expected
+    assert planner.fewer_seqs(arch(Q7), cpu_node(), EngineFlags(), target) is None
+
+
+def test_margin_is_kept_for_the_estimated_parts_only() -> None:
+    flags = EngineFlags(max_model_len=8192)
+    ev = planner._evaluate(arch(Q7), gpu(24), flags, None)
+    estimated = ev.non_torch + ev.activation + ev.cudagraph
+    assert ev.margin == int(planner.ESTIMATE_MARGIN * estimated)
+    assert ev.margin <= planner.MARGIN_FRACTION * ev.budget
+    # a logged activation and graph size leave only the non-torch estimate uncertain
+    obs = Observations(peak_activation_gib=0.7, cudagraph_gib=0.4)
+    seen = planner._evaluate(arch(Q7), gpu(24), flags, obs)
+    assert seen.margin == int(planner.ESTIMATE_MARGIN * seen.non_torch)
+    # a run's budget and KV size make the prediction exact; a pinned KV size is exact too
+    exact = planner._evaluate(arch(Q7), gpu(24), flags, Observations(budget_gib=21.6, kv_cache_gib=5.0))
+    pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), None)
+    assert exact.margin == 0 and pinned.margin == 0
+    # fewer sequences per batch: smaller estimates, a smaller margin
+    few = planner._evaluate(arch(Q7), gpu(24), flags.replace(max_num_seqs=16), None)
+    assert few.margin < ev.margin
+
+
+def test_as_given_inside_the_margin_is_not_launched_as_is() -> None:
+    device = gpu(79.15, cc=(8, 0), name="NVIDIA A100-SXM4-80GB")
+    longest = planner.predict_max_model_len(arch(Q32), device, EngineFlags(max_model_len=8192))
+    p = planner.plan(arch(Q32), device, EngineFlags(max_model_len=longest))
+    assert p.starts_as_given and p.meets_target and not p.fits
+    assert any("kept spare" in n for n in p.notes)
+    assert p.recommended is not None and p.recommended.max_model_len == longest
+    assert p.recommended.kv_cache_dtype == "fp8_e5m2"
+    assert p.recommended_margin_gib is not None and p.recommended_margin_gib > 0
+
+
+def test_the_gpu_count_that_keeps_the_context_wins() -> None:
+    # 70B on 4 x H100: tensor parallel 2 would start with a short context, 4 keeps the 32k for 8 requests
+    device = gpu(79.11, cc=(9, 0), count=4, source="probe", name="NVIDIA H100 80GB HBM3")
+    flags = EngineFlags(max_model_len=32768)
+    p = planner.plan(arch(L70), device, flags, target_concurrency=8, target_context=8192)
+    assert p.recommended is not None
+    assert (p.recommended.tensor_parallel_size, p.recommended.max_model_len) == (4, 32768)
+
+
 # --- observations ------------------------------------------------------------------------------
 
 

