@@ -1,0 +1,379 @@
+"""``r1sup run`` on the fake GPU engine: runtime OOM, restart budget, SIGHUP, forced stop, metrics,
+status.json and systemd's READY=1, each with the real CLI as a subprocess and bounded waits."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import free_port, wait_until
+from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# Fast daemon timers; liveness (a real completion, which counts as a request) is off unless a test
+# sets it, so the requests the fake engine counts are the probe's and the test's own.
+FAST_DAEMON = {
+    "health_interval_s": 0.3,
+    "health_timeout_s": 2.0,
+    "health_failures": 3,
+    "liveness_interval_s": 3600.0,
+    "backoff_initial_s": 0.1,
+    "backoff_max_s": 0.5,
+    "restart_budget": 4,
+}
+START_S = 90  # bound on one bring-up (a few fake launches)
+
+
+def daemon_body(tmp_path: Path, **sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    daemon = {**FAST_DAEMON, **sections.pop("daemon", {})}
+    return fake_body(tmp_path, model=QWEN_7B, daemon=daemon, **sections)
+
+
+@contextmanager
+def running(tmp_path: Path, body: dict[str, dict[str, Any]], scenario: dict[str, Any],
+            env: dict[str, str] | None = None) -> Iterator[tuple[R1sup, Path]]:
+    """``r1sup run`` on ``body``; whatever happens, r1sup and every fake engine of it are killed."""
+    config = write_config(tmp_path / "r1sup.toml", body)
+    proc = R1sup("run", "--config", str(config), env={**fake_env(scenario), **(env or {})})
+    try:
+        yield proc, config
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
+
+
+def status(tmp_path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((tmp_path / "state" / "status.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def served_model(port: int, prompt: str = "Hello") -> int:
+    """One completion against the engine; its HTTP status (0 when the server does not answer)."""
+    body = json.dumps({"model": "r1", "prompt": prompt, "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def stop_cleanly(proc: R1sup, config: Path, tmp_path: Path) -> None:
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.tail()
+    assert not engine_processes(config)
+    assert status(tmp_path)["state"] == "stopped"
+
+
+def order(proc: R1sup, *names: str) -> list[str]:
+    """The events of these names, in the order r1sup logged them."""
+    return [e["event"] for e in list(proc.events) if e.get("event") in names]
+
+
+class NotifySocket:
+    """A stand-in for systemd's notify socket: records every datagram r1sup sends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.messages.append(self.sock.recv(65536).decode())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+# --- (1) runtime OOM -------------------------------------------------------------------------------
+
+
+def test_runtime_oom_steps_down_saves_the_profile_and_serves_again(tmp_path: Path):
+    # the 7th completion of each engine runs out of memory: the probe sends 4, the test the rest
+    scenario = fake_scenario(tmp_path, runtime={"fail_after_requests": 6, "failure": "oom"})
+    body = daemon_body(tmp_path)
+    port = body["server"]["port"]
+    with running(tmp_path, body, scenario) as (proc, config):
+        proc.wait_event("serving", START_S)
+        first = status(tmp_path)
+        assert first["state"] == "serving" and first["launches"] == 1 and first["last_failure"] is None
+        saved_before = proc.named("profile_saved")[-1]
+        answers: list[int] = []
+        while len(proc.named("serving_failed")) == 0 and len(answers) < 20:
+            answers.append(served_model(port))
+            if answers[-1] != 200:
+                break
+        assert answers[:2] == [200, 200] and answers[2] != 200, answers  # requests 5, 6 ok; the 7th fails
+        failed = proc.wait_event("serving_failed", 30)
+        assert failed["failure_class"] == "oom_runtime" and failed["phase"] == "serving"
+        assert "CUDA out of memory" in failed["evidence"]
+        step = proc.wait_event("ladder_step", 30)
+        assert step["failure_class"] == "oom_runtime"
+        assert step["old"]["max_num_seqs"] is None and step["new"]["max_num_seqs"] == 128  # vLLM's 256 halved
+        assert {k: v for k, v in step["new"].items() if k != "max_num_seqs"} == {
+            k: v for k, v in step["old"].items() if k != "max_num_seqs"
+        }
+        proc.wait_event("serving", START_S, count=2)
+        st = status(tmp_path)
+        assert st["state"] == "serving" and st["launches"] == 2 and st["profile_source"] == "tuned"
+        assert st["flags"] == step["new"]
+        assert st["last_failure"]["class"] == "oom_runtime"
+        # the new profile replaced the old one: same key, new flags, on disk
+        saved = proc.named("profile_saved")[-1]
+        assert saved["path"] == saved_before["path"] and len(proc.named("profile_saved")) == 2
+        profile = json.loads(Path(saved["path"]).read_text(encoding="utf-8"))
+        assert profile["flags"] == step["new"]
+        profiles = sorted(p.name for p in (tmp_path / "state" / "profiles").glob("*.json"))
+        assert profiles == [Path(saved["path"]).name]
+        # the engine saw it the same way: one runtime OOM, then a start with --max-num-seqs 128
+        assert [r["outcome"] for r in engine_records(tmp_path, "runtime_failure")] == ["oom_runtime"]
+        launches = engine_records(tmp_path)
+        assert [r["flags"]["max_num_seqs"] for r in launches] == [None, 128]
+        assert served_model(port) == 200
+        stop_cleanly(proc, config, tmp_path)
+
+
+# --- (2) restart budget ----------------------------------------------------------------------------
+
+
+def test_crash_after_every_restart_exhausts_the_budget_and_exits_5(tmp_path: Path):
+    # the engine core dies at the first request after the probe's four: the liveness completion
+    scenario = fake_scenario(tmp_path, runtime={"fail_after_requests": 4, "failure": "die"})
+    body = daemon_body(tmp_path, daemon={"restart_budget": 2, "liveness_interval_s": 0.5})
+    with running(tmp_path, body, scenario) as (proc, config):
+        code = proc.wait(START_S * 3)
+        assert code == 5, proc.tail()
+        failures = proc.named("serving_failed")
+        assert len(failures) == 3 and {f["failure_class"] for f in failures} == {"engine_dead"}
+        assert [e["restart"] for e in proc.named("restart_backoff")] == [1, 2]
+        assert not proc.named("ladder_step")  # a crash is not a memory problem: same flags each time
+        launches = engine_records(tmp_path)
+        assert len(launches) == 3 and len({json.dumps(r["flags"], sort_keys=True) for r in launches}) == 1
+        st = status(tmp_path)
+        assert st["state"] == "failed" and st["launches"] == 3 and st["child_pid"] is None
+        assert proc.named("daemon_failed")[0]["exit_code"] == 5
+        assert not engine_processes(config)
+
+
+# --- (3) SIGHUP ------------------------------------------------------------------------------------
+
+
+def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path):
+    body = daemon_body(tmp_path)
+    with running(tmp_path, body, fake_scenario(tmp_path)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        child = status(tmp_path)["child_pid"]
+        proc.signal(signal.SIGHUP)  # the file as it was
+        assert proc.wait_event("config_reloaded", 20)["changed"] is False
+        body["daemon"]["health_interval_s"] = 0.5  # a setting that implies no vLLM flag
+        write_config(config, body)
+        proc.signal(signal.SIGHUP)
+        assert proc.wait_event("config_reloaded", 20, count=2)["changed"] is False
+        st = status(tmp_path)
+        assert st["state"] == "serving" and st["launches"] == 1 and st["child_pid"] == child
+        stop_cleanly(proc, config, tmp_path)
+        # between the reloads and the stop nothing was stopped or launched
+        assert order(proc, "config_reloaded", "engine_stopped", "launch_started")[-4:] == [
+            "launch_started", "config_reloaded", "config_reloaded", "engine_stopped",
+        ]
+        assert len(engine_records(tmp_path)) == 1
+
+
+def test_sighup_after_editing_start_replans_and_relaunches_with_the_new_flags(tmp_path: Path):
+    body = daemon_body(tmp_path)
+    with running(tmp_path, body, fake_scenario(tmp_path)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        assert status(tmp_path)["flags"]["max_model_len"] == 8192
+        body["start"]["max_model_len"] = 4096
+        write_config(config, body)
+        proc.signal(signal.SIGHUP)
+        assert proc.wait_event("config_reloaded", 20)["changed"] is True
+        stopped = proc.wait_event("engine_stopped", 30)
+        assert stopped["reason"] == "config reloaded"
+        proc.wait_event("serving", START_S, count=2)
+        st = status(tmp_path)
+        assert st["launches"] == 2 and st["state"] == "serving"
+        assert [r["flags"]["max_model_len"] for r in engine_records(tmp_path)] == [8192, 4096]
+        assert st["flags"]["max_model_len"] == 4096, "the edited [start] was launched, not the old profile"
+        assert st["profile_source"] == "tuned"
+        stop_cleanly(proc, config, tmp_path)
+
+
+# --- (4) a second SIGTERM --------------------------------------------------------------------------
+
+
+def engine_core_gone(child_pid: int) -> bool:
+    """The fake's EngineCore child exited (it obeys SIGTERM; its API server ignores it here)."""
+    try:
+        kids = psutil.Process(child_pid).children()
+    except psutil.Error:
+        return True
+    for kid in kids:
+        try:
+            if kid.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.Error:
+            continue
+    return True
+
+
+def test_second_sigterm_forces_the_stop(tmp_path: Path):
+    stop_timeout = 120.0
+    body = daemon_body(tmp_path, server={"stop_timeout_s": stop_timeout})
+    scenario = fake_scenario(tmp_path, ignore_sigterm=True)
+    with running(tmp_path, body, scenario) as (proc, config):
+        proc.wait_event("serving", START_S)
+        child = status(tmp_path)["child_pid"]
+        assert not engine_core_gone(child)
+        proc.signal(signal.SIGTERM)
+        proc.wait_event("state_changed", 20, where=lambda e: e["new"] == "stopping")
+        # the group got SIGTERM: the engine core obeyed, the API server ignores it and r1sup waits
+        wait_until(lambda: engine_core_gone(child), 20, what="the engine core to take SIGTERM")
+        assert proc.proc.poll() is None and psutil.pid_exists(child)
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.tail()
+        assert time.monotonic() - t0 < stop_timeout / 4
+        stopped = proc.named("engine_stopped")
+        assert stopped and stopped[-1]["escalated"] is True
+        assert not engine_processes(config)
+        assert status(tmp_path)["state"] == "stopped"
+
+
+def test_two_sigterms_in_quick_succession_force_the_stop(tmp_path: Path):
+    # like an impatient double Ctrl-C: the second signal comes 20 ms after the first (long enough for
+    # Python to run the handler of each), usually before r1sup's loop has begun to stop vLLM
+    stop_timeout = 60.0
+    body = daemon_body(tmp_path, server={"stop_timeout_s": stop_timeout})
+    with running(tmp_path, body, fake_scenario(tmp_path, ignore_sigterm=True)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        time.sleep(0.02)  # the stimulus's timing, not a wait for a condition
+        proc.signal(signal.SIGTERM)
+        wait_until(lambda: proc.proc.poll() is not None, stop_timeout / 3, interval=0.2,
+                   what="r1sup to force the stop after the second SIGTERM")
+        assert proc.proc.returncode == 0, proc.tail()
+        assert time.monotonic() - t0 < stop_timeout / 3
+        assert not engine_processes(config)
+
+
+# --- (5) metrics, (6) status.json, (7) READY=1 ------------------------------------------------------
+
+
+def metrics_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def metric(text: str, name: str, labels: str = "") -> float | None:
+    pattern = re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") + r" ([0-9.e+-]+)$"
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def test_metrics_endpoint_on_localhost(tmp_path: Path):
+    metrics_port = free_port()
+    body = daemon_body(tmp_path, daemon={"metrics_port": metrics_port})
+    with running(tmp_path, body, fake_scenario(tmp_path)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        listening = proc.named("metrics_listening")[0]
+        assert listening["host"] == "127.0.0.1" and listening["port"] == metrics_port
+        text = metrics_text(metrics_port)
+        assert metric(text, "r1sup_state", 'state="serving"') == 1.0, text
+        assert metric(text, "r1sup_state", 'state="launching"') == 0.0
+        assert metric(text, "r1sup_launches_total") == 1.0
+        assert metric(text, "r1sup_child_up") == 1.0
+        assert metric(text, "r1sup_max_model_len") == 8192.0
+        # bound to the loopback address only
+        bound = [c.laddr for c in psutil.Process(proc.proc.pid).net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == metrics_port]
+        assert [a.ip for a in bound] == ["127.0.0.1"]
+        stop_cleanly(proc, config, tmp_path)
+
+
+def test_status_file_while_serving_and_after_the_stop(tmp_path: Path):
+    body = daemon_body(tmp_path)
+    with running(tmp_path, body, fake_scenario(tmp_path)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        st = status(tmp_path)
+        fields = ("state", "pid", "child_pid", "launches", "profile_source", "flags", "since", "last_failure")
+        assert set(fields) <= set(st), sorted(st)
+        assert st["state"] == "serving" and st["pid"] == proc.proc.pid
+        assert st["child_pid"] in {p.pid for p in engine_processes(config)}
+        assert st["launches"] == 1 and st["profile_source"] == "tuned" and st["last_failure"] is None
+        assert st["flags"]["max_model_len"] == 8192 and st["flags"]["gpu_memory_utilization"] == 0.9
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", st["since"]), st["since"]
+        assert st["port"] == body["server"]["port"] and st["served_model"] == "r1"
+        stop_cleanly(proc, config, tmp_path)
+        after = status(tmp_path)
+        assert after["child_pid"] is None and after["pid"] == st["pid"]
+
+    # a second run on the same state finds the saved profile: one launch, source "persisted"
+    with running(tmp_path, body, fake_scenario(tmp_path)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        st = status(tmp_path)
+        assert st["launches"] == 1 and st["profile_source"] == "persisted"
+        stop_cleanly(proc, config, tmp_path)
+
+
+def test_ready_is_sent_only_after_the_probe_passed(tmp_path: Path):
+    # fp8 (e4m3) KV on an RTX 3090 starts, then fails the probe's first request: the first launch is
+    # ready but not good; READY=1 must wait for the second launch's probe.
+    scenario = fake_scenario(tmp_path, gpu="RTX 3090", fp8_fails_at="first_request")
+    body = daemon_body(tmp_path, start={"kv_cache_dtype": "fp8"})
+    notify = NotifySocket(tmp_path / "notify.sock")
+    try:
+        with running(tmp_path, body, scenario, env={"NOTIFY_SOCKET": str(notify.path)}) as (proc, config):
+            proc.wait_event("serving", START_S)
+            wait_until(lambda: any("READY=1" in m for m in notify.messages), 10, what="READY=1")
+            assert [e["launch"] for e in proc.named("engine_ready")] == [1, 2]
+            assert [e["launch"] for e in proc.named("probe_failed")] == [1]
+            assert [e["launch"] for e in proc.named("probe_passed")] == [2]
+            messages = list(notify.messages)
+            ready = [i for i, m in enumerate(messages) if "READY=1" in m]
+            assert len(ready) == 1
+            before = messages[: ready[0]]
+            assert "STATUS=attempt 1: load probe" in before
+            assert "STATUS=attempt 2: load probe" in before, before
+            assert before.index("STATUS=attempt 2: load probe") > before.index("STATUS=attempt 1: load probe")
+            assert f"MAINPID={proc.proc.pid}" in messages[ready[0]]
+            assert status(tmp_path)["flags"]["kv_cache_dtype"] == "fp8_e5m2"
+            stop_cleanly(proc, config, tmp_path)
+            assert any("STOPPING=1" in m for m in notify.messages[ready[0]:])
+    finally:
+        notify.close()

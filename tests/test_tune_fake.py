@@ -1,0 +1,539 @@
+"""``r1sup tune`` end to end on the fake GPU engine: every GPU-only failure class drives the ladder.
+
+Each test runs the real CLI (``python -m r1sup.cli tune --json``) as a subprocess; r1sup launches
+``python -m fakevllm`` (tests/fakevllm), which applies vLLM V1's memory accounting to the scenario's
+simulated GPU and prints vLLM's real messages; tests/fakenvml makes r1sup's device probe see the same
+GPU. The fake engine appends one JSON line per launch to the scenario's ``state_file``, so every test
+checks r1sup's account of the walk (its JSON result and ``ladder_step`` events) against what the engine
+really did, and that no engine process is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import free_port
+from r1sup_proc import ROOT, R1sup, engine_processes, kill_engine_processes, write_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+QWEN_1_5B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+QWEN_7B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+QWEN_14B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
+GIB = 1024**3
+TIME_SCALE = 0.002  # 1 simulated second = 2 ms: a 14B start-up takes well under a second
+
+
+# --- helpers shared with test_daemon_fake.py ------------------------------------------------------
+
+
+def fake_scenario(tmp_path: Path, **fields: Any) -> dict[str, Any]:
+    """A fake-engine scenario: an RTX 4090 unless ``gpu`` says otherwise, launches recorded."""
+    state_file = str(tmp_path / "engine.jsonl")
+    return {"gpu": "RTX 4090", "time_scale": TIME_SCALE, "state_file": state_file, **fields}
+
+
+def fake_env(scenario: dict[str, Any]) -> dict[str, str]:
+    """Environment of the r1sup process: the fake NVML first on the path, the scenario for both."""
+    path = os.pathsep.join([str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests")])
+    return {"PYTHONPATH": path, "FAKE_VLLM_SCENARIO": json.dumps(scenario)}
+
+
+def fake_body(
+    tmp_path: Path, *, model: str = QWEN_14B, start: dict[str, Any] | None = None, **sections: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """A config that launches the fake engine as written ([start] as configured), with a small probe."""
+    body: dict[str, dict[str, Any]] = {
+        "model": {"name": model, "served_name": "r1"},
+        "server": {
+            "launch": ["-m", "fakevllm"],
+            "port": free_port(),
+            "startup_timeout_s": 90,
+            "stall_timeout_s": 30,
+            "stop_timeout_s": 10,
+            "memory_release_timeout_s": 10,
+        },
+        "start": {"max_model_len": 8192, **(start or {})},
+        "ladder": {"first_launch": "as_configured"},
+        "probe": {"requests": 4, "output_tokens": 8, "request_timeout_s": 30, "timeout_s": 60},
+        "daemon": {"backoff_initial_s": 0.1, "backoff_max_s": 0.5},
+        "state": {"dir": str(tmp_path / "state")},
+    }
+    for name, values in sections.items():
+        body.setdefault(name, {}).update(values)
+    return body
+
+
+def engine_records(tmp_path: Path, event: str = "launch") -> list[dict[str, Any]]:
+    """What the fake engine recorded: one ``launch`` line per start, ``runtime_failure``/``stop`` later."""
+    path = tmp_path / "engine.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [rec for rec in (json.loads(line) for line in lines if line.strip()) if rec["event"] == event]
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The flags a step changed: name -> (old, new)."""
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
+@dataclass
+class Tune:
+    code: int
+    result: dict[str, Any]
+    proc: R1sup
+    config: Path
+    tmp_path: Path
+    engine: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def attempts(self) -> list[dict[str, Any]]:
+        return list(self.result["attempts"])
+
+    @property
+    def classes(self) -> list[str]:
+        return [a["failure_class"] for a in self.attempts]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.proc.named("ladder_step")
+
+    def step_changes(self) -> list[dict[str, tuple[Any, Any]]]:
+        return [changes(s["old"], s["new"]) for s in self.steps]
+
+    def explain(self) -> str:
+        return json.dumps(
+            {"code": self.code, "attempts": self.attempts, "reason": self.result.get("reason")}, indent=1
+        )[:4000] + "\n" + self.proc.tail(30)
+
+
+def run_tune(tmp_path: Path, body: dict[str, dict[str, Any]], scenario: dict[str, Any], *extra: str,
+             timeout: float = 150) -> Tune:
+    config = write_config(tmp_path / "r1sup.toml", body)
+    proc = R1sup("tune", "--config", str(config), "--json", *extra, env=fake_env(scenario))
+    try:
+        code = proc.wait(timeout)
+    finally:
+        proc.kill()
+        leftover = engine_processes(config)
+        kill_engine_processes(config)
+    out = "".join(proc.lines)
+    try:
+        result = json.loads(out)
+    except ValueError:
+        raise AssertionError(f"r1sup tune printed no JSON (exit {code}): {proc.tail(40)}") from None
+    tune = Tune(code, result, proc, config, tmp_path, engine_records(tmp_path))
+    assert not leftover, f"fake engine processes left behind: {leftover}"
+    return tune
+
+
+# r1sup's flags as the fake engine parsed them from the command line (None there: vLLM's default)
+ENGINE_FLAGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "enforce_eager", "quantization",
+                "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes")
+ENGINE_DEFAULTS = {"enforce_eager": False, "tensor_parallel_size": 1}
+
+
+def assert_consistent(t: Tune) -> None:
+    """r1sup's attempts, its ladder_step events and the engine's own records tell the same story."""
+    attempts, steps = t.attempts, t.steps
+    assert t.result["launches"] == len(attempts)
+    assert len(steps) == len(attempts) - 1, t.explain()
+    for i, step in enumerate(steps):
+        assert step["old"] == attempts[i]["flags"], t.explain()
+        assert step["new"] == attempts[i + 1]["flags"], t.explain()
+        assert step["failure_class"] == attempts[i]["failure_class"]
+    assert len(t.engine) == len(attempts), "one fake engine start per attempt"
+    for attempt, record in zip(attempts, t.engine, strict=True):
+        flags = attempt["flags"]
+        if not record["flags"]:  # rejected by the argument parser before the flags were read
+            assert record["outcome"] == "config_error"
+            continue
+        for name in ENGINE_FLAGS:
+            want = flags[name] if flags[name] is not None else ENGINE_DEFAULTS.get(name)
+            assert record["flags"][name] == want, (name, record)
+    if t.result["ok"]:
+        assert attempts[-1]["outcome"] == "ok" and t.code == 0
+        assert t.result["flags"] == attempts[-1]["flags"]
+        saved = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
+        assert saved["flags"] == t.result["flags"]
+        assert t.result["probe"]["ok"] and t.result["probe"]["succeeded"] == 4
+
+
+# --- oom_weights -----------------------------------------------------------------------------------
+
+
+def test_weights_that_do_not_fit_are_quantized_to_fp8_when_allowed(tmp_path: Path):
+    body = fake_body(tmp_path, ladder={"allow_weight_quantization": True})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["oom_weights", "none"]
+    assert t.attempts[0]["phase"] == "load_weights"
+    assert "CUDA out of memory" in t.result["attempts"][0]["evidence"]
+    assert t.step_changes() == [{"quantization": (None, "fp8")}]
+    assert [r["outcome"] for r in t.engine] == ["oom_weights", "ready"]
+    assert_consistent(t)
+
+
+def test_weights_that_do_not_fit_without_quantization_exit_3_with_the_ways_out(tmp_path: Path):
+    body = fake_body(tmp_path)  # ladder.allow_weight_quantization defaults to false
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 3, t.explain()
+    assert t.classes == ["oom_weights"] and t.result["launches"] == 1
+    assert "allow_weight_quantization" in t.result["reason"]
+    ways = " | ".join(t.result["suggestions"])
+    assert "fp8 weights" in ways and "tensor parallel" in ways and "AWQ" in ways, ways
+    exhausted = t.proc.named("ladder_exhausted")
+    assert exhausted and exhausted[0]["suggestions"] == t.result["suggestions"]
+    assert [r["outcome"] for r in t.engine] == ["oom_weights"]
+    assert_consistent(t)
+
+    # the report a person reads names the same ways out
+    config = t.config
+    proc = R1sup("tune", "--config", str(config), env=fake_env(fake_scenario(tmp_path)))
+    try:
+        assert proc.wait(150) == 3
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
+    report = proc.stdout_text()
+    assert "no working configuration" in report
+    assert any(line.strip().startswith("way out: fp8 weights") for line in report.splitlines()), report
+
+
+def test_weights_that_do_not_fit_one_gpu_are_split_over_two(tmp_path: Path):
+    scenario = fake_scenario(tmp_path, gpu={"name": "RTX 4090", "count": 2})
+    t = run_tune(tmp_path, fake_body(tmp_path), scenario)
+    assert t.code == 0, t.explain()
+    assert t.classes == ["oom_weights", "none"]
+    assert t.step_changes() == [{"tensor_parallel_size": (1, 2)}]
+    assert_consistent(t)
+
+
+# --- oom_profile -----------------------------------------------------------------------------------
+
+
+def test_profile_run_out_of_memory_lowers_the_batch(tmp_path: Path):
+    body = fake_body(tmp_path, model=QWEN_7B, start={"max_num_batched_tokens": 65536})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["oom_profile", "none"]
+    assert t.attempts[0]["phase"] == "profile"
+    (change,) = t.step_changes()
+    old, new = change["max_num_batched_tokens"]
+    assert old == 65536 and 256 <= new < 65536
+    assert set(change) <= {"max_num_batched_tokens", "max_num_seqs"}
+    assert [r["outcome"] for r in t.engine] == ["oom_profile", "ready"]
+    assert_consistent(t)
+
+
+def test_sampler_warmup_out_of_memory_lowers_max_num_seqs_only(tmp_path: Path):
+    # 8192 dummy sampler requests need ~9.3 GiB of fp32 logits; the forward pass of 8192 tokens fits.
+    # vLLM says "CUDA out of memory occurred when warming up sampler with 8192 dummy requests. Please try
+    # lowering `max_num_seqs`": the batch size in tokens is not the problem, so the ladder keeps it.
+    body = fake_body(tmp_path, model=QWEN_7B, start={"max_num_seqs": 8192, "max_num_batched_tokens": 8192})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["oom_profile", "none"]
+    assert "sampler" in t.steps[0]["reason"], t.steps[0]["reason"]
+    (change,) = t.step_changes()
+    assert set(change) == {"max_num_seqs"}, change
+    assert change["max_num_seqs"][1] < 8192
+    assert_consistent(t)
+
+
+# --- oom_cudagraph ---------------------------------------------------------------------------------
+
+# 14B with fp8 weights at utilization 0.98: the CUDA-graph profiler's estimate (20% of the real pool,
+# cudagraph_estimate_factor 0.2) leaves the capture too little memory.
+CAPTURE_OOM = {"max_model_len": 8192, "gpu_memory_utilization": 0.98, "quantization": "fp8"}
+
+
+def test_graph_capture_out_of_memory_goes_eager(tmp_path: Path):
+    body = fake_body(tmp_path, start=CAPTURE_OOM, ladder={"max_gpu_memory_utilization": 0.98})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, cudagraph_estimate_factor=0.2))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["oom_cudagraph", "none"]
+    assert t.attempts[0]["phase"] == "cuda_graph"
+    assert t.step_changes() == [{"enforce_eager": (False, True)}]
+    assert [r["outcome"] for r in t.engine] == ["oom_cudagraph", "ready"]
+    assert_consistent(t)
+
+
+def test_graph_capture_out_of_memory_without_eager_leaves_room_for_the_pool(tmp_path: Path):
+    ladder = {"max_gpu_memory_utilization": 0.98, "allow_eager": False}
+    body = fake_body(tmp_path, start=CAPTURE_OOM, ladder=ladder)
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, cudagraph_estimate_factor=0.2))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["oom_cudagraph", "none"]
+    (change,) = t.step_changes()
+    assert set(change) == {"gpu_memory_utilization"} and change["gpu_memory_utilization"][1] < 0.98
+    assert_consistent(t)
+
+
+# --- oom_kv_alloc ----------------------------------------------------------------------------------
+
+
+def test_pinned_kv_cache_that_cannot_be_allocated_is_shrunk(tmp_path: Path):
+    # 7B bf16 leaves 8.9 GiB beside the weights; a pinned 12 GiB KV cache fails to allocate ("Tried to
+    # allocate 12.00 GiB ... of which 8.90 GiB is free"). vLLM ignores gpu_memory_utilization for the KV
+    # size when --kv-cache-memory-bytes is set, so only a smaller pinned size can fix it.
+    pinned = 12 * GIB
+    body = fake_body(tmp_path, model=QWEN_7B, start={"kv_cache_memory_bytes": pinned})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.classes[0] == "oom_kv_alloc", t.explain()
+    assert t.attempts[0]["phase"] == "kv_cache"
+    first = t.step_changes()[0]
+    assert "kv_cache_memory_bytes" in first, first
+    assert t.code == 0, t.explain()
+    assert t.result["launches"] <= 3
+    assert 0 < t.result["flags"]["kv_cache_memory_bytes"] < pinned
+    assert_consistent(t)
+
+
+# --- kv_insufficient / no_kv_memory ----------------------------------------------------------------
+
+
+def test_context_beyond_the_kv_budget_keeps_the_context_with_fp8_kv(tmp_path: Path):
+    body = fake_body(tmp_path, model=QWEN_7B, start={"max_model_len": 131072})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["kv_insufficient", "none"]
+    assert "estimated maximum model length is" in t.attempts[0]["evidence"]
+    (change,) = t.step_changes()
+    assert change["kv_cache_dtype"] == ("auto", "fp8") and "max_model_len" not in change
+    assert t.result["flags"]["max_model_len"] == 131072
+    assert_consistent(t)
+
+
+def test_context_that_cannot_fit_goes_straight_to_the_longest_that_does(tmp_path: Path):
+    body = fake_body(tmp_path, start={"max_model_len": 65536, "quantization": "fp8"})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["kv_insufficient", "none"]  # one step, no halving walk
+    (change,) = t.step_changes()
+    old, new = change["max_model_len"]
+    assert old == 65536 and 32768 < new < 65536 and new % 16 == 0
+    assert t.result["flags"]["kv_cache_dtype"] == "fp8"
+    # the engine's own capacity at the chosen flags holds one request of the new context
+    ready = t.engine[-1]
+    assert ready["outcome"] == "ready" and ready["usable_kv_tokens"] >= new
+    assert_consistent(t)
+
+
+def test_no_kv_memory_raises_utilization_until_the_cache_fits(tmp_path: Path):
+    # 7B bf16 weights take 14.2 GiB of 23.99; at utilization 0.55 (13.2 GiB) nothing is left for the KV
+    # cache: vLLM prints "Available KV cache memory: -2.54 GiB", then "No available memory for the cache
+    # blocks". In the fake's accounting 0.68 or more serves 8192 tokens (0.62 still leaves -0.86 GiB).
+    body = fake_body(tmp_path, model=QWEN_7B, start={"gpu_memory_utilization": 0.55})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.classes[0] == "no_kv_memory", t.explain()
+    assert t.attempts[0]["phase"] == "kv_cache"
+    assert t.code == 0, t.explain()
+    assert t.result["flags"]["gpu_memory_utilization"] > 0.62
+    assert t.result["launches"] <= 3
+    for step in t.step_changes():
+        assert step["gpu_memory_utilization"][1] > step["gpu_memory_utilization"][0]
+    assert_consistent(t)
+
+
+# --- free_mem_below_util ---------------------------------------------------------------------------
+
+
+def test_busy_gpu_lowers_utilization_to_the_free_memory_and_names_the_holder(tmp_path: Path):
+    scenario = fake_scenario(tmp_path, gpu={"name": "RTX 4090", "other_process_gib": 6.0})
+    t = run_tune(tmp_path, fake_body(tmp_path, model=QWEN_7B), scenario)
+    assert t.code == 0, t.explain()
+    assert t.classes == ["free_mem_below_util", "none"]
+    classified = t.proc.named("failure_classified")[0]
+    free, total = classified["numbers"]["free_gib"], classified["numbers"]["total_gib"]
+    assert free == pytest.approx(23.99 - 6.0 - 0.45, abs=0.02) and total == pytest.approx(23.99)
+    (change,) = t.step_changes()
+    util = change["gpu_memory_utilization"][1]
+    assert set(change) == {"gpu_memory_utilization"}
+    assert 0.5 <= util <= (free - 0.25) / total + 1e-9
+    assert "other-gpu-job" in t.steps[0]["reason"]  # the fake NVML's name for the other process
+    assert_consistent(t)
+
+
+def test_busy_gpu_below_the_lowest_utilization_exits_3_after_one_launch(tmp_path: Path):
+    scenario = fake_scenario(tmp_path, gpu={"name": "RTX 4090", "other_process_gib": 12.0})
+    t = run_tune(tmp_path, fake_body(tmp_path, model=QWEN_7B), scenario)
+    assert t.code == 3, t.explain()
+    assert t.classes == ["free_mem_below_util"]
+    assert "min_gpu_memory_utilization" in t.result["reason"] and "other-gpu-job" in t.result["reason"]
+    assert_consistent(t)
+
+
+# --- fp8_unsupported -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("gpu", "kv_dtype"), [("RTX 3090", "fp8"), ("A100 80GB", "fp8_e4m3")])
+def test_fp8_e4m3_kv_failing_at_startup_falls_back_to_e5m2(tmp_path: Path, gpu: str, kv_dtype: str):
+    body = fake_body(tmp_path, model=QWEN_7B, start={"kv_cache_dtype": kv_dtype})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, gpu=gpu))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["fp8_unsupported", "none"]
+    assert t.attempts[0]["phase"] != "serving"
+    assert t.step_changes() == [{"kv_cache_dtype": (kv_dtype, "fp8_e5m2")}]
+    assert [r["outcome"] for r in t.engine] == ["fp8_unsupported", "ready"]
+    assert_consistent(t)
+
+
+@pytest.mark.parametrize("gpu", ["RTX 3090", "A100 80GB"])
+def test_fp8_kv_failing_on_the_first_request_is_caught_by_the_probe(tmp_path: Path, gpu: str):
+    body = fake_body(tmp_path, model=QWEN_7B, start={"kv_cache_dtype": "fp8"})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, gpu=gpu, fp8_fails_at="first_request"))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["fp8_unsupported", "none"]
+    assert t.attempts[0]["phase"] == "serving"  # it started; the probe's first request failed
+    failed = t.proc.named("probe_failed")
+    assert len(failed) == 1 and failed[0]["failure_class"] == "fp8_unsupported"
+    assert len(t.proc.named("probe_passed")) == 1
+    assert t.step_changes() == [{"kv_cache_dtype": ("fp8", "fp8_e5m2")}]
+    assert [r["outcome"] for r in t.engine] == ["ready", "ready"]
+    assert [r["outcome"] for r in engine_records(tmp_path, "runtime_failure")] == ["fp8_unsupported"]
+    assert_consistent(t)
+
+
+def test_fp8_weights_on_a_card_without_fp8_are_dropped(tmp_path: Path):
+    body = fake_body(tmp_path, model=QWEN_1_5B, start={"quantization": "fp8"})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, gpu="T4"))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["fp8_unsupported", "none"]
+    assert t.step_changes() == [{"quantization": ("fp8", None)}]
+    assert_consistent(t)
+
+
+# --- non-memory classes ----------------------------------------------------------------------------
+
+
+def test_hang_is_retried_once_with_the_same_flags_then_exits_4(tmp_path: Path):
+    body = fake_body(tmp_path, model=QWEN_7B, server={"stall_timeout_s": 1.5})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, hang_at="profile"))
+    assert t.code == 4, t.explain()
+    assert t.classes == ["hang", "hang"]
+    assert t.attempts[0]["flags"] == t.attempts[1]["flags"]
+    assert t.step_changes() == [{}]
+    assert len(t.proc.named("retry_backoff")) == 1
+    assert "again after a retry" in t.result["reason"]
+    assert [r["outcome"] for r in t.engine] == ["stopped", "stopped"]  # stopped by r1sup while hung
+    assert_consistent(t)
+
+
+def test_unknown_vllm_argument_is_fatal_after_one_launch(tmp_path: Path):
+    body = fake_body(tmp_path, model=QWEN_7B, server={"extra_args": ["--no-such-flag", "1"]})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 4, t.explain()
+    assert t.classes == ["config_error"]
+    assert "unrecognized arguments: --no-such-flag" in t.attempts[0]["evidence"]
+    assert t.proc.named("fatal_failure")
+    assert [r["outcome"] for r in t.engine] == ["config_error"]
+    assert_consistent(t)
+
+
+def test_port_held_by_a_foreign_process_is_fatal_without_starting_vllm(tmp_path: Path):
+    port = free_port()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import socket, sys, time\n"
+         "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+         "print('listening', flush=True); time.sleep(120)",
+         str(port)],
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "listening"
+        body = fake_body(tmp_path, model=QWEN_7B, server={"port": port})
+        t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    assert t.code == 4, t.explain()
+    assert t.classes == ["port_in_use"]
+    assert f"pid {holder.pid}" in t.attempts[0]["evidence"] and f"port {port}" in t.attempts[0]["evidence"]
+    assert f"pid {holder.pid}" in t.result["reason"]
+    assert not t.proc.named("launch_started") and not t.proc.named("child_started")
+    assert t.engine == []  # the fake engine never ran
+
+
+# A stand-in engine that fails the way vLLM 0.32 does for a model path that does not exist (the
+# lines of vLLM's log: banner, non-default args, the huggingface_hub validation error) and exits 1.
+MISSING_MODEL_ENGINE = r"""
+import os, sys
+args = sys.argv[1:]
+model = args[args.index("--model") + 1]
+tag = f"(APIServer pid={os.getpid()}) INFO 11-29 18:58:34"
+print(f"{tag} [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0", flush=True)
+print(f"{tag} [api_utils.py:286] non-default args: {{'model': {model!r}}}", flush=True)
+err = sys.stderr
+print("Traceback (most recent call last):", file=err)
+print('  File "/opt/venv/lib/python3.11/site-packages/huggingface_hub/utils/_validators.py", line 133, '
+      "in validate_repo_id", file=err)
+print("    raise HFValidationError(", file=err)
+print("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+      f"'namespace/repo_name': {model!r}. Use `repo_type` argument if needed.", file=err)
+print("", file=err)
+print("The above exception was the direct cause of the following exception:", file=err)
+print("", file=err)
+print("Traceback (most recent call last):", file=err)
+print('  File "/opt/venv/lib/python3.11/site-packages/transformers/utils/hub.py", line 595, in cached_files',
+      file=err)
+print('    raise OSError(f"{e}") from e', file=err)
+print("OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+      f"{model!r}. Use `repo_type` argument if needed.", file=err, flush=True)
+sys.exit(1)
+"""
+
+
+def test_missing_model_is_fatal_after_one_launch(tmp_path: Path):
+    body = fake_body(tmp_path, model=str(tmp_path / "no-such-model"),
+                     server={"launch": ["-c", MISSING_MODEL_ENGINE]})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 4, t.explain()
+    assert t.classes == ["model_not_found"] and t.result["launches"] == 1
+    assert "Repo id must be in the form" in t.attempts[0]["evidence"]
+    assert "cannot be found" in t.result["reason"]
+    assert t.proc.named("fatal_failure")
+
+
+# --- the planner's first launch ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "start", "ladder", "failure"),
+    [
+        (QWEN_7B, {"gpu_memory_utilization": 0.55}, {}, "no_kv_memory"),
+        (QWEN_14B, {}, {"allow_weight_quantization": True}, "oom_weights"),
+    ],
+    ids=["no_kv_memory", "oom_weights"],
+)
+def test_planned_first_launch_avoids_the_failure(
+    tmp_path: Path, model: str, start: dict[str, Any], ladder: dict[str, Any], failure: str
+):
+    as_configured = tmp_path / "as_configured"
+    planned = tmp_path / "planned"
+    as_configured.mkdir()
+    planned.mkdir()
+    # as configured, the first launch fails with the class ...
+    first = run_tune(as_configured, fake_body(as_configured, model=model, start=start, ladder=ladder),
+                     fake_scenario(as_configured))
+    assert first.classes[0] == failure, first.explain()
+    # ... planned, the planner changes [start] before launching and the first launch serves
+    body = fake_body(planned, model=model, start=start, ladder={**ladder, "first_launch": "planned"})
+    t = run_tune(planned, body, fake_scenario(planned))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["none"] and t.result["launches"] == 1
+    first_flags = t.proc.named("first_flags")[0]
+    assert first_flags["reason"].startswith("planned:"), first_flags
+    assert first_flags["flags"] == t.result["flags"]
+    assert [r["outcome"] for r in t.engine] == ["ready"]
+    assert_consistent(t)
