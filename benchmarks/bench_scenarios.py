@@ -1,0 +1,724 @@
+"""Launches to a working config per GPU scenario: ``r1sup tune`` (smart, naive), vLLM's auto-fit, the optimum.
+
+For every scenario of :mod:`scenarios` (GPU x DeepSeek-R1 distill x target) this runs, against the fake
+GPU engine (``tests/fakevllm``) and the fake NVML (``tests/fakenvml``):
+
+- ``smart`` and ``naive``: the real CLI, ``python -m r1sup.cli --log-format json tune --config F --json
+  --strategy S``, with ``ladder.first_launch = "planned"`` (the planner predicts the first launch, so the
+  two differ only after a failed launch; ``--first-launch as_configured`` starts both from the user's
+  ``[start]`` to compare the ladders alone);
+- ``auto-fit``: the engine alone with vLLM's ``--max-model-len -1`` and the user's other flags;
+- ``optimum``: ``fakevllm.optimum.optimum``, the best feasible configuration by exhaustive search over the
+  fake engine's own accounting, within the same ladder bounds.
+
+Every figure comes from the runs: launches and simulated seconds from the engine's state file (one line
+per launch), the final flags from ``tune --json``, the KV capacity from the engine's line of the final
+launch. Definitions:
+
+- ``ctx``: the final ``max_model_len``; ``conc``: requests of the full context that the KV cache holds at
+  once, ``(num_gpu_blocks - 1) // ceil(ctx / block)`` (vLLM's KV capacity over the context, without the
+  null block vLLM holds back);
+- target ``met``: the run ended serving, ``conc >= concurrency`` and ``ctx >= context`` (the optimum's
+  definition: every one of the concurrent requests may use the whole context); ``~met``: only the
+  README's weaker reading holds (``concurrency`` requests of ``context`` tokens fit, fewer at the full
+  context); ``MISS``: neither; ``infeas``: ``r1sup tune`` gave up (exit 3 or 4); ``fail``: auto-fit did not
+  start;
+- the optimum's ``ctx`` is the longest context of which ``concurrency`` requests fit at once;
+- ``sim s``: the simulated seconds of all launches (start-up, or start-up until the failure plus teardown);
+  the probe's serving time is not counted (its simulated clock runs with real time).
+
+Targets (smart): median launches <= 1.5 and at most 3; final context >= 95% of the optimum's in every
+scenario that has one; no scenario declared infeasible (exit 3 or 4) that has a feasible configuration;
+>= 80% of the scenarios that have a feasible configuration right on the first launch (it started and
+passed the probe). Exit status 1 when a target is missed.
+
+    python benchmarks/bench_scenarios.py [--quick] [--only ID,ID] [--json OUT] [--workdir DIR]
+                                         [--first-launch planned|as_configured] [--time-scale S]
+
+Scenarios run one after another (about 4 minutes for all of them on 2 cores); each run gets its own
+port, directory, state file and GPU-lock directory, and every process it started is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(TESTS)]
+
+import psutil  # noqa: E402
+
+from fakevllm.optimum import Bounds as OptBounds  # noqa: E402
+from fakevllm.optimum import optimum  # noqa: E402
+from fakevllm.scenario import load_scenario  # noqa: E402
+from r1sup.flags import EngineFlags  # noqa: E402
+from scenarios import QUICK, SCENARIOS, BenchScenario, by_id  # noqa: E402
+
+TIME_SCALE = 0.001
+TUNE_TIMEOUT_S = 240.0
+AUTOFIT_TIMEOUT_S = 60.0
+BLOCK = 16
+TARGET_MEDIAN_LAUNCHES = 1.5
+TARGET_MAX_LAUNCHES = 3
+TARGET_CONTEXT_RATIO = 0.95
+TARGET_FIRST_RIGHT = 0.80
+EXIT_INFEASIBLE = (3, 4)
+# the [ladder] defaults r1sup's config declares (config.LadderSection), for the optimum's bounds
+LADDER_DEFAULTS: dict[str, Any] = {
+    "min_max_model_len": 2048,
+    "min_gpu_memory_utilization": 0.5,
+    "max_gpu_memory_utilization": 0.95,
+    "allow_fp8_kv": True,
+    "allow_eager": True,
+    "allow_weight_quantization": False,
+    "allow_tensor_parallel": True,
+}
+
+
+@dataclass
+class Run:
+    """One way of getting a configuration (smart, naive, auto-fit) on one scenario."""
+
+    method: str
+    exit_code: int | None = None
+    launches: int = 0
+    sim_s: float = 0.0
+    ok: bool = False  # ended with a serving engine (tune exit 0; auto-fit: started)
+    ctx: int | None = None
+    kv_tokens: int | None = None
+    num_blocks: int | None = None
+    conc: int | None = None  # requests of the full context that fit at once
+    met: bool = False  # conc >= target concurrency and ctx >= target context (the optimum's definition)
+    met_documented: bool = False  # target concurrency requests of target.context tokens fit (README's)
+    flags: dict[str, Any] | None = None
+    outcomes: list[str] = field(default_factory=list)
+    reason: str = ""
+    wall_s: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def infeasible(self) -> bool:
+        return self.exit_code in EXIT_INFEASIBLE
+
+    @property
+    def first_right(self) -> bool:
+        return self.ok and self.launches == 1
+
+
+@dataclass
+class Result:
+    scenario: BenchScenario
+    smart: Run
+    naive: Run
+    autofit: Run
+    optimum: dict[str, Any] | None
+
+    @property
+    def feasible(self) -> bool:
+        return self.optimum is not None
+
+    def context_ratio(self, run: Run) -> float | None:
+        if self.optimum is None:
+            return None
+        return (run.ctx or 0) / self.optimum["max_model_len"] if run.ok else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.scenario
+        return {
+            "id": s.id,
+            "box": s.box,
+            "gpu": s.gpu,
+            "gpu_count": s.count,
+            "others_gib": s.others_gib,
+            "model": s.model_id,
+            "target": {"concurrency": s.concurrency, "context": s.context},
+            "start": dict(s.start),
+            "ladder": dict(s.ladder),
+            "why": s.why,
+            "smart": {**asdict(self.smart), "context_ratio": self.context_ratio(self.smart)},
+            "naive": {**asdict(self.naive), "context_ratio": self.context_ratio(self.naive)},
+            "autofit": {**asdict(self.autofit), "context_ratio": self.context_ratio(self.autofit)},
+            "optimum": self.optimum,
+        }
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+def write_toml(path: Path, body: Mapping[str, Mapping[str, Any]]) -> None:
+    lines: list[str] = []
+    for section, values in body.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {_toml(value)}" for key, value in values.items()]
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def engine_env(scenario: Mapping[str, Any]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_VLLM_", "R1SUP_", "VLLM_"))}
+    paths = [str(TESTS / "fakenvml"), str(TESTS)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["FAKE_VLLM_SCENARIO"] = json.dumps(dict(scenario))
+    return env
+
+
+def read_state(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group of ``proc`` (its own session), then SIGKILL it if it lingers."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the leader in the same group
+
+
+def kill_strays(marker: str) -> list[int]:
+    """Kill processes of this user whose FAKE_VLLM_SCENARIO names ``marker`` (this run's state file)."""
+    killed = []
+    me = os.getuid()
+    for proc in psutil.process_iter(["pid", "uids"]):
+        try:
+            if proc.info["uids"] is None or proc.info["uids"].real != me or proc.pid == os.getpid():
+                continue
+            if marker in proc.environ().get("FAKE_VLLM_SCENARIO", ""):
+                proc.kill()
+                killed.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return killed
+
+
+def fill_capacity(run: Run, line: Mapping[str, Any], bs: BenchScenario) -> None:
+    """Context, capacity and the target verdicts from the engine's record of a launch that started."""
+    run.ctx = int(line["max_model_len"])
+    run.kv_tokens = int(line["kv_cache_tokens"])
+    run.num_blocks = int(line["num_gpu_blocks"])
+    usable = max(0, run.num_blocks - 1)  # vLLM holds one null block back
+    block = int(line["usable_kv_tokens"]) // usable if line.get("usable_kv_tokens") and usable else BLOCK
+    seqs = (line.get("flags") or {}).get("max_num_seqs")
+    seqs_ok = seqs is None or seqs >= bs.concurrency
+    run.conc = usable // math.ceil(run.ctx / block) if run.ctx else 0
+    run.met = run.ok and run.ctx >= bs.context and run.conc >= bs.concurrency and seqs_ok
+    run.met_documented = (
+        run.ok
+        and run.ctx >= bs.context
+        and usable // math.ceil(bs.context / block) >= bs.concurrency
+        and seqs_ok
+    )
+
+
+def scenario_for_run(bs: BenchScenario, state: Path, time_scale: float) -> dict[str, Any]:
+    return {**bs.scenario(), "time_scale": time_scale, "state_file": str(state)}
+
+
+def user_flags(bs: BenchScenario) -> EngineFlags:
+    return EngineFlags(**dict(bs.start))
+
+
+def ladder_bounds(bs: BenchScenario) -> dict[str, Any]:
+    return {**LADDER_DEFAULTS, **dict(bs.ladder)}
+
+
+# --- the three ways ---------------------------------------------------------------------------------
+
+
+def run_tune(
+    bs: BenchScenario, strategy: str, work: Path, time_scale: float, first_launch: str = "planned"
+) -> Run:
+    """``r1sup tune`` through the real CLI, the fake engine as vLLM and the fake NVML as the GPUs."""
+    d = work / f"{bs.id}-{strategy}"
+    d.mkdir(parents=True, exist_ok=True)
+    state = d / "engine-state.jsonl"
+    state.unlink(missing_ok=True)
+    locks = d / "gpu-locks"  # live engines record the memory they hold here (the fake NVML reads it)
+    locks.mkdir(exist_ok=True)
+    sc = {**scenario_for_run(bs, state, time_scale), "gpu_lock_dir": str(locks)}
+    config = d / "r1sup.toml"
+    write_toml(
+        config,
+        {
+            "model": {"name": bs.model_id},
+            "server": {
+                "launch": ["-m", "fakevllm"],
+                "port": free_port(),
+                "startup_timeout_s": 120.0,
+                "stall_timeout_s": 60.0,
+                "stop_timeout_s": 10.0,
+                "memory_release_timeout_s": 10.0,
+            },
+            "start": dict(bs.start),
+            "ladder": {"first_launch": first_launch, **dict(bs.ladder)},
+            "target": {"concurrency": bs.concurrency, "context": bs.context},
+            "probe": {"requests": 2, "output_tokens": 4, "request_timeout_s": 60.0, "timeout_s": 120.0},
+            "state": {"dir": str(d / "state")},
+        },
+    )
+    stdout_path, stderr_path = d / "tune.json", d / "tune.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "r1sup.cli",
+        "--log-format",
+        "json",
+        "tune",
+        "--config",
+        str(config),
+        "--json",
+        "--strategy",
+        strategy,
+    ]
+    run = Run(
+        method=strategy, files={"state": str(state), "stdout": str(stdout_path), "log": str(stderr_path)}
+    )
+    t0 = time.monotonic()
+    with open(stdout_path, "w", encoding="utf-8") as out, open(stderr_path, "w", encoding="utf-8") as err:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=engine_env(sc),
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        try:
+            run.exit_code = proc.wait(timeout=TUNE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            run.reason = f"timed out after {TUNE_TIMEOUT_S:.0f}s"
+            stop_group(proc, grace_s=20.0)
+            run.exit_code = proc.returncode
+        finally:
+            stop_group(proc)
+            kill_strays(str(state))
+    run.wall_s = round(time.monotonic() - t0, 2)
+    try:
+        report = json.loads(stdout_path.read_text(encoding="utf-8"))
+    except ValueError:
+        report = {}
+    launches = [e for e in read_state(state) if e.get("event") == "launch"]
+    run.launches = len(launches)
+    run.sim_s = round(sum(float(e.get("simulated_seconds") or 0.0) for e in launches), 1)
+    run.outcomes = [str(e.get("outcome")) for e in launches]
+    run.reason = run.reason or str(report.get("reason") or "")
+    counted = int(report.get("launches") or 0)
+    if counted != run.launches:  # an engine that died before it could record its launch
+        run.reason = f"engine recorded {run.launches} launch(es), r1sup counted {counted}; " + run.reason
+        run.launches = max(counted, run.launches)
+    run.ok = run.exit_code == 0 and bool(report.get("ok"))
+    if run.ok:
+        run.flags = report.get("flags")
+        final = launches[-1] if launches else {}
+        if final.get("outcome") == "ready" and final.get("kv_cache_tokens") is not None:
+            fill_capacity(run, final, bs)
+            flagged = (run.flags or {}).get("max_model_len")
+            if flagged is not None and int(flagged) != run.ctx:
+                run.reason = f"tune reported max_model_len {flagged}, the engine ran {run.ctx}"
+    return run
+
+
+def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
+    """vLLM's own way: ``--max-model-len -1`` with the user's other flags; one launch, no retry."""
+    d = work / f"{bs.id}-autofit"
+    d.mkdir(parents=True, exist_ok=True)
+    state = d / "engine-state.jsonl"
+    state.unlink(missing_ok=True)
+    sc = scenario_for_run(bs, state, time_scale)
+    flags = user_flags(bs).replace(max_model_len=-1)
+    argv = [
+        sys.executable,
+        "-m",
+        "fakevllm",
+        "--model",
+        bs.model_id,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        *flags.to_argv(),
+    ]
+    run = Run(method="autofit", files={"state": str(state), "log": str(d / "engine.log")})
+    t0 = time.monotonic()
+    with open(d / "engine.log", "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=engine_env(sc),
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + AUTOFIT_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if any(e.get("event") == "launch" for e in read_state(state)) or proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        finally:
+            stop_group(proc)
+            kill_strays(str(state))
+    run.wall_s = round(time.monotonic() - t0, 2)
+    run.exit_code = proc.returncode
+    launches = [e for e in read_state(state) if e.get("event") == "launch"]
+    run.launches = len(launches)
+    run.sim_s = round(sum(float(e.get("simulated_seconds") or 0.0) for e in launches), 1)
+    run.outcomes = [str(e.get("outcome")) for e in launches]
+    if launches and launches[0].get("outcome") == "ready":
+        run.ok = True
+        run.flags = launches[0].get("flags")
+        fill_capacity(run, launches[0], bs)
+    elif launches:
+        run.reason = str(launches[0].get("message") or launches[0].get("outcome"))[:200]
+    else:
+        run.reason = "no launch recorded"
+    return run
+
+
+def find_optimum(bs: BenchScenario) -> dict[str, Any] | None:
+    scenario = load_scenario(bs.scenario())
+    bounds = OptBounds.from_any(ladder_bounds(bs))
+    return optimum(
+        scenario,
+        bs.concurrency,
+        bs.context,
+        bounds,
+        user_flags=user_flags(bs).to_dict(),
+        cli_model=bs.model_id,
+    )
+
+
+def run_scenario(bs: BenchScenario, work: Path, time_scale: float, first_launch: str = "planned") -> Result:
+    return Result(
+        scenario=bs,
+        smart=run_tune(bs, "smart", work, time_scale, first_launch),
+        naive=run_tune(bs, "naive", work, time_scale, first_launch),
+        autofit=run_autofit(bs, work, time_scale),
+        optimum=find_optimum(bs),
+    )
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+
+def _verdict(run: Run) -> str:
+    if run.ok:
+        return "met" if run.met else ("~met" if run.met_documented else "MISS")
+    if run.method == "autofit":
+        return "fail"
+    return "infeas" if run.infeasible else f"exit{run.exit_code}"
+
+
+def _k(tokens: int | None) -> str:
+    if tokens is None:
+        return "-"
+    return f"{tokens / 1024:.1f}k" if tokens % 1024 else f"{tokens // 1024}k"
+
+
+def _run_cells(run: Run, tune: bool) -> list[str]:
+    cells = [str(run.launches), f"{run.sim_s:.0f}"] if tune else [f"{run.sim_s:.0f}"]
+    cells += [_k(run.ctx) if run.ok else "-", str(run.conc) if run.ok else "-", _verdict(run)]
+    return cells
+
+
+_CHANGE_NAMES = {
+    "gpu_memory_utilization": "util",
+    "kv_cache_dtype": "kv",
+    "enforce_eager": "eager",
+    "max_num_seqs": "seqs",
+    "quantization": "q",
+    "tensor_parallel_size": "tp",
+}
+
+
+def _opt_cells(opt: dict[str, Any] | None) -> list[str]:
+    if opt is None:
+        return ["none", "-", "no config fits"]
+    f = opt["flags"]
+    parts = []
+    for name in opt["changed"]:
+        value = f[name]
+        short = _CHANGE_NAMES.get(name, name)
+        parts.append(short if isinstance(value, bool) else f"{short}={value}")
+    return [_k(opt["max_model_len"]), str(opt["concurrency"]), " ".join(parts) or "as written"]
+
+
+def table(results: Sequence[Result]) -> str:
+    head1 = [
+        "",
+        "",
+        "",
+        "",
+        "smart",
+        "",
+        "",
+        "",
+        "",
+        "naive",
+        "",
+        "",
+        "",
+        "",
+        "auto-fit",
+        "",
+        "",
+        "",
+        "optimum",
+        "",
+        "",
+    ]
+    head2 = [
+        "scenario",
+        "box",
+        "model",
+        "target",
+        "L",
+        "sim s",
+        "ctx",
+        "conc",
+        "target",
+        "L",
+        "sim s",
+        "ctx",
+        "conc",
+        "target",
+        "sim s",
+        "ctx",
+        "conc",
+        "target",
+        "ctx",
+        "conc",
+        "changes",
+    ]
+    rows = [head1, head2]
+    for r in results:
+        s = r.scenario
+        rows.append(
+            [
+                s.id,
+                s.box,
+                s.model,
+                s.target,
+                *_run_cells(r.smart, True),
+                *_run_cells(r.naive, True),
+                *_run_cells(r.autofit, False),
+                *_opt_cells(r.optimum),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head2))]
+    sep = {3, 8, 13, 17}  # a bar after these columns
+    lines = []
+    for n, row in enumerate(rows):
+        cells = []
+        for i, cell in enumerate(row):
+            text = cell.ljust(widths[i]) if i < 4 or i == len(row) - 1 else cell.rjust(widths[i])
+            cells.append(text + (" |" if i in sep else ""))
+        lines.append(" ".join(cells).rstrip())
+        if n == 1:
+            lines.append("-" * len(lines[-1]))
+    return "\n".join(lines)
+
+
+@dataclass
+class Target:
+    name: str
+    measured: str
+    passed: bool
+
+
+def summarize(results: Sequence[Result]) -> list[Target]:
+    launches = [r.smart.launches for r in results]
+    median = statistics.median(launches) if launches else 0.0
+    feasible = [r for r in results if r.feasible]
+    ratios = [(r.context_ratio(r.smart) or 0.0, r.scenario.id) for r in feasible]
+    below = [f"{sid} {ratio:.0%}" for ratio, sid in ratios if ratio < TARGET_CONTEXT_RATIO]
+    worst = min(ratios) if ratios else (1.0, "-")
+    wrong_infeasible = [r.scenario.id for r in feasible if not r.smart.ok]
+    first = [r for r in feasible if r.smart.first_right]
+    first_all = [r for r in results if r.smart.first_right]
+    share = len(first) / len(feasible) if feasible else 1.0
+    med_ratio = statistics.median(x for x, _ in ratios) if ratios else 1.0
+    return [
+        Target(
+            f"launches: median <= {TARGET_MEDIAN_LAUNCHES:g}, max <= {TARGET_MAX_LAUNCHES}",
+            f"median {median:g}, max {max(launches, default=0)} (naive: median "
+            f"{statistics.median([r.naive.launches for r in results]) if results else 0:g}, max "
+            f"{max((r.naive.launches for r in results), default=0)})",
+            median <= TARGET_MEDIAN_LAUNCHES and max(launches, default=0) <= TARGET_MAX_LAUNCHES,
+        ),
+        Target(
+            f"context >= {TARGET_CONTEXT_RATIO:.0%} of the optimum's "
+            f"(each of {len(feasible)} feasible scenarios)",
+            f"lowest {worst[0]:.1%} ({worst[1]}), median {med_ratio:.1%}"
+            + (f"; below: {', '.join(below)}" if below else ""),
+            not below,
+        ),
+        Target(
+            "no feasible scenario declared infeasible",
+            f"{len(wrong_infeasible)} of {len(feasible)}"
+            + (f": {', '.join(wrong_infeasible)}" if wrong_infeasible else ""),
+            not wrong_infeasible,
+        ),
+        Target(
+            f">= {TARGET_FIRST_RIGHT:.0%} right on the first launch",
+            f"{len(first)} of {len(feasible)} feasible scenarios = {share:.0%} "
+            f"({len(first_all)} of all {len(results)})",
+            share >= TARGET_FIRST_RIGHT,
+        ),
+    ]
+
+
+def side_counts(results: Sequence[Result]) -> list[str]:
+    def met(name: str) -> str:
+        runs = [getattr(r, name) for r in results]
+        strict = sum(1 for run in runs if run.met)
+        weak = sum(1 for run in runs if run.met_documented and not run.met)
+        return f"{strict}/{len(runs)}" + (f" (+{weak} ~met)" if weak else "")
+
+    def total(name: str, attr: str) -> float:
+        return sum(getattr(getattr(r, name), attr) for r in results)
+
+    feasible = sum(1 for r in results if r.feasible)
+    return [
+        f"target met: smart {met('smart')}, naive {met('naive')}, auto-fit {met('autofit')}; "
+        f"a feasible configuration exists (optimum) in {feasible}/{len(results)}",
+        f"launches: smart {total('smart', 'launches'):.0f}, naive {total('naive', 'launches'):.0f}; "
+        f"simulated seconds: smart {total('smart', 'sim_s'):.0f}, naive {total('naive', 'sim_s'):.0f}, "
+        f"auto-fit {total('autofit', 'sim_s'):.0f}",
+    ]
+
+
+LEGEND = (
+    "L: launches; sim s: simulated seconds of all launches (start-up, or until the failure plus teardown); "
+    "ctx: final max_model_len;\n"
+    "conc: requests of ctx tokens the KV cache holds at once; target: met = conc >= concurrency and "
+    "ctx >= context, ~met = only\n"
+    "concurrency requests of context tokens fit, MISS = neither, infeas = r1sup gave up (exit 3/4), "
+    "fail = did not start;\n"
+    "optimum: exhaustive search over the fake engine within the same bounds, with its changes to the "
+    "user's flags."
+)
+
+
+def report(results: Sequence[Result]) -> tuple[str, bool]:
+    targets = summarize(results)
+    lines = [table(results), "", LEGEND, "", *side_counts(results), "", "targets (smart):"]
+    for t in targets:
+        lines.append(f"  {'PASS' if t.passed else 'FAIL'}  {t.name}: {t.measured}")
+    return "\n".join(lines), all(t.passed for t in targets)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--only", metavar="IDS", help="comma-separated scenario ids")
+    parser.add_argument("--json", metavar="OUT", help="write every figure as JSON here")
+    parser.add_argument("--workdir", metavar="DIR", help="keep each run's config, logs and state files here")
+    parser.add_argument("--time-scale", type=float, default=TIME_SCALE, help="real s per simulated s")
+    parser.add_argument(
+        "--first-launch",
+        choices=("planned", "as_configured"),
+        default="planned",
+        help="ladder.first_launch of the tune runs: the planner's flags (default) or the user's [start]",
+    )
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.only:
+        chosen = by_id([i.strip() for i in args.only.split(",") if i.strip()])
+    elif args.quick:
+        chosen = by_id(QUICK)
+    else:
+        chosen = list(SCENARIOS)
+    tmp = None
+    if args.workdir:
+        work = Path(args.workdir)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="r1sup-bench-")
+        work = Path(tmp.name)
+    t0 = time.monotonic()
+    results = []
+    try:
+        for n, bs in enumerate(chosen, 1):
+            r = run_scenario(bs, work, args.time_scale, args.first_launch)
+            results.append(r)
+            wall = r.smart.wall_s + r.naive.wall_s + r.autofit.wall_s
+            print(
+                f"[{n}/{len(chosen)}] {bs.id}: smart {r.smart.launches} {_verdict(r.smart)}, "
+                f"naive {r.naive.launches} {_verdict(r.naive)}, auto-fit {_verdict(r.autofit)} ({wall:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    text, ok = report(results)
+    print(text)
+    print(
+        f"\n{len(results)} scenarios in {time.monotonic() - t0:.0f}s (time_scale {args.time_scale:g}, "
+        f"ladder.first_launch {args.first_launch})"
+    )
+    if args.json:
+        payload = {
+            "time_scale": args.time_scale,
+            "first_launch": args.first_launch,
+            "targets": [asdict(t) for t in summarize(results)],
+            "passed": ok,
+            "scenarios": [r.to_dict() for r in results],
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The benchmark matrix: GPUs x DeepSeek-R1 distills x targets, with what a typical user writes.
+
+Each :class:`BenchScenario` is one box (GPU model, count, memory other processes hold), one model and
+one target (``concurrency`` requests of ``context`` tokens at once), plus the ``[start]`` and ``[ladder]``
+a user would plausibly write:
+
+- ``[start]``: a round context (``max_model_len = 32768`` or ``16384``) or nothing at all (vLLM then uses
+  the model's 131072), ``gpu_memory_utilization`` left at vLLM's 0.9, ``tensor_parallel_size`` set only
+  where a user of a multi-GPU box would set it (the 70B models); no fp8 flags.
+- ``[ladder]``: the defaults (fp8 KV, eager mode and tensor parallel allowed; weight quantization NOT
+  allowed), except where the scenario says ``allow_weight_quantization``: boxes where the bf16 weights
+  cannot fit and a user who accepts fp8 weights says so. Without that permission such a box has no
+  feasible configuration, which is what the "cannot fit" scenarios check.
+
+``ids`` are stable: the README table and ``--only`` use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MODELS = {
+    "Qwen-1.5B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+    "Qwen-7B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "Qwen-14B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+    "Qwen-32B": "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
+    "Llama-8B": "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+    "Llama-70B": "deepseek-ai/DeepSeek-R1-Distill-Llama-70B",
+}
+
+FP8_WEIGHTS = {"allow_weight_quantization": True}
+
+
+@dataclass(frozen=True)
+class BenchScenario:
+    id: str
+    gpu: str  # a fakevllm GPU catalog name
+    model: str  # a key of MODELS
+    concurrency: int
+    context: int
+    count: int = 1
+    others_gib: float = 0.0  # memory other processes hold on every GPU
+    start: Mapping[str, Any] = field(default_factory=dict)  # the user's [start]
+    ladder: Mapping[str, Any] = field(default_factory=dict)  # [ladder] beyond the defaults
+    why: str = ""
+
+    @property
+    def model_id(self) -> str:
+        return MODELS[self.model]
+
+    @property
+    def box(self) -> str:
+        name = f"{self.count}x {self.gpu}" if self.count > 1 else self.gpu
+        return name + (f" busy {self.others_gib:g}G" if self.others_gib else "")
+
+    @property
+    def target(self) -> str:
+        return f"{self.concurrency}x{self.context // 1024}k"
+
+    def scenario(self) -> dict[str, Any]:
+        """The fake engine's scenario (without time_scale and the per-run paths)."""
+        gpu: dict[str, Any] = {"name": self.gpu, "count": self.count}
+        if self.others_gib:
+            gpu["other_process_gib"] = self.others_gib
+        return {"gpu": gpu}
+
+
+def _s(id: str, gpu: str, model: str, conc: int, ctx: int, **kw: Any) -> BenchScenario:
+    return BenchScenario(id=id, gpu=gpu, model=model, concurrency=conc, context=ctx, **kw)
+
+
+CTX32 = {"max_model_len": 32768}
+CTX16 = {"max_model_len": 16384}
+
+SCENARIOS: tuple[BenchScenario, ...] = (
+    # RTX 3090: compute capability 8.6, no fp8 e4m3 (KV falls back to e5m2); fp8 weights via Marlin.
+    _s("3090-q1.5", "RTX 3090", "Qwen-1.5B", 16, 8192, start=CTX32, why="small model, fits as written"),
+    _s("3090-q7", "RTX 3090", "Qwen-7B", 4, 16384, start=CTX32, why="fits as written"),
+    _s(
+        "3090-l8",
+        "RTX 3090",
+        "Llama-8B",
+        4,
+        16384,
+        start=CTX32,
+        why="target needs fp8 KV; e4m3 absent (cc 8.6)",
+    ),
+    _s(
+        "3090-q14-fp8w",
+        "RTX 3090",
+        "Qwen-14B",
+        2,
+        8192,
+        start=CTX16,
+        ladder=FP8_WEIGHTS,
+        why="bf16 weights do not fit; fp8 weights allowed",
+    ),
+    _s(
+        "2x3090-q32",
+        "RTX 3090",
+        "Qwen-32B",
+        1,
+        4096,
+        count=2,
+        start=CTX16,
+        why="cannot fit: 32B bf16 over 2x24 GB, no weight quantization",
+    ),
+    # RTX 4090 (cc 8.9)
+    _s("4090-q7", "RTX 4090", "Qwen-7B", 4, 16384, start=CTX32, why="fits as written"),
+    _s(
+        "4090-l8-full",
+        "RTX 4090",
+        "Llama-8B",
+        1,
+        32768,
+        why="no max_model_len: the model's 131072 does not fit",
+    ),
+    _s(
+        "4090-q14",
+        "RTX 4090",
+        "Qwen-14B",
+        1,
+        8192,
+        start=CTX32,
+        why="cannot fit: 14B bf16 on 24 GB, no weight quantization",
+    ),
+    _s(
+        "4090-busy-q7",
+        "RTX 4090",
+        "Qwen-7B",
+        2,
+        8192,
+        others_gib=6.0,
+        start=CTX16,
+        why="6 GiB held by another process: util 0.9 cannot start",
+    ),
+    _s(
+        "2x4090-q14",
+        "RTX 4090",
+        "Qwen-14B",
+        4,
+        16384,
+        count=2,
+        start=CTX32,
+        why="needs tensor parallel 2; user left tp at 1",
+    ),
+    # L4 (cc 8.9, 22 GB)
+    _s("l4-q7", "L4", "Qwen-7B", 2, 16384, start=CTX32, why="fits as written"),
+    _s("l4-l8", "L4", "Llama-8B", 4, 8192, start=CTX32, why="context must shrink or KV go fp8"),
+    _s(
+        "l4-l70-fp8w",
+        "L4",
+        "Llama-70B",
+        1,
+        4096,
+        start=CTX32,
+        ladder=FP8_WEIGHTS,
+        why="cannot fit at all: 70B even in fp8 is 3x the card",
+    ),
+    # L40S (cc 8.9, 44 GB)
+    _s("l40s-q14", "L40S", "Qwen-14B", 8, 8192, start=CTX32, why="target needs fp8 KV or more utilization"),
+    _s(
+        "l40s-q32-fp8w",
+        "L40S",
+        "Qwen-32B",
+        2,
+        16384,
+        start=CTX32,
+        ladder=FP8_WEIGHTS,
+        why="bf16 weights do not fit; fp8 weights allowed",
+    ),
+    _s(
+        "l40s-busy-l8",
+        "L40S",
+        "Llama-8B",
+        4,
+        32768,
+        others_gib=12.0,
+        why="12 GiB held by another process; no max_model_len",
+    ),
+    # A100 40/80 (cc 8.0: fp8 KV only as e5m2)
+    _s("a100-40-q14", "A100 40GB", "Qwen-14B", 4, 16384, start=CTX32, why="target needs e5m2 KV (cc 8.0)"),
+    _s(
+        "a100-40-q32-fp8w",
+        "A100 40GB",
+        "Qwen-32B",
+        1,
+        8192,
+        start=CTX16,
+        ladder=FP8_WEIGHTS,
+        why="bf16 weights do not fit; fp8 weights allowed",
+    ),
+    _s("a100-80-q32", "A100 80GB", "Qwen-32B", 4, 8192, start=CTX32, why="tight: 61 GiB of weights"),
+    _s(
+        "2xa100-80-l70",
+        "A100 80GB",
+        "Llama-70B",
+        4,
+        8192,
+        count=2,
+        start={**CTX32, "tensor_parallel_size": 2},
+        why="70B over two A100 80GB",
+    ),
+    # H100 (cc 9.0, 80 GB)
+    _s("h100-l8", "H100", "Llama-8B", 16, 8192, why="no max_model_len; large box defaults"),
+    _s("h100-q32", "H100", "Qwen-32B", 8, 16384, start=CTX32, why="target needs fp8 KV"),
+    _s(
+        "4xh100-l70",
+        "H100",
+        "Llama-70B",
+        16,
+        16384,
+        count=4,
+        start={**CTX32, "tensor_parallel_size": 4},
+        why="70B over four H100, tp set by the user",
+    ),
+    _s(
+        "4xh100-l70-tp1",
+        "H100",
+        "Llama-70B",
+        8,
+        8192,
+        count=4,
+        start=CTX32,
+        why="70B on a 4x H100 box; user left tp at 1",
+    ),
+    # H200 (cc 9.0, 141 GB)
+    _s(
+        "h200-l70-fp8w",
+        "H200",
+        "Llama-70B",
+        4,
+        8192,
+        start=CTX32,
+        ladder=FP8_WEIGHTS,
+        why="bf16 70B leaves no KV room; fp8 weights allowed",
+    ),
+    _s("h200-q32", "H200", "Qwen-32B", 8, 32768, why="no max_model_len; the model's 131072"),
+    _s(
+        "h200-busy-q32",
+        "H200",
+        "Qwen-32B",
+        4,
+        16384,
+        others_gib=40.0,
+        start=CTX32,
+        why="40 GiB held by another process",
+    ),
+)
+
+QUICK = ("4090-q7", "3090-l8", "l4-l70-fp8w")
+
+
+def by_id(ids: list[str] | tuple[str, ...]) -> list[BenchScenario]:
+    known = {s.id: s for s in SCENARIOS}
+    missing = [i for i in ids if i not in known]
+    if missing:
+        raise KeyError(f"unknown scenario id(s): {', '.join(missing)} (known: {', '.join(known)})")
+    return [known[i] for i in ids]

@@ -1,0 +1,147 @@
+"""The scenario benchmark (benchmarks/bench_scenarios.py): targets computed right, figures from real runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks" / "bench_scenarios.py"
+
+
+def load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_scenarios", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_scenarios", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_bench()
+
+
+def result(sid: str, launches: int, ctx: int | None, opt_ctx: int | None, exit_code: int = 0) -> Any:
+    scenario = bench.by_id([sid])[0]
+    ok = exit_code == 0
+    smart = bench.Run("smart", exit_code=exit_code, launches=launches, ok=ok, ctx=ctx if ok else None)
+    other = bench.Run("naive", exit_code=exit_code, launches=launches, ok=ok, ctx=ctx if ok else None)
+    optimum = (
+        None if opt_ctx is None else {"max_model_len": opt_ctx, "concurrency": 4, "changed": [], "flags": {}}
+    )
+    return bench.Result(scenario, smart, other, bench.Run("autofit"), optimum)
+
+
+# (launches, smart ctx, optimum ctx, exit code) per scenario -> PASS of the four targets
+SUMMARIES = [
+    ([(1, 32768, 32768, 0), (1, 20000, 20000, 0), (2, None, None, 3)], [True, True, True, True]),
+    ([(1, 32768, 32768, 0), (2, 20000, 20000, 0), (2, 8192, 8192, 0)], [False, True, True, False]),
+    ([(1, 32768, 32768, 0), (1, 18000, 20000, 0), (1, 8192, 8192, 0)], [True, False, True, True]),
+    ([(1, 32768, 32768, 0), (1, 20000, 20000, 0), (4, None, 8192, 3)], [False, False, False, False]),
+    (
+        [
+            (1, 32768, 32768, 0),
+            (1, 20000, 20000, 0),
+            (1, 8192, 8192, 0),
+            (2, 4096, 4096, 0),
+            (2, 4096, 4096, 0),
+        ],
+        [True, True, True, False],
+    ),
+]
+
+
+@pytest.mark.parametrize(("runs", "expected"), SUMMARIES)
+def test_targets_are_judged_from_the_runs(runs: list[tuple[Any, ...]], expected: list[bool]) -> None:
+    ids = [s.id for s in bench.SCENARIOS[: len(runs)]]
+    results = [result(sid, *run) for sid, run in zip(ids, runs, strict=True)]
+    targets = bench.summarize(results)
+    assert [t.passed for t in targets] == expected
+    launches = sorted(run[0] for run in runs)
+    assert f"max {launches[-1]}" in targets[0].measured
+    text, ok = bench.report(results)
+    assert ok == all(expected)
+    assert sum(line.startswith(("  PASS", "  FAIL")) for line in text.splitlines()) == 4
+    for sid in ids:
+        assert any(line.startswith(sid + " ") for line in text.splitlines())
+
+
+def launch_lines(path: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+    return [e for e in lines if e.get("event") == "launch"]
+
+
+def strays(marker: str) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if marker in proc.environ().get("FAKE_VLLM_SCENARIO", ""):
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_harness_reports_real_runs(tmp_path: Path) -> None:
+    """Two scenarios through the CLI: every figure of the table traces back to the engine's own records."""
+    ids = ["4090-q7", "l4-l70-fp8w"]
+    out, work = tmp_path / "bench.json", tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--only", ",".join(ids), "--json", str(out), "--workdir", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=380,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert proc.returncode == (0 if data["passed"] else 1), proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "smart" in lines[0] and "naive" in lines[0] and "auto-fit" in lines[0] and "optimum" in lines[0]
+    assert [t["passed"] for t in data["targets"]] == [
+        line.startswith("  PASS") for line in lines if line.startswith(("  PASS", "  FAIL"))
+    ]
+    assert [s["id"] for s in data["scenarios"]] == ids
+    fits, cannot = data["scenarios"]
+
+    for sc in data["scenarios"]:
+        row = next(line for line in lines if line.startswith(sc["id"] + " "))
+        for method in ("smart", "naive", "autofit"):
+            run = sc[method]
+            launches = launch_lines(run["files"]["state"])
+            assert run["launches"] == len(launches) >= 1
+            assert run["sim_s"] == pytest.approx(sum(e["simulated_seconds"] for e in launches), abs=0.06)
+            assert run["outcomes"] == [e["outcome"] for e in launches]
+            if run["ok"]:
+                final = launches[-1]
+                assert final["outcome"] == "ready"
+                assert (run["ctx"], run["num_blocks"]) == (final["max_model_len"], final["num_gpu_blocks"])
+                assert run["conc"] == (final["num_gpu_blocks"] - 1) // math.ceil(final["max_model_len"] / 16)
+                assert f"{run['sim_s']:.0f}" in row
+        for method in ("smart", "naive"):
+            tune = json.loads(Path(sc[method]["files"]["stdout"]).read_text(encoding="utf-8"))
+            assert tune["exit_code"] == sc[method]["exit_code"]
+            assert tune["launches"] == sc[method]["launches"]
+            if tune["ok"]:
+                assert tune["flags"]["max_model_len"] == sc[method]["ctx"]
+        # the optimum is the fake engine's exhaustive search for this scenario, not a stored figure
+        assert sc["optimum"] == json.loads(json.dumps(bench.find_optimum(bench.by_id([sc["id"]])[0])))
+
+    assert fits["optimum"] is not None and fits["smart"]["ok"]
+    assert fits["smart"]["context_ratio"] == pytest.approx(
+        fits["smart"]["ctx"] / fits["optimum"]["max_model_len"]
+    )
+    assert cannot["optimum"] is None and cannot["smart"]["exit_code"] in (3, 4)
+    assert not cannot["autofit"]["ok"] and cannot["autofit"]["outcomes"][0].startswith("oom")
+    assert strays(str(work)) == []
