@@ -467,7 +467,9 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     try:
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "r1sup-test", str(path)],
-            capture_output=True, timeout=30, check=False,
+            capture_output=True,
+            timeout=30,
+            check=False,
         )
     except FileNotFoundError:
         pytest.skip("no mount command")
@@ -549,7 +551,10 @@ def test_write_failure_in_a_real_process_keeps_old_profile(tmp_path: Path) -> No
     new_file.write_text(json.dumps(bigger.to_dict()))
     done = subprocess.run(
         [sys.executable, "-c", FILE_SIZE_LIMITED_SAVER, str(state), str(new_file)],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"saved": None}
@@ -596,7 +601,9 @@ def test_import_refuses_another_box_unless_forced(tmp_path: Path) -> None:
     assert imported.key == fingerprint_key(other_box)
     assert imported.fingerprint == other_box
     assert imported.imported == {
-        "from": str(exported), "original_key": profile.key, "differences": differences
+        "from": str(exported),
+        "original_key": profile.key,
+        "differences": differences,
     }
     assert there.lookup(other_box) == imported
 
@@ -706,12 +713,17 @@ def test_current_fingerprint_wires_devices_model_and_versions(
         {"model": {"name": str(model_dir)}, "target": {"concurrency": 8, "context": 4096}}, env={}
     )
     request = {"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.ladder)}
-    expected = fp_with(model=str(model_dir), model_config_hash=modelinfo.config_hash(model_config), request=request)
+    expected = fp_with(
+        model=str(model_dir), model_config_hash=modelinfo.config_hash(model_config), request=request
+    )
     assert profiles.current_fingerprint(config) == expected
     # another [start] (what the search starts from) is another key: the profile is not reused
     edited = cfg.build(
-        {"model": {"name": str(model_dir)}, "target": {"concurrency": 8, "context": 4096},
-         "start": {"max_model_len": 4096}},
+        {
+            "model": {"name": str(model_dir)},
+            "target": {"concurrency": 8, "context": 4096},
+            "start": {"max_model_len": 4096},
+        },
         env={},
     )
     changed = profiles.current_fingerprint(edited, device=GPU_BOX)
@@ -725,3 +737,19 @@ def test_current_fingerprint_wires_devices_model_and_versions(
         fp = profiles.current_fingerprint(missing, device=CPU_BOX)
     assert fp["model"] == {"id": str(tmp_path / "no-such-model"), "config_hash": None}
     assert events(logs, "model_config_unavailable")
+
+
+def test_cpu_fingerprint_uses_the_machines_memory_not_numa_node0():
+    # NUMA node 0's MemTotal moves on VMs with hot-plugged memory; the machine's RAM does not
+    base = DeviceFacts(
+        backend="cpu", cpu_model="EPYC", host_total_bytes=8 * GIB, machine_memory_bytes=24 * GIB
+    )
+    moved = dataclasses.replace(base, host_total_bytes=14 * GIB)
+    kw = dict(
+        model="m", model_config_hash=None, versions={}, target={}, tensor_parallel_size=1, r1sup_version="0.1"
+    )
+    assert fingerprint_key(fingerprint(device=base, **kw)) == fingerprint_key(fingerprint(device=moved, **kw))
+    bigger = dataclasses.replace(base, machine_memory_bytes=48 * GIB)
+    assert fingerprint_key(fingerprint(device=base, **kw)) != fingerprint_key(
+        fingerprint(device=bigger, **kw)
+    )

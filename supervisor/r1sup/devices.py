@@ -149,6 +149,7 @@ def _probe_nvml(cuda_visible_devices: str | None) -> DeviceFacts:
     return DeviceFacts(
         backend="cuda",
         gpus=tuple(gpus),
+        machine_memory_bytes=int(psutil.virtual_memory().total),
         driver=driver,
         cpu_model=cpu_model(),
         host_total_bytes=total,
@@ -240,6 +241,7 @@ def _probe_cpu(reason: str) -> DeviceFacts:
     return DeviceFacts(
         backend="cpu",
         cpu_flags=cpu_flags(),
+        machine_memory_bytes=int(psutil.virtual_memory().total),
         cpu_model=cpu_model(),
         host_total_bytes=total,
         host_available_bytes=available,

@@ -54,6 +54,7 @@ class DeviceFacts:
     source: str = "probe"  # probe (NVML/psutil), catalog (--gpu NAME), manual (--gpu-memory-gib)
     notes: tuple[str, ...] = field(default_factory=tuple)
     cpu_flags: frozenset[str] | None = None  # /proc/cpuinfo flags on the CPU backend; None: unknown
+    machine_memory_bytes: int = 0  # the machine's RAM (stable), for fingerprints; host_* is NUMA node 0
 
     @property
     def fp8_kv_supported(self) -> bool | None:

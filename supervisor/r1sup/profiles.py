@@ -292,7 +292,9 @@ def fingerprint(
             "driver": device.driver,
         }
     else:
-        fp["cpu"] = {"model": device.cpu_model, "memory_gib": round(device.host_total_bytes / GIB)}
+        # the machine's RAM, not NUMA node 0's figure, which moves on VMs whose memory is hot-plugged
+        memory = device.machine_memory_bytes or device.host_total_bytes
+        fp["cpu"] = {"model": device.cpu_model, "memory_gib": round(memory / GIB)}
     fp["versions"] = {"vllm": versions.get("vllm"), "torch": versions.get("torch")}
     fp["model"] = {"id": model, "config_hash": model_config_hash}
     fp["target"] = dict(target)
