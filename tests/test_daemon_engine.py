@@ -6,15 +6,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import threading
 from pathlib import Path
 
 import psutil
 import pytest
 
 from conftest import free_port, wait_until
-from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
+from r1sup_proc import (
+    NotifySocket,
+    R1sup,
+    engine_processes,
+    kill_engine_processes,
+    tiny_engine_config,
+    write_config,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -27,34 +32,6 @@ FAST_DAEMON = {
     "backoff_max_s": 2.0,
     "restart_budget": 4,
 }
-
-
-class NotifySocket:
-    """A stand-in for systemd's notify socket that records every datagram."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self.messages: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.messages.append(self.sock.recv(65536).decode())
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
 
 
 def status(state_dir: Path) -> dict:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import free_port, wait_until
-from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+from r1sup_proc import NotifySocket, R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -89,34 +87,6 @@ def stop_cleanly(proc: R1sup, config: Path, tmp_path: Path) -> None:
 def order(proc: R1sup, *names: str) -> list[str]:
     """The events of these names, in the order r1sup logged them."""
     return [e["event"] for e in list(proc.events) if e.get("event") in names]
-
-
-class NotifySocket:
-    """A stand-in for systemd's notify socket: records every datagram r1sup sends."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self.messages: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.messages.append(self.sock.recv(65536).decode())
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
 
 
 # --- (1) runtime OOM -------------------------------------------------------------------------------
