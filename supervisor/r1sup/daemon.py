@@ -32,7 +32,7 @@ from r1sup.flags import EngineFlags
 from r1sup.notify import Notifier
 from r1sup.runner import Launch, StopRequested
 from r1sup.session import Session, now_iso, save_profile
-from r1sup.tuner import Tuner, TuneResult, ladder_facts, status_line
+from r1sup.tuner import Tuner, TuneResult, calibration, ladder_facts, status_line
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
@@ -286,10 +286,14 @@ class Daemon:
             start = EngineFlags.from_dict(saved.flags)
             self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)
             self.note("profile_found", key=key)
-        elif start is None:
+        measured: dict[str, float] = {}
+        if saved is None and start is None:
             self.log.info("profile_missing", key=key)
+            measured = calibration(store, self.fingerprint, EngineFlags.from_start(self.config.start))
+            if measured:
+                self.log.info("planner_calibrated", **measured)
         tuner = self._tuner()
-        result = tuner.run(start, keep_running=True, history=self.history)
+        result = tuner.run(start, keep_running=True, history=self.history, observations=measured)
         self.history = result.history or self.history
         if result.ok:
             persisted = saved is not None and result.launches == 1

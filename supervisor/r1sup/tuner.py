@@ -179,6 +179,31 @@ def _obs_for_planner(observations: dict[str, float]) -> dict[str, float]:
     return {k: observations[k] for k in keys if k in observations}
 
 
+CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
+
+
+def calibration(store: Any, fingerprint: dict[str, Any], flags: EngineFlags) -> dict[str, float]:
+    """Measured figures from an earlier profile of the same model on the same box (other target or
+    bounds), for the planner: weights when quantization and tensor parallel match, non-torch memory
+    when tensor parallel matches. Figures that depend on other flags are not carried over."""
+    same = [
+        p
+        for p, _ in store.near_misses(fingerprint)
+        if all(p.fingerprint.get(k) == fingerprint.get(k) for k in CALIBRATION_KEYS)
+    ]
+    for profile in same:  # newest first
+        old = profile.flags
+        out: dict[str, float] = {}
+        if old.get("tensor_parallel_size", 1) == flags.tensor_parallel_size:
+            if "non_torch_gib" in profile.observations:
+                out["non_torch_gib"] = float(profile.observations["non_torch_gib"])
+            if old.get("quantization") == flags.quantization and "weights_gib" in profile.observations:
+                out["weights_gib"] = float(profile.observations["weights_gib"])
+        if out:
+            return out
+    return {}
+
+
 def planner_suggestions(config: Config, know: ModelKnowledge, flags: EngineFlags) -> tuple[str, ...]:
     if know.arch is None or know.device is None:
         return ()

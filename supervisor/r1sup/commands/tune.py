@@ -20,18 +20,24 @@ def main(args: argparse.Namespace) -> int:
     session = open_session(args, config, json_out=args.json)
     session.events.install_signal_handlers()
     try:
+        from r1sup import profiles
+        from r1sup.flags import EngineFlags
+        from r1sup.tuner import calibration
+
         tuner = Tuner(config, session.runner, session.log)
+        fingerprint = profiles.current_fingerprint(config, device=tuner.know.device)
+        store = profiles.ProfileStore(config.state.dir)
+        measured = calibration(store, fingerprint, EngineFlags.from_start(config.start))
+        if measured:
+            session.log.info("planner_calibrated", **measured)
         try:
-            result = tuner.run()
+            result = tuner.run(observations=measured)
         except StopRequested as stop:
             session.runner.stop_current(reason="signal")
             session.log.warning("tune_interrupted", signal=stop.signum)
             sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
             return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
         if result.ok:
-            from r1sup import profiles
-
-            fingerprint = profiles.current_fingerprint(config, device=tuner.know.device)
             result.profile_path = save_profile(session, result, fingerprint)
     finally:
         session.events.restore_signal_handlers()

@@ -1,0 +1,71 @@
+"""Tuner helpers: calibration from earlier profiles, the status line, first flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from r1sup import profiles
+from r1sup.flags import EngineFlags
+from r1sup.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.tuner import calibration, status_line
+
+BOX = DeviceFacts(backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 4090", 24 * GIB, 23 * GIB, (8, 9)),))
+
+
+def fp(**changes: object) -> dict:
+    base = dict(
+        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        model_config_hash="abc",
+        device=BOX,
+        versions={"vllm": "0.33.0", "torch": "2.9.0"},
+        target={"concurrency": 4, "context": 8192},
+        tensor_parallel_size=1,
+        r1sup_version="0.1.0",
+    )
+    base.update(changes)
+    return profiles.fingerprint(**base)  # type: ignore[arg-type]
+
+
+def save(store: profiles.ProfileStore, fingerprint: dict, flags: EngineFlags, observations: dict) -> None:
+    profile = profiles.Profile.create(
+        fingerprint=fingerprint,
+        model="deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        served_name="r1",
+        flags=flags,
+        command=["vllm"],
+        probe={"ok": True},
+        observations=observations,
+    )
+    assert store.save(profile) is not None
+
+
+def test_calibration_carries_measured_weights_to_another_target_on_the_same_box(tmp_path: Path):
+    store = profiles.ProfileStore(tmp_path)
+    save(
+        store,
+        fp(),
+        EngineFlags(max_model_len=32768),
+        {"weights_gib": 14.2, "non_torch_gib": 0.4, "cudagraph_gib": 1.1},
+    )
+    other_target = fp(target={"concurrency": 8, "context": 4096})
+    assert calibration(store, other_target, EngineFlags()) == {"weights_gib": 14.2, "non_torch_gib": 0.4}
+    # weights measured without quantization say nothing about fp8 weights; non-torch still holds
+    assert calibration(store, other_target, EngineFlags(quantization="fp8")) == {"non_torch_gib": 0.4}
+    # another tensor parallel size: nothing carries over
+    assert calibration(store, other_target, EngineFlags(tensor_parallel_size=2)) == {}
+
+
+def test_calibration_ignores_other_boxes_and_other_engines(tmp_path: Path):
+    store = profiles.ProfileStore(tmp_path)
+    other_gpu = DeviceFacts(
+        backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 3090", 24 * GIB, 23 * GIB, (8, 6)),)
+    )
+    save(store, fp(device=other_gpu), EngineFlags(), {"weights_gib": 14.2})
+    save(store, fp(versions={"vllm": "0.20.0", "torch": "2.6.0"}), EngineFlags(), {"weights_gib": 14.3})
+    assert calibration(store, fp(target={"concurrency": 1, "context": 2048}), EngineFlags()) == {}
+
+
+def test_status_line_reads_like_an_operator_would_write_it():
+    old = EngineFlags(max_model_len=8192)
+    new = EngineFlags(max_model_len=3712)
+    assert status_line(2, old, new, "kv_insufficient") == "attempt 2: context 8192 -> 3712 (kv_insufficient)"
