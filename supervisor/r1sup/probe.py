@@ -274,7 +274,7 @@ async def _poll_metrics(http: httpx.AsyncClient, metrics: dict[str, float], stop
         if "kv_usage" in sample:
             metrics["kv_usage"] = max(metrics.get("kv_usage", 0.0), sample["kv_usage"])
         try:
-            await asyncio.wait_for(stop.wait(), timeout=0.25)
+            await asyncio.wait_for(stop.wait(), timeout=0.1)
         except asyncio.TimeoutError:
             continue
 
