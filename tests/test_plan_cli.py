@@ -97,6 +97,9 @@ def test_7b_fits_with_a_predicted_capacity(capsys: pytest.CaptureFixture[str]) -
     assert "FITS as given" in text
     assert f"{d['kv_capacity_tokens']:,} tokens" in text
     assert "--max-model-len 32768 --gpu-memory-utilization 0.9" in text
+    margin = d["recommended_prediction"]["margin_gib"]
+    assert margin > 0
+    assert f"predicted to fit with {margin:.2f} GiB kept spare for estimate errors" in text
 
 
 def test_full_context_7b_recommends_fp8_e5m2_on_an_rtx_3090(capsys: pytest.CaptureFixture[str]) -> None:

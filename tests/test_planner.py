@@ -353,27 +353,55 @@ def test_activation_estimate_matches_a_logged_figure() -> None:
 # --- targets, margins and the levers that keep the context ---------------------------------------
 
 
-def test_target_means_every_concurrent_request_may_use_the_whole_context() -> None:
-    # 4 x 16k fit in bf16, but 4 requests of the 32k context do not: fp8 KV keeps the context for all 4
+def test_target_is_concurrency_times_the_target_context_not_the_full_context() -> None:
+    # issue 6: 4 x 16k must fit at once and one request of the 32k context must fit; 4 requests of the
+    # full 32k need not. The bf16 KV cache (~114k tokens) holds both: the flags as written fit.
     flags = EngineFlags(max_model_len=32768)
     p = planner.plan(arch(Q7), gpu(24), flags, target_concurrency=4, target_context=16384)
-    assert p.starts_as_given and not p.meets_target and not p.fits
+    assert p.starts_as_given and p.meets_target and p.fits
+    assert p.recommended == flags
+    # for information: 4 requests of the full context would only fit up to a shorter one
+    assert p.max_context_for_target is not None and 16384 <= p.max_context_for_target < 32768
+    # a target the KV cache cannot hold as given: 8 x 16k = 131,072 tokens
+    big = planner.plan(arch(Q7), gpu(24), flags, target_concurrency=8, target_context=16384)
+    assert big.starts_as_given and not big.meets_target and not big.fits
+    assert big.recommended is not None and big.recommended.max_model_len == 32768
+    assert big.recommended.kv_cache_dtype == "fp8"
+    assert big.recommended_kv_capacity_tokens is not None and big.recommended_kv_capacity_tokens >= 8 * 16384
+
+
+def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
+    # Llama-8B on a 21.5 GiB card: bf16 KV holds ~25k tokens (32k does not start); fp8 KV holds ~51k.
+    # One request of 32k fits and 4 x 8k fit: the user keeps 32768 with fp8 KV, not the ~13k at which
+    # 4 requests of the full context would fit.
+    device = gpu(21.5)
+    flags = EngineFlags(max_model_len=32768)
+    p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=8192)
+    assert not p.starts_as_given and not p.meets_target and not p.fits
     assert p.recommended == EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
+    tokens = p.recommended_kv_capacity_tokens
+    assert tokens is not None and 4 * 8192 <= tokens < 2 * 32768
+    ev = planner._evaluate(arch(L8), device, p.recommended, None)
+    assert ev.holds(32768, 4, 8192, margin=True)
+    assert not ev.fits_context(32768, 4, margin=False)  # the strong reading would shrink the context
+    assert ev.context_for(4, 32768, margin=False) < 16384
 
 
 def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> None:
-    # Llama-8B on an RTX 3090 (cc 8.6): 4 x 32k cannot fit even in fp8 KV, so the context shrinks, but
-    # only after utilization 0.95 (the bound), e5m2 KV and 16 sequences per batch made room
+    # Llama-8B on an RTX 3090 (cc 8.6), no max_model_len: one request of the model's 131072 tokens cannot
+    # fit even in fp8 KV, so the context shrinks, but only after utilization 0.95 (the bound), e5m2 KV and
+    # 16 sequences per batch made room; it shrinks to what one request fits, not to a quarter of it
     device = gpu(23.69, cc=(8, 6))
-    flags = EngineFlags(max_model_len=32768)
+    flags = EngineFlags()
     p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384)
     rec = p.recommended
     assert rec is not None and rec.max_model_len is not None
     assert (rec.gpu_memory_utilization, rec.kv_cache_dtype, rec.max_num_seqs) == (0.95, "fp8_e5m2", 16)
-    assert 16384 <= rec.max_model_len < 32768 and not rec.enforce_eager
+    assert 4 * 16384 <= rec.max_model_len < 131072 and not rec.enforce_eager
     ev = planner._evaluate(arch(L8), device, rec, None)
-    assert ev.usable_blocks(margin=True) >= 4 * planner.cdiv(rec.max_model_len, 16)
-    assert ev.usable_blocks(margin=True) < 4 * planner.cdiv(rec.max_model_len + 16, 16)
+    assert ev.usable_blocks(margin=True) >= planner.cdiv(rec.max_model_len, 16)
+    assert ev.usable_blocks(margin=True) < planner.cdiv(rec.max_model_len + 16, 16)
+    assert ev.fits_context(16384, 4, margin=True)
     # without the permission to go above 0.9, the context comes out shorter
     p90 = planner.plan(
         arch(L8),
@@ -384,7 +412,22 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
         bounds={"max_gpu_memory_utilization": 0.9},
     )
     assert p90.recommended is not None and p90.recommended.gpu_memory_utilization == 0.9
-    assert (p90.recommended.max_model_len or 0) < rec.max_model_len
+    assert 16384 <= (p90.recommended.max_model_len or 0) < rec.max_model_len
+
+
+def test_a_target_no_lever_reaches_is_reported_with_what_fits() -> None:
+    # 8 x 16k is 131,072 tokens: Llama-8B's KV cache on the RTX 3090 cannot hold it with any lever, and
+    # a shorter context does not help (the requests stay 16k): the target is not met, and the best
+    # flags for one request come with how many of the target's requests they hold
+    device = gpu(23.69, cc=(8, 6))
+    p = planner.plan(arch(L8), device, EngineFlags(), target_concurrency=8, target_context=16384)
+    assert not p.fits and not p.meets_target
+    assert p.recommended is not None and (p.recommended.max_model_len or 0) >= 16384
+    ev = planner._evaluate(arch(L8), device, p.recommended, None)
+    held = ev.usable_blocks(margin=True) // planner.cdiv(16384, 16)
+    assert 1 <= held < 8
+    notes = " ".join(p.notes)
+    assert f"8 requests of 16384 tokens at once is not met; the recommended flags hold {held} " in notes
 
 
 # target concurrency, the user's max_num_seqs, GPU memory (GiB) -> the planner's max_num_seqs
@@ -435,13 +478,25 @@ def test_as_given_inside_the_margin_is_not_launched_as_is() -> None:
     assert p.recommended_margin_gib is not None and p.recommended_margin_gib > 0
 
 
-def test_the_gpu_count_that_keeps_the_context_wins() -> None:
-    # 70B on 4 x H100: tensor parallel 2 would start with a short context, 4 keeps the 32k for 8 requests
+def test_the_gpu_count_with_the_fewest_changes_wins() -> None:
+    # 70B on 4 x H100, user's tp 1: tensor parallel 2 needs utilization 0.95, fp8 KV and fewer sequences
+    # for 8 x 8k next to a 32k context, tensor parallel 4 nothing else: one change beats four
     device = gpu(79.11, cc=(9, 0), count=4, source="probe", name="NVIDIA H100 80GB HBM3")
     flags = EngineFlags(max_model_len=32768)
     p = planner.plan(arch(L70), device, flags, target_concurrency=8, target_context=8192)
-    assert p.recommended is not None
-    assert (p.recommended.tensor_parallel_size, p.recommended.max_model_len) == (4, 32768)
+    assert p.recommended == flags.replace(tensor_parallel_size=4)
+    # 16 x 16k = 262,144 tokens: tensor parallel 2 cannot hold it with any lever; 4 holds it as written
+    p = planner.plan(arch(L70), device, flags, target_concurrency=16, target_context=16384)
+    assert p.recommended == flags.replace(tensor_parallel_size=4)
+    # 14B on 4 x RTX 4090: tensor parallel 2 and 4 both start with one change: the fewer GPUs
+    box = gpu(23.55, count=4, source="probe", name="RTX 4090")
+    q14 = EngineFlags(max_model_len=16384)
+    p = planner.plan(arch(Q14), box, q14, target_concurrency=1, target_context=8192)
+    assert p.recommended == q14.replace(tensor_parallel_size=2)
+    # 4 x 16k next to 32k: tensor parallel 2 would need fp8 KV as well (59k tokens in bf16), 4 does not
+    q32k = EngineFlags(max_model_len=32768)
+    p = planner.plan(arch(Q14), box, q32k, target_concurrency=4, target_context=16384)
+    assert p.recommended == q32k.replace(tensor_parallel_size=4)
 
 
 # --- observations ------------------------------------------------------------------------------

@@ -657,7 +657,19 @@ class _Eval:
         return max(0, min(cap, per_request * self.block))
 
     def fits_context(self, context: int, concurrency: int, margin: bool) -> bool:
+        """``concurrency`` requests of ``context`` tokens each fit at once (and vLLM starts)."""
         return self.startup_ok and self.usable_blocks(margin) >= concurrency * cdiv(context, self.block)
+
+    def holds(self, context: int, concurrency: int, per_request: int, margin: bool) -> bool:
+        """vLLM starts with ``max_model_len`` = ``context`` (one request of it fits) and the KV cache holds
+        ``concurrency`` requests of ``per_request`` tokens at once: issue 6's reading of a target."""
+        return self.fits_context(context, 1, margin) and self.fits_context(per_request, concurrency, margin)
+
+    def longest_context(self, concurrency: int, per_request: int, cap: int, margin: bool) -> int:
+        """The longest block-aligned ``max_model_len`` (up to ``cap``) for :meth:`holds`; 0 if none."""
+        if not self.fits_context(per_request, concurrency, margin):
+            return 0
+        return max(0, min(cap, self.usable_blocks(margin) * self.block))
 
     def breakdown(self, device: DeviceFacts) -> Breakdown:
         free = device.free_bytes
@@ -1016,14 +1028,18 @@ def _recommend(
     reference: EngineFlags,
     bounds: Mapping[str, Any],
     target_concurrency: int | None = None,
+    per_request: int | None = None,
 ) -> _Choice | None:
     """The best configuration predicted to start with a margin, or None.
 
-    Preference (issue 4): keep the requested context: as given, then with fp8 KV when allowed, then at
-    the highest allowed utilization (with and without fp8 KV), then, when a target concurrency is given
-    and ``max_num_seqs`` is vLLM's default, with fewer sequences per batch (:func:`fewer_seqs`).
-    When none keeps it: the largest block-aligned context that serves ``concurrency`` requests with
-    all of those levers, never below ``min_context``. Only when even that fails: no CUDA graphs.
+    It must hold (:meth:`_Eval.holds`, with the margin) one request of its ``max_model_len`` and
+    ``concurrency`` requests of ``per_request`` tokens at once (None: requests of the full context).
+    Preference (issues 4 and 6): the longest context up to the requested one, then the fewest and mildest
+    changes: as given, then with fp8 KV when allowed, then at the highest allowed utilization (with and
+    without fp8 KV), then, when a target concurrency is given and ``max_num_seqs`` is vLLM's default,
+    with fewer sequences per batch (:func:`fewer_seqs`). When none keeps the requested context: the
+    longest block-aligned context one request fits with all of those levers, never below ``min_context``.
+    Only when even that fails: no CUDA graphs.
     """
     base = flags.replace(max_model_len=requested_context)
     cc = device.compute_capability
@@ -1041,10 +1057,14 @@ def _recommend(
     def evaluate(f: EngineFlags) -> _Eval:
         return _evaluate(arch, device, f, observations, reference)
 
+    def keeps(ev: _Eval) -> bool:
+        return ev.holds(requested_context, concurrency, per_request or requested_context, margin=True)
+
     def shrink(ev: _Eval) -> _Choice | None:
-        if not ev.startup_ok:
-            return None
-        context = ev.context_for(concurrency, requested_context, margin=True)
+        if per_request is None:  # requests of the full context: it shrinks with them
+            context = ev.context_for(concurrency, requested_context, margin=True)
+        else:
+            context = ev.longest_context(concurrency, per_request, requested_context, margin=True)
         if context <= 0 or context < min_context:
             return None
         return _Choice(evaluate(ev.flags.replace(max_model_len=context)), context)
@@ -1062,15 +1082,15 @@ def _recommend(
         keep.append(keep[-1].replace(max_num_seqs=seqs))
     evals = [evaluate(f) for f in keep]
     for ev in evals:
-        if ev.fits_context(requested_context, concurrency, margin=True):
+        if keeps(ev):
             return _Choice(ev, requested_context)
-    primary = evals[-1]  # every lever but eager mode
+    primary = evals[-1]  # every lever but eager mode: the most KV, so the longest context
     choice = shrink(primary)
     if choice is not None:
         return choice
     if bounds["allow_eager"] and not base.enforce_eager and device.backend != "cpu":
         ev = evaluate(primary.flags.replace(enforce_eager=True))
-        if ev.fits_context(requested_context, concurrency, margin=True):
+        if keeps(ev):
             return _Choice(ev, requested_context)
         return shrink(ev)
     return None
@@ -1107,13 +1127,19 @@ def plan(
 ) -> Plan:
     """Predict the memory of ``flags`` on ``device`` and recommend first flags (see the module doc).
 
-    ``fits``: vLLM would start with exactly these flags (``starts_as_given``) and ``target_concurrency``
-    (default 1) requests of the requested context fit at once, which is at least the target context
-    (``meets_target``), both with the margin kept for estimate errors (:func:`_margin`).
+    The target (issue 6): ``target_concurrency`` requests of ``target_context`` tokens must fit in the KV
+    cache at once; the context vLLM runs with is not multiplied by the concurrency (one request of it
+    must fit, vLLM's own start-up check). Without ``target_context`` the requests are of the full context;
+    without a target, one request of the full context.
+    ``fits``: vLLM would start with exactly these flags (``starts_as_given``), the context is at least the
+    target context and the KV cache holds the target (``meets_target``), both with the margin kept for
+    estimate errors (:func:`_margin`).
     ``model_fits``: the weights and overheads fit and leave KV room for at least one request of the
     smallest acceptable context (``min_max_model_len``, or the target context), so some context works.
-    ``recommended``: the best configuration predicted to start with that margin spare, within
-    ``bounds``; None when nothing does.
+    ``recommended``: the best configuration predicted to start and hold the target with that margin
+    spare, within ``bounds`` (the longest context up to the requested one, then the fewest changes);
+    None when nothing does. ``max_context_for_target`` is for information only: the longest context at
+    which ``target_concurrency`` requests of the full context would fit at once.
     """
     b = _bounds(bounds)
     flags = _normalize_flags(flags)
@@ -1143,15 +1169,15 @@ def plan(
     max_for_target = (
         ev.context_for(concurrency, cap, margin=False) if target_concurrency is not None else None
     )
-    # The target holds when ``concurrency`` requests of the context vLLM runs with fit at once (so every
-    # request may use the whole context); with auto-fit vLLM sizes the context itself, for one request.
-    needed = (target_context or max_context) if r.auto_fit else requested_context
-    meets_target = needed > 0 and ev.fits_context(needed, concurrency, margin=False)
+    # The target holds when ``concurrency`` requests of ``each`` tokens fit in the KV cache at once (the
+    # target context; without one, the context vLLM runs with, which auto-fit sizes itself).
+    each = target_context or (max_context if r.auto_fit else requested_context)
+    meets_target = each > 0 and ev.fits_context(each, concurrency, margin=False)
     if target_context and not r.auto_fit and requested_context < target_context:
         meets_target = False
         notes.append(f"max_model_len {requested_context} is shorter than the target context {target_context}")
     fits = starts and meets_target
-    if fits and not r.auto_fit and not ev.fits_context(needed, concurrency, margin=True):
+    if fits and not r.auto_fit and not ev.holds(requested_context, concurrency, each, margin=True):
         fits = False
         notes.append(
             f"as given it is predicted to fit by less than the {ev.margin / GIB:.2f} GiB kept spare for "
@@ -1177,6 +1203,7 @@ def plan(
             reference=flags,
             bounds=b,
             target_concurrency=target_concurrency,
+            per_request=target_context,
         )
 
     # Levers beyond the flags themselves, in the ladder's order: more of the GPUs present, then fp8 weights.
@@ -1190,18 +1217,21 @@ def plan(
     if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
         variants.append(flags.replace(quantization="fp8"))
 
-    # the first variant that keeps the requested context, else the one with the longest context
+    # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
+    # then the earlier variant (fewer GPUs)
     found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
-    keeping = [c for c in found if c.context >= requested_context]
-    choice: _Choice | None = keeping[0] if keeping else max(found, key=lambda c: c.context, default=None)
+    choice: _Choice | None = min(
+        found, key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)), default=None
+    )
     if choice is None and concurrency > 1:
         for variant in variants:
             choice = recommend(variant, 1)
             if choice is not None:
-                served = choice.ev.usable_blocks(True) // cdiv(choice.context, choice.ev.block)
+                each = target_context or choice.context
+                served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
                 notes.append(
-                    f"the target of {concurrency} concurrent requests is not met; the recommended flags "
-                    f"serve {served} at {choice.context} tokens"
+                    f"the target of {concurrency} requests of {each} tokens at once is not met; the "
+                    f"recommended flags hold {served} of them at once"
                 )
                 break
 
@@ -1209,8 +1239,8 @@ def plan(
     if choice is not None:
         if choice.context < requested_context:
             notes.append(
-                f"context {requested_context} does not fit"
-                + (f" {concurrency} times" if concurrency > 1 else "")
+                f"one request of {requested_context} tokens does not fit"
+                + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
                 + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
                 f"recommended --max-model-len {choice.context}"
             )
@@ -1223,7 +1253,18 @@ def plan(
 
     needs_way_out = not fits or recommended is None
     suggestions = (
-        _suggestions(arch, device, flags, ev, concurrency, requested_context, min_context, observations, b)
+        _suggestions(
+            arch,
+            device,
+            flags,
+            ev,
+            concurrency,
+            requested_context,
+            min_context,
+            observations,
+            b,
+            target_context=target_context,
+        )
         if needs_way_out
         else []
     )
@@ -1256,6 +1297,15 @@ def plan(
         model=arch.summary(),
         device=_device_summary(device, flags),
         flags=flags,
+    )
+
+
+def _changed(new: EngineFlags, old: EngineFlags) -> int:
+    """How many flags other than the context differ: the recommendation's measure of "fewest changes"."""
+    return sum(
+        1
+        for f in dataclasses.fields(EngineFlags)
+        if f.name != "max_model_len" and getattr(new, f.name) != getattr(old, f.name)
     )
 
 
@@ -1361,6 +1411,7 @@ def _suggestions(
     min_context: int,
     observations: Observations | None,
     bounds: Mapping[str, Any],
+    target_context: int | None = None,
 ) -> list[Suggestion]:
     """Ways out with numbers. They ignore the ladder's allow_* bounds (a person decides)."""
     open_bounds = {**bounds, "allow_fp8_kv": True, "allow_eager": True}
@@ -1377,6 +1428,7 @@ def _suggestions(
             observations=observations,
             reference=flags,
             bounds=open_bounds,
+            per_request=target_context,
         )
 
     def add(
@@ -1427,7 +1479,7 @@ def _suggestions(
                     )
                 )
                 break
-    offload = _offload_gib(arch, device, flags, observations, concurrency, min_context)
+    offload = _offload_gib(arch, device, flags, observations, concurrency, min_context, target_context)
     if offload is not None:
         f = flags.replace(cpu_offload_gb=float(offload))
         add(
@@ -1461,13 +1513,16 @@ def _offload_gib(
     observations: Observations | None,
     concurrency: int,
     min_context: int,
+    target_context: int | None = None,
 ) -> int | None:
-    """Whole GiB of weights to offload so that ``min_context`` fits ``concurrency`` times (None: no need)."""
+    """Whole GiB of weights to offload so that one request of ``min_context`` and ``concurrency`` requests
+    of ``target_context`` (default: of ``min_context``) fit at once (None: no need)."""
     if device.backend == "cpu" or flags.kv_cache_memory_bytes is not None:
         return None
     base = flags.replace(max_model_len=min_context, cpu_offload_gb=None)
     ev = _evaluate(arch, device, base, observations)
-    blocks_needed = concurrency * cdiv(min_context, ev.block) + 1
+    each = target_context or min_context
+    blocks_needed = max(cdiv(min_context, ev.block), concurrency * cdiv(each, ev.block)) + 1
     kv_needed = blocks_needed * ev.bytes_per_block + ev.margin
     shortfall = kv_needed - ev.kv
     if shortfall <= 0:

@@ -232,13 +232,16 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts) -> str:
         lines.append(f"target  {conc} concurrent request(s){ctx}: {status}")
         if plan.max_context_for_target is not None:
             lines.append(
-                f"        largest context for {conc} at once: {_tokens(plan.max_context_for_target)} tokens"
+                f"        (for information: {conc} requests of the full context fit at once up to "
+                f"{_tokens(plan.max_context_for_target)} tokens)"
             )
     lines.append("")
 
     if plan.recommended is not None:
-        spare = f"{planner.MARGIN_FRACTION:.0%}"
-        lines.append(f"recommended first flags (predicted to fit with {spare} of the budget spare):")
+        spare = f"{plan.recommended_margin_gib or 0.0:.2f} GiB"
+        lines.append(
+            f"recommended first flags (predicted to fit with {spare} kept spare for estimate errors):"
+        )
         lines.append("  " + " ".join(plan.recommended.to_argv()))
         if plan.recommended_breakdown is not None and plan.recommended_kv_capacity_tokens is not None:
             rb = plan.recommended_breakdown
