@@ -21,6 +21,12 @@ from r1sup.logparse import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+CUDAGRAPH_PROFILING = (
+    "CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+    "--gpu-memory-utilization=0.9200 is equivalent to --gpu-memory-utilization=0.9080 without CUDA graph "
+    "memory profiling. To maintain the same effective KV cache size as before, increase "
+    "--gpu-memory-utilization to 0.9320. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0."
+)
 
 
 def read_fixture(name: str) -> list[str]:
@@ -569,6 +575,11 @@ PROGRESS_CASES = [
         {"max_model_len": 2048},
     ),
     ("INFO:     Application startup complete.", "server_ready", {}),
+    (
+        "(EngineCore_DP0 pid=212) INFO 06-02 09:14:39 [gpu_worker.py:775] " + CUDAGRAPH_PROFILING,
+        "cudagraph_estimate",
+        {"profiled_gpu_memory_utilization": 0.92, "equivalent_gpu_memory_utilization": 0.908},
+    ),
 ]
 
 
@@ -582,6 +593,56 @@ def test_progress_event(raw: str, kind: str, numbers: dict[str, float]) -> None:
     for key, value in numbers.items():
         assert reader.observations[key] == pytest.approx(value)
     assert reader.verdict().cls == fl.NONE  # progress is never a failure
+
+
+def _engine_line(message: str) -> str:
+    return f"(EngineCore_DP0 pid=212) INFO 06-02 09:14:39 [gpu_worker.py:775] {message}"
+
+
+# vLLM 0.33 gpu_worker.py determine_available_memory, "%.4f" utilizations (the format of the message)
+CG_PROFILING = _engine_line(CUDAGRAPH_PROFILING)
+CG_BREAKDOWN = _engine_line(
+    "Free memory on device (78.68/79.19 GiB) on startup. Desired GPU memory utilization is "
+    "(0.92, 72.85 GiB). Actual usage is 28.13 GiB for consumed memory (weights + non-torch), "
+    "1.68 GiB for peak activation, and 0.87 GiB for CUDAGraph memory."
+)
+CG_OLD_TOTAL = _engine_line(
+    "the current vLLM instance can use total_gpu_memory (79.19GiB) x gpu_memory_utilization (0.92) = 72.85GiB"
+)
+CG_POOL = _engine_line("CUDA graph pool memory: 0.87 GiB (actual), 0.96 GiB (estimated), difference: 0.09")
+# lines of one run (any order) -> cudagraph_estimated_gib observed (None: absent)
+CUDAGRAPH_ESTIMATES = [
+    ([CG_PROFILING], None),  # the total is not known: no figure
+    ([CG_PROFILING, CG_BREAKDOWN], round((0.92 - 0.908) * 79.19, 3)),
+    ([CG_BREAKDOWN, CG_PROFILING], round((0.92 - 0.908) * 79.19, 3)),
+    ([CG_OLD_TOTAL, CG_PROFILING], round((0.92 - 0.908) * 79.19, 3)),
+    ([CG_PROFILING, CG_BREAKDOWN, CG_POOL], 0.96),  # vLLM's own estimate wins, before or after
+    ([CG_POOL, CG_PROFILING, CG_BREAKDOWN], 0.96),
+    ([CG_BREAKDOWN, CG_POOL], 0.96),
+]
+
+
+@pytest.mark.parametrize(("lines", "expected"), CUDAGRAPH_ESTIMATES)
+def test_cudagraph_estimate_from_the_equivalent_utilization(lines: list[str], expected: float | None) -> None:
+    for feed in ("feed", "feed_lines"):
+        reader = LogReader()
+        if feed == "feed":
+            for line in lines:
+                reader.feed(line)
+        else:
+            reader.feed_lines(lines)
+        assert reader.observations.get("cudagraph_estimated_gib") == (
+            pytest.approx(expected) if expected is not None else None
+        ), feed
+        assert reader.verdict().cls == fl.NONE
+
+
+def test_cudagraph_estimate_is_reported_with_the_line_that_completes_it() -> None:
+    reader = LogReader()
+    reader.feed(CG_BREAKDOWN)
+    progress = [e for e in reader.feed(CG_PROFILING) if isinstance(e, Progress)]
+    assert [p.kind for p in progress] == ["cudagraph_estimate"]
+    assert progress[0].numbers["cudagraph_estimated_gib"] == pytest.approx(0.95, abs=0.001)
 
 
 def test_ready_seen_only_after_startup_complete() -> None:

@@ -108,6 +108,7 @@ _PROGRESS_KEYWORDS = (
     r"Model loading took|Loading (?:model )?weights took|Available KV cache memory|"
     r"[A-Z]{3}(?: \+ host)? KV cache size|"
     r"Maximum concurrency|# \w+ blocks|Graph capturing finished|CUDA graph pool memory|"
+    r"CUDA graph memory profiling is enabled|"
     r"Free memory on device \(|"
     r"init engine \(profile|Application startup complete|Uvicorn running on|"
     r"Initializing an? (?:V1 )?LLM engine|"
@@ -329,6 +330,17 @@ _PROGRESS_RULES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
             rf"(?P<cudagraph_estimated_gib>{_NUM}) ?GiB \(estimated\)"
         ),
         ("cudagraph_gib", "cudagraph_estimated_gib"),
+    ),
+    (
+        # vLLM >= 0.21 (gpu_worker.py determine_available_memory): the utilization that would give the same
+        # KV cache without the CUDA-graph estimate; (U - E) x total is that estimate (see _derive)
+        "cudagraph_estimate",
+        re.compile(
+            rf"The current --gpu-memory-utilization=(?P<profiled_gpu_memory_utilization>{_NUM}) is "
+            rf"equivalent to --gpu-memory-utilization=(?P<equivalent_gpu_memory_utilization>{_NUM}) "
+            r"without CUDA graph memory profiling"
+        ),
+        ("profiled_gpu_memory_utilization", "equivalent_gpu_memory_utilization"),
     ),
     (
         "memory_breakdown",
@@ -970,6 +982,7 @@ class LogReader:
         self._shutdown_line: int | None = None
         self._stage = _STAGE_NONE
         self._block_size = BLOCK_SIZE
+        self._cudagraph_estimate_logged = False  # vLLM printed its estimate itself (CUDA graph pool memory)
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
         self._serving_death_line: int | None = None
         # a hard-wrapped "File ..." line: (process, line, text so far, wrap width)
@@ -1479,7 +1492,12 @@ class LogReader:
                     numbers[key] = _f(value)
             if kind == "kv_blocks" and "gpu_blocks" in numbers:
                 numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
+            if kind == "cudagraph_memory" and "cudagraph_estimated_gib" in numbers:
+                self._cudagraph_estimate_logged = True
             self._obs.update(numbers)
+            derived = self._derive()
+            if kind == "cudagraph_estimate" and derived:
+                numbers.update(derived)
             if kind == "weights_loaded":
                 self._stage = max(self._stage, _STAGE_WEIGHTS)
             elif kind in ("kv_cache_available", "kv_cache_size", "kv_blocks", "memory_profile"):
@@ -1503,6 +1521,26 @@ class LogReader:
                 events.append(Progress(kind="server_ready", numbers={}, text=self._ready_text))
         if self._shutdown_line is None and _SHUTDOWN_RE.search(text) is not None:
             self._shutdown_line = self._line_no
+
+    def _derive(self) -> dict[str, float]:
+        """Observations computed from figures of different lines of the same run; the new ones.
+
+        ``cudagraph_estimated_gib``: vLLM's CUDA-graph estimate taken out of the KV budget, from
+        "The current --gpu-memory-utilization=U is equivalent to --gpu-memory-utilization=E" and the
+        device's total memory: ``(U - E) x total``. vLLM's own "CUDA graph pool memory: ... (estimated)"
+        figure, when logged, is more precise and is kept.
+        """
+        obs = self._obs
+        u = obs.get("profiled_gpu_memory_utilization")
+        e = obs.get("equivalent_gpu_memory_utilization")
+        total = obs.get("total_gib")
+        if self._cudagraph_estimate_logged or u is None or e is None or not total:
+            return {}
+        value = round(max(0.0, u - e) * total, 3)
+        if obs.get("cudagraph_estimated_gib") == value:
+            return {}
+        obs["cudagraph_estimated_gib"] = value
+        return {"cudagraph_estimated_gib": value}
 
     # -- verdict helpers -------------------------------------------------------------------------
 
