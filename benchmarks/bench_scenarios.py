@@ -15,15 +15,16 @@ Every figure comes from the runs: launches and simulated seconds from the engine
 per launch), the final flags from ``tune --json``, the KV capacity from the engine's line of the final
 launch. Definitions:
 
-- ``ctx``: the final ``max_model_len``; ``conc``: requests of the full context that the KV cache holds at
-  once, ``(num_gpu_blocks - 1) // ceil(ctx / block)`` (vLLM's KV capacity over the context, without the
-  null block vLLM holds back);
-- target ``met``: the run ended serving, ``conc >= concurrency`` and ``ctx >= context`` (the optimum's
-  definition: every one of the concurrent requests may use the whole context); ``~met``: only the
-  README's weaker reading holds (``concurrency`` requests of ``context`` tokens fit, fewer at the full
-  context); ``MISS``: neither; ``infeas``: ``r1sup tune`` gave up (exit 3 or 4); ``fail``: auto-fit did not
-  start;
-- the optimum's ``ctx`` is the longest context of which ``concurrency`` requests fit at once;
+- ``ctx``: the final ``max_model_len``; ``conc``: requests of the target's size that the KV cache holds at
+  once, ``usable KV tokens // context`` with ``usable KV tokens = (num_gpu_blocks - 1) x block`` (vLLM holds
+  one null block back);
+- target ``met`` (project issue 6): the run ended serving (so one request of ``ctx`` fits: vLLM's own
+  start-up check), ``ctx >= context``, ``max_num_seqs >= concurrency`` and the KV cache holds
+  ``concurrency x context`` tokens (``conc >= concurrency``); the context is not multiplied by the
+  concurrency; ``MISS``: not met; ``infeas``: ``r1sup tune`` gave up (exit 3 or 4); ``fail``: auto-fit did
+  not start;
+- the optimum's ``ctx`` is the longest context (up to the user's ``max_model_len``) one request fits
+  while the target is met;
 - ``sim s``: the simulated seconds of all launches (start-up, or start-up until the failure plus teardown);
   the probe's serving time is not counted (its simulated clock runs with real time).
 
@@ -35,7 +36,7 @@ passed the probe). Exit status 1 when a target is missed.
     python benchmarks/bench_scenarios.py [--quick] [--only ID,ID] [--json OUT] [--workdir DIR]
                                          [--first-launch planned|as_configured] [--time-scale S]
 
-Scenarios run one after another (about 4 minutes for all of them on 2 cores); each run gets its own
+Scenarios run one after another (about 5 minutes for all of them on 2 cores); each run gets its own
 port, directory, state file and GPU-lock directory, and every process it started is gone afterwards.
 """
 
@@ -44,7 +45,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import socket
@@ -103,9 +103,9 @@ class Run:
     ctx: int | None = None
     kv_tokens: int | None = None
     num_blocks: int | None = None
-    conc: int | None = None  # requests of the full context that fit at once
-    met: bool = False  # conc >= target concurrency and ctx >= target context (the optimum's definition)
-    met_documented: bool = False  # target concurrency requests of target.context tokens fit (README's)
+    usable_kv_tokens: int | None = None  # (num_gpu_blocks - 1) x block: what requests can hold
+    conc: int | None = None  # requests of the target's size (target.context tokens) that fit at once
+    met: bool = False  # ctx >= target context and the KV cache holds concurrency x context (issue 6)
     flags: dict[str, Any] | None = None
     outcomes: list[str] = field(default_factory=list)
     reason: str = ""
@@ -241,22 +241,17 @@ def kill_strays(marker: str) -> list[int]:
 
 
 def fill_capacity(run: Run, line: Mapping[str, Any], bs: BenchScenario) -> None:
-    """Context, capacity and the target verdicts from the engine's record of a launch that started."""
+    """Context, capacity and the target verdict from the engine's record of a launch that started."""
     run.ctx = int(line["max_model_len"])
     run.kv_tokens = int(line["kv_cache_tokens"])
     run.num_blocks = int(line["num_gpu_blocks"])
-    usable = max(0, run.num_blocks - 1)  # vLLM holds one null block back
-    block = int(line["usable_kv_tokens"]) // usable if line.get("usable_kv_tokens") and usable else BLOCK
+    usable = line.get("usable_kv_tokens")
+    run.usable_kv_tokens = int(usable) if usable is not None else max(0, run.num_blocks - 1) * BLOCK
     seqs = (line.get("flags") or {}).get("max_num_seqs")
     seqs_ok = seqs is None or seqs >= bs.concurrency
-    run.conc = usable // math.ceil(run.ctx / block) if run.ctx else 0
+    each = bs.context or run.ctx
+    run.conc = run.usable_kv_tokens // each if each else 0
     run.met = run.ok and run.ctx >= bs.context and run.conc >= bs.concurrency and seqs_ok
-    run.met_documented = (
-        run.ok
-        and run.ctx >= bs.context
-        and usable // math.ceil(bs.context / block) >= bs.concurrency
-        and seqs_ok
-    )
 
 
 def scenario_for_run(bs: BenchScenario, state: Path, time_scale: float) -> dict[str, Any]:
@@ -454,7 +449,7 @@ def run_scenario(bs: BenchScenario, work: Path, time_scale: float, first_launch:
 
 def _verdict(run: Run) -> str:
     if run.ok:
-        return "met" if run.met else ("~met" if run.met_documented else "MISS")
+        return "met" if run.met else "MISS"
     if run.method == "autofit":
         return "fail"
     return "infeas" if run.infeasible else f"exit{run.exit_code}"
@@ -622,9 +617,7 @@ def summarize(results: Sequence[Result]) -> list[Target]:
 def side_counts(results: Sequence[Result]) -> list[str]:
     def met(name: str) -> str:
         runs = [getattr(r, name) for r in results]
-        strict = sum(1 for run in runs if run.met)
-        weak = sum(1 for run in runs if run.met_documented and not run.met)
-        return f"{strict}/{len(runs)}" + (f" (+{weak} ~met)" if weak else "")
+        return f"{sum(1 for run in runs if run.met)}/{len(runs)}"
 
     def total(name: str, attr: str) -> float:
         return sum(getattr(getattr(r, name), attr) for r in results)
@@ -642,12 +635,14 @@ def side_counts(results: Sequence[Result]) -> list[str]:
 LEGEND = (
     "L: launches; sim s: simulated seconds of all launches (start-up, or until the failure plus teardown); "
     "ctx: final max_model_len;\n"
-    "conc: requests of ctx tokens the KV cache holds at once; target: met = conc >= concurrency and "
-    "ctx >= context, ~met = only\n"
-    "concurrency requests of context tokens fit, MISS = neither, infeas = r1sup gave up (exit 3/4), "
-    "fail = did not start;\n"
-    "optimum: exhaustive search over the fake engine within the same bounds, with its changes to the "
-    "user's flags."
+    "conc: requests of the target's context the KV cache holds at once (usable KV tokens // context); "
+    "target: met = it serves,\n"
+    "ctx >= context and conc >= concurrency (one request of ctx fits, concurrency x context tokens fit), "
+    "MISS = not met,\n"
+    "infeas = r1sup gave up (exit 3/4), fail = did not start; optimum: exhaustive search over the fake "
+    "engine within the\n"
+    "same bounds (longest ctx up to the user's that meets the target, then fewest changes), with its "
+    "changes to the user's flags."
 )
 
 

@@ -88,6 +88,14 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         why="target needs fp8 KV; e4m3 absent (cc 8.6)",
     ),
     _s(
+        "3090-l8-full",
+        "RTX 3090",
+        "Llama-8B",
+        4,
+        16384,
+        why="no max_model_len: one request of 131072 does not fit; 4 x 16k do (context not divided by 4)",
+    ),
+    _s(
         "3090-q14-fp8w",
         "RTX 3090",
         "Qwen-14B",
@@ -183,6 +191,14 @@ SCENARIOS: tuple[BenchScenario, ...] = (
     # A100 40/80 (cc 8.0: fp8 KV only as e5m2)
     _s("a100-40-q14", "A100 40GB", "Qwen-14B", 4, 16384, start=CTX32, why="target needs e5m2 KV (cc 8.0)"),
     _s(
+        "a100-40-q14-full",
+        "A100 40GB",
+        "Qwen-14B",
+        2,
+        16384,
+        why="no max_model_len: the context shrinks to what one request fits",
+    ),
+    _s(
         "a100-40-q32-fp8w",
         "A100 40GB",
         "Qwen-32B",
@@ -193,6 +209,14 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         why="bf16 weights do not fit; fp8 weights allowed",
     ),
     _s("a100-80-q32", "A100 80GB", "Qwen-32B", 4, 8192, start=CTX32, why="tight: 61 GiB of weights"),
+    _s(
+        "a100-80-q32-full",
+        "A100 80GB",
+        "Qwen-32B",
+        4,
+        16384,
+        why="no max_model_len, 61 GiB of weights: the context shrinks",
+    ),
     _s(
         "2xa100-80-l70",
         "A100 80GB",
@@ -205,7 +229,15 @@ SCENARIOS: tuple[BenchScenario, ...] = (
     ),
     # H100 (cc 9.0, 80 GB)
     _s("h100-l8", "H100", "Llama-8B", 16, 8192, why="no max_model_len; large box defaults"),
-    _s("h100-q32", "H100", "Qwen-32B", 8, 16384, start=CTX32, why="target needs fp8 KV"),
+    _s(
+        "h100-q32",
+        "H100",
+        "Qwen-32B",
+        8,
+        16384,
+        start=CTX32,
+        why="cannot fit: 8 x 16k = 131k tokens; fp8 KV at 0.95 holds about 98k",
+    ),
     _s(
         "4xh100-l70",
         "H100",

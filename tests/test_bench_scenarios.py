@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +74,41 @@ def test_targets_are_judged_from_the_runs(runs: list[tuple[Any, ...]], expected:
         assert any(line.startswith(sid + " ") for line in text.splitlines())
 
 
+# 4090-q7 targets 4 x 16k. (max_model_len, num_gpu_blocks, max_num_seqs) of a launch that started ->
+# (conc, met): conc counts requests of the target's 16k in the usable KV tokens; the context itself is not
+# multiplied by the concurrency (project issue 6)
+CAPACITY = [
+    ((32768, 4097, None), (4, True)),  # 65,536 usable tokens: 4 x 16k, and one request of 32k
+    ((32768, 4096, None), (3, False)),  # one block short of 4 x 16k (the null block is not usable)
+    ((16384, 8193, None), (8, True)),
+    ((8192, 8193, None), (8, False)),  # a context shorter than the target's
+    ((32768, 8193, 2), (8, False)),  # max_num_seqs below the target concurrency
+    ((131072, 8193, 4), (8, True)),  # a context longer than the KV holds for 4 of it: still met
+]
+
+
+@pytest.mark.parametrize(("launch", "expected"), CAPACITY)
+def test_capacity_verdict(launch: tuple[int, int, int | None], expected: tuple[int, bool]) -> None:
+    ctx, blocks, seqs = launch
+    scenario = bench.by_id(["4090-q7"])[0]
+    run = bench.Run("smart", exit_code=0, launches=1, ok=True)
+    line = {
+        "max_model_len": ctx,
+        "num_gpu_blocks": blocks,
+        "kv_cache_tokens": blocks * 16,
+        "usable_kv_tokens": (blocks - 1) * 16,
+        "flags": {"max_num_seqs": seqs},
+    }
+    bench.fill_capacity(run, line, scenario)
+    assert (run.conc, run.met) == expected
+    assert run.usable_kv_tokens == (blocks - 1) * 16 and run.ctx == ctx
+    assert bench._verdict(run) == ("met" if expected[1] else "MISS")
+    # the engine's usable figure is optional: the block count gives the same
+    bare = bench.Run("smart", exit_code=0, launches=1, ok=True)
+    bench.fill_capacity(bare, {k: v for k, v in line.items() if k != "usable_kv_tokens"}, scenario)
+    assert (bare.conc, bare.met) == expected
+
+
 def launch_lines(path: str) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
     return [e for e in lines if e.get("event") == "launch"]
@@ -127,7 +161,15 @@ def test_harness_reports_real_runs(tmp_path: Path) -> None:
                 final = launches[-1]
                 assert final["outcome"] == "ready"
                 assert (run["ctx"], run["num_blocks"]) == (final["max_model_len"], final["num_gpu_blocks"])
-                assert run["conc"] == (final["num_gpu_blocks"] - 1) // math.ceil(final["max_model_len"] / 16)
+                usable = (final["num_gpu_blocks"] - 1) * 16
+                assert run["usable_kv_tokens"] == final["usable_kv_tokens"] == usable
+                assert run["conc"] == usable // sc["target"]["context"]
+                seqs = final["flags"].get("max_num_seqs")
+                assert run["met"] == (
+                    final["max_model_len"] >= sc["target"]["context"]
+                    and run["conc"] >= sc["target"]["concurrency"]
+                    and (seqs is None or seqs >= sc["target"]["concurrency"])
+                )
                 assert f"{run['sim_s']:.0f}" in row
         for method in ("smart", "naive"):
             tune = json.loads(Path(sc[method]["files"]["stdout"]).read_text(encoding="utf-8"))

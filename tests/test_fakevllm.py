@@ -41,6 +41,7 @@ from fakevllm.scenario import (
 TESTS = Path(__file__).resolve().parent
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q14 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
+L8 = "deepseek-ai/DeepSeek-R1-Distill-Llama-8B"
 L70 = "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"
 FAST = 0.001  # time_scale of process tests: a 60 s simulated start takes 60 ms
 pytestmark = pytest.mark.timeout(60)
@@ -408,29 +409,49 @@ def test_cudagraph_estimate_can_be_switched_off_by_env() -> None:
 
 
 def test_optimum_changes_only_what_is_needed() -> None:
-    # 4 x 32k needs 131,072 tokens of KV; bf16 gives 109,568, fp8 twice that: one change is enough.
-    best = optimum.optimum(sc(gpu="RTX 4090", model=Q7), 4, 8192, user_flags={"max_model_len": 32768})
+    # the bf16 KV cache holds 109,568 tokens: one request of 32k and 4 x 8k at once fit as written
+    scenario = sc(gpu="RTX 4090", model=Q7)
+    best = optimum.optimum(scenario, 4, 8192, user_flags={"max_model_len": 32768})
+    assert best is not None
+    assert best["max_model_len"] == 32768 and best["changed"] == [] and best["meets_target"]
+    assert best["concurrency"] == best["usable_kv_tokens"] // 8192 == 13
+    # 4 x 32k needs 131,072 tokens at once; fp8 KV doubles the 109,568: one change is enough
+    best = optimum.optimum(scenario, 4, 32768, user_flags={"max_model_len": 32768})
     assert best is not None
     assert best["max_model_len"] == 32768
     assert best["changed"] == ["kv_cache_dtype"] and best["flags"]["kv_cache_dtype"] == "fp8"
     assert best["concurrency"] >= 4 and best["meets_target"]
 
 
-def test_optimum_is_the_longest_feasible_context() -> None:
+def test_optimum_target_is_concurrency_times_the_target_context() -> None:
+    # RTX 3090 (cc 8.6), 8 x 16k = 131,072 tokens: bf16 holds ~104k, so the KV goes fp8 (e5m2: e4m3 fails
+    # below cc 8.9) and the user's 64k context stays; 8 requests of the full 64k need not fit
     scenario = sc(gpu="RTX 3090", model=Q7)
-    best = optimum.optimum(
-        scenario, 8, 8192, {"max_gpu_memory_utilization": 0.95}, user_flags={"max_model_len": 65536}
-    )
+    best = optimum.optimum(scenario, 8, 16384, user_flags={"max_model_len": 65536})
+    assert best is not None
+    assert best["max_model_len"] == 65536 and best["changed"] == ["kv_cache_dtype"]
+    assert best["flags"]["kv_cache_dtype"] == "fp8_e5m2"
+    assert best["usable_kv_tokens"] >= 8 * 16384 and best["meets_target"]
+    ok, details = optimum.feasible(scenario, best["flags"])
+    assert ok and details["kv_usable_tokens"] < 8 * 65536
+
+
+def test_optimum_is_the_longest_feasible_context() -> None:
+    # no fp8 KV, no max_model_len (the model's 131072): one request of it does not fit, so the context is
+    # the longest one request fits, with every other lever (utilization 0.95 at most, eager, fewer seqs)
+    scenario = sc(gpu="RTX 3090", model=L8)
+    bounds = {"max_gpu_memory_utilization": 0.95, "allow_fp8_kv": False}
+    best = optimum.optimum(scenario, 2, 8192, bounds, user_flags={})
     assert best is not None
     flags = best["flags"]
     ok, details = optimum.feasible(scenario, flags)
-    assert ok and details["max_model_len"] == best["max_model_len"]
-    assert flags["kv_cache_dtype"] == "fp8_e5m2"  # e4m3 fails on compute capability 8.6
-    # one block more no longer holds 8 requests with the same flags, and no other setting in the grid gets
-    # further: raising the utilization is capped by the bounds, fewer sequences do not help below the target
+    assert ok and details["max_model_len"] == best["max_model_len"] < 131072
+    assert best["max_model_len"] == best["usable_kv_tokens"]
+    assert best["concurrency"] == best["usable_kv_tokens"] // 8192 >= 2
+    assert flags["gpu_memory_utilization"] == 0.95 and flags["kv_cache_dtype"] == "auto"
+    # one block more does not start with the same flags, and no other setting in the grid gets further
     plan = simulate(scenario, {**flags, "max_model_len": best["max_model_len"] + 16})
-    assert not plan.ok or plan.requests_that_fit(best["max_model_len"] + 16) < 8
-    assert flags["gpu_memory_utilization"] == 0.95
+    assert not plan.ok and plan.outcome == memory.KV_INSUFFICIENT
 
 
 def test_optimum_respects_bounds_and_reports_none() -> None:
@@ -453,18 +474,29 @@ def test_optimum_respects_bounds_and_reports_none() -> None:
     )
     assert best is not None and best["flags"]["quantization"] == "fp8" and best["max_model_len"] >= 8192
     assert optimum.optimum(sc(gpu="RTX 4090", model=L70), 1, 2048, ladder) is None
-    # without fp8 KV and above 0.9 utilization, 4 x 32k does not fit: the context shrinks to what
-    # 4 requests hold
+    # without fp8 KV and above 0.9 utilization, one request of the model's 131072 tokens does not fit:
+    # the context shrinks to what one request holds (4 x 8k fit many times over), not to a quarter
     no_fp8 = optimum.optimum(
         sc(gpu="RTX 4090", model=Q7),
         4,
         8192,
         {"allow_fp8_kv": False, "max_gpu_memory_utilization": 0.9},
-        user_flags={"max_model_len": 32768},
+        user_flags={},
     )
     assert no_fp8 is not None and no_fp8["flags"]["kv_cache_dtype"] == "auto"
-    assert 8192 <= no_fp8["max_model_len"] < 32768 and no_fp8["concurrency"] == 4
-    assert no_fp8["max_model_len"] == no_fp8["usable_kv_tokens"] // 4 // 16 * 16
+    assert 4 * 8192 <= no_fp8["max_model_len"] == no_fp8["usable_kv_tokens"] < 131072
+    assert no_fp8["concurrency"] == no_fp8["usable_kv_tokens"] // 8192 >= 4
+    # a target the KV cache cannot hold with any lever: none, whatever the context
+    assert (
+        optimum.optimum(
+            sc(gpu="RTX 4090", model=Q7),
+            16,
+            16384,
+            {"allow_fp8_kv": False, "max_gpu_memory_utilization": 0.9},
+            user_flags={"max_model_len": 32768},
+        )
+        is None
+    )
 
 
 def test_optimum_uses_tensor_parallel_when_allowed() -> None:

@@ -3,9 +3,12 @@
 Both functions use :func:`fakevllm.memory.simulate`, the accounting the fake engine itself runs, so
 "feasible" means exactly "the fake engine starts with these flags and survives requests".
 
-A configuration *meets* a target of ``c`` requests of ``n`` tokens when ``max_model_len >= n``,
-``max_num_seqs >= c`` and the KV cache holds ``c`` requests of ``max_model_len`` tokens at once
-(``(num_gpu_blocks - 1) // ceil(max_model_len / block_size) >= c``; vLLM keeps one null block back).
+A configuration *meets* a target of ``c`` requests of ``n`` tokens (project issue 6) when it starts
+(so one request of its ``max_model_len`` fits: vLLM's own start-up check), ``max_model_len >= n``,
+``max_num_seqs >= c`` and the KV cache holds ``c x n`` tokens at once: ``usable KV tokens >= c x n``,
+where usable tokens are ``(num_gpu_blocks - 1) x block_size`` (vLLM keeps one null block back). The
+context is not multiplied by the concurrency. A concurrency without a context means requests of the
+full context: ``c x max_model_len`` tokens.
 """
 
 from __future__ import annotations
@@ -189,12 +192,13 @@ def optimum(
 
     Searched: tensor parallel size (up to the GPU count), weight quantization (fp8, when allowed),
     KV dtype (auto, fp8, fp8_e5m2, when allowed), eager mode, max_num_seqs (the grid, never below the
-    target concurrency), gpu_memory_utilization (the bounds' grid). For each, the longest context that
-    meets the target is computed from the KV block count (it does not depend on max_model_len) and capped
-    at ``bounds.max_max_model_len`` / the user's max_model_len / the model's maximum. Best: the longest
-    context, then the fewest changed flags against ``user_flags``, then the most KV, then the lower
-    utilization. The user's other flags (max_num_batched_tokens, kv_cache_memory_bytes, cpu_offload_gb, ...)
-    are kept.
+    target concurrency), gpu_memory_utilization (the bounds' grid). For each that meets the target (see
+    the module doc; the KV block count does not depend on max_model_len), the longest context is the
+    longest one request fits (``usable KV tokens``), capped at ``bounds.max_max_model_len`` / the user's
+    max_model_len / the model's maximum and never below ``bounds.min_max_model_len`` nor the target
+    context. Best: the longest context, then the fewest changed flags against ``user_flags``, then the
+    most KV, then the lower utilization. The user's other flags (max_num_batched_tokens,
+    kv_cache_memory_bytes, cpu_offload_gb, ...) are kept.
     """
     b = Bounds.from_any(bounds)
     user = Flags.from_any(user_flags if user_flags is not None else {})
@@ -216,10 +220,14 @@ def optimum(
         plan = simulate(scenario, cand, env=env, cli_model=cli_model)
         if _outcome(plan) != "ready":
             continue
-        seqs = plan.max_num_seqs
-        if seqs < conc:
+        if plan.max_num_seqs < conc:
             continue
-        length = min(cap, (plan.usable_blocks // conc) * plan.block_size)
+        if target_context:
+            if plan.usable_tokens < conc * int(target_context):
+                continue
+            length = min(cap, plan.usable_tokens)
+        else:  # requests of the full context (one without a target)
+            length = min(cap, (plan.usable_blocks // conc) * plan.block_size)
         if length < floor_len:
             continue
         changed = _changes(cand, user)
@@ -236,11 +244,12 @@ def optimum(
             f"optimum {best_flags} is not feasible: {details['outcome']}: {details['message']}"
         )
     changed = _changes(best_flags, user)
+    each = int(target_context or plan.max_model_len)
     return {
         "flags": engine_flags_dict(best_flags),
         "max_model_len": plan.max_model_len,
-        "concurrency": plan.requests_that_fit(plan.max_model_len),
-        "meets_target": plan.requests_that_fit(max(floor_len, 1)) >= conc,
+        "concurrency": plan.usable_tokens // each,  # requests of the target's size that fit at once
+        "meets_target": plan.usable_tokens >= conc * each and plan.max_model_len >= each,
         "kv_cache_tokens": plan.kv_tokens,
         "usable_kv_tokens": plan.usable_tokens,
         "num_gpu_blocks": plan.num_blocks,
