@@ -508,6 +508,10 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
         raise ConfigError("daemon.backoff_initial_s", "must be <= daemon.backoff_max_s")
     if not config.model.name.strip():
         raise ConfigError("model.name", "must not be empty")
+    tgt = config.target
+    if (tgt.concurrency is None) != (tgt.context is None):
+        missing = "target.context" if tgt.context is None else "target.concurrency"
+        raise ConfigError(missing, "set both target.concurrency and target.context, or neither")
     start = config.start
     if (
         start.max_model_len is not None
