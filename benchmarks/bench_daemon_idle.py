@@ -64,7 +64,7 @@ requests = 4
 output_tokens = 8
 
 [state]
-dir = "{work / 'state'}"
+dir = "{work / "state"}"
 """
     path = work / "r1sup.toml"
     path.write_text(text, encoding="utf-8")
@@ -140,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "r1sup.cli", "--log-format", "json", "run", "--config", str(config)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
         )
         try:
             if not wait_serving(proc, work):
@@ -148,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.keep = True
                 return 2
             status = read_status(work)
-            print(f"serving: r1sup pid {proc.pid}, vLLM (fake) pid {status.get('child_pid')}, "
-                  f"sampling {args.seconds:g} s with health every 5 s and liveness every 60 s")
+            print(
+                f"serving: r1sup pid {proc.pid}, vLLM (fake) pid {status.get('child_pid')}, "
+                f"sampling {args.seconds:g} s with health every 5 s and liveness every 60 s"
+            )
             peak, mean, cpu, n = sample(proc.pid, args.seconds)
             rss_mib = peak / MIB
             print(f"{'measure':<22} {'value':>10} {'target':>10}")

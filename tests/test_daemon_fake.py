@@ -43,8 +43,12 @@ def daemon_body(tmp_path: Path, **sections: dict[str, Any]) -> dict[str, dict[st
 
 
 @contextmanager
-def running(tmp_path: Path, body: dict[str, dict[str, Any]], scenario: dict[str, Any],
-            env: dict[str, str] | None = None) -> Iterator[tuple[R1sup, Path]]:
+def running(
+    tmp_path: Path,
+    body: dict[str, dict[str, Any]],
+    scenario: dict[str, Any],
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[R1sup, Path]]:
     """``r1sup run`` on ``body``; whatever happens, r1sup and every fake engine of it are killed."""
     config = write_config(tmp_path / "r1sup.toml", body)
     proc = R1sup("run", "--config", str(config), env={**fake_env(scenario), **(env or {})})
@@ -178,7 +182,10 @@ def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path):
         stop_cleanly(proc, config, tmp_path)
         # between the reloads and the stop nothing was stopped or launched
         assert order(proc, "config_reloaded", "engine_stopped", "launch_started")[-4:] == [
-            "launch_started", "config_reloaded", "config_reloaded", "engine_stopped",
+            "launch_started",
+            "config_reloaded",
+            "config_reloaded",
+            "engine_stopped",
         ]
         assert len(engine_records(tmp_path)) == 1
 
@@ -255,8 +262,12 @@ def test_two_sigterms_in_quick_succession_force_the_stop(tmp_path: Path):
         proc.signal(signal.SIGTERM)
         time.sleep(0.02)  # the stimulus's timing, not a wait for a condition
         proc.signal(signal.SIGTERM)
-        wait_until(lambda: proc.proc.poll() is not None, stop_timeout / 3, interval=0.2,
-                   what="r1sup to force the stop after the second SIGTERM")
+        wait_until(
+            lambda: proc.proc.poll() is not None,
+            stop_timeout / 3,
+            interval=0.2,
+            what="r1sup to force the stop after the second SIGTERM",
+        )
         assert proc.proc.returncode == 0, proc.tail()
         assert time.monotonic() - t0 < stop_timeout / 3
         assert not engine_processes(config)
@@ -290,8 +301,11 @@ def test_metrics_endpoint_on_localhost(tmp_path: Path):
         assert metric(text, "r1sup_child_up") == 1.0
         assert metric(text, "r1sup_max_model_len") == 8192.0
         # bound to the loopback address only
-        bound = [c.laddr for c in psutil.Process(proc.proc.pid).net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == metrics_port]
+        bound = [
+            c.laddr
+            for c in psutil.Process(proc.proc.pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == metrics_port
+        ]
         assert [a.ip for a in bound] == ["127.0.0.1"]
         stop_cleanly(proc, config, tmp_path)
 
@@ -344,6 +358,6 @@ def test_ready_is_sent_only_after_the_probe_passed(tmp_path: Path):
             assert f"MAINPID={proc.proc.pid}" in messages[ready[0]]
             assert status(tmp_path)["flags"]["kv_cache_dtype"] == "fp8_e5m2"
             stop_cleanly(proc, config, tmp_path)
-            assert any("STOPPING=1" in m for m in notify.messages[ready[0]:])
+            assert any("STOPPING=1" in m for m in notify.messages[ready[0] :])
     finally:
         notify.close()

@@ -174,7 +174,8 @@ def test_config_file_supplies_model_flags_and_target(
     cfg = tmp_path / "r1.toml"
     cfg.write_text(
         f'[model]\nname = "{Q7}"\n\n[start]\nmax_model_len = 16384\nkv_cache_dtype = "fp8"\n'
-        "gpu_memory_utilization = 0.85\n\n[target]\nconcurrency = 4\ncontext = 8192\n\n[ladder]\nmin_max_model_len = 4096\n"
+        "gpu_memory_utilization = 0.85\n\n[target]\nconcurrency = 4\ncontext = 8192\n\n"
+        "[ladder]\nmin_max_model_len = 4096\n"
     )
     d = run_json(capsys, "--config", str(cfg), "--gpu", "RTX 4090")
     assert d["model"]["name"] == Q7

@@ -242,8 +242,19 @@ def _huge() -> bytes:
         (_huge(), "too large"),
     ],
     ids=[
-        "truncated", "empty", "blank", "toml", "binary", "list", "string", "no-schema", "future-schema",
-        "schema-string", "schema-bool", "deep-nesting", "huge",
+        "truncated",
+        "empty",
+        "blank",
+        "toml",
+        "binary",
+        "list",
+        "string",
+        "no-schema",
+        "future-schema",
+        "schema-string",
+        "schema-bool",
+        "deep-nesting",
+        "huge",
     ],
 )
 def test_unusable_file_is_set_aside_with_an_event(tmp_path: Path, content: bytes, fragment: str) -> None:

@@ -110,7 +110,11 @@ def test_missing_state_dir_is_reported_with_exit_0(
     code, out, _ = run(capsys, "status", "--state-dir", str(state), "--json")
     assert code == 0
     assert json.loads(out) == {
-        "state_dir": str(state), "exists": False, "profiles": [], "unusable_files": [], "daemon": None
+        "state_dir": str(state),
+        "exists": False,
+        "profiles": [],
+        "unusable_files": [],
+        "daemon": None,
     }
     assert not state.exists()
     state.write_text("")

@@ -111,13 +111,22 @@ class Tune:
         return [changes(s["old"], s["new"]) for s in self.steps]
 
     def explain(self) -> str:
-        return json.dumps(
-            {"code": self.code, "attempts": self.attempts, "reason": self.result.get("reason")}, indent=1
-        )[:4000] + "\n" + self.proc.tail(30)
+        return (
+            json.dumps(
+                {"code": self.code, "attempts": self.attempts, "reason": self.result.get("reason")}, indent=1
+            )[:4000]
+            + "\n"
+            + self.proc.tail(30)
+        )
 
 
-def run_tune(tmp_path: Path, body: dict[str, dict[str, Any]], scenario: dict[str, Any], *extra: str,
-             timeout: float = 150) -> Tune:
+def run_tune(
+    tmp_path: Path,
+    body: dict[str, dict[str, Any]],
+    scenario: dict[str, Any],
+    *extra: str,
+    timeout: float = 150,
+) -> Tune:
     config = write_config(tmp_path / "r1sup.toml", body)
     proc = R1sup("tune", "--config", str(config), "--json", *extra, env=fake_env(scenario))
     try:
@@ -137,8 +146,17 @@ def run_tune(tmp_path: Path, body: dict[str, dict[str, Any]], scenario: dict[str
 
 
 # r1sup's flags as the fake engine parsed them from the command line (None there: vLLM's default)
-ENGINE_FLAGS = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "enforce_eager", "quantization",
-                "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes")
+ENGINE_FLAGS = (
+    "max_model_len",
+    "gpu_memory_utilization",
+    "kv_cache_dtype",
+    "enforce_eager",
+    "quantization",
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_cache_memory_bytes",
+)
 ENGINE_DEFAULTS = {"enforce_eager": False, "tensor_parallel_size": 1}
 
 
@@ -443,12 +461,17 @@ def test_unknown_vllm_argument_is_fatal_after_one_launch(tmp_path: Path):
 def test_port_held_by_a_foreign_process_is_fatal_without_starting_vllm(tmp_path: Path):
     port = free_port()
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import socket, sys, time\n"
-         "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
-         "print('listening', flush=True); time.sleep(120)",
-         str(port)],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
+            "print('listening', flush=True); time.sleep(120)",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "listening"
@@ -495,8 +518,9 @@ sys.exit(1)
 
 
 def test_missing_model_is_fatal_after_one_launch(tmp_path: Path):
-    body = fake_body(tmp_path, model=str(tmp_path / "no-such-model"),
-                     server={"launch": ["-c", MISSING_MODEL_ENGINE]})
+    body = fake_body(
+        tmp_path, model=str(tmp_path / "no-such-model"), server={"launch": ["-c", MISSING_MODEL_ENGINE]}
+    )
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 4, t.explain()
     assert t.classes == ["model_not_found"] and t.result["launches"] == 1
@@ -524,8 +548,11 @@ def test_planned_first_launch_avoids_the_failure(
     as_configured.mkdir()
     planned.mkdir()
     # as configured, the first launch fails with the class ...
-    first = run_tune(as_configured, fake_body(as_configured, model=model, start=start, ladder=ladder),
-                     fake_scenario(as_configured))
+    first = run_tune(
+        as_configured,
+        fake_body(as_configured, model=model, start=start, ladder=ladder),
+        fake_scenario(as_configured),
+    )
     assert first.classes[0] == failure, first.explain()
     # ... planned, the planner changes [start] before launching and the first launch serves
     body = fake_body(planned, model=model, start=start, ladder={**ladder, "first_launch": "planned"})

@@ -439,7 +439,7 @@ class ProfileStore:
 
     @property
     def directory(self) -> Path:
-        return (self._dir if self._dir is not None else self.state_dir / PROFILES_SUBDIR)
+        return self._dir if self._dir is not None else self.state_dir / PROFILES_SUBDIR
 
     def path_for(self, key: str) -> Path:
         if not isinstance(key, str) or not KEY_RE.match(key):
@@ -465,9 +465,7 @@ class ProfileStore:
         key = fingerprint_key(fp)
         model = fp.get("model", {}).get("id") if isinstance(fp.get("model"), dict) else None
         return [
-            (p, diff_fingerprints(p.fingerprint, fp))
-            for p in self.all()
-            if p.key != key and p.model == model
+            (p, diff_fingerprints(p.fingerprint, fp)) for p in self.all() if p.key != key and p.model == model
         ]
 
     def scan(self) -> tuple[list[Profile], list[tuple[Path, str]]]:

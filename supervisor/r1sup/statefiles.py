@@ -123,7 +123,10 @@ def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
             log.info("state_dir_mode_tightened", path=str(target), old_mode=oct(mode), mode=oct(DIR_MODE))
         elif st.st_uid != os.geteuid():
             log.warning(
-                "state_dir_insecure", path=str(target), mode=oct(mode), owner_uid=st.st_uid,
+                "state_dir_insecure",
+                path=str(target),
+                mode=oct(mode),
+                owner_uid=st.st_uid,
                 reason="group or others can access it and it is not ours to tighten",
             )
     return target

@@ -69,8 +69,13 @@ def daemon_state(state_dir: Path) -> dict[str, Any] | None:
     if data is None and problem is None:
         return None
     if data is None:
-        return {"status_file": str(path), "problem": problem, "alive": False, "stale": True,
-                "liveness": problem}
+        return {
+            "status_file": str(path),
+            "problem": problem,
+            "alive": False,
+            "stale": True,
+            "liveness": problem,
+        }
     out = dict(data)
     alive, liveness = daemon_alive(data.get("pid"), data.get("updated_at"))
     out.update(status_file=str(path), alive=alive, stale=not alive, liveness=liveness)
@@ -185,8 +190,14 @@ def _render_daemon(d: dict[str, Any] | None) -> list[str]:
     parts = []
     if child is not None:
         parts.append(f"child pid {child}" + (" running" if d.get("child_alive") else " not running"))
-    for label, name in (("launches", "launches"), ("since", "since"), ("profile", "profile_source"),
-                        ("model", "served_model"), ("port", "port"), ("updated", "updated_at")):
+    for label, name in (
+        ("launches", "launches"),
+        ("since", "since"),
+        ("profile", "profile_source"),
+        ("model", "served_model"),
+        ("port", "port"),
+        ("updated", "updated_at"),
+    ):
         if d.get(name) is not None:
             parts.append(f"{label} {d[name]}")
     if parts:
@@ -210,7 +221,8 @@ def flags_summary(flags: dict[str, Any]) -> str:
     """The flags that matter: context and utilization always, the rest where not vLLM's default."""
     defaults = EngineFlags().to_dict()
     shown = {
-        k: v for k, v in flags.items()
+        k: v
+        for k, v in flags.items()
         if k in ("max_model_len", "gpu_memory_utilization") or defaults.get(k, object()) != v
     }
     return scalars(shown) or "defaults"
