@@ -4,9 +4,9 @@ For every scenario of :mod:`scenarios` (GPU x DeepSeek-R1 distill x target) this
 GPU engine (``tests/fakevllm``) and the fake NVML (``tests/fakenvml``):
 
 - ``smart`` and ``naive``: the real CLI, ``python -m r1sup.cli --log-format json tune --config F --json
-  --strategy S``, with ``ladder.first_launch = "planned"`` (the planner predicts the first launch, so the
-  two differ only after a failed launch; ``--first-launch as_configured`` starts both from the user's
-  ``[start]`` to compare the ladders alone);
+  --strategy S``. ``smart`` runs with ``ladder.first_launch = "planned"`` (the planner predicts the first
+  launch; ``--first-launch as_configured`` starts it from the user's ``[start]`` to measure the ladder
+  alone). ``naive`` is the seed's walk done by hand: it always starts from the user's ``[start]``;
 - ``auto-fit``: the engine alone with vLLM's ``--max-model-len -1`` and the user's other flags;
 - ``optimum``: ``fakevllm.optimum.optimum``, the best feasible configuration by exhaustive search over the
   fake engine's own accounting, within the same ladder bounds.
@@ -438,7 +438,7 @@ def run_scenario(bs: BenchScenario, work: Path, time_scale: float, first_launch:
     return Result(
         scenario=bs,
         smart=run_tune(bs, "smart", work, time_scale, first_launch),
-        naive=run_tune(bs, "naive", work, time_scale, first_launch),
+        naive=run_tune(bs, "naive", work, time_scale, "as_configured"),
         autofit=run_autofit(bs, work, time_scale),
         optimum=find_optimum(bs),
     )
@@ -665,7 +665,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         "--first-launch",
         choices=("planned", "as_configured"),
         default="planned",
-        help="ladder.first_launch of the tune runs: the planner's flags (default) or the user's [start]",
+        help="ladder.first_launch of the smart runs: the planner's flags (default) or the user's [start]",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.only:
@@ -701,7 +701,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     print(text)
     print(
         f"\n{len(results)} scenarios in {time.monotonic() - t0:.0f}s (time_scale {args.time_scale:g}, "
-        f"ladder.first_launch {args.first_launch})"
+        f"smart: ladder.first_launch {args.first_launch}; naive: as_configured)"
     )
     if args.json:
         payload = {
