@@ -180,3 +180,21 @@ def test_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]):
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "--config" in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["status", "--state-dir", "{tmp}"], ["check", "--help"]])
+def test_light_commands_import_nothing_heavy(tmp_path: Path, argv: list[str]):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from r1sup.cli import main; main(sys.argv[1:]); "
+        "heavy = [m for m in ('openai', 'torch', 'vllm', 'httpx', 'r1sup.planner', 'r1sup.probe') "
+        "if m in sys.modules]; "
+        "print('HEAVY', heavy)"
+    )
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
+    assert "HEAVY []" in out, out

@@ -439,6 +439,7 @@ def test_hang_is_retried_once_with_the_same_flags_then_exits_4(tmp_path: Path):
     t = run_tune(tmp_path, body, fake_scenario(tmp_path, hang_at="profile"))
     assert t.code == 4, t.explain()
     assert t.classes == ["hang", "hang"]
+    assert [a["phase"] for a in t.attempts] == ["profile", "profile"]  # where it stopped: after the weights
     assert t.attempts[0]["flags"] == t.attempts[1]["flags"]
     assert t.step_changes() == [{}]
     assert len(t.proc.named("retry_backoff")) == 1
@@ -486,6 +487,7 @@ def test_port_held_by_a_foreign_process_is_fatal_without_starting_vllm(tmp_path:
     assert f"pid {holder.pid}" in t.result["reason"]
     assert not t.proc.named("launch_started") and not t.proc.named("child_started")
     assert t.engine == []  # the fake engine never ran
+    assert t.result["launches"] == 0
 
 
 # A stand-in engine that fails the way vLLM 0.32 does for a model path that does not exist (the

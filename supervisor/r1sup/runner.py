@@ -51,6 +51,11 @@ class Launch:
     exit_code: int | None = None
     probe: dict[str, Any] | None = None
     stop_report: StopReport | None = None
+    last_progress: str | None = None  # the kind of the last progress line (where a hang stopped)
+
+    @property
+    def started_engine(self) -> bool:
+        return self.engine.proc is not None
 
     @property
     def observations(self) -> dict[str, float]:
@@ -89,7 +94,8 @@ class Runner:
         # vLLM's lines: "info" for log shippers (JSON); a console shows vLLM's warnings and errors only,
         # the rest at debug (--log-level debug shows everything)
         self.relay_level = relay_level
-        self.launches = 0
+        self.launches = 0  # vLLM processes started
+        self._ids = 0  # launch ids (a launch refused before start-up gets one too)
         self.current: Launch | None = None  # the launch whose engine may be running
         self._probe_proc: Any = None  # the probe's child process while it runs
         self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
@@ -143,6 +149,7 @@ class Runner:
                         )
                     self.hooks.on_line(launch, item)
                 else:
+                    launch.last_progress = item.kind
                     self.log.info("engine_progress", kind=item.kind, **dict(item.numbers))
                     self.hooks.on_progress(launch, item)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
@@ -178,10 +185,10 @@ class Runner:
 
     def launch(self, flags: EngineFlags, *, attempt: int) -> Launch:
         """Start vLLM with ``flags`` and wait until it is ready or has failed."""
-        self.launches += 1
+        self._ids += 1
         spec = build_spec(self.config, flags, api_key=self.api_key)
-        engine = Engine(spec, self.events, self.launches)
-        launch = Launch(self.launches, flags, spec, engine, LogReader(), time.monotonic())
+        engine = Engine(spec, self.events, self._ids)
+        launch = Launch(self._ids, flags, spec, engine, LogReader(), time.monotonic())
         self.current = launch
         blocked = self.preflight(spec)
         if blocked is not None:
@@ -191,11 +198,12 @@ class Runner:
         self.log.info(
             "launch_started",
             attempt=attempt,
-            launch=self.launches,
+            launch=launch.number,
             flags=flags.to_dict(),
             command=list(spec.display),
         )
         engine.start()
+        self.launches += 1
         self.log.info("child_started", attempt=attempt, pid=engine.pid)
         self._wait_ready(launch)
         if launch.failure.cls != F.NONE:
@@ -265,7 +273,9 @@ class Runner:
                         if stalled
                         else f"not ready after {server.startup_timeout_s:.0f}s (server.startup_timeout_s)"
                     )
-                    launch.failure = Failure(F.HANG, F.PHASE_STARTUP, detail=what, evidence=what)
+                    launch.failure = Failure(
+                        F.HANG, phase_after(launch.last_progress), detail=what, evidence=what
+                    )
                 return
 
     def _drain(self, launch: Launch, limit_s: float = 0.5) -> None:
@@ -413,6 +423,22 @@ class Runner:
             seconds=round(report.seconds, 2),
         )
         return report
+
+
+# The phase a start-up is in once vLLM has printed a progress line of this kind (for a hang's phase).
+_NEXT_PHASE = {
+    "engine_config": F.PHASE_LOAD_WEIGHTS,
+    "weights_loaded": F.PHASE_PROFILE,
+    "memory_profile": F.PHASE_KV_CACHE,
+    "kv_cache_available": F.PHASE_KV_CACHE,
+    "kv_blocks": F.PHASE_CUDA_GRAPH,
+    "kv_cache_size": F.PHASE_CUDA_GRAPH,
+    "auto_fit": F.PHASE_CUDA_GRAPH,
+}
+
+
+def phase_after(progress_kind: str | None) -> str:
+    return _NEXT_PHASE.get(progress_kind or "", F.PHASE_STARTUP)
 
 
 def _probe_call(run: Callable[[Any], Any], spec: Any) -> tuple[bool, str, Any]:

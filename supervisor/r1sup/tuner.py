@@ -271,7 +271,7 @@ class Tuner:
             t0 = time.monotonic()
             self.listener("launching", attempt=attempt, flags=flags)
             launch = self.runner.launch(flags, attempt=attempt)
-            result.launches += 1
+            result.launches += 1 if launch.started_engine else 0
             result.command = list(launch.spec.display)
             failure = launch.failure
             if failure.cls == F.NONE and launch.ready:
