@@ -68,6 +68,7 @@ from fakevllm.optimum import Bounds as OptBounds  # noqa: E402
 from fakevllm.optimum import optimum  # noqa: E402
 from fakevllm.scenario import load_scenario  # noqa: E402
 from r1sup.flags import EngineFlags  # noqa: E402
+from r1sup_proc import write_config  # noqa: E402
 from scenarios import QUICK, SCENARIOS, BenchScenario, by_id  # noqa: E402
 
 TIME_SCALE = 0.001
@@ -167,25 +168,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def write_toml(path: Path, body: Mapping[str, Mapping[str, Any]]) -> None:
-    lines: list[str] = []
-    for section, values in body.items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {_toml(value)}" for key, value in values.items()]
-        lines.append("")
-    path.write_text("\n".join(lines), encoding="utf-8")
 
 
 def engine_env(scenario: Mapping[str, Any]) -> dict[str, str]:
@@ -281,7 +263,7 @@ def run_tune(
     locks.mkdir(exist_ok=True)
     sc = {**scenario_for_run(bs, state, time_scale), "gpu_lock_dir": str(locks)}
     config = d / "r1sup.toml"
-    write_toml(
+    write_config(
         config,
         {
             "model": {"name": bs.model_id},
