@@ -369,12 +369,12 @@ class Daemon:
                         )
                         return self._serve_failure(launch, start, failure)
             elif isinstance(event, (ChildOutput, ChildEOF)):
-                self.runner._handle_output(launch, event)
+                self.runner.handle_output(launch, event)
             code = launch.engine.poll()
             if code is not None:
                 exited_at = exited_at or now
                 if launch.engine.eof or now - exited_at >= 1.0:
-                    self.runner._drain(launch)
+                    self.runner.drain(launch)
                     failure = launch.reader.verdict(exit_code=code)
                     if failure.cls == F.NONE:
                         failure = Failure(
@@ -388,13 +388,13 @@ class Daemon:
             if not health_busy and now >= next_health:
                 health_busy = True
                 next_health = now + d.health_interval_s
-                self.runner._run_check(
+                self.runner.run_check(
                     "health", launch, lambda: (*health.check_health(ep, d.health_timeout_s), None)
                 )
             if not live_busy and now >= next_live:
                 live_busy = True
                 next_live = now + d.liveness_interval_s
-                self.runner._run_check("liveness", launch, self._liveness_check(ep))
+                self.runner.run_check("liveness", launch, self._liveness_check(ep))
             if healthy:
                 self._watchdog(now)
 

@@ -118,9 +118,9 @@ class Runner:
                 return
             event = self.events.get(min(remaining, 0.2))
             if event is not None and launch is not None:
-                self._handle_output(launch, event)
+                self.handle_output(launch, event)
 
-    def _run_check(self, kind: str, launch: Launch, fn: Callable[[], tuple[bool, str, Any]]) -> None:
+    def run_check(self, kind: str, launch: Launch, fn: Callable[[], tuple[bool, str, Any]]) -> None:
         def work() -> None:
             try:
                 ok, detail, payload = fn()
@@ -130,7 +130,7 @@ class Runner:
 
         threading.Thread(target=work, daemon=True, name=f"check-{kind}").start()
 
-    def _handle_output(self, launch: Launch, event: object) -> None:
+    def handle_output(self, launch: Launch, event: object) -> None:
         if isinstance(event, ChildOutput) and event.launch == launch.number:
             for item in launch.reader.feed(event.line):
                 if isinstance(item, LogLine):
@@ -234,7 +234,7 @@ class Runner:
             elif event is not None:
                 if isinstance(event, ChildOutput) and event.launch == launch.number:
                     last_activity = now
-                self._handle_output(launch, event)
+                self.handle_output(launch, event)
             if now >= next_record:
                 launch.engine.record_descendants()
                 next_record = now + 2.0
@@ -243,7 +243,7 @@ class Runner:
                 if exited_at is None:
                     exited_at = now
                 if launch.engine.eof or now - exited_at >= EXIT_DRAIN_S:
-                    self._drain(launch)
+                    self.drain(launch)
                     launch.exit_code = code
                     launch.failure = launch.reader.verdict(exit_code=code)
                     if launch.failure.cls == F.NONE:
@@ -257,7 +257,7 @@ class Runner:
             if not check_running and now >= next_check:
                 check_running = True
                 next_check = now + READY_POLL_S
-                self._run_check(
+                self.run_check(
                     "ready",
                     launch,
                     lambda: (*health.check_ready(self.endpoint, launch.spec.served_name), None),
@@ -278,7 +278,7 @@ class Runner:
                     )
                 return
 
-    def _drain(self, launch: Launch, limit_s: float = 0.5) -> None:
+    def drain(self, launch: Launch, limit_s: float = 0.5) -> None:
         """Take what output is still queued for this launch."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
@@ -287,7 +287,7 @@ class Runner:
                 if launch.engine.eof:
                     return
                 continue
-            self._handle_output(launch, event)
+            self.handle_output(launch, event)
 
     # --- probing -------------------------------------------------------------------------------
 
@@ -342,7 +342,7 @@ class Runner:
             prompt_tokens=prompt_tokens,
             output_tokens=spec.output_tokens,
         )
-        self._run_check(
+        self.run_check(
             "probe",
             launch,
             lambda: _probe_call(lambda sp: run_probe_isolated(sp, on_start=self._track_probe), spec),
@@ -356,11 +356,11 @@ class Runner:
             if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
                 result = event.payload or {"ok": False, "errors": [event.detail]}
             elif event is not None:
-                self._handle_output(launch, event)
+                self.handle_output(launch, event)
             if time.monotonic() > deadline:
                 result = {"ok": False, "errors": ["the probe did not return"], "timed_out": True}
         launch.probe = result
-        self._drain(launch, 0.3)
+        self.drain(launch, 0.3)
         code = launch.engine.poll()
         seen = launch.reader.verdict(exit_code=code)
         if result.get("ok") and code is None and seen.cls == F.NONE:
@@ -411,7 +411,7 @@ class Runner:
         launch.stop_report = report
         if self.current is launch:
             self.current = None
-        self._drain(launch, 0.2)
+        self.drain(launch, 0.2)
         self.log.info(
             "engine_stopped",
             launch=launch.number,
