@@ -168,8 +168,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-
-
 def engine_env(scenario: Mapping[str, Any]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_VLLM_", "R1SUP_", "VLLM_"))}
     paths = [str(TESTS / "fakenvml"), str(TESTS)]
