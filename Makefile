@@ -29,6 +29,7 @@ test-fast: venv
 
 lint: venv
 	$(BIN)/ruff check supervisor tests benchmarks
+	$(BIN)/ruff format --check supervisor tests benchmarks
 	$(BIN)/mypy
 
 demo: venv
