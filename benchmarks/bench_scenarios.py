@@ -67,6 +67,7 @@ import psutil  # noqa: E402
 from fakevllm.optimum import Bounds as OptBounds  # noqa: E402
 from fakevllm.optimum import optimum  # noqa: E402
 from fakevllm.scenario import load_scenario  # noqa: E402
+from r1sup import planner  # noqa: E402
 from r1sup.flags import EngineFlags  # noqa: E402
 from r1sup_proc import write_config  # noqa: E402
 from scenarios import QUICK, SCENARIOS, BenchScenario, by_id  # noqa: E402
@@ -80,16 +81,6 @@ TARGET_MAX_LAUNCHES = 3
 TARGET_CONTEXT_RATIO = 0.95
 TARGET_FIRST_RIGHT = 0.80
 EXIT_INFEASIBLE = (3, 4)
-# the [ladder] defaults r1sup's config declares (config.LadderSection), for the optimum's bounds
-LADDER_DEFAULTS: dict[str, Any] = {
-    "min_max_model_len": 2048,
-    "min_gpu_memory_utilization": 0.5,
-    "max_gpu_memory_utilization": 0.95,
-    "allow_fp8_kv": True,
-    "allow_eager": True,
-    "allow_weight_quantization": False,
-    "allow_tensor_parallel": True,
-}
 
 
 @dataclass
@@ -243,7 +234,7 @@ def user_flags(bs: BenchScenario) -> EngineFlags:
 
 
 def ladder_bounds(bs: BenchScenario) -> dict[str, Any]:
-    return {**LADDER_DEFAULTS, **dict(bs.ladder)}
+    return {**planner.DEFAULT_BOUNDS, **dict(bs.ladder)}
 
 
 # --- the three ways ---------------------------------------------------------------------------------

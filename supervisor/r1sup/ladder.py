@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from r1sup import failure as F
+from r1sup.config import LadderSection
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
@@ -36,19 +37,22 @@ TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG})
 FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
 
 
+_LADDER = LadderSection()  # the defaults of [ladder], declared once in the config
+
+
 @dataclass(frozen=True)
 class Bounds:
     """What the ladder may change and within which limits ([ladder] and [target] of the config)."""
 
-    strategy: str = "smart"
-    min_max_model_len: int = 2048
-    min_gpu_memory_utilization: float = 0.5
-    max_gpu_memory_utilization: float = 0.95
-    allow_fp8_kv: bool = True
-    allow_eager: bool = True
-    allow_weight_quantization: bool = False
-    allow_tensor_parallel: bool = True
-    max_attempts: int = 8
+    strategy: str = _LADDER.strategy
+    min_max_model_len: int = _LADDER.min_max_model_len
+    min_gpu_memory_utilization: float = _LADDER.min_gpu_memory_utilization
+    max_gpu_memory_utilization: float = _LADDER.max_gpu_memory_utilization
+    allow_fp8_kv: bool = _LADDER.allow_fp8_kv
+    allow_eager: bool = _LADDER.allow_eager
+    allow_weight_quantization: bool = _LADDER.allow_weight_quantization
+    allow_tensor_parallel: bool = _LADDER.allow_tensor_parallel
+    max_attempts: int = _LADDER.max_attempts
     target_concurrency: int | None = None
     target_context: int | None = None
 

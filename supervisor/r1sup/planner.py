@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from r1sup.config import LadderSection
 from r1sup.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
 
@@ -81,15 +82,24 @@ FOUR_BIT_METHODS = frozenset(
 )
 GROUP_SIZE = 128  # AWQ/GPTQ: an fp16 scale and a packed zero point per 128 weights
 
-DEFAULT_BOUNDS: dict[str, Any] = {
-    "min_max_model_len": 2048,
-    "min_gpu_memory_utilization": 0.5,
-    "max_gpu_memory_utilization": 0.95,
-    "allow_fp8_kv": True,
-    "allow_eager": True,
-    "allow_weight_quantization": False,
-    "allow_tensor_parallel": True,
-}
+# The [ladder] settings the planner honours; their defaults are the config's own declaration.
+BOUND_KEYS = (
+    "min_max_model_len",
+    "min_gpu_memory_utilization",
+    "max_gpu_memory_utilization",
+    "allow_fp8_kv",
+    "allow_eager",
+    "allow_weight_quantization",
+    "allow_tensor_parallel",
+)
+
+
+def ladder_bounds(ladder: LadderSection) -> dict[str, Any]:
+    """The planner's bounds from a config's ``[ladder]`` section."""
+    return {k: getattr(ladder, k) for k in BOUND_KEYS}
+
+
+DEFAULT_BOUNDS: dict[str, Any] = ladder_bounds(LadderSection())
 
 _VERIFIED_TYPES = frozenset({"qwen2", "llama", "mistral", "qwen3"})
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"})
@@ -491,6 +501,11 @@ class Observations:
     kv_cache_gib: float | None = None
     kv_cache_tokens: float | None = None
     budget_gib: float | None = None
+
+    @classmethod
+    def pick(cls, numbers: Mapping[str, float]) -> Observations:
+        """The figures among ``numbers`` (a log reader's or a profile's) that the planner uses."""
+        return cls(**{f.name: numbers[f.name] for f in dataclasses.fields(cls) if f.name in numbers})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

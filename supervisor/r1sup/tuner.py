@@ -137,15 +137,14 @@ def plan_first(
         return flags, "as configured"
     from r1sup import planner
 
-    bounds = L.Bounds.from_config(config)
     plan = planner.plan(
         know.arch,
         know.device,
         flags,
         target_concurrency=config.target.concurrency,
         target_context=config.target.context,
-        observations=planner.Observations(**_obs_for_planner(observations)) if observations else None,
-        bounds=_bounds_dict(bounds),
+        observations=planner.Observations.pick(observations) if observations else None,
+        bounds=planner.ladder_bounds(config.ladder),
     )
     log.info(
         "plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens, max_context=plan.max_context
@@ -153,30 +152,6 @@ def plan_first(
     if plan.fits or plan.recommended is None:
         return flags, "as configured" + ("" if plan.fits else " (the planner found nothing that fits)")
     return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
-
-
-def _bounds_dict(bounds: L.Bounds) -> dict[str, Any]:
-    return {
-        "min_max_model_len": bounds.min_max_model_len,
-        "min_gpu_memory_utilization": bounds.min_gpu_memory_utilization,
-        "max_gpu_memory_utilization": bounds.max_gpu_memory_utilization,
-        "allow_fp8_kv": bounds.allow_fp8_kv,
-        "allow_eager": bounds.allow_eager,
-        "allow_weight_quantization": bounds.allow_weight_quantization,
-        "allow_tensor_parallel": bounds.allow_tensor_parallel,
-    }
-
-
-def _obs_for_planner(observations: dict[str, float]) -> dict[str, float]:
-    keys = (
-        "weights_gib",
-        "non_torch_gib",
-        "peak_activation_gib",
-        "cudagraph_gib",
-        "kv_cache_gib",
-        "kv_cache_tokens",
-    )
-    return {k: observations[k] for k in keys if k in observations}
 
 
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")

@@ -40,7 +40,7 @@ def _inputs(
         model_field = "model.name"
         flags = EngineFlags.from_start(config.start)
         target = {"concurrency": config.target.concurrency, "context": config.target.context}
-        bounds = {k: getattr(config.ladder, k) for k in planner.DEFAULT_BOUNDS}
+        bounds = planner.ladder_bounds(config.ladder)
     if args.model:
         model, revision, model_field = args.model, None, "--model"
     if not model:
