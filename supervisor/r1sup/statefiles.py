@@ -237,7 +237,7 @@ def remove_stale_temp_files(directory: Path, *, max_age_s: float = STALE_TEMP_AG
         if not stat.S_ISREG(st.st_mode):
             continue
         pid = int(m.group("pid"))
-        if pid == os.getpid() or (_pid_alive(pid) and now - st.st_mtime < max_age_s):
+        if pid == os.getpid() or (pid_alive(pid) and now - st.st_mtime < max_age_s):
             continue
         try:
             os.unlink(path)
@@ -248,7 +248,8 @@ def remove_stale_temp_files(directory: Path, *, max_age_s: float = STALE_TEMP_AG
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

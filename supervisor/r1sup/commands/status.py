@@ -16,7 +16,7 @@ from typing import Any
 
 from r1sup.flags import EngineFlags
 from r1sup.profiles import Profile, ProfileStore
-from r1sup.statefiles import SCHEMA_VERSION, inspect_json, parse_iso
+from r1sup.statefiles import SCHEMA_VERSION, inspect_json, parse_iso, pid_alive
 
 DEFAULT_STATE_DIR = "/var/lib/r1sup"
 STATUS_FILE = "status.json"
@@ -80,7 +80,7 @@ def daemon_state(state_dir: Path) -> dict[str, Any] | None:
     alive, liveness = daemon_alive(data.get("pid"), data.get("updated_at"))
     out.update(status_file=str(path), alive=alive, stale=not alive, liveness=liveness)
     child = data.get("child_pid")
-    out["child_alive"] = bool(alive and isinstance(child, int) and _is_pid(child) and _pid_exists(child))
+    out["child_alive"] = bool(alive and isinstance(child, int) and _is_pid(child) and pid_alive(child))
     return out
 
 
@@ -141,12 +141,6 @@ def is_r1sup_cmdline(argv: list[str]) -> bool:
 
 def _is_pid(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _pid_exists(pid: int) -> bool:
-    import psutil
-
-    return bool(psutil.pid_exists(pid))
 
 
 # --- human output ------------------------------------------------------------------------------
