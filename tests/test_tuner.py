@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from r1sup import profiles
+from r1sup import catalog, planner, profiles
+from r1sup import config as cfg
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.tuner import calibration, status_line
+from r1sup.tuner import ModelKnowledge, calibration, planner_suggestions, status_line
+from r1sup_proc import write_config
 
 BOX = DeviceFacts(backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 4090", 24 * GIB, 23 * GIB, (8, 9)),))
 
@@ -69,3 +71,19 @@ def test_status_line_reads_like_an_operator_would_write_it():
     old = EngineFlags(max_model_len=8192)
     new = EngineFlags(max_model_len=3712)
     assert status_line(2, old, new, "kv_insufficient") == "attempt 2: context 8192 -> 3712 (kv_insufficient)"
+
+
+def test_ways_out_after_an_exhausted_ladder_respect_the_configured_shortest_context(tmp_path: Path):
+    # 14B in bf16 does not fit a 24 GiB card; the user will not serve less than 40000 tokens
+    model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
+    body = {"model": {"name": model}, "ladder": {"min_max_model_len": 40000}}
+    config = cfg.load(write_config(tmp_path / "c.toml", body), environ={})
+    found = catalog.find_model(model)
+    assert found is not None
+    know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(found[1]))
+    ways = planner_suggestions(config, know, EngineFlags(max_model_len=65536))
+    offload = [w for w in ways if w.startswith("offload")]
+    assert len(offload) == 1, ways
+    # a way out that fits only a shorter context than the config allows is not offered as one
+    (length,) = [int(a.split()[1]) for a in offload[0].split(" --")[1:] if a.startswith("max-model-len")]
+    assert length >= 40000, offload

@@ -191,6 +191,7 @@ def planner_suggestions(config: Config, know: ModelKnowledge, flags: EngineFlags
             flags,
             target_concurrency=config.target.concurrency,
             target_context=config.target.context,
+            bounds=planner.ladder_bounds(config.ladder),
         )
     except (ValueError, ZeroDivisionError):
         return ()
