@@ -1117,20 +1117,9 @@ class Engine:
         while not self.exit_event.is_set() and self.pause(0.05):
             pass
         served_s = round(self.clock.now() - self.serving_started, 3)
-        if self.stop_event.is_set():
+        signalled = self.stop_event.is_set()
+        if signalled:
             self.shutdown_lines()
-            server.stop()
-            self.output.write(
-                [
-                    "INFO:     Shutting down",
-                    "INFO:     Waiting for application shutdown.",
-                    "INFO:     Application shutdown complete.",
-                    f"INFO:     Finished server process [{self.pid}]",
-                ],
-                self.output.err,
-            )
-            self.record("stop", reason="signal", requests=self.requests, serving_simulated_seconds=served_s)
-            return 0
         server.stop()
         self.output.write(
             [
@@ -1141,6 +1130,9 @@ class Engine:
             ],
             self.output.err,
         )
+        if signalled:
+            self.record("stop", reason="signal", requests=self.requests, serving_simulated_seconds=served_s)
+            return 0
         return self.exit_code
 
     def shutdown_lines(self) -> None:
