@@ -319,7 +319,7 @@ def test_find_gpu(name: str, canonical: str) -> None:
     assert found is not None and found[0] == canonical
 
 
-@pytest.mark.parametrize("name", ["a100", "xyz", "", "  ", "RTX 5090"])
+@pytest.mark.parametrize("name", ["a100", "xyz", "", "  ", "RTX 5080"])
 def test_find_gpu_unknown_or_ambiguous(name: str) -> None:
     assert catalog.find_gpu(name) is None
 
@@ -348,6 +348,6 @@ def test_from_memory() -> None:
 def test_every_catalog_gpu_is_complete() -> None:
     for name, info in catalog.GPUS.items():
         info_any: dict[str, Any] = info
-        assert 20 < info_any["total_gib"] < 150, name
+        assert 20 < info_any["total_gib"] < 300, name
         assert isinstance(info_any["compute_capability"], tuple)
         assert catalog.find_gpu(name) is not None

@@ -138,21 +138,75 @@ def find_model(name: str) -> tuple[str, dict[str, Any]] | None:
 
 GIB = 1024**3
 
-# total_gib: what CUDA reports as total (vLLM's base for gpu_memory_utilization).
+# total_gib: what PyTorch reports as the device's total (``torch.cuda.mem_get_info``, printed as "GPU 0
+# has a total capacity of X GiB" in out-of-memory messages): vLLM's base for gpu_memory_utilization,
+# a little below the marketing size. compute_capability: NVIDIA's (major, minor); for AMD's gfx942
+# (MI300X, MI325X) what PyTorch's ROCm build reports, (9, 4). ``platform``: "cuda" unless "rocm"
+# (AMD Instinct: vLLM's ROCm build, same memory accounting through torch's HIP backend).
+# Sources of the figures added for issue 16 (memory and compute capability from the vendors' data
+# sheets; the totals as PyTorch printed them in public out-of-memory reports):
+#   RTX 5090 (32 GB GDDR7, sm_120): 31.37 GiB, https://github.com/Wan-Video/Wan2.1/issues/465
+#   RTX A6000 (48 GB GDDR6, sm_86): 47.53 GiB, https://github.com/allenai/open-instruct/issues/163
+#   L40 (48 GB GDDR6, sm_89): 44.40 GiB, https://github.com/QwenLM/Qwen3-VL/issues/2097
+#   RTX 6000 Ada (48 GB GDDR6, sm_89): 44.43 GiB, https://github.com/DINGYANB/MTVCrafter/issues/21
+#   B200 (180 GB HBM3e, sm_100): 178.35 GiB in PyTorch's messages on B200 nodes; nvidia-smi shows
+#     183359 MiB in https://github.com/vllm-project/vllm/issues/31272
+#   GH200 (96 GB HBM3, sm_90): 94.50 GiB, the total of a 96 GB Hopper in
+#     https://github.com/vllm-project/vllm/issues/9630
+#   MI300X (192 GB HBM3, gfx942) and MI325X (256 GB HBM3E, gfx942): 191.98 and 255.98 GiB, the
+#     totals PyTorch's ROCm build prints in "HIP out of memory" messages on those cards
 GPUS: dict[str, dict[str, Any]] = {
     "RTX 3090": {"total_gib": 23.56, "compute_capability": (8, 6), "aliases": ["rtx3090", "3090"]},
     "RTX 4090": {"total_gib": 23.55, "compute_capability": (8, 9), "aliases": ["rtx4090", "4090"]},
+    "RTX 5090": {"total_gib": 31.37, "compute_capability": (12, 0), "aliases": ["rtx5090", "5090"]},
     "L4": {"total_gib": 22.03, "compute_capability": (8, 9), "aliases": ["l4", "l424"]},
     "A10": {"total_gib": 22.06, "compute_capability": (8, 6), "aliases": ["a10", "a1024", "a10g", "a10g24"]},
+    "RTX A6000": {"total_gib": 47.53, "compute_capability": (8, 6), "aliases": ["rtxa6000", "a6000", "a600048"]},
+    "L40": {"total_gib": 44.40, "compute_capability": (8, 9), "aliases": ["l40", "l4048"]},
     "L40S": {"total_gib": 44.53, "compute_capability": (8, 9), "aliases": ["l40s", "l40s48"]},
+    "RTX 6000 Ada": {
+        "total_gib": 44.43,
+        "compute_capability": (8, 9),
+        "aliases": ["rtx6000ada", "rtx6000adageneration", "6000ada"],
+    },
     "A100 40GB": {"total_gib": 39.39, "compute_capability": (8, 0), "aliases": ["a10040"]},
     "A100 80GB": {"total_gib": 79.15, "compute_capability": (8, 0), "aliases": ["a10080"]},
     "H100 80GB": {"total_gib": 79.11, "compute_capability": (9, 0), "aliases": ["h100", "h10080"]},
+    "GH200 96GB": {"total_gib": 94.50, "compute_capability": (9, 0), "aliases": ["gh200", "gh200480", "gh20096"]},
     "H200 141GB": {"total_gib": 139.81, "compute_capability": (9, 0), "aliases": ["h200", "h200141"]},
+    "B200": {"total_gib": 178.35, "compute_capability": (10, 0), "aliases": ["b200", "b200180"]},
+    "MI300X": {
+        "total_gib": 191.98,
+        "compute_capability": (9, 4),
+        "aliases": ["mi300x", "mi300x192"],
+        "platform": "rocm",
+    },
+    "MI325X": {
+        "total_gib": 255.98,
+        "compute_capability": (9, 4),
+        "aliases": ["mi325x", "mi325x256"],
+        "platform": "rocm",
+    },
 }
 
-# Words that NVML names and people add but that do not tell cards apart.
-_NOISE = ("nvidia", "geforce", "tesla", "hbm3e", "hbm3", "hbm2e", "sxm5", "sxm4", "sxm", "pcie", "nvl", "gb")
+# Words that NVML/ROCm names and people add but that do not tell cards apart.
+_NOISE = (
+    "nvidia",
+    "geforce",
+    "tesla",
+    "amd",
+    "instinct",
+    "hbm3e",
+    "hbm3",
+    "hbm2e",
+    "sxm5",
+    "sxm4",
+    "sxm",
+    "pcie",
+    "nvl",
+    "oam",
+    "gb",
+)
 
 
 def normalize_gpu_name(name: str) -> str:
@@ -173,6 +227,65 @@ def find_gpu(name: str) -> tuple[str, dict[str, Any]] | None:
         if key in names:
             return canonical, dict(info)
     return None
+
+
+def gpu_platform(name: str) -> str:
+    """``"rocm"`` for AMD Instinct entries, else ``"cuda"``."""
+    found = find_gpu(name)
+    return str(found[1].get("platform", "cuda")) if found else "cuda"
+
+
+def suggest_gpu(name: str) -> list[str]:
+    """The catalog GPUs a mistyped or partial name most likely meant: ``"RTX 4900"`` -> ``["RTX 4090"]``,
+    ``"a100"`` -> ``["A100 40GB", "A100 80GB"]``; [] when nothing is close."""
+    key = normalize_gpu_name(name)
+    if not key:
+        return []
+    by_name: dict[str, str] = {}
+    for canonical, info in GPUS.items():
+        for alias in (normalize_gpu_name(canonical), *info["aliases"]):
+            by_name.setdefault(alias, canonical)
+    return _closest(key, by_name)
+
+
+def suggest_model(name: str) -> list[str]:
+    """The catalog model ids a mistyped id most likely meant; [] when nothing is close.
+
+    Compared without case, with and without the owner (``deepseek-ai/``), so that
+    ``DeepSeek-R1-Distill-Qwen-14b-instruct`` or ``deepseek/DeepSeek-R1-Distil-Qwen-14B`` find
+    ``deepseek-ai/DeepSeek-R1-Distill-Qwen-14B``.
+    """
+    wanted = name.strip().lower().rstrip("/")
+    if not wanted:
+        return []
+    by_name: dict[str, str] = {}
+    for model_id in MODELS:
+        by_name[model_id.lower()] = model_id
+        by_name[model_id.split("/", 1)[1].lower()] = model_id
+    short = wanted.split("/", 1)[1] if "/" in wanted else wanted
+    return _closest(wanted, by_name) or _closest(short, by_name)
+
+
+def did_you_mean(suggestions: list[str]) -> str:
+    """``"; did you mean A?"`` / ``"; did you mean A or B?"``; empty without suggestions."""
+    if not suggestions:
+        return ""
+    return "; did you mean " + " or ".join(suggestions) + "?"
+
+
+def _closest(key: str, candidates: dict[str, str], cutoff: float = 0.75) -> list[str]:
+    """Entries whose name starts with ``key`` (a partial name), else the closest by difflib's ratio."""
+    import difflib
+
+    prefixed = sorted({value for name, value in candidates.items() if name.startswith(key) and name != key})
+    if 0 < len(prefixed) <= 3:
+        return prefixed
+    close = difflib.get_close_matches(key, list(candidates), n=3, cutoff=cutoff)
+    out: list[str] = []
+    for match in close:
+        if candidates[match] not in out:
+            out.append(candidates[match])
+    return out[:1] if out else []
 
 
 def gpu_names() -> list[str]:

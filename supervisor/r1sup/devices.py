@@ -272,11 +272,18 @@ def from_catalog(name: str, count: int = 1) -> DeviceFacts:
     """A device from the GPU catalog (``--gpu NAME``); unknown names are a ConfigError."""
     found = catalog.find_gpu(name)
     if found is None:
-        raise ConfigError("--gpu", f"unknown GPU {name!r}; known: {', '.join(catalog.gpu_names())}")
+        hint = catalog.did_you_mean(catalog.suggest_gpu(name))
+        raise ConfigError("--gpu", f"unknown GPU {name!r}{hint}; known: {', '.join(catalog.gpu_names())}")
     canonical, info = found
     total = int(info["total_gib"] * GIB)
     gpus = tuple(GpuInfo(i, canonical, total, total, tuple(info["compute_capability"])) for i in range(count))
-    return DeviceFacts(backend="cuda", gpus=gpus, source="catalog")
+    notes: tuple[str, ...] = ()
+    if info.get("platform") == "rocm":
+        notes = (
+            f"{canonical} is an AMD GPU: vLLM's ROCm build, whose memory accounting (through torch's HIP "
+            "backend) is the one planned here",
+        )
+    return DeviceFacts(backend="cuda", gpus=gpus, source="catalog", notes=notes)
 
 
 def from_memory(gib: float, count: int = 1, name: str = "custom") -> DeviceFacts:

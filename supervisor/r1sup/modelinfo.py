@@ -142,8 +142,8 @@ def locate_model_config(
         "model.name",
         f"{name!r}: no local directory, no config.json in the Hugging Face cache "
         f"({', '.join(str(d) for d in hf_cache_dirs(environ)[:2])}), and not in the built-in catalog "
-        f"(deepseek-ai/{{{known}}}); r1sup never downloads, so fetch the config first "
-        "(huggingface-cli download MODEL config.json)",
+        f"(deepseek-ai/{{{known}}}){catalog.did_you_mean(catalog.suggest_model(name))}; r1sup never "
+        "downloads, so fetch the config first (huggingface-cli download MODEL config.json)",
     )
 
 

@@ -1,0 +1,119 @@
+"""The GPU and model catalogs: the cards added for issue 16, ROCm marking, and "did you mean"."""
+
+from __future__ import annotations
+
+import pytest
+
+from r1sup import catalog, devices, modelinfo
+from r1sup.cli import main
+from r1sup.errors import ConfigError
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "canonical", "total_gib", "cc"),
+    [
+        # names as NVML / rocm-smi print them
+        ("NVIDIA GeForce RTX 5090", "RTX 5090", 31.37, (12, 0)),
+        ("NVIDIA RTX A6000", "RTX A6000", 47.53, (8, 6)),
+        ("NVIDIA L40", "L40", 44.40, (8, 9)),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", 44.43, (8, 9)),
+        ("NVIDIA B200", "B200", 178.35, (10, 0)),
+        ("NVIDIA GH200 480GB", "GH200 96GB", 94.50, (9, 0)),
+        ("AMD Instinct MI300X", "MI300X", 191.98, (9, 4)),
+        ("AMD Instinct MI325X", "MI325X", 255.98, (9, 4)),
+    ],
+)
+def test_new_cards_are_found_by_their_device_names(
+    nvml_name: str, canonical: str, total_gib: float, cc: tuple[int, int]
+) -> None:
+    found = catalog.find_gpu(nvml_name)
+    assert found is not None and found[0] == canonical
+    assert found[1]["total_gib"] == total_gib and found[1]["compute_capability"] == cc
+    assert catalog.find_gpu(canonical) == found
+
+
+def test_l40_and_l40s_stay_apart() -> None:
+    assert catalog.find_gpu("L40")[0] == "L40"  # type: ignore[index]
+    assert catalog.find_gpu("L40S")[0] == "L40S"  # type: ignore[index]
+
+
+def test_amd_cards_are_marked_rocm_and_say_so_in_the_plan_device() -> None:
+    rocm = sorted(name for name, info in catalog.GPUS.items() if info.get("platform") == "rocm")
+    assert rocm == ["MI300X", "MI325X"]
+    assert catalog.gpu_platform("AMD Instinct MI300X") == "rocm"
+    assert catalog.gpu_platform("H100") == "cuda"
+    facts = devices.from_catalog("MI300X", count=8)
+    assert facts.count == 8 and facts.total_bytes == int(191.98 * GIB)
+    assert any("ROCm" in note for note in facts.notes)
+    assert not devices.from_catalog("H100").notes
+
+
+def test_every_catalog_total_is_below_its_marketing_size() -> None:
+    """PyTorch's total is a little under the size printed on the box (GB or GiB): a typo would show."""
+    marketed_gb = {
+        "RTX 3090": 24, "RTX 4090": 24, "RTX 5090": 32, "L4": 24, "A10": 24, "RTX A6000": 48, "L40": 48,
+        "L40S": 48, "RTX 6000 Ada": 48, "A100 40GB": 40, "A100 80GB": 80, "H100 80GB": 80,
+        "GH200 96GB": 96, "H200 141GB": 141, "B200": 180, "MI300X": 192, "MI325X": 256,
+    }  # fmt: skip
+    assert set(marketed_gb) == set(catalog.GPUS)
+    for name, gb in marketed_gb.items():
+        total = catalog.GPUS[name]["total_gib"]
+        assert 0.85 * gb * 1e9 / GIB < total < gb, name
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("RTX 4900", ["RTX 4090"]),
+        ("H1000", ["H100 80GB"]),
+        ("a100", ["A100 40GB", "A100 80GB"]),
+        ("mi300", ["MI300X"]),
+        ("xyz", []),
+        ("", []),
+    ],
+)
+def test_gpu_suggestions(typed: str, expected: list[str]) -> None:
+    assert catalog.suggest_gpu(typed) == expected
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("DeepSeek-R1-Distill-Qwen-14b-instruct", ["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"]),
+        ("deepseek/DeepSeek-R1-Distil-Qwen-14B", ["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"]),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32", ["deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"]),
+        ("deepseek-ai/DeepSeek-R1-Distil-Llama-8B", ["deepseek-ai/DeepSeek-R1-Distill-Llama-8B"]),
+        ("Qwen/Qwen2.5-7B-Instruct", []),
+        ("meta-llama/Llama-3.1-8B", []),
+    ],
+)
+def test_model_suggestions(typed: str, expected: list[str]) -> None:
+    assert catalog.suggest_model(typed) == expected
+
+
+def test_unknown_model_error_names_the_close_catalog_entry(tmp_path) -> None:
+    env = {"HOME": str(tmp_path)}  # an empty Hugging Face cache
+    with pytest.raises(ConfigError) as err:
+        modelinfo.locate_model_config("deepseek-ai/DeepSeek-R1-Distil-Qwen-14B", environ=env)
+    assert "did you mean deepseek-ai/DeepSeek-R1-Distill-Qwen-14B?" in err.value.message
+    with pytest.raises(ConfigError) as err:
+        modelinfo.locate_model_config("Qwen/Qwen2.5-7B-Instruct", environ=env)
+    assert "did you mean" not in err.value.message
+
+
+def test_plan_with_a_mistyped_model_or_gpu_exits_2_with_a_suggestion(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    code = main(["plan", "--model", "DeepSeek-R1-Distill-Qwen-14b-instruct", "--gpu", "RTX 4090"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("r1sup: error: --model: ") and "did you mean deepseek-ai/DeepSeek-R1-Distill-Qwen-14B?" in err
+    assert err.count("\n") == 1
+    code = main(["plan", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "--gpu", "RTX 4900"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown GPU 'RTX 4900'; did you mean RTX 4090?" in err
