@@ -77,7 +77,7 @@ def tiny_engine_config(
 
 
 class R1sup:
-    """``python -m r1sup.cli ARGS`` with JSON logs collected from stdout."""
+    """``python -m r1sup.cli ARGS``: its JSON log events (stderr) and its result (stdout) collected apart."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -103,7 +103,7 @@ class R1sup:
     def _read(self, stream: Any, is_stdout: bool) -> None:
         for line in stream:
             (self.lines if is_stdout else self.stderr).append(line)
-            if line.startswith("{"):
+            if not is_stdout and line.startswith("{"):
                 try:
                     self.events.append(json.loads(line))
                 except ValueError:
@@ -155,7 +155,7 @@ class R1sup:
         return "".join(self.lines[-n:]) + "".join(self.stderr[-n:])
 
     def stdout_text(self) -> str:
-        return "".join(line for line in self.lines if not line.startswith("{"))
+        return "".join(self.lines)
 
 
 class NotifySocket:

@@ -112,7 +112,10 @@ def test_plan_with_a_mistyped_model_or_gpu_exits_2_with_a_suggestion(
     code = main(["plan", "--model", "DeepSeek-R1-Distill-Qwen-14b-instruct", "--gpu", "RTX 4090"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("r1sup: error: --model: ") and "did you mean deepseek-ai/DeepSeek-R1-Distill-Qwen-14B?" in err
+    assert (
+        err.startswith("r1sup: error: --model: ")
+        and "did you mean deepseek-ai/DeepSeek-R1-Distill-Qwen-14B?" in err
+    )
     assert err.count("\n") == 1
     code = main(["plan", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "--gpu", "RTX 4900"])
     err = capsys.readouterr().err

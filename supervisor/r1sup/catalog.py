@@ -161,7 +161,11 @@ GPUS: dict[str, dict[str, Any]] = {
     "RTX 5090": {"total_gib": 31.37, "compute_capability": (12, 0), "aliases": ["rtx5090", "5090"]},
     "L4": {"total_gib": 22.03, "compute_capability": (8, 9), "aliases": ["l4", "l424"]},
     "A10": {"total_gib": 22.06, "compute_capability": (8, 6), "aliases": ["a10", "a1024", "a10g", "a10g24"]},
-    "RTX A6000": {"total_gib": 47.53, "compute_capability": (8, 6), "aliases": ["rtxa6000", "a6000", "a600048"]},
+    "RTX A6000": {
+        "total_gib": 47.53,
+        "compute_capability": (8, 6),
+        "aliases": ["rtxa6000", "a6000", "a600048"],
+    },
     "L40": {"total_gib": 44.40, "compute_capability": (8, 9), "aliases": ["l40", "l4048"]},
     "L40S": {"total_gib": 44.53, "compute_capability": (8, 9), "aliases": ["l40s", "l40s48"]},
     "RTX 6000 Ada": {
@@ -172,7 +176,11 @@ GPUS: dict[str, dict[str, Any]] = {
     "A100 40GB": {"total_gib": 39.39, "compute_capability": (8, 0), "aliases": ["a10040"]},
     "A100 80GB": {"total_gib": 79.15, "compute_capability": (8, 0), "aliases": ["a10080"]},
     "H100 80GB": {"total_gib": 79.11, "compute_capability": (9, 0), "aliases": ["h100", "h10080"]},
-    "GH200 96GB": {"total_gib": 94.50, "compute_capability": (9, 0), "aliases": ["gh200", "gh200480", "gh20096"]},
+    "GH200 96GB": {
+        "total_gib": 94.50,
+        "compute_capability": (9, 0),
+        "aliases": ["gh200", "gh200480", "gh20096"],
+    },
     "H200 141GB": {"total_gib": 139.81, "compute_capability": (9, 0), "aliases": ["h200", "h200141"]},
     "B200": {"total_gib": 178.35, "compute_capability": (10, 0), "aliases": ["b200", "b200180"]},
     "MI300X": {

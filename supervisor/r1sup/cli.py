@@ -182,17 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from r1sup import logs
 
-    json_out = getattr(args, "json", False)
     level = args.log_level or (
-        "warning" if args.command in ("diagnose", "plan", "check", "status") else "info"
+        "warning" if args.command in ("diagnose", "plan", "check", "status", "report") else "info"
     )
     env_key = os.environ.get("VLLM_API_KEY")
-    logs.configure(
-        level=level,
-        fmt=args.log_format,
-        stream=sys.stderr if json_out else sys.stdout,
-        secrets=[env_key] if env_key else [],
-    )
+    # logs always go to stderr, results to stdout: `r1sup tune ... > report.txt` keeps them apart
+    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr, secrets=[env_key] if env_key else [])
     try:
         module = importlib.import_module(f"r1sup.commands.{COMMANDS[args.command]}")
         return int(module.main(args))

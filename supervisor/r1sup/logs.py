@@ -67,6 +67,11 @@ def mask(text: str) -> str:
     return str(_active["redactor"].mask(text))
 
 
+def console_format(fmt: str, stream: IO[str]) -> bool:
+    """Whether ``--log-format fmt`` renders for a person on ``stream`` (console) rather than JSON."""
+    return fmt == "console" or (fmt == "auto" and _isatty(stream))
+
+
 def configure(
     level: str = "info",
     fmt: str = "auto",

@@ -39,21 +39,17 @@ def open_session(
     args: argparse.Namespace,
     config: Config,
     *,
-    json_out: bool = False,
     overrides: dict[str, Any] | None = None,
 ) -> Session:
     api_key = sec.load_api_key(config)
     secrets = sec.secret_values(config, api_key)
     level = args.log_level or "info"
-    logs.configure(
-        level=level, fmt=args.log_format, stream=sys.stderr if json_out else sys.stdout, secrets=secrets
-    )
+    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr, secrets=secrets)
     log = logs.get_logger(command=args.command)
     for warning in sec.permission_warnings(config):
         log.warning("file_permissions", **warning)
     events = EventQueue()
-    stream = sys.stderr if json_out else sys.stdout
-    console = args.log_format == "console" or (args.log_format == "auto" and stream.isatty())
+    console = logs.console_format(args.log_format, sys.stderr)
     runner = Runner(
         config,
         events,

@@ -17,7 +17,7 @@ from r1sup.tuner import Tuner, TuneResult
 
 def main(args: argparse.Namespace) -> int:
     config = load_config(args)
-    session = open_session(args, config, json_out=args.json)
+    session = open_session(args, config)
     session.events.install_signal_handlers()
     try:
         from r1sup import profiles
