@@ -121,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = add("report", "the report of a tune or run: attempts, what changed and why, memory per GPU")
+    p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")
+    p.add_argument(
+        "--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)"
+    )
+    p.add_argument("--run", metavar="ID", help="which run (an id or its start; default: the newest)")
+    p.add_argument("--html", metavar="FILE", help="write one self-contained HTML page to FILE (- for stdout)")
+    p.add_argument("--json", action="store_true", help="print the run record as JSON")
+    p.add_argument("--list", action="store_true", help="list the run records")
+
     p = add("check", "validate a config and print the effective settings")
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print the settings as JSON")
@@ -148,6 +158,7 @@ COMMANDS = {
     "plan": "plan",
     "diagnose": "diagnose",
     "status": "status",
+    "report": "report",
     "check": "check",
     "profile": "profile",
     "tiny-model": "tinymodel",

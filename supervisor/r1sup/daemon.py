@@ -37,6 +37,8 @@ from r1sup.tuner import Tuner, TuneResult, calibration, ladder_facts, status_lin
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
 EXTEND_EVERY_S = 10.0
+PROGRESS_STATUS_S = 2.0  # systemd's STATUS= shows the loading progress at most this often
+PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and at most this often
 
 
 class State(enum.Enum):
@@ -98,6 +100,9 @@ class Daemon:
         self._last_extend = 0.0
         self._restarts = 0
         self._next_watchdog = 0.0
+        self.started_at = now_iso()
+        self.record: Any = None  # r1sup.runrecord.RunLog of this run, for `r1sup report`
+        self._progress_shown: tuple[str, float, float] = ("", 0.0, 0.0)  # phase, STATUS= sent, written
         self.runner.hooks.on_tick = self._on_tick
 
     # --- state and status ----------------------------------------------------------------------
@@ -137,8 +142,11 @@ class Daemon:
             "config": os.path.abspath(self.config.source) if self.config.source else None,
             "served_model": self.config.served_name,
             "port": self.config.server.port,
+            "url": self.record.data["url"] if self.record is not None else None,
+            "started_at": self.started_at,
             "r1sup_version": __version__,
             "recent_events": list(self.recent),
+            **self.runner.live_status(),
         }
         try:
             statefiles.ensure_state_dir(self.config.state.dir)
@@ -161,6 +169,22 @@ class Daemon:
         if self.state in (State.LAUNCHING, State.PROBING) and now - self._last_extend >= EXTEND_EVERY_S:
             self._last_extend = now
             self.notifier.extend_timeout(3 * EXTEND_EVERY_S)
+        self._show_progress(now)
+
+    def _show_progress(self, now: float) -> None:
+        """The loading phase, vLLM's percent, elapsed time and ETA in STATUS= and status.json."""
+        shown = self.runner.progress_text() if self.state in (State.LAUNCHING, State.PROBING) else None
+        if shown is None:
+            return
+        phase, text = shown
+        last_phase, sent, written = self._progress_shown
+        if phase != last_phase or now - sent >= PROGRESS_STATUS_S:
+            self.notifier.status(text)
+            sent = now
+        if phase != last_phase or now - written >= PROGRESS_WRITE_S:
+            self.write_status()
+            written = now
+        self._progress_shown = (phase, sent, written)
 
     def _listener(self, kind: str, **info: Any) -> None:
         if kind == "launching":
@@ -254,6 +278,8 @@ class Daemon:
         self.note("daemon_failed", exit_code=code, reason=reason)
         self.runner.stop_current(reason="failed")
         self.transition(State.FAILED, f"failed: {reason[:200]}")
+        if self.record is not None:
+            self.record.stopped(self.state.value)
         return code
 
     def _shutdown(self, code: int) -> int:
@@ -265,25 +291,34 @@ class Daemon:
             if self.metrics:
                 self.metrics.child_up.set(0)
             self.transition(State.STOPPED, "stopped")
+        if self.record is not None:
+            self.record.stopped(self.state.value)
         return code
 
     # --- bringing up ---------------------------------------------------------------------------
 
     def _tuner(self) -> Tuner:
-        return Tuner(self.config, self.runner, self.log, know=self.know, listener=self._listener)
+        return Tuner(
+            self.config, self.runner, self.log, know=self.know, listener=self._listener, record=self.record
+        )
 
     def _bring_up(self, start: EngineFlags | None = None) -> TuneResult:
-        from r1sup import profiles
+        from r1sup import profiles, runrecord
         from r1sup.tuner import gather_knowledge
 
         if self.know is None:
             self.know = gather_knowledge(self.config, self.log)
+        if self.record is None:
+            self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
         self.fingerprint = profiles.current_fingerprint(self.config, device=self.know.device)
         store = profiles.ProfileStore(self.config.state.dir)
+        self.runner.expected_phases = runrecord.expected_phases(store, self.fingerprint)
         key = profiles.fingerprint_key(self.fingerprint)
         saved = store.load(key) if start is None else None
+        why = ""
         if saved is not None:
             start = EngineFlags.from_dict(saved.flags)
+            why = f"saved profile {key} (tuned {saved.updated_at})"
             self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)
             self.note("profile_found", key=key)
         measured: dict[str, float] = {}
@@ -293,7 +328,7 @@ class Daemon:
             if measured:
                 self.log.info("planner_calibrated", **measured)
         tuner = self._tuner()
-        result = tuner.run(start, keep_running=True, history=self.history, observations=measured)
+        result = tuner.run(start, keep_running=True, history=self.history, observations=measured, why=why)
         self.history = result.history or self.history
         if result.ok:
             persisted = saved is not None and result.launches == 1
@@ -451,7 +486,12 @@ class Daemon:
                 failure_class=failure.cls,
             )
             self.notifier.status(text)
-            result = self._tuner().run(decision.flags, keep_running=True, history=self.history)
+            result = self._tuner().run(
+                decision.flags,
+                keep_running=True,
+                history=self.history,
+                why=f"serving failed ({failure.cls}): {decision.reason}",
+            )
             self.history = result.history or self.history
             if result.ok:
                 self.profile_source = "tuned"
@@ -480,7 +520,12 @@ class Daemon:
             "restart_backoff", restart=self._restarts, budget=d.restart_budget, seconds=round(delay, 2)
         )
         self.runner.sleep(delay)
-        result = self._tuner().run(flags, keep_running=True, history=self.history)
+        result = self._tuner().run(
+            flags,
+            keep_running=True,
+            history=self.history,
+            why=f"restart {self._restarts} after {end.failure.cls if end.failure else 'a failure'}",
+        )
         if result.ok:
             self._served(result)
         return result

@@ -81,6 +81,43 @@ class EngineFlags:
         return ", ".join(parts) or "no change"
 
 
+def short(flags: dict[str, Any]) -> str:
+    """The flags a person needs to see: ``ctx=32768 util=0.9 kv=fp8 eager seqs=64 tp=2``."""
+    parts = []
+    if flags.get("max_model_len"):
+        parts.append(f"ctx={flags['max_model_len']}")
+    util = flags.get("gpu_memory_utilization")
+    if util is not None:
+        parts.append(f"util={_fmt_float(float(util))}")
+    if flags.get("kv_cache_dtype") not in (None, "auto"):
+        parts.append(f"kv={flags['kv_cache_dtype']}")
+    if flags.get("enforce_eager"):
+        parts.append("eager")
+    if flags.get("max_num_seqs"):
+        parts.append(f"seqs={flags['max_num_seqs']}")
+    if flags.get("max_num_batched_tokens"):
+        parts.append(f"batched={flags['max_num_batched_tokens']}")
+    if flags.get("quantization"):
+        parts.append(f"q={flags['quantization']}")
+    if flags.get("tensor_parallel_size", 1) not in (1, None):
+        parts.append(f"tp={flags['tensor_parallel_size']}")
+    if flags.get("kv_cache_memory_bytes"):
+        parts.append(f"kv_bytes={flags['kv_cache_memory_bytes']}")
+    if flags.get("cpu_offload_gb"):
+        parts.append(f"offload={_fmt_float(float(flags['cpu_offload_gb']))}G")
+    return " ".join(parts)
+
+
+def describe_dict_change(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """:meth:`EngineFlags.describe_change` for flag dicts (as logged): ``max_model_len 32768 -> 7680``."""
+    parts = [
+        f"{name} {_show(old.get(name))} -> {_show(new.get(name))}"
+        for name in list(dict.fromkeys([*old, *new]))
+        if old.get(name) != new.get(name)
+    ]
+    return ", ".join(parts) or "no change"
+
+
 def _fmt_float(value: float) -> str:
     text = f"{value:.4f}".rstrip("0").rstrip(".")
     return text or "0"

@@ -113,7 +113,9 @@ _PROGRESS_KEYWORDS = (
     r"init engine \(profile|Application startup complete|Uvicorn running on|"
     r"Initializing an? (?:V1 )?LLM engine|"
     r"Using max model len|Auto-fit max_model_len|Shutting down|\[shutdown\]|Memory profiling|"
-    r"the current vLLM instance|model weights take|Capturing|Received signal|Explicitly set \("
+    r"the current vLLM instance|model weights take|Capturing|Received signal|Explicitly set \(|"
+    r"Starting to load model|(?:Multi-thread )?[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
+    r"Warming up model|Starting vLLM (?:API )?server"
 )
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
 # with the progress keyword that may start the message. The first stamp of a line tells whether
@@ -419,7 +421,32 @@ _PROGRESS_RULES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
         ("max_model_len",),
     ),
     ("engine_config", re.compile(rf"Using max model len (?P<max_model_len>{_NUM})"), ("max_model_len",)),
+    # Loading progress (phases and vLLM's own percent; read by r1sup.progress). The shard bar is
+    # weight_utils.py's tqdm ("{desc}: {percentage:3.0f}% Completed | {n}/{total} [...]"), the graph bar
+    # gpu_model_runner.py's ("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%|...| 34/67").
+    ("weights_start", re.compile(r"^Starting to load model"), ()),
+    (
+        "weights_progress",
+        re.compile(
+            r"^(?:Multi-thread )?[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using [\w ]{1,40})"
+            r"(?: \(\w+\))?: *(?P<weights_percent>\d{1,3})% Completed \| "
+            r"(?P<shards_done>\d+)/(?P<shards_total>\d+)"
+        ),
+        ("weights_percent", "shards_done", "shards_total"),
+    ),
+    ("profiling_start", re.compile(r"^Warming up model"), ()),
+    (
+        "graph_capture",
+        re.compile(
+            r"^Capturing CUDA graphs[^:]{0,120}: *(?P<graphs_percent>\d{1,3})%\|[^|]{0,200}\| *"
+            r"(?P<graphs_done>\d+)/(?P<graphs_total>\d+)"
+        ),
+        ("graphs_percent", "graphs_done", "graphs_total"),
+    ),
+    ("api_start", re.compile(r"^Starting vLLM (?:API )?server"), ()),
 )
+# progress kinds whose numbers describe the loading itself, not the engine (kept out of observations)
+_LOADING_KINDS = frozenset({"weights_progress", "graph_capture"})
 _READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
 _SHUTDOWN_RE = re.compile(r"\[shutdown\]|Shutting down|Received signal|received signal")
 _CAPTURE_START_RE = re.compile(r"Capturing (?:CUDA|cuda|the model for CUDA)")
@@ -1494,7 +1521,8 @@ class LogReader:
                 numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
             if kind == "cudagraph_memory" and "cudagraph_estimated_gib" in numbers:
                 self._cudagraph_estimate_logged = True
-            self._obs.update(numbers)
+            if kind not in _LOADING_KINDS:
+                self._obs.update(numbers)
             derived = self._derive()
             if kind == "cudagraph_estimate" and derived:
                 numbers.update(derived)

@@ -15,6 +15,7 @@ from typing import Any
 
 from r1sup import failure as F
 from r1sup import health
+from r1sup import progress as P
 from r1sup.config import Config
 from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.failure import Failure
@@ -53,6 +54,9 @@ class Launch:
     stop_report: StopReport | None = None
     last_progress: str | None = None  # the kind of the last progress line (where a hang stopped)
     stopping: bool = False  # r1sup has asked the engine to stop: what it prints now is its teardown
+    progress: P.LoadProgress | None = None  # phases, percent, elapsed time and ETA while it loads
+    attempt: int = 0  # the tuner's attempt number (for the progress line)
+    folded_lines: int = 0  # vLLM error lines shown at debug only (console), summed up by the verdict
 
     @property
     def started_engine(self) -> bool:
@@ -85,6 +89,8 @@ class Runner:
         log: Any = None,
         relay: bool = True,
         relay_level: str = "info",
+        display: Any = None,
+        fold_tracebacks: bool = False,
     ) -> None:
         self.config = config
         self.events = events
@@ -95,6 +101,14 @@ class Runner:
         # vLLM's lines: "info" for log shippers (JSON); a console shows vLLM's warnings and errors only,
         # the rest at debug (--log-level debug shows everything)
         self.relay_level = relay_level
+        # on a terminal: the line that shows the loading phase, its percent, elapsed time and ETA
+        # (r1sup.logs.StatusLine); elsewhere the progress goes to the log only
+        self.display = display
+        self.expected_phases: dict[str, float] = {}  # seconds per phase of an earlier launch (ETA)
+        # a console shows vLLM's ERROR lines (its tracebacks) at debug only: the verdict that follows
+        # names the root-cause line and where it was; the JSON log keeps them at error
+        self.fold_tracebacks = fold_tracebacks
+        self._shown_at = 0.0
         self.launches = 0  # vLLM processes started
         self._ids = 0  # launch ids (a launch refused before start-up gets one too)
         self.current: Launch | None = None  # the launch whose engine may be running
@@ -140,10 +154,80 @@ class Runner:
                     self.hooks.on_line(launch, item)
                 else:
                     launch.last_progress = item.kind
-                    self.log.info("engine_progress", kind=item.kind, **dict(item.numbers))
+                    if launch.progress is not None:
+                        step = launch.progress.observe(item.kind, item.numbers, time.monotonic())
+                        if step is not None:
+                            self._progress_step(launch, step)
                     self.hooks.on_progress(launch, item)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
             launch.engine.eof = True
+
+    # --- progress --------------------------------------------------------------------------------
+
+    def _progress_step(self, launch: Launch, step: P.Step, event: str = "engine_progress") -> None:
+        """A new phase is logged (with the numbers gathered in the last one); a new percent is shown
+        on the terminal line, or logged every few points where there is none."""
+        assert launch.progress is not None
+        log_it = step.phase_changed or (self.display is None and launch.progress.should_log_percent(step))
+        if log_it:
+            self.log.info(event, **progress_fields(launch, step))
+        self.show_progress(launch, force=True)
+
+    def show_progress(self, launch: Launch, force: bool = False) -> None:
+        """Redraw the terminal line (at most twice a second unless ``force``)."""
+        if self.display is None or launch.progress is None:
+            return
+        now = time.monotonic()
+        if force or now - self._shown_at >= 0.5:
+            self._shown_at = now
+            self.display.set(f"attempt {launch.attempt}: {launch.progress.snapshot(now).text()}")
+
+    def progress_text(self) -> tuple[str, str] | None:
+        """(phase, ``attempt 2: loading weights 45%, 0:32 elapsed, ETA 1:10``) of the launch loading
+        now; None when none is (serving, or between launches)."""
+        launch = self.current
+        if launch is None or launch.progress is None or launch.progress.ended:
+            return None
+        snap = launch.progress.snapshot(time.monotonic())
+        return snap.phase, f"attempt {launch.attempt}: {snap.text()}"
+
+    def live_status(self) -> dict[str, Any]:
+        """What ``status.json`` shows of the current launch: the loading progress (with wall-clock
+        times, so that ``r1sup status`` can count on), the context and the KV cache vLLM reported."""
+        launch = self.current
+        if launch is None:
+            return {"progress": None}
+        obs = launch.observations
+        out: dict[str, Any] = {
+            "attempt": launch.attempt,
+            "max_model_len": launch.flags.max_model_len or _int(obs.get("max_model_len")),
+            "kv_cache_tokens": _int(obs.get("kv_cache_tokens")),
+            "memory_gib": memory_in_use_gib(obs, launch.flags.tensor_parallel_size),
+            "progress": None,
+        }
+        if launch.progress is not None and not launch.progress.ended:
+            from datetime import datetime, timedelta, timezone
+
+            snap = launch.progress.snapshot(time.monotonic())
+            now = datetime.now(timezone.utc)
+            progress = snap.to_dict()
+            progress["launch_started_at"] = (now - timedelta(seconds=snap.elapsed_s)).isoformat(
+                timespec="seconds"
+            )
+            progress["phase_started_at"] = (now - timedelta(seconds=snap.phase_elapsed_s)).isoformat(
+                timespec="seconds"
+            )
+            if snap.eta_s is not None:
+                progress["eta_at"] = (now + timedelta(seconds=snap.eta_s)).isoformat(timespec="seconds")
+            out["progress"] = progress
+        return out
+
+    def finish_progress(self, launch: Launch) -> dict[str, float]:
+        """The launch is over (failed, or ready and probed): stop its clock, clear the terminal line;
+        returns the numbers read since the last progress event."""
+        if self.display is not None:
+            self.display.clear()
+        return launch.progress.finish(time.monotonic()) if launch.progress is not None else {}
 
     def _relay(self, launch: Launch, item: LogLine) -> None:
         """One vLLM line as a ``vllm`` event at vLLM's own level (warnings and errors stand out).
@@ -157,8 +241,13 @@ class Runner:
         extra: dict[str, Any] = {}
         if launch.stopping:
             extra["during_stop"] = True
-        elif item.level in ("WARNING", "ERROR", "CRITICAL"):
-            level = "warning" if item.level == "WARNING" else "error"
+        elif item.level == "WARNING":
+            level = "warning"
+        elif item.level in ("ERROR", "CRITICAL"):
+            if self.fold_tracebacks:
+                launch.folded_lines += 1
+            else:
+                level = "error"
         getattr(self.log, level)(
             "vllm",
             source="vllm",
@@ -203,7 +292,8 @@ class Runner:
         self._ids += 1
         spec = build_spec(self.config, flags, api_key=self.api_key)
         engine = Engine(spec, self.events, self._ids)
-        launch = Launch(self._ids, flags, spec, engine, LogReader(), time.monotonic())
+        launch = Launch(self._ids, flags, spec, engine, LogReader(), time.monotonic(), attempt=attempt)
+        launch.progress = P.LoadProgress(launch.started, self.expected_phases)
         self.current = launch
         blocked = self.preflight(spec)
         if blocked is not None:
@@ -222,7 +312,10 @@ class Runner:
         self.log.info("child_started", attempt=attempt, pid=engine.pid)
         self._wait_ready(launch)
         if launch.failure.cls != F.NONE:
-            self.log.error("failure_classified", attempt=attempt, **_failure_fields(launch.failure))
+            self.finish_progress(launch)
+            self.log.error(
+                "failure_classified", attempt=attempt, **_failure_fields(launch.failure), **_folded(launch)
+            )
         return launch
 
     def _wait_ready(self, launch: Launch) -> None:
@@ -236,6 +329,7 @@ class Runner:
         while True:
             self.check_signals()
             self.hooks.on_tick()
+            self.show_progress(launch)
             now = time.monotonic()
             event = self.events.get(0.2)
             if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
@@ -244,7 +338,7 @@ class Runner:
                     launch.ready = True
                     launch.ready_after_s = round(time.monotonic() - launch.started, 2)
                     launch.reader.mark_ready()
-                    self.log.info("engine_ready", launch=launch.number, seconds=launch.ready_after_s)
+                    self._ready(launch)
                     return
             elif event is not None:
                 if isinstance(event, ChildOutput) and event.launch == launch.number:
@@ -292,6 +386,19 @@ class Runner:
                         F.HANG, phase_after(launch.last_progress), detail=what, evidence=what
                     )
                 return
+
+    def _ready(self, launch: Launch) -> None:
+        """``engine_ready`` with what vLLM printed since the last phase; the probe's phase begins."""
+        assert launch.progress is not None
+        now = time.monotonic()
+        if self.config.probe.enabled:
+            step = launch.progress.enter(P.PROBE, now)
+            fields = progress_fields(launch, step) if step is not None else {}
+        else:
+            fields = {"launch": launch.number, **self.finish_progress(launch)}
+        fields.pop("launch", None)
+        self.log.info("engine_ready", launch=launch.number, seconds=launch.ready_after_s, **fields)
+        self.show_progress(launch, force=True)
 
     def drain(self, launch: Launch, limit_s: float = 0.5) -> None:
         """Take what output is still queued for this launch."""
@@ -367,6 +474,7 @@ class Runner:
         while result is None:
             self.check_signals()
             self.hooks.on_tick()
+            self.show_progress(launch)
             event = self.events.get(0.2)
             if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
                 result = event.payload or {"ok": False, "errors": [event.detail]}
@@ -376,6 +484,7 @@ class Runner:
                 result = {"ok": False, "errors": ["the probe did not return"], "timed_out": True}
         launch.probe = result
         self.drain(launch, 0.3)
+        self.finish_progress(launch)
         code = launch.engine.poll()
         seen = launch.reader.verdict(exit_code=code)
         if result.get("ok") and code is None and seen.cls == F.NONE:
@@ -415,6 +524,7 @@ class Runner:
 
     def stop(self, launch: Launch, *, reason: str) -> StopReport:
         self._kill_probe()
+        self.finish_progress(launch)
         for _ in range(self.events.queued()):  # what vLLM printed before the stop is relayed as it came
             event = self.events.get(0)
             if event is not None:
@@ -448,6 +558,10 @@ class Runner:
 # The phase a start-up is in once vLLM has printed a progress line of this kind (for a hang's phase).
 _NEXT_PHASE = {
     "engine_config": F.PHASE_LOAD_WEIGHTS,
+    "weights_start": F.PHASE_LOAD_WEIGHTS,
+    "weights_progress": F.PHASE_LOAD_WEIGHTS,
+    "profiling_start": F.PHASE_PROFILE,
+    "graph_capture": F.PHASE_CUDA_GRAPH,
     "weights_loaded": F.PHASE_PROFILE,
     "memory_profile": F.PHASE_KV_CACHE,
     "kv_cache_available": F.PHASE_KV_CACHE,
@@ -455,6 +569,23 @@ _NEXT_PHASE = {
     "kv_cache_size": F.PHASE_CUDA_GRAPH,
     "auto_fit": F.PHASE_CUDA_GRAPH,
 }
+
+
+def progress_fields(launch: Launch, step: P.Step) -> dict[str, Any]:
+    """An ``engine_progress`` event's fields: where the launch is, how long the last phase took, and
+    the numbers vLLM printed in it."""
+    snap = step.snapshot
+    fields: dict[str, Any] = {"launch": launch.number, "attempt": launch.attempt, "phase": snap.phase}
+    if snap.percent is not None:
+        fields["percent"] = round(snap.percent, 1)
+    fields["elapsed_s"] = round(snap.elapsed_s, 1)
+    if snap.eta_s is not None:
+        fields["eta_s"] = round(snap.eta_s, 1)
+    if step.previous_phase is not None:
+        fields["after"] = step.previous_phase
+        fields["after_s"] = step.previous_phase_s
+    fields.update(step.numbers)
+    return fields
 
 
 def phase_after(progress_kind: str | None) -> str:
@@ -469,6 +600,30 @@ def _probe_call(run: Callable[[Any], Any], spec: Any) -> tuple[bool, str, Any]:
 def _first(result: Mapping[str, Any]) -> str:
     errors = result.get("errors") or []
     return str(errors[0]) if errors else ""
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def memory_in_use_gib(obs: Mapping[str, float], gpus: int = 1) -> float | None:
+    """Device memory vLLM holds by its own account (weights, non-torch, CUDA graphs, KV cache, summed
+    over the tensor-parallel GPUs); None before it printed its figures."""
+    weights, kv = obs.get("weights_gib"), obs.get("kv_cache_gib")
+    if weights is None or kv is None:
+        return None
+    non_torch = obs.get("non_torch_gib")
+    if non_torch is None and obs.get("consumed_gib") is not None:
+        non_torch = max(0.0, obs["consumed_gib"] - weights)
+    per_gpu = weights + (non_torch or 0.0) + (obs.get("cudagraph_gib") or 0.0) + kv
+    return round(per_gpu * max(1, gpus), 2)
+
+
+def _folded(launch: Launch) -> dict[str, Any]:
+    """On a console, how many vLLM error lines the verdict stands for (shown with --log-level debug)."""
+    if not launch.folded_lines:
+        return {}
+    return {"vllm_error_lines": f"{launch.folded_lines} at --log-level debug"}
 
 
 def _failure_fields(failure: Failure) -> dict[str, Any]:

@@ -57,6 +57,8 @@ def open_session(
         hooks=default_hooks(),
         log=log,
         relay_level="debug" if console else "info",
+        display=logs.status_line(),
+        fold_tracebacks=console,
     )
     return Session(config, api_key, log, events, runner, dict(overrides or {}))
 

@@ -40,6 +40,10 @@ class Attempt:
     evidence: str
     seconds: float
     change: str = ""  # what the ladder did next, and why
+    where: str = ""  # where the root cause was seen (process, pid, line of vLLM's output)
+    why: str = ""  # why these flags were launched (the plan, the previous failure, a saved profile)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # loading phases (r1sup.progress)
+    memory: list[dict[str, Any]] = field(default_factory=list)  # per GPU, predicted and measured
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -206,6 +210,7 @@ class Tuner:
         log: Any,
         know: ModelKnowledge | None = None,
         listener: Callable[..., None] | None = None,
+        record: Any = None,
     ) -> None:
         self.config = config
         self.listener = listener or (lambda kind, **info: None)
@@ -213,6 +218,7 @@ class Tuner:
         self.log = log
         self.know = know if know is not None else gather_knowledge(config, log)
         self.bounds = L.Bounds.from_config(config)
+        self.record = record  # r1sup.runrecord.RunLog: every attempt for `r1sup report`
 
     def refresh_device(self) -> None:
         from r1sup import devices
@@ -229,11 +235,13 @@ class Tuner:
         keep_running: bool = False,
         observations: dict[str, float] | None = None,
         history: L.History | None = None,
+        why: str = "",
     ) -> TuneResult:
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
         obs: dict[str, float] = dict(observations or {})
         if start is None:
             start, why = plan_first(self.config, self.know, obs, self.log)
+            why = explain_first(why, self.know)
             self.log.info("first_flags", flags=start.to_dict(), reason=why)
         flags = start
         history = history or L.History()
@@ -271,6 +279,10 @@ class Tuner:
                 phase=failure.phase,
                 evidence=(failure.evidence or failure.detail)[:300],
                 seconds=round(time.monotonic() - t0, 1),
+                where=failure.detail[:200] if failure.cls != F.NONE else "",
+                why=why or "as given",
+                phase_seconds=launch.progress.durations(time.monotonic()) if launch.progress else {},
+                memory=self._memory(flags, launch.observations),
             )
             result.attempts.append(record)
             if failure.cls == F.NONE:
@@ -282,6 +294,7 @@ class Tuner:
                 else:
                     self.runner.stop(launch, reason="tune finished")
                 self.log.info("tune_succeeded", launches=result.launches, flags=flags.to_dict())
+                self._record(record, result)
                 return result
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
             result.failure = failure
@@ -301,6 +314,7 @@ class Tuner:
                     suggestions=list(decision.suggestions),
                     exit_code=decision.exit_code,
                 )
+                self._record(record, result)
                 return result
             history = decision.history
             record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
@@ -317,11 +331,42 @@ class Tuner:
             self.listener(
                 "step", attempt=attempt + 1, old=flags, new=decision.flags, failure_class=failure.cls
             )
+            self._record(record, None)
+            why = f"attempt {attempt} failed ({failure.cls}): {decision.reason}"
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
                 self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
                 self.runner.sleep(delay)
             flags = decision.flags
+
+    def _memory(self, flags: EngineFlags, observations: dict[str, float]) -> list[dict[str, Any]]:
+        """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""
+        from r1sup.runrecord import attempt_memory
+
+        try:
+            return attempt_memory(self.know, flags, self.config, observations)
+        except Exception as exc:  # noqa: BLE001 - a picture is never worth a failed search
+            self.log.debug("memory_chart_unavailable", error=f"{type(exc).__name__}: {exc}")
+            return []
+
+    def _record(self, attempt: Attempt, result: TuneResult | None) -> None:
+        if self.record is None:
+            return
+        self.record.attempt(attempt.to_dict())
+        if result is not None:
+            self.record.finish(result.to_dict(), final=result.live is None)
+
+
+def explain_first(why: str, know: ModelKnowledge) -> str:
+    """The first launch's reason with what the box looked like, e.g. ``planned: gpu_memory_utilization
+    0.9 -> 0.72 (free 17.4 of 23.6 GiB; pid 4242 python holds 6.0 GiB)``."""
+    device = know.device
+    if device is None or not device.gpus:
+        return why
+    free, total = device.free_bytes / GIB, device.total_bytes / GIB
+    facts = [f"free {free:.1f} of {total:.1f} GiB"]
+    facts += [f"pid {p.pid} {p.name} holds {p.used_bytes / GIB:.1f} GiB" for p in device.processes[:3]]
+    return f"{why} ({'; '.join(facts)})"
 
 
 def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
