@@ -300,7 +300,8 @@ def render_svg(chart: GpuChart) -> str:
         if b.over_gib:
             out.append(
                 f'<rect class="over" x="{_LABEL_W + device_w:.2f}" y="{y - 2}" '
-                f'width="{_BAR_W - device_w:.2f}" height="{_BAR_H + 4}" fill="none" stroke="#c62828" stroke-width="2" stroke-dasharray="4 3">'
+                f'width="{_BAR_W - device_w:.2f}" height="{_BAR_H + 4}" fill="none" stroke="#c62828" '
+                'stroke-width="2" stroke-dasharray="4 3">'
                 f"<title>{b.over_gib:.2f} GiB more than the device has</title></rect>"
             )
         y += _BAR_H + 10
