@@ -114,12 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE|-", help="log file, or - for standard input")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = add("status", "show saved profiles and the live state of a running daemon")
+    p = add("status", "the served models (like ollama ps), the daemon's state and events, saved profiles")
     p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")
     p.add_argument(
         "--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="redraw every SECONDS (default 2) until Ctrl-C",
+    )
 
     p = add("report", "the report of a tune or run: attempts, what changed and why, memory per GPU")
     p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")

@@ -22,7 +22,10 @@ def headline(record: Mapping[str, Any]) -> str:
     result = record.get("result") or {}
     command = record.get("command", "tune")
     if not result:
-        return f"r1sup {command}: in progress ({len(record.get('attempts') or [])} attempt(s) so far)"
+        done = len(record.get("attempts") or [])
+        if record.get("finished_at"):
+            return f"r1sup {command}: {record.get('final_state') or 'stopped'} before a working configuration"
+        return f"r1sup {command}: in progress ({done} attempt(s) so far)"
     return f"r1sup {command}: " + (
         "found a working configuration" if result.get("ok") else "no working configuration"
     )

@@ -1,16 +1,21 @@
-"""``r1sup status``: the profiles known and, when a daemon runs, its live state and recent events.
+"""``r1sup status``: like ``ollama ps``, one line per served model (model, URL, context, KV tokens and
+usage, memory in use, uptime, launches, profile source, state or loading progress), then the details
+and recent events of each daemon, then the saved profiles. ``--watch`` redraws it every few seconds.
 
 Read-only: unusable files are reported, not moved aside. Kept light to start fast: no openai, torch,
-vLLM, device probing or planner; psutil only when a status file names a pid.
+vLLM, device probing or planner; psutil only when a status file names a pid; the KV usage (vLLM's
+``/metrics``) and the memory in use (NVML, else the process tree's RSS) only for a live daemon.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +28,41 @@ STATUS_FILE = "status.json"
 # a process created this much later than the status file was last written cannot have written it
 _PID_REUSE_SLACK = timedelta(seconds=2)
 _EVENTS_SHOWN = 10
+_LIVE_TIMEOUT_S = 1.0  # vLLM's /metrics, asked for the KV cache usage of a serving daemon
+_DONE_STATES = ("stopped", "failed")
 
 
 def main(args: argparse.Namespace) -> int:
     state_dir = resolve_state_dir(args)
+    interval = getattr(args, "watch", None)
+    if interval is None:
+        _show(state_dir, args.json)
+        return 0
+    if not interval > 0:
+        from r1sup.errors import ConfigError
+
+        raise ConfigError("--watch", f"must be a positive number of seconds, got {interval}")
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: the same screen redrawn
+            else:
+                stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                sys.stdout.write(f"--- {stamp}\n")
+            _show(state_dir, args.json)
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch ends
+        return 0
+
+
+def _show(state_dir: Path, as_json: bool) -> None:
     report = collect(state_dir)
-    if args.json:
+    if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:
         sys.stdout.write(render(report))
-    return 0
 
 
 def resolve_state_dir(args: argparse.Namespace) -> Path:
@@ -47,19 +77,44 @@ def resolve_state_dir(args: argparse.Namespace) -> Path:
 
 
 def collect(state_dir: Path) -> dict[str, Any]:
-    """Everything ``status`` shows, as the ``--json`` object."""
+    """Everything ``status`` shows, as the ``--json`` object: this directory's daemon, and those of
+    its subdirectories (``/var/lib/r1sup/NAME`` of the systemd template) as ``instances``."""
     exists = state_dir.is_dir()
     profiles: list[Profile] = []
     problems: list[tuple[Path, str]] = []
     if exists:
         profiles, problems = ProfileStore(state_dir, repair=False).scan()
-    return {
+    daemon = daemon_state(state_dir) if exists else None
+    instances: list[tuple[Path, dict[str, Any] | None]] = []
+    if exists:
+        instances = [(sub, daemon_state(sub)) for sub in _subdirs_with_status(state_dir)]
+    served = [
+        served_row(d) for d in (daemon, *(d for _, d in instances)) if d is not None and "problem" not in d
+    ]
+    out: dict[str, Any] = {
         "state_dir": str(state_dir),
         "exists": exists,
         "profiles": [p.to_dict() for p in profiles],
         "unusable_files": [{"path": str(p), "reason": r} for p, r in problems],
-        "daemon": daemon_state(state_dir) if exists else None,
+        "daemon": daemon,
     }
+    if instances:
+        out["instances"] = [{"state_dir": str(sub), "daemon": d} for sub, d in instances]
+    if served:
+        out["served"] = served
+    return out
+
+
+def _subdirs_with_status(state_dir: Path) -> list[Path]:
+    try:
+        entries = sorted(os.scandir(state_dir), key=lambda e: e.name)
+    except OSError:
+        return []
+    return [
+        Path(e.path)
+        for e in entries
+        if e.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(e.path, STATUS_FILE))
+    ]
 
 
 def daemon_state(state_dir: Path) -> dict[str, Any] | None:
@@ -78,10 +133,161 @@ def daemon_state(state_dir: Path) -> dict[str, Any] | None:
         }
     out = dict(data)
     alive, liveness = daemon_alive(data.get("pid"), data.get("updated_at"))
-    out.update(status_file=str(path), alive=alive, stale=not alive, liveness=liveness)
+    # a daemon that wrote "stopped" (or "failed") on its way out ended; only one that vanished in
+    # another state left a stale status behind
+    ended = not alive and data.get("state") in _DONE_STATES
+    out.update(status_file=str(path), alive=alive, stale=not alive and not ended, liveness=liveness)
     child = data.get("child_pid")
     out["child_alive"] = bool(alive and isinstance(child, int) and _is_pid(child) and pid_alive(child))
     return out
+
+
+# --- the ollama-ps line -------------------------------------------------------------------------
+
+
+def served_row(d: dict[str, Any]) -> dict[str, Any]:
+    """One served model: what ``status`` prints on its line (and ``--json`` as ``served``)."""
+    raw = d.get("flags")
+    flags: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    port = d.get("port")
+    url = d.get("url") or (f"http://127.0.0.1:{port}/v1" if port else None)
+    state = str(d.get("state", "?"))
+    alive = bool(d.get("alive"))
+    row: dict[str, Any] = {
+        "model": d.get("served_model"),
+        "url": url,
+        "context": d.get("max_model_len") or flags.get("max_model_len"),
+        "kv_cache_tokens": d.get("kv_cache_tokens"),
+        "kv_cache_usage": None,
+        "memory_gib": None,
+        "memory_kind": None,
+        "uptime_s": None,
+        "launches": d.get("launches"),
+        "profile_source": d.get("profile_source"),
+        "state": state if alive or state in _DONE_STATES else "stale",
+        "progress": None,
+    }
+    if alive and state == "serving":
+        since = _when(d.get("since"))
+        if since is not None:
+            row["uptime_s"] = max(0.0, (datetime.now(timezone.utc) - since).total_seconds())
+        if url:
+            row["kv_cache_usage"] = kv_usage(url)
+    if alive and d.get("child_alive"):
+        row["memory_gib"], row["memory_kind"] = child_memory(d["child_pid"])
+    if row["memory_gib"] is None and alive and isinstance(d.get("memory_gib"), (int, float)):
+        row["memory_gib"], row["memory_kind"] = d["memory_gib"], "vLLM's account"
+    progress = d.get("progress")
+    if alive and state in ("launching", "probing") and isinstance(progress, dict):
+        row["progress"] = live_progress(progress, d.get("attempt"))
+    return row
+
+
+def live_progress(p: dict[str, Any], attempt: Any) -> dict[str, Any]:
+    """The daemon's last progress, with elapsed time and ETA counted on to now."""
+    now = datetime.now(timezone.utc)
+    out = dict(p)
+    started, eta_at = _when(p.get("launch_started_at")), _when(p.get("eta_at"))
+    if started is not None:
+        out["elapsed_s"] = round((now - started).total_seconds(), 1)
+    if eta_at is not None:
+        out["eta_s"] = round(max(0.0, (eta_at - now).total_seconds()), 1)
+    out["attempt"] = attempt
+    return out
+
+
+def progress_text(p: dict[str, Any]) -> str:
+    from r1sup.progress import clock
+
+    text = str(p.get("label") or p.get("phase"))
+    if isinstance(p.get("percent"), (int, float)):
+        text += f" {p['percent']:.0f}%"
+    if isinstance(p.get("elapsed_s"), (int, float)):
+        text += f", {clock(p['elapsed_s'])} elapsed"
+    if isinstance(p.get("eta_s"), (int, float)):
+        text += f", ETA {clock(p['eta_s'])}" if p["eta_s"] >= 1 else ", ETA any moment"
+    if p.get("attempt"):
+        text += f" (attempt {p['attempt']})"
+    return text
+
+
+def kv_usage(url: str) -> float | None:
+    """vLLM's KV cache usage (0..1) from its Prometheus ``/metrics``; None when it does not answer."""
+    from urllib.parse import urlsplit
+
+    from r1sup import health
+
+    parts = urlsplit(url)
+    if not parts.hostname or not parts.port:
+        return None
+    status, body = health.Endpoint(parts.hostname, parts.port).request("/metrics", timeout=_LIVE_TIMEOUT_S)
+    if status != 200:
+        return None
+    usage: float | None = None
+    for line in body.decode("utf-8", "replace").splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            try:
+                value = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            usage = value if usage is None else max(usage, value)
+    return usage
+
+
+def child_memory(child_pid: int) -> tuple[float | None, str | None]:
+    """GiB the vLLM process tree holds: on the GPUs by NVML, else its resident host memory."""
+    import psutil
+
+    try:
+        root = psutil.Process(child_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None, None
+    pids = {p.pid for p in tree}
+    gpu = _nvml_used(pids)
+    if gpu:
+        return round(gpu / 1024**3, 2), "GPU"
+    rss = 0
+    for proc in tree:
+        try:
+            rss += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return (round(rss / 1024**3, 2), "host RSS") if rss else (None, None)
+
+
+def _nvml_used(pids: set[int]) -> int:
+    try:
+        import pynvml
+    except ImportError:
+        return 0
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: no GPU memory to count
+        return 0
+    used = 0
+    try:
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if int(proc.pid) in pids:
+                    used += int(getattr(proc, "usedGpuMemory", 0) or 0)
+    except Exception:  # noqa: BLE001 - a half-answering driver counts as none
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return used
+
+
+def _when(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_iso(text)
+    except ValueError:
+        return None
 
 
 def daemon_alive(pid: Any, updated_at: Any) -> tuple[bool, str]:
@@ -147,13 +353,22 @@ def _is_pid(value: Any) -> bool:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"state directory: {report['state_dir']}"]
+    lines: list[str] = []
+    served = report.get("served") or []
+    if served:
+        lines += table(served)
+        lines.append("")
+    lines.append(f"state directory: {report['state_dir']}")
     if not report["exists"]:
         if os.path.lexists(report["state_dir"]):
             lines.append("  is not a directory: no profiles or daemon state can be there")
         else:
             lines.append("  does not exist: no profiles saved and no daemon has run with it")
         return "\n".join(lines) + "\n"
+    lines += _render_daemon(report["daemon"])
+    for instance in report.get("instances") or []:
+        lines.append(f"instance {instance['state_dir']}:")
+        lines += ["  " + line for line in _render_daemon(instance["daemon"])]
     profiles = report["profiles"]
     lines.append(f"profiles: {len(profiles) or 'none'}")
     for p in profiles:
@@ -165,8 +380,62 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"    imported from {p['imported'].get('from')} with differences")
     for item in report["unusable_files"]:
         lines.append(f"  unusable: {item['path']}: {item['reason']}")
-    lines += _render_daemon(report["daemon"])
     return "\n".join(lines) + "\n"
+
+
+COLUMNS = (
+    "MODEL",
+    "URL",
+    "CONTEXT",
+    "KV TOKENS",
+    "KV USE",
+    "MEMORY",
+    "UPTIME",
+    "LAUNCHES",
+    "PROFILE",
+    "STATE",
+)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``ollama ps``-like lines: a header and one line per served model."""
+    from r1sup.progress import clock
+
+    cells = [COLUMNS]
+    for r in rows:
+        memory = "-"
+        if isinstance(r.get("memory_gib"), (int, float)):
+            kind = r.get("memory_kind")
+            gib = float(r["memory_gib"])
+            memory = f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+            memory += f" ({kind})" if kind and kind != "GPU" else ""
+        state = str(r.get("state"))
+        if r.get("progress"):
+            state = f"{state}: {progress_text(r['progress'])}"
+        cells.append(
+            (
+                str(r.get("model") or "?"),
+                str(r.get("url") or "-"),
+                _int(r.get("context")),
+                _int(r.get("kv_cache_tokens"), grouped=True),
+                "-" if r.get("kv_cache_usage") is None else f"{r['kv_cache_usage']:.0%}",
+                memory,
+                "-" if r.get("uptime_s") is None else clock(r["uptime_s"]),
+                _int(r.get("launches")),
+                str(r.get("profile_source") or "-"),
+                state,
+            )
+        )
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS) - 1)]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1] for row in cells
+    ]
+
+
+def _int(value: Any, grouped: bool = False) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    return f"{int(value):,}" if grouped else str(int(value))
 
 
 def _render_daemon(d: dict[str, Any] | None) -> list[str]:
@@ -177,6 +446,10 @@ def _render_daemon(d: dict[str, Any] | None) -> list[str]:
     state = d.get("state", "?")
     if d["alive"]:
         head = f"daemon: {state}, pid {d.get('pid')} running"
+    elif state == "stopped":
+        head = f"daemon: stopped at {d.get('updated_at')} (pid {d.get('pid')} has exited)"
+    elif state == "failed":
+        head = f"daemon: failed at {d.get('updated_at')} (pid {d.get('pid')} has exited)"
     else:
         head = f"daemon: not running (stale status: last state {state}; {d['liveness']})"
     lines = [head]
@@ -190,6 +463,7 @@ def _render_daemon(d: dict[str, Any] | None) -> list[str]:
         ("profile", "profile_source"),
         ("model", "served_model"),
         ("port", "port"),
+        ("config", "config"),
         ("updated", "updated_at"),
     ):
         if d.get(name) is not None:
@@ -232,7 +506,11 @@ def box_summary(fp: dict[str, Any]) -> str:
         parts.append(f"CPU {cpu.get('model') or '?'}, {cpu.get('memory_gib')} GiB")
     versions = fp.get("versions")
     if isinstance(versions, dict):
-        parts.append(f"vllm {versions.get('vllm')}, torch {versions.get('torch')}")
+        known = [f"{name} {versions[name]}" for name in ("vllm", "torch") if versions.get(name)]
+        unknown = [name for name in ("vllm", "torch") if not versions.get(name)]
+        if unknown:
+            known.append(f"{' and '.join(unknown)} version unknown")
+        parts.append(", ".join(known))
     return "; ".join(parts) or "?"
 
 
