@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def now_iso(offset_s: float = 0.0) -> str:
     return (datetime.now(timezone.utc) + timedelta(seconds=offset_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write_status(state: Path, pid: int, child_pid: int | None, **changes: Any) -> dict[str, Any]:
+def write_status(directory: Path, pid: int, child_pid: int | None, **changes: Any) -> dict[str, Any]:
     status = {
         "schema_version": 1,
         "updated_at": now_iso(),
@@ -67,8 +68,8 @@ def write_status(state: Path, pid: int, child_pid: int | None, **changes: Any) -
         ],
         **changes,
     }
-    state.mkdir(mode=0o700, exist_ok=True)
-    atomic_write_json(state / "status.json", status)
+    directory.mkdir(mode=0o700, exist_ok=True, parents=True)
+    atomic_write_json(directory / "status.json", status)
     return status
 
 
@@ -412,3 +413,120 @@ def test_import_of_a_corrupt_file(
     assert code == 2
     assert "not valid JSON" in err
     assert src.read_text() == "not json"
+
+
+# --- the served-model line (like ollama ps), a clean stop, --watch ----------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_one_line_per_served_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    state = tmp_path / "state"
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    write_status(
+        state, daemon.pid, None, url="http://127.0.0.1:1/v1", max_model_len=4096, kv_cache_tokens=230304,
+        memory_gib=21.37, since=now_iso(-3725),
+    )  # fmt: skip
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    header, row = out.splitlines()[:2]
+    assert header.split() == "MODEL URL CONTEXT KV TOKENS KV USE MEMORY UPTIME LAUNCHES PROFILE STATE".split()
+    cells = row.split()
+    assert cells[:4] == ["qwen", "http://127.0.0.1:1/v1", "4096", "230,304"]
+    assert cells[4] == "-"  # nothing answers /metrics on port 1
+    assert "21.4 GiB (vLLM's account)" in row  # no child running: vLLM's own figures
+    assert re.search(r"\b1:02:0\d\b", row), row  # serving for an hour and two minutes
+    assert row.split()[-3:] == ["2", "persisted", "serving"]
+    report = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])
+    (served,) = report["served"]
+    assert served["context"] == 4096 and served["state"] == "serving" and served["uptime_s"] >= 3725
+
+
+@pytest.mark.timeout(60)
+def test_loading_progress_counts_on_from_the_status_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    state = tmp_path / "state"
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    progress = {"phase": "weights", "label": "loading weights", "percent": 45.0,
+                "launch_started_at": now_iso(-95), "eta_at": now_iso(70)}  # fmt: skip
+    write_status(state, daemon.pid, None, state="launching", attempt=2, progress=progress)
+    out = run(capsys, "status", "--state-dir", str(state))[1]
+    row = out.splitlines()[1]
+    assert re.search(r"launching: loading weights 45%, 1:3\d elapsed, ETA 1:[01]\d \(attempt 2\)", row), row
+
+
+@pytest.mark.timeout(60)
+def test_a_clean_stop_reads_as_stopped_not_stale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    state = tmp_path / "state"
+    proc = start(sleepers, r1sup_like(tmp_path))
+    proc.kill()
+    proc.wait(timeout=10)
+    write_status(state, proc.pid, None, state="stopped")
+    out = run(capsys, "status", "--state-dir", str(state))[1]
+    assert "daemon: stopped at " in out and f"(pid {proc.pid} has exited)" in out
+    assert "stale" not in out
+    assert out.splitlines()[1].split()[-1] == "stopped"
+    d = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])["daemon"]
+    assert (d["alive"], d["stale"]) == (False, False)
+    write_status(state, proc.pid, None, state="probing")  # vanished mid-way: that is stale
+    out = run(capsys, "status", "--state-dir", str(state))[1]
+    assert "daemon: not running (stale status: last state probing" in out
+    assert out.splitlines()[1].split()[-1] == "stale"
+
+
+def test_instances_of_the_systemd_template_each_get_a_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "r1sup"
+    for name, port in (("qwen", 8001), ("llama", 8002)):
+        write_status(base / name, 999_999_99, None, state="stopped", served_model=name, port=port)
+    out = run(capsys, "status", "--state-dir", str(base))[1]
+    rows = out.splitlines()[1:3]
+    assert [r.split()[0] for r in rows] == ["llama", "qwen"]
+    assert "http://127.0.0.1:8002/v1" in rows[0] and rows[0].split()[-1] == "stopped"
+    assert f"instance {base / 'qwen'}:" in out
+
+
+def test_no_vllm_none_for_an_unknown_engine_version() -> None:
+    from r1sup.commands.status import box_summary
+
+    fp = {"gpu": {"names": ["L4"], "count": 1}, "versions": {"vllm": None, "torch": "2.9.0"}}
+    assert box_summary(fp) == "1x L4; torch 2.9.0, vllm version unknown"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_watch_redraws_until_ctrl_c(tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]) -> None:
+    import signal
+
+    state = tmp_path / "state"
+    write_status(state, start(sleepers, r1sup_like(tmp_path)).pid, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "r1sup.cli", "status", "--state-dir", str(state), "--watch", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        frames = 0
+        while frames < 3:
+            line = proc.stdout.readline().decode()
+            assert line, "status --watch ended on its own"
+            frames += line.startswith("--- ")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    bad = subprocess.run(
+        [sys.executable, "-m", "r1sup.cli", "status", "--state-dir", str(state), "--watch", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--watch: must be a positive number" in bad.stderr

@@ -114,6 +114,7 @@ class LoadProgress:
         self._logged_percent: float | None = None
         self._durations: dict[str, float] = {}
         self._pending: dict[str, float] = {}
+        self._reported: dict[str, float] = {}
         self._ended: float | None = None
 
     # --- feeding ---------------------------------------------------------------------------------
@@ -123,7 +124,9 @@ class LoadProgress:
         target = KIND_PHASE.get(kind)
         percent_key = PERCENT_KEYS.get(kind)
         for key, value in numbers.items():
-            if percent_key is None or key not in (percent_key, *_COUNTER_KEYS):
+            if percent_key is not None and key in (percent_key, *_COUNTER_KEYS):
+                continue
+            if self._reported.get(key) != value:  # another rank's or another line's same figure
                 self._pending[key] = value
         previous, previous_s = self.phase, now - self.phase_started
         if target is not None and _after(target, self.phase):
@@ -216,6 +219,7 @@ class LoadProgress:
 
     def _take(self) -> dict[str, float]:
         out, self._pending = self._pending, {}
+        self._reported.update(out)
         return out
 
 
