@@ -47,6 +47,19 @@ def test_measured_from_vllms_breakdown_line() -> None:
     assert dict(b.segments())["free"] == pytest.approx(79.19 - 27.54 - 0.59 - 1.68 - 0.87 - 42.17 - 0.51)
 
 
+def test_the_graph_estimate_inside_vllms_peak_activation_is_not_counted_twice() -> None:
+    # vLLM >= 0.21 prints "peak activation" as the transient peak plus its CUDA-graph estimate
+    obs = {
+        "weights_gib": 14.19, "consumed_gib": 14.64, "peak_activation_gib": 1.10, "cudagraph_gib": 0.45,
+        "profiled_gpu_memory_utilization": 0.72, "equivalent_gpu_memory_utilization": 0.70,
+        "cudagraph_estimated_gib": 0.48, "kv_cache_gib": 1.53, "free_gib": 17.54, "total_gib": 23.99,
+    }  # fmt: skip
+    b = M.from_observations(obs)
+    assert b is not None and b.activation_gib == pytest.approx(0.62) and b.over_gib == 0
+    del obs["equivalent_gpu_memory_utilization"]  # an older vLLM: the estimate was not charged
+    assert M.from_observations(obs).activation_gib == 1.10  # type: ignore[union-attr]
+
+
 def test_from_a_planner_breakdown_that_does_not_fit() -> None:
     class PlannerBreakdown:  # the fields of r1sup.planner.Breakdown
         weights_gib, non_torch_gib, activation_gib, cudagraph_gib = 27.5, 0.3, 1.4, 0.9

@@ -80,6 +80,8 @@ def test_report_json_and_list(tuned: dict[str, Any]) -> None:
     )
     assert set(second["phase_seconds"]) >= {"starting", "weights", "probe"}
     assert data["result"]["ok"] and data["result"]["profile_path"]
+    probe = data["result"]["probe"]  # output_tokens per request, as the config's probe.output_tokens
+    assert probe["output_tokens"] == 8 and probe["output_tokens_total"] == 8 * probe["succeeded"]
 
 
 def test_report_errors_name_what_is_wrong(tuned: dict[str, Any], tmp_path: Path) -> None:

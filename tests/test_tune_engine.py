@@ -52,6 +52,19 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         step = proc.named("ladder_step")[0]
         assert step["failure_class"] == "kv_insufficient"
         assert step["new"]["max_model_len"] == result["flags"]["max_model_len"]
+        # the loading phases of the real CPU engine (dummy weights: no shards, a warm-up), in order, once
+        phases = [e["phase"] for e in proc.named("engine_progress") if e["launch"] == 2]
+        assert phases == ["weights", "profiling", "kv_cache", "api"], phases
+        assert [e["phase"] for e in proc.named("engine_ready")] == ["probe"]
+        timed = second["phase_seconds"]
+        assert set(timed) == {"starting", "weights", "profiling", "kv_cache", "graphs", "api", "probe"}
+        assert timed["graphs"] == 0.0 and timed["starting"] > 0 and timed["probe"] > 0
+        assert sum(timed.values()) <= second["seconds"] + 1
+        # the memory of the NUMA node: predicted by the planner, measured from vLLM's KV figure
+        (chart,) = second["memory"]
+        assert chart["title"].startswith("CPU backend, NUMA node 0")
+        assert chart["predicted"]["weights_gib"] > 0 and chart["measured"]["weights_gib"] is None
+        assert chart["measured"]["total_gib"] > 0 and chart["measured"]["kv_gib"] is not None
         assert not engine_processes(config)
     finally:
         kill_engine_processes(config)

@@ -1,9 +1,9 @@
 """Where a GPU's memory goes, drawn: a bar per GPU, predicted beside measured.
 
 Pure: plain breakdowns in, text (for the console) or SVG (for the HTML report) out. A breakdown is
-weights, non-torch memory, activation peak, CUDA graphs, KV cache and memory held by other processes,
-in GiB of one device; what is left is free. A part vLLM did not report is None: the bar then shows
-the unexplained rest as "not reported" instead of guessing.
+weights, non-torch memory, activation peak, CUDA graphs, KV cache and the memory not free at start
+(other processes), in GiB of one device; what is left is free. A part vLLM did not report is None:
+the bar then shows the unexplained rest as "not reported" instead of guessing.
 
 ``tune``'s report and ``r1sup report`` draw with it; ``plan`` can too: build a :class:`Breakdown`
 with :func:`from_planner` (or directly) and call :func:`render_text` or :func:`render_svg`.
@@ -23,7 +23,7 @@ LABELS = {
     "activation": "activation",
     "graphs": "CUDA graphs",
     "kv": "KV cache",
-    "other": "other processes",
+    "other": "not free at start",
     "free": "free",
     "unknown": "not reported",
 }
@@ -61,7 +61,7 @@ class Breakdown:
     activation_gib: float | None = None
     graphs_gib: float | None = None
     kv_gib: float | None = None
-    other_gib: float | None = None  # held by other processes (or not free at start for other reasons)
+    other_gib: float | None = None  # not free when vLLM started: other processes (and its CUDA context)
     kv_short_gib: float = 0.0  # the KV cache is this much short (a prediction that does not fit)
 
     def value(self, part: str) -> float | None:
@@ -162,11 +162,16 @@ def from_observations(
     if non_torch is None and obs.get("consumed_gib") is not None and weights is not None:
         non_torch = max(0.0, float(obs["consumed_gib"]) - float(weights))
     free_at_start = obs.get("free_gib", free_gib)
+    activation = obs.get("peak_activation_gib")
+    if activation is not None and obs.get("equivalent_gpu_memory_utilization") is not None:
+        # vLLM >= 0.21 charges its CUDA-graph estimate to the KV budget and prints it inside "peak
+        # activation" (gpu_worker.py: transient peak + the estimate applied); the graphs are drawn apart
+        activation = max(0.0, float(activation) - float(obs.get("cudagraph_estimated_gib") or 0.0))
     b = Breakdown(
         total_gib=float(total),
         weights_gib=_opt(weights),
         non_torch_gib=_opt(non_torch),
-        activation_gib=_opt(obs.get("peak_activation_gib")),
+        activation_gib=_opt(activation),
         graphs_gib=_opt(obs.get("cudagraph_gib")),
         kv_gib=_opt(obs.get("kv_cache_gib")),
         other_gib=max(0.0, float(total) - float(free_at_start)) if free_at_start is not None else None,
