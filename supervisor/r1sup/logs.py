@@ -144,6 +144,11 @@ def mask(text: str) -> str:
     return str(_active["redactor"].mask(text))
 
 
+def mask_value(value: Any) -> Any:
+    """:func:`mask` for plain data (dicts, lists, strings): what a state file is written with."""
+    return _active["redactor"].mask(value)
+
+
 def console_format(fmt: str, stream: IO[str]) -> bool:
     """Whether ``--log-format fmt`` renders for a person on ``stream`` (console) rather than JSON."""
     return fmt == "console" or (fmt == "auto" and _isatty(stream))

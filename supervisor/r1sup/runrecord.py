@@ -21,10 +21,9 @@ from typing import Any
 from r1sup import __version__
 from r1sup import memchart as M
 from r1sup.hardware import GIB
-from r1sup.logs import get_logger
+from r1sup.logs import get_logger, mask_value
 from r1sup.statefiles import (
     SCHEMA_VERSION,
-    StateWriteError,
     atomic_write_json,
     ensure_state_dir,
     ensure_subdir,
@@ -100,8 +99,8 @@ class RunLog:
                 runs = ensure_subdir(ensure_state_dir(self.state_dir), RUNS_SUBDIR)
                 self.path = runs / f"{self.id}.json"
                 prune(runs, keep=KEEP - 1)
-            atomic_write_json(self.path, self.data)
-        except (StateWriteError, OSError, Exception) as exc:  # noqa: BLE001 - the report is never worth a run
+            atomic_write_json(self.path, mask_value(self.data))  # secrets vLLM may have echoed
+        except Exception as exc:  # noqa: BLE001 - a report is never worth a failed run (StateWriteError, OSError)
             self._failed = True
             get_logger().warning("run_record_not_saved", error=f"{type(exc).__name__}: {exc}")
             return None
