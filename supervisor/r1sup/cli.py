@@ -14,13 +14,15 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from r1sup import __version__
-from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_SIGINT, R1supError
+from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_SIGINT, InternalError, R1supError
 
 EXIT_CODES_HELP = """exit codes:
   0    ok
+  1    a file could not be written, or an internal error of r1sup (one line naming where)
   2    usage or configuration error (one line on stderr naming the field)
   3    no working configuration within the ladder's bounds
-  4    fatal non-memory failure (model not found, port taken, bad engine arguments)
+  4    fatal non-memory failure (model not found, no vLLM in server.python, port taken, bad engine
+       arguments)
   5    serving gave up: more crashes than daemon.restart_budget allows
   130  stopped by SIGINT (vLLM stopped first)
   143  stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)
@@ -139,9 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the run record as JSON")
     p.add_argument("--list", action="store_true", help="list the run records")
 
-    p = add("check", "validate a config and print the effective settings")
+    p = add("check", "validate a config, run the preflight and print the effective settings")
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print the settings as JSON")
+    p.add_argument(
+        "--no-preflight",
+        action="store_true",
+        help="validate the file only: do not run server.python, look for the model or check the port",
+    )
 
     p = add("profile", "export or import a tuned profile for identical boxes")
     psub = p.add_subparsers(dest="profile_command", metavar="ACTION", parser_class=_Parser)
@@ -217,6 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("r1sup: interrupted\n")
         return EXIT_SIGINT
     except BrokenPipeError:
+        return EXIT_INTERNAL
+    except Exception as exc:  # a bug: one line naming where, the traceback only at debug
+        fault = InternalError.from_exception(exc)
+        sys.stderr.write(f"r1sup: error: {logs.mask(str(fault))}\n")
+        if level == "debug":
+            sys.stderr.write(logs.mask(fault.trace))
         return EXIT_INTERNAL
 
 

@@ -25,7 +25,13 @@ from r1sup import __version__, health
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup.config import Config
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_OK, EXIT_RESTART_BUDGET, R1supError
+from r1sup.errors import (
+    EXIT_FATAL_FAILURE,
+    EXIT_OK,
+    EXIT_RESTART_BUDGET,
+    InternalError,
+    R1supError,
+)
 from r1sup.events import CheckDone, ChildEOF, ChildOutput
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
@@ -232,6 +238,16 @@ class Daemon:
         except StopRequested as stop:
             self.log.info("stop_requested", signal=stop.signum)
             return self._shutdown(EXIT_OK)
+        except InternalError as exc:
+            self._internal(exc)
+            raise
+        except R1supError as exc:  # e.g. the preflight: status says failed, the CLI prints the line
+            self._fail(exc.exit_code, str(exc))
+            raise
+        except Exception as exc:  # r1sup's own failure: stop vLLM cleanly, say failed, exit 1
+            internal = InternalError.from_exception(exc)
+            self._internal(internal)
+            raise internal from None
         finally:
             self.events.restore_signal_handlers()
             if self.metrics:
@@ -277,10 +293,20 @@ class Daemon:
         self.log.error("daemon_failed", exit_code=code, reason=reason)
         self.note("daemon_failed", exit_code=code, reason=reason)
         self.runner.stop_current(reason="failed")
-        self.transition(State.FAILED, f"failed: {reason[:200]}")
+        if self.state not in (State.FAILED, State.STOPPED):
+            self.transition(State.FAILED, f"failed: {reason[:200]}")
         if self.record is not None:
             self.record.stopped(self.state.value)
         return code
+
+    def _internal(self, fault: InternalError) -> None:
+        """r1sup's own failure: vLLM stopped cleanly, status failed with ``internal_error``."""
+        self.log.error("internal_error", where=fault.where, error=fault.error)
+        if fault.trace:
+            self.log.debug("internal_error_traceback", traceback=fault.trace)
+        self.last_failure = Failure(F.INTERNAL_ERROR, evidence=fault.error, detail=fault.where)
+        self.runner.stop_current(reason="internal error")
+        self._fail(fault.exit_code, str(fault))
 
     def _shutdown(self, code: int) -> int:
         if self.state not in (State.FAILED, State.STOPPED):
@@ -307,10 +333,13 @@ class Daemon:
         from r1sup.tuner import gather_knowledge
 
         if self.know is None:
-            self.know = gather_knowledge(self.config, self.log)
+            checked = self.s.preflight()  # once per process; again after a reload that changed it
+            self.know = gather_knowledge(self.config, self.log, engine=checked.engine)
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
-        self.fingerprint = profiles.current_fingerprint(self.config, device=self.know.device)
+        self.fingerprint = profiles.current_fingerprint(
+            self.config, device=self.know.device, versions=self.know.versions()
+        )
         store = profiles.ProfileStore(self.config.state.dir)
         self.runner.expected_phases = runrecord.expected_phases(store, self.fingerprint)
         key = profiles.fingerprint_key(self.fingerprint)

@@ -29,6 +29,7 @@ MODEL_NOT_FOUND = "model_not_found"
 CONFIG_ERROR = "config_error"
 ENGINE_DEAD = "engine_dead"
 HANG = "hang"  # seen by the launcher or the daemon: no output, no progress, no readiness
+INTERNAL_ERROR = "internal_error"  # r1sup's own machinery failed (the probe child, a bug): never the engine
 NONE = "none"
 
 MEMORY_CLASSES = frozenset(
@@ -45,7 +46,17 @@ MEMORY_CLASSES = frozenset(
     }
 )
 NON_MEMORY_CLASSES = frozenset(
-    {FP8_UNSUPPORTED, CUDA_ERROR, PORT_IN_USE, MODEL_NOT_FOUND, CONFIG_ERROR, ENGINE_DEAD, HANG, NONE}
+    {
+        FP8_UNSUPPORTED,
+        CUDA_ERROR,
+        PORT_IN_USE,
+        MODEL_NOT_FOUND,
+        CONFIG_ERROR,
+        ENGINE_DEAD,
+        HANG,
+        INTERNAL_ERROR,
+        NONE,
+    }
 )
 ALL_CLASSES = MEMORY_CLASSES | NON_MEMORY_CLASSES
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -45,8 +46,8 @@ class Endpoint:
             except OSError:
                 payload = b""
             return exc.code, payload
-        except (urllib.error.URLError, OSError, ValueError):
-            return 0, b""
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+            return 0, b""  # unreachable, reset, or cut short (IncompleteRead): the server's side
 
 
 def check_ready(ep: Endpoint, served_name: str, timeout: float = 2.0) -> tuple[bool, str]:

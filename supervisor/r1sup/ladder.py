@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from r1sup import failure as F
 from r1sup.config import LadderSection
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 
@@ -215,6 +215,8 @@ def next_step(
             history = replace(history, kv_bytes=kv)
     if failure.cls == F.NONE:
         return GiveUp("nothing failed", EXIT_FATAL_FAILURE)
+    if failure.cls == F.INTERNAL_ERROR:  # r1sup's own fault: no flag change, no relaunch
+        return GiveUp(f"internal error in {failure.detail or 'r1sup'}: {failure.evidence}", EXIT_INTERNAL)
     if failure.cls in FATAL:
         return GiveUp(_fatal_reason(failure), EXIT_FATAL_FAILURE)
     if failure.cls in TRANSIENT:

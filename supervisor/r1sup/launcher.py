@@ -89,11 +89,7 @@ def build_spec(
         argv += ["--revision", config.model.revision]
     argv += flags.to_argv()
     argv += list(server.extra_args)
-    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in SYSTEMD_VARS}
-    env = {k: v for k, v in env.items() if not k.startswith("WATCHDOG_")}
-    env.pop("VLLM_API_KEY", None)
-    env.update(server.env)
-    env["PYTHONUNBUFFERED"] = "1"
+    env = engine_env(config, base_env)
     env[CHILD_MARK_VAR] = instance_id(config)
     if api_key:
         env["VLLM_API_KEY"] = api_key  # through the environment, never the command line
@@ -107,6 +103,18 @@ def build_spec(
         served_name=config.served_name,
         instance=env[CHILD_MARK_VAR],
     )
+
+
+def engine_env(config: Config, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM runs in (without the API key and the instance mark): r1sup's own less
+    systemd's variables, plus ``server.env``. The preflight runs the interpreter in the same one."""
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in SYSTEMD_VARS}
+    env = {k: v for k, v in env.items() if not k.startswith("WATCHDOG_")}
+    env.pop("VLLM_API_KEY", None)
+    env.pop(CHILD_MARK_VAR, None)
+    env.update(config.server.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def mask(text: str, secrets: Sequence[str]) -> str:

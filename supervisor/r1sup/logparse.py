@@ -1870,6 +1870,8 @@ def advice(failure: Failure) -> str:
         )
     if cls == HANG:
         return "vLLM stopped making progress. r1sup would stop the process group and relaunch once."
+    if cls == "internal_error":  # never read from a log: r1sup's own machinery failed
+        return "r1sup's own machinery failed, not vLLM: r1sup stops the engine and exits 1, no relaunch."
     kv_tokens = n.get("kv_cache_tokens")
     conc = n.get("max_concurrency")
     if kv_tokens:

@@ -23,6 +23,7 @@ __all__ = [
     "ModelSource",
     "arch_from_config",
     "config_hash",
+    "find_in_hf_cache",
     "hf_cache_dirs",
     "load_arch",
     "load_model_config",
@@ -106,6 +107,22 @@ def _snapshot_config(repo_dir: Path, revision: str | None) -> Path | None:
     return found[0] if found else None
 
 
+def find_in_hf_cache(
+    name: str, revision: str | None, environ: Mapping[str, str] | None = None
+) -> Path | None:
+    """The config.json of Hugging Face id ``name`` in the local hub cache, or None (offline)."""
+    if name.count("/") != 1:
+        return None
+    repo = "models--" + name.replace("/", "--")
+    for cache in hf_cache_dirs(environ):
+        repo_dir = cache / repo
+        if repo_dir.is_dir():
+            found = _snapshot_config(repo_dir, revision)
+            if found is not None:
+                return found
+    return None
+
+
 def locate_model_config(
     name_or_path: str, revision: str | None = None, environ: Mapping[str, str] | None = None
 ) -> ModelSource:
@@ -124,14 +141,9 @@ def locate_model_config(
     if name.startswith(("/", "./", "../", "~")):
         raise ConfigError("model.name", f"model directory not found: {name}")
 
-    if name.count("/") == 1:
-        repo = "models--" + name.replace("/", "--")
-        for cache in hf_cache_dirs(environ):
-            repo_dir = cache / repo
-            if repo_dir.is_dir():
-                found = _snapshot_config(repo_dir, revision)
-                if found is not None:
-                    return ModelSource(_read_json(found), "hf-cache", str(found))
+    found = find_in_hf_cache(name, revision, environ)
+    if found is not None:
+        return ModelSource(_read_json(found), "hf-cache", str(found))
 
     entry = catalog.find_model(name)
     if entry is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import subprocess
 import sys
 import time
@@ -68,6 +69,9 @@ class ProbeResult:
     peak_kv_usage: float | None = None
     preemptions: int | None = None
     timed_out: bool = False
+    # the probe's own machinery failed (the child crashed or could not import): {"where", "error"};
+    # r1sup's fault, never the engine's
+    internal: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,7 +224,9 @@ async def _run(spec: ProbeSpec) -> ProbeResult:
                     if first is not None:
                         ttfts.append(first)
                     result.succeeded += 1
-                except (openai.OpenAIError, httpx.HTTPError) as exc:
+                except Exception as exc:
+                    if not request_error(exc):
+                        raise  # r1sup's own bug: the child fails and the parent says so
                     result.error_count += 1
                     if len(result.errors) < 5:
                         result.errors.append(f"request {i}: {type(exc).__name__}: {str(exc)[:300]}")
@@ -255,6 +261,21 @@ async def _run(spec: ProbeSpec) -> ProbeResult:
     result.duration_s = round(result.duration_s, 3)
     result.ok = result.succeeded == spec.requests and not result.timed_out
     return result
+
+
+# The HTTP stacks under the openai client (httpx up to openai 2, httpx2 from openai 3) and our own:
+# an exception of theirs is a request that failed, not a bug in the probe.
+_TRANSPORT_PACKAGES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11", "anyio", "aiohttp"})
+
+
+def request_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while a request ran, is the request's failure (the server's side or the
+    connection): an openai error, a transport error, a timeout. Anything else is a bug in the probe."""
+    import openai
+
+    if isinstance(exc, (openai.OpenAIError, OSError, asyncio.TimeoutError)):
+        return True
+    return any(cls.__module__.split(".", 1)[0] in _TRANSPORT_PACKAGES for cls in type(exc).__mro__)
 
 
 def _round(value: float | None) -> float | None:
@@ -307,14 +328,49 @@ def run_probe_isolated(
             ok=False, requests=spec.requests, errors=["the probe process did not finish"], timed_out=True
         )
     if proc.returncode != 0:
-        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        where, error = child_failure(err.decode("utf-8", "replace"), proc.returncode)
         return ProbeResult(
-            ok=False, requests=spec.requests, errors=[f"the probe process failed: {tail[0][:300]}"]
+            ok=False,
+            requests=spec.requests,
+            errors=[f"the probe process failed in {where}: {error}"],
+            internal={"where": where, "error": error},
         )
     try:
         return ProbeResult(**json.loads(out))
     except (ValueError, TypeError) as exc:
-        return ProbeResult(ok=False, requests=spec.requests, errors=[f"unreadable probe result: {exc}"])
+        error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return ProbeResult(
+            ok=False,
+            requests=spec.requests,
+            errors=[f"unreadable probe result: {error}"],
+            internal={"where": "r1sup.probe (its result)", "error": error},
+        )
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def child_failure(stderr: str, returncode: int) -> tuple[str, str]:
+    """(where, error) of a probe child that failed: the innermost frame of the r1sup package in its
+    traceback and the exception line, or the signal that killed it."""
+    import signal
+
+    from r1sup.errors import r1sup_module
+
+    where = "r1sup.probe (the probe child)"
+    for line in stderr.splitlines():
+        m = _FRAME.match(line)
+        module = r1sup_module(m["file"]) if m else None
+        if m and module:
+            where = f"{module} ({m['func']}, line {m['line']})"
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return where, f"killed by {name}"
+    return where, (lines[-1][:300] if lines else f"exit code {returncode}")
 
 
 def main() -> int:

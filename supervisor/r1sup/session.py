@@ -23,6 +23,18 @@ class Session:
     events: EventQueue
     runner: Runner
     overrides: dict[str, Any]
+    checked: tuple[Any, Any] | None = None  # (preflight key, its result): once per process
+
+    def preflight(self) -> Any:
+        """The preflight of the current config (:mod:`r1sup.preflight`), run once and again only when a
+        reload changed what it checks; raises :class:`r1sup.errors.PreflightError`. Interruptible."""
+        from r1sup import preflight
+
+        key = preflight.key(self.config)
+        if self.checked is None or self.checked[0] != key:
+            result = preflight.run(self.config, log=self.log, check=self.runner.check_signals)
+            self.checked = (key, result)
+        return self.checked[1]
 
 
 def default_hooks() -> Hooks:

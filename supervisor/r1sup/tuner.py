@@ -28,6 +28,12 @@ class ModelKnowledge:
     arch: Any = None  # planner.ModelArch, when the model's config.json was found
     config_hash: str | None = None
     notes: list[str] = field(default_factory=list)
+    vllm_version: str | None = None  # of server.python's vLLM, from the preflight (vllm.__version__)
+    torch_version: str | None = None
+
+    def versions(self) -> dict[str, str | None]:
+        """As the fingerprint keys them."""
+        return {"vllm": self.vllm_version, "torch": self.torch_version}
 
 
 @dataclass
@@ -83,12 +89,16 @@ class TuneResult:
         }
 
 
-def gather_knowledge(config: Config, log: Any) -> ModelKnowledge:
-    """Device facts and the model's architecture, best effort: missing pieces only make the ladder blunter."""
+def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowledge:
+    """Device facts and the model's architecture, best effort: missing pieces only make the ladder blunter.
+
+    ``engine`` is the preflight's :class:`r1sup.preflight.EngineEnv` (the versions of vLLM and torch)."""
     from r1sup import devices, modelinfo, planner
     from r1sup.errors import ConfigError
 
     know = ModelKnowledge()
+    if engine is not None:
+        know.vllm_version, know.torch_version = engine.version, engine.torch_version
     try:
         know.device = devices.probe()
     except Exception as exc:  # noqa: BLE001 - device probing must never stop a launch

@@ -7,3 +7,8 @@ log lines and failure tracebacks on a simulated GPU, and an OpenAI-compatible HT
 
 Standard library only; nothing here imports r1sup.
 """
+
+# The vLLM version whose command line and messages it imitates (a scenario may print another one in its
+# banner). r1sup's preflight imports the package ``server.launch`` runs and reads this, as it reads
+# ``vllm.__version__``.
+__version__ = "0.32.0"

@@ -9,43 +9,39 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from r1sup import logs
 from r1sup.cli import load_config
-from r1sup.errors import EXIT_SIGINT, EXIT_SIGTERM
+from r1sup.errors import EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
 from r1sup.runner import StopRequested
-from r1sup.session import open_session, save_profile
-from r1sup.tuner import Tuner
+from r1sup.session import Session, open_session, save_profile
+from r1sup.tuner import Tuner, TuneResult
 
 
 def main(args: argparse.Namespace) -> int:
+    from r1sup import report
+
     config = load_config(args)
     session = open_session(args, config)
     session.events.install_signal_handlers()
     try:
-        from r1sup import profiles, report, runrecord
-        from r1sup.flags import EngineFlags
-        from r1sup.tuner import calibration
-
-        record = runrecord.RunLog(config.state.dir, "tune", config, None)
-        tuner = Tuner(config, session.runner, session.log, record=record)
-        record.device(tuner.know.device)
-        fingerprint = profiles.current_fingerprint(config, device=tuner.know.device)
-        store = profiles.ProfileStore(config.state.dir)
-        measured = calibration(store, fingerprint, EngineFlags.from_start(config.start))
-        if measured:
-            session.log.info("planner_calibrated", **measured)
-        session.runner.expected_phases = runrecord.expected_phases(store, fingerprint)
-        try:
-            result = tuner.run(observations=measured)
-        except StopRequested as stop:
-            session.runner.stop_current(reason="signal")
-            session.log.warning("tune_interrupted", signal=stop.signum)
-            sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
-            return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
-        if result.ok:
-            result.profile_path = save_profile(session, result, fingerprint)
-            record.finish(result.to_dict())
+        result, record = _tune(session)
+    except StopRequested as stop:
+        session.runner.stop_current(reason="signal")
+        session.log.warning("tune_interrupted", signal=stop.signum)
+        sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
+        return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
+    except InternalError as exc:
+        _internal(session, exc)
+        raise
+    except R1supError:  # the preflight's (nothing launched) and the like: the CLI prints the line
+        session.runner.stop_current(reason="failed")
+        raise
+    except Exception as exc:  # r1sup's own failure: stop vLLM cleanly, then one line and exit 1
+        internal = InternalError.from_exception(exc)
+        _internal(session, internal)
+        raise internal from None
     finally:
         session.events.restore_signal_handlers()
     text = (
@@ -55,3 +51,35 @@ def main(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(logs.mask(text))
     return result.exit_code
+
+
+def _internal(session: Session, fault: InternalError) -> None:
+    session.log.error("internal_error", where=fault.where, error=fault.error)
+    if fault.trace:
+        session.log.debug("internal_error_traceback", traceback=fault.trace)
+    session.runner.stop_current(reason="internal error")
+
+
+def _tune(session: Session) -> tuple[TuneResult, Any]:
+    """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
+    from r1sup import profiles, runrecord
+    from r1sup.flags import EngineFlags
+    from r1sup.tuner import calibration, gather_knowledge
+
+    config = session.config
+    checked = session.preflight()  # before any model load; raises with nothing launched
+    know = gather_knowledge(config, session.log, engine=checked.engine)
+    record = runrecord.RunLog(config.state.dir, "tune", config, None)
+    tuner = Tuner(config, session.runner, session.log, know=know, record=record)
+    record.device(know.device)
+    fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
+    store = profiles.ProfileStore(config.state.dir)
+    measured = calibration(store, fingerprint, EngineFlags.from_start(config.start))
+    if measured:
+        session.log.info("planner_calibrated", **measured)
+    session.runner.expected_phases = runrecord.expected_phases(store, fingerprint)
+    result = tuner.run(observations=measured)
+    if result.ok:
+        result.profile_path = save_profile(session, result, fingerprint)
+        record.finish(result.to_dict())
+    return result, record

@@ -1,0 +1,185 @@
+"""r1sup's own failures are r1sup's: ``internal_error``, never blamed on vLLM, never a relaunch.
+
+The end-to-end tests break the probe for real: its child process runs with a ``httpx`` package first
+on its path whose import fails (a dependency that cannot be imported, as in a fresh install that lacked
+one). r1sup must launch once, stop the engine cleanly, exit 1 with one line naming the module and the
+exception, print no traceback, and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from r1sup import failure as F
+from r1sup import ladder as L
+from r1sup.errors import InternalError
+from r1sup.flags import EngineFlags
+from r1sup.probe import child_failure, request_error
+from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
+
+MISSING = "r1sup_test_missing_dependency"
+
+
+def broken_httpx(tmp_path: Path) -> Path:
+    """A directory to put first on the path: its ``httpx`` imports a module that does not exist."""
+    pkg = tmp_path / "broken" / "httpx"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"import {MISSING}\n")
+    return pkg.parent
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+
+def test_where_an_unexpected_exception_was_raised() -> None:
+    try:
+        EngineFlags.from_dict({"no_such_flag": 1})  # data a caller should never pass: a bug's shape
+    except ValueError as exc:
+        fault = InternalError.from_exception(exc)
+    assert fault.where.startswith("r1sup.flags (from_dict, line ")
+    assert str(fault).startswith("internal error in r1sup.flags (from_dict, line ")
+    assert str(fault).endswith("ValueError: unknown flag(s): no_such_flag")
+    assert "Traceback" in fault.trace and "\n" not in str(fault)
+
+
+def test_a_probe_child_traceback_names_the_module_and_the_exception() -> None:
+    import r1sup.probe
+
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/asyncio/runners.py", line 118, in run\n'
+        "    return self._loop.run_until_complete(task)\n"
+        f'  File "{r1sup.probe.__file__}", line 170, in _run\n'
+        "    import httpx\n"
+        '  File "/tmp/broken/httpx/__init__.py", line 1, in <module>\n'
+        f"    import {MISSING}\n"
+        f"ModuleNotFoundError: No module named '{MISSING}'\n"
+    )
+    assert child_failure(stderr, 1) == (
+        "r1sup.probe (_run, line 170)",
+        f"ModuleNotFoundError: No module named '{MISSING}'",
+    )
+    assert child_failure("", -9) == ("r1sup.probe (the probe child)", "killed by SIGKILL")
+
+
+def test_transport_errors_are_the_requests_and_bugs_are_the_probes() -> None:
+    import httpx
+    import openai
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    assert request_error(openai.APIConnectionError(request=request))
+    assert request_error(httpx.RemoteProtocolError("peer closed connection", request=request))
+    assert request_error(ConnectionResetError(104, "reset"))
+    assert not request_error(KeyError("choices"))
+    assert not request_error(AttributeError("'NoneType' object has no attribute 'usage'"))
+
+
+@pytest.mark.parametrize("strategy", ["smart", "naive"])
+def test_the_ladder_never_steps_for_an_internal_error(strategy: str) -> None:
+    failure = F.Failure(F.INTERNAL_ERROR, evidence="KeyError: 'x'", detail="r1sup.probe (_run, line 1)")
+    bounds = L.Bounds(strategy=strategy)
+    decision = L.next_step(EngineFlags(max_model_len=8192), failure, L.History(), bounds, L.Facts())
+    assert isinstance(decision, L.GiveUp) and decision.exit_code == 1
+    assert "r1sup.probe" in decision.reason and not failure.memory
+
+
+def test_an_unexpected_exception_in_a_command_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from r1sup import cli
+    from r1sup.commands import status
+
+    def broken(args: object) -> int:
+        return {}["state"]  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(status, "main", broken)
+    assert cli.main(["status", "--state-dir", "/nonexistent"]) == 1
+    err = capsys.readouterr().err
+    assert err == "r1sup: error: internal error in r1sup.cli (main, line " + err.split("line ", 1)[1]
+    assert err.count("\n") == 1 and "KeyError: 'state'" in err and "Traceback" not in err
+
+
+# --- end to end: a probe that cannot import --------------------------------------------------------
+
+
+def broken_probe_run(tmp_path: Path, command: str) -> tuple[R1sup, Path]:
+    scenario = fake_scenario(tmp_path)
+    env = fake_env(scenario)
+    env["PYTHONPATH"] = os.pathsep.join([str(broken_httpx(tmp_path)), env["PYTHONPATH"]])
+    daemon = {"backoff_initial_s": 0.1, "backoff_max_s": 0.5, "liveness_interval_s": 3600.0}
+    config = write_config(tmp_path / "r1sup.toml", fake_body(tmp_path, model=QWEN_7B, daemon=daemon))
+    proc = R1sup(command, "--config", str(config), env=env)
+    try:
+        proc.wait(120)
+    finally:
+        proc.kill()
+        left = engine_processes(config)
+        kill_engine_processes(config)
+    assert not left, f"engine processes left behind: {left}"
+    return proc, config
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("command", ["tune", "run"])
+def test_a_probe_that_cannot_import_is_r1sups_failure_not_the_engines(tmp_path: Path, command: str) -> None:
+    proc, _ = broken_probe_run(tmp_path, command)
+    assert proc.proc.returncode == 1, proc.tail()
+    assert len(proc.stderr) == 1, proc.stderr
+    line = proc.stderr[0]
+    assert line.startswith("r1sup: error: internal error in r1sup.probe (_run, line "), line
+    assert line.rstrip().endswith(f"ModuleNotFoundError: No module named '{MISSING}'"), line
+    assert "Traceback" not in "".join(proc.stderr)
+    # on stdout only vLLM's own relayed teardown lines may hold one (vllm events, during_stop)
+    assert all(e["event"] == "vllm" for e in proc.events if "Traceback" in json.dumps(e))
+    assert not [line for line in proc.lines if not line.startswith("{") and "Traceback" in line]
+    # one launch, stopped by r1sup; no relaunch, no ladder step, no retry
+    records = engine_records(tmp_path)
+    assert len(records) == 1 and len(proc.named("launch_started")) == 1
+    assert [r["outcome"] for r in records] == ["ready"]  # it started fine: the probe is what broke
+    assert [r["reason"] for r in engine_records(tmp_path, "stop")] == ["signal"]  # r1sup's SIGTERM
+    (stopped,) = proc.named("engine_stopped")
+    assert stopped["reason"] == "internal error" and not stopped["escalated"]
+    assert not proc.named("ladder_step") and not proc.named("retry_backoff")
+    classified = [e["failure_class"] for e in proc.named("failure_classified")]
+    assert classified == ["internal_error"]
+    assert proc.named("engine_stopped") and proc.named("internal_error")
+    if command == "run":
+        state = json.loads((tmp_path / "state" / "status.json").read_text())
+        assert state["state"] == "failed" and state["child_pid"] is None
+        assert state["last_failure"]["class"] == "internal_error"
+        assert MISSING in state["last_failure"]["evidence"]
+    assert (
+        not list((tmp_path / "state" / "profiles").glob("*.json")) if (tmp_path / "state").exists() else True
+    )
+
+
+def test_a_server_that_cuts_a_response_short_is_the_servers_failure_not_r1sups() -> None:
+    """Since an exception in a check thread is now r1sup's own failure, the checks must turn everything
+    the server can do into a failed check: here a body cut short (http.client.IncompleteRead)."""
+    import socket
+    import threading
+
+    from r1sup import health
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nff\r\n{"choices": [')
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        ok, detail = health.tiny_completion(health.Endpoint("127.0.0.1", port, None), "r1", timeout=10)
+        thread.join(timeout=10)
+    assert not ok and "unreachable" in detail

@@ -1,0 +1,292 @@
+"""The preflight: interpreter, vLLM, model and port are checked before any model load, once.
+
+Unit tests call :mod:`r1sup.preflight` on real files and real interpreters (no mocks); the end-to-end
+tests run the real CLI against the fake engine and check what a user sees: one line naming the field,
+the documented exit code, nothing launched, nothing left running, and a status that says failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from conftest import engine_available, free_port
+from r1sup import config as cfg
+from r1sup import preflight
+from r1sup.errors import PreflightError
+from r1sup_proc import ROOT, R1sup, engine_processes, kill_engine_processes, write_config
+from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
+
+FAKE_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+
+
+def no_site_python(tmp_path: Path) -> Path:
+    """A working interpreter without vLLM: this one with ``-S`` (no site-packages at all)."""
+    path = tmp_path / "bare-python"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def build(**sections: dict[str, object]) -> cfg.Config:
+    body: dict[str, dict[str, object]] = {"model": {"name": "org/model"}}
+    for name, values in sections.items():
+        body.setdefault(name, {}).update(values)
+    return cfg.build(body, env={})
+
+
+def refused(fn: object, *args: object, **kwargs: object) -> PreflightError:
+    with pytest.raises(PreflightError) as info:
+        fn(*args, **kwargs)  # type: ignore[operator]
+    assert "\n" not in str(info.value)
+    return info.value
+
+
+# --- the launch command ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("launch", "module"),
+    [
+        (["-m", "vllm.entrypoints.openai.api_server"], "vllm.entrypoints.openai.api_server"),
+        (["-X", "importtime", "-m", "fakevllm"], "fakevllm"),
+        (["-mvllm.entrypoints.cli.main", "serve"], "vllm.entrypoints.cli.main"),
+        (["-u", "-m", "vllm.entrypoints.openai.api_server"], "vllm.entrypoints.openai.api_server"),
+        (["-c", "print(1)"], None),
+        (["/opt/serve.py", "-m", "x"], None),
+        (["-m"], None),
+    ],
+)
+def test_launch_module(launch: list[str], module: str | None) -> None:
+    assert preflight.launch_module(launch) == module
+
+
+# --- server.python and the engine package ---------------------------------------------------------
+
+
+def test_interpreter_that_is_not_there_or_not_runnable_is_a_config_error(tmp_path: Path) -> None:
+    plain = tmp_path / "plain-file"
+    plain.write_text("not a program\n")
+    cases = {
+        str(tmp_path / "missing"): f"{tmp_path / 'missing'}: no such file",
+        str(tmp_path): f"{tmp_path} is a directory",
+        str(plain): f"{plain} is not executable",
+    }
+    for python, message in cases.items():
+        err = refused(preflight.check_engine, build(server={"python": python}), FAKE_ENV)
+        assert err.field == "server.python" and err.exit_code == 2 and message in err.message
+    plain.chmod(0o755)  # executable, but not an interpreter: the kernel refuses to run it
+    err = refused(preflight.check_engine, build(server={"python": str(plain)}), FAKE_ENV)
+    assert err.exit_code == 2 and "not a working Python interpreter" in err.message
+    err = refused(preflight.check_engine, build(server={"python": "/bin/false"}), FAKE_ENV)
+    assert err.exit_code == 2 and "exit code 1" in err.message
+
+
+def test_interpreter_without_vllm_is_fatal_and_says_so(tmp_path: Path) -> None:
+    python = str(no_site_python(tmp_path))
+    err = refused(preflight.check_engine, build(server={"python": python}), FAKE_ENV)
+    assert err.field == "server.python" and err.exit_code == 4
+    assert err.message.startswith(f"{python} cannot import vllm: ModuleNotFoundError: No module named 'vllm'")
+
+
+def test_launch_module_that_does_not_exist_names_server_launch() -> None:
+    config = build(server={"launch": ["-m", "fakevllm.no_such_module"]})
+    err = refused(preflight.check_engine, config, FAKE_ENV)
+    assert err.field == "server.launch" and err.exit_code == 2
+    assert f"fakevllm 0.32.0 in {sys.executable} has no module fakevllm.no_such_module" == err.message
+
+
+def test_an_import_that_never_ends_is_bounded(tmp_path: Path) -> None:
+    slow = tmp_path / "slow-python"
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")
+    slow.chmod(0o755)
+    err = refused(preflight.check_engine, build(server={"python": str(slow)}), FAKE_ENV, timeout=1.0)
+    assert err.exit_code == 4 and "did not import vllm within 1s" in err.message
+
+
+def test_versions_come_from_the_package_the_launch_runs() -> None:
+    engine = preflight.check_engine(build(server={"launch": ["-m", "fakevllm"]}), FAKE_ENV)
+    assert (engine.package, engine.module, engine.version) == ("fakevllm", "fakevllm", "0.32.0")
+    assert engine.python == sys.executable and engine.python_version == sys.version.split()[0]
+
+
+@pytest.mark.skipif(not engine_available(), reason="vLLM is not installed here")
+def test_vllm_version_is_vllm_dunder_version_even_for_the_cpu_build() -> None:
+    import importlib.metadata
+
+    import vllm
+
+    engine = preflight.check_engine(build(), dict(os.environ))
+    assert engine.package == "vllm" and engine.version == vllm.__version__
+    assert engine.torch_version == importlib.metadata.version("torch")
+
+
+def test_engine_versions_for_the_fingerprint_are_none_when_the_interpreter_fails(tmp_path: Path) -> None:
+    with capture_logs() as logs:
+        versions = preflight.engine_versions(build(server={"python": str(tmp_path / "missing")}))
+    assert versions == {"vllm": None, "torch": None}
+    assert [e["field"] for e in logs if e["event"] == "engine_versions_failed"] == ["server.python"]
+
+
+# --- model.name -----------------------------------------------------------------------------------
+
+
+def hf_cache(tmp_path: Path, repo: str, revision: str = "main") -> dict[str, str]:
+    root = tmp_path / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+    (root / "snapshots" / "abc123").mkdir(parents=True)
+    (root / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (root / "refs").mkdir()
+    (root / "refs" / revision).write_text("abc123")
+    return {"HF_HOME": str(tmp_path / "hf")}
+
+
+def test_model_resolution(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (model / "config.json").write_text("{}")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    env = hf_cache(tmp_path, "org/cached")
+    assert preflight.resolve_model(str(model), None, env).kind == "local"
+    assert preflight.resolve_model(str(tmp_path / "m.gguf"), None, env).kind == "local"
+    assert preflight.resolve_model("org/cached", None, env).kind == "hf-cache"
+    download = preflight.resolve_model("org/elsewhere", None, env)
+    assert download.kind == "download" and "downloads it at the first launch" in download.describe()
+
+    def fails(name: str, revision: str | None, environ: dict[str, str]) -> str:
+        err = refused(preflight.resolve_model, name, revision, environ)
+        assert err.field == "model.name" and err.exit_code == 4
+        return err.message
+
+    assert fails(str(tmp_path / "nope"), None, env) == f"model directory not found: {tmp_path / 'nope'}"
+    assert fails("./relative/nope", None, env) == "model directory not found: ./relative/nope"
+    assert fails("a/b/c", None, env) == "model directory not found: a/b/c"
+    assert fails(str(empty), None, env) == f"directory {empty} has no config.json"
+    assert "is a file" in fails(str(model / "config.json"), None, env)
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    assert preflight.resolve_model("org/cached", None, offline).kind == "hf-cache"
+    message = fails("org/elsewhere", None, offline)
+    assert "not in the Hugging Face cache" in message and "HF_HUB_OFFLINE=1 forbids a download" in message
+    message = fails("org/cached", "v2", {**env, "TRANSFORMERS_OFFLINE": "yes"})
+    assert "org/cached at revision v2 is not in the Hugging Face cache" in message
+
+
+# --- end to end: what a user sees --------------------------------------------------------------------
+
+
+def run_cli(tmp_path: Path, command: str, body: dict[str, dict[str, object]], timeout: float = 120) -> R1sup:
+    scenario = fake_scenario(tmp_path)
+    config = write_config(tmp_path / "r1sup.toml", body)
+    proc = R1sup(command, "--config", str(config), env=fake_env(scenario))
+    try:
+        proc.wait(timeout)
+    finally:
+        proc.kill()
+        left = engine_processes(config)
+        kill_engine_processes(config)
+    assert not left, f"engine processes left behind: {left}"
+    return proc
+
+
+def assert_one_line(proc: R1sup, code: int, starts: str) -> None:
+    assert proc.proc.returncode == code, proc.tail()
+    assert len(proc.stderr) == 1 and proc.stderr[0].startswith(f"r1sup: error: {starts}"), proc.stderr
+    assert "Traceback" not in "".join(proc.stderr) + "".join(proc.lines)
+    assert not proc.named("launch_started") and not proc.named("child_started")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["tune", "run"])
+def test_missing_interpreter_ends_before_any_launch(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "venv" / "bin" / "python"
+    body = fake_body(tmp_path, model=QWEN_7B, server={"python": str(missing)})
+    proc = run_cli(tmp_path, command, body)
+    assert_one_line(proc, 2, f"server.python: {missing}: no such file")
+    assert engine_records(tmp_path) == []
+    if command == "run":
+        state = json.loads((tmp_path / "state" / "status.json").read_text())
+        assert state["state"] == "failed" and state["child_pid"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["tune", "run"])
+def test_interpreter_without_vllm_ends_before_any_launch(tmp_path: Path, command: str) -> None:
+    python = no_site_python(tmp_path)
+    body = fake_body(
+        tmp_path,
+        model=QWEN_7B,
+        server={"python": str(python), "launch": ["-m", "vllm.entrypoints.openai.api_server"]},
+    )
+    proc = run_cli(tmp_path, command, body)
+    assert_one_line(proc, 4, f"server.python: {python} cannot import vllm: ModuleNotFoundError")
+    assert [e["field"] for e in proc.named("preflight_failed")] == ["server.python"]
+    if command == "run":
+        state = json.loads((tmp_path / "state" / "status.json").read_text())
+        assert state["state"] == "failed"
+        assert any(e["event"] == "daemon_failed" for e in state["recent_events"])
+
+
+@pytest.mark.slow
+def test_missing_model_directory_ends_before_any_launch(tmp_path: Path) -> None:
+    body = fake_body(tmp_path, model=str(tmp_path / "no-such-model"))
+    proc = run_cli(tmp_path, "tune", body)
+    assert_one_line(proc, 4, f"model.name: model directory not found: {tmp_path / 'no-such-model'}")
+
+
+@pytest.mark.slow
+def test_preflight_runs_once_and_feeds_the_fingerprint(tmp_path: Path) -> None:
+    body = fake_body(tmp_path, model=QWEN_7B)
+    proc = run_cli(tmp_path, "tune", body)
+    assert proc.proc.returncode == 0, proc.tail()
+    assert len(proc.named("launch_started")) == 1 and proc.named("probe_passed")  # one launch, probe ok
+    (passed,) = proc.named("preflight_passed")
+    assert passed["engine_package"] == "fakevllm" and passed["vllm_version"] == "0.32.0"
+    assert passed["model"] == "download"
+    profile = json.loads(next((tmp_path / "state" / "profiles").glob("*.json")).read_text())
+    assert profile["fingerprint"]["versions"]["vllm"] == "0.32.0"
+    assert profile["fingerprint"]["versions"]["torch"] == passed["torch_version"]
+
+
+def test_check_runs_the_preflight_and_says_what_it_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from r1sup.cli import main
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    port = free_port()
+    body = {
+        "model": {"name": str(model)},
+        "server": {"launch": ["-m", "fakevllm"], "port": port},
+        "state": {"dir": str(tmp_path / "state")},
+    }
+    config = write_config(tmp_path / "c.toml", body)
+    assert main(["check", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"# server.python {sys.executable}: fakevllm 0.32.0" in out
+    assert f"# model.name: local directory {model}" in out
+    assert f"# server.port: 127.0.0.1:{port} is free" in out
+    assert main(["check", "--config", str(config), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["preflight"]
+    assert found["engine"]["version"] == "0.32.0" and found["engine"]["package"] == "fakevllm"
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        assert main(["check", "--config", str(config)]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith(f"r1sup: error: server.port: port {port} on 127.0.0.1 is held by pid {os.getpid()}")
+    write_config(config, {**body, "server": {"launch": ["-m", "fakevllm"], "port": port, "python": "/nope"}})
+    assert main(["check", "--config", str(config)]) == 2
+    assert main(["check", "--config", str(config), "--no-preflight"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "r1sup: error: server.python: /nope: no such file\n"
