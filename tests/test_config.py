@@ -62,6 +62,21 @@ def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
             "target.context",
             "longer than",
         ),
+        (
+            "[start]\nmax_model_len = 1024\n",
+            "start.max_model_len",
+            "(1024) is shorter than ladder.min_max_model_len (2048)",
+        ),
+        (
+            "[start]\nmax_model_len = 4096\n[ladder]\nmin_max_model_len = 8192\n",
+            "start.max_model_len",
+            "shorter than ladder.min_max_model_len (8192)",
+        ),
+        (
+            "[start]\nmax_model_len = 4096\n[probe]\nprompt_tokens = 4090\noutput_tokens = 16\n",
+            "probe.prompt_tokens",
+            "do not fit in start.max_model_len (4096)",
+        ),
         ("[target]\nconcurrency = 4\n", "target.context", "set both target.concurrency and target.context"),
         ("[target]\ncontext = 4096\n", "target.concurrency", "set both"),
         ("[probe]\ntimeout_s = 0\n", "probe.timeout_s", "must be > 0"),
@@ -148,8 +163,8 @@ def test_env_list_and_bool(tmp_path: Path):
 
 def test_cli_set_and_bad_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     path = write(tmp_path, MINIMAL)
-    code, out, _ = run_check(capsys, "--config", str(path), "--set", "start.max_model_len=1234")
-    assert code == 0 and '"start.max_model_len"' not in out and "1234" in out
+    code, out, _ = run_check(capsys, "--config", str(path), "--set", "start.max_model_len=4321")
+    assert code == 0 and '"start.max_model_len"' not in out and "4321" in out
     code, _, err = run_check(capsys, "--config", str(path), "--set", "nonsense")
     assert code == 2 and "--set: expected section.key=value" in err
     code, _, err = run_check(capsys, "--config", str(path), "--set", "start.max_model_len=abc")
@@ -170,7 +185,7 @@ def test_check_json_and_configs_dir_are_valid(capsys: pytest.CaptureFixture[str]
     files = sorted((root / "configs").glob("*.toml"))
     assert files, "configs/ holds example configs"
     for path in files:
-        code, out, err = run_check(capsys, "--config", str(path), "--json")
+        code, out, err = run_check(capsys, "--config", str(path), "--json", "--no-preflight")
         assert code == 0, (path, err)
         assert '"model"' in out
 
@@ -198,3 +213,71 @@ def test_light_commands_import_nothing_heavy(tmp_path: Path, argv: list[str]):
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, check=False
     ).stdout
     assert "HEAVY []" in out, out
+
+
+def test_env_error_names_the_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch):
+    path = write(tmp_path, MINIMAL)
+    cases = {
+        "R1SUP_SERVER_PORT=abc": "server.port: expected an integer, got 'abc' (from the environment "
+        "variable R1SUP_SERVER_PORT)",
+        "R1SUP_SERVER_PORT=70000": "server.port: must be <= 65535; got 70000 (from the environment "
+        "variable R1SUP_SERVER_PORT)",
+        "R1SUP_START_MAX_MODEL_LEN=1000": "(from the environment variable R1SUP_START_MAX_MODEL_LEN)",
+        "R1SUP_START_MAX_MODEL_LENGTH=5": "start.max_model_length: unknown setting; did you mean "
+        "start.max_model_len? (from the environment variable R1SUP_START_MAX_MODEL_LENGTH)",
+    }
+    for assignment, expected in cases.items():
+        name, _, value = assignment.partition("=")
+        monkeypatch.setenv(name, value)
+        code, out, err = run_check(capsys, "--config", str(path), "--no-preflight")
+        monkeypatch.delenv(name)
+        assert code == 2 and out == ""
+        assert len(err.strip().splitlines()) == 1 and expected in err, (assignment, err)
+    # the same value in the file is the file's: no variable is named
+    code, _, err = run_check(capsys, "--config", str(write(tmp_path, MINIMAL + "[server]\nport = 0\n")))
+    assert code == 2 and "environment" not in err
+
+
+def test_a_config_larger_than_1_mib_is_refused_without_reading_it_all(tmp_path: Path):
+    import subprocess
+    import sys
+
+    big = tmp_path / "big.toml"
+    big.write_text(MINIMAL + "# " + "x" * (1024 * 1024) + "\n", encoding="utf-8")
+    for path in (str(big), "/dev/zero"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "r1sup.cli", "check", "--config", path, "--no-preflight"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == f"r1sup: error: {path}: larger than 1024 KiB; not a config file\n"
+    just_under = tmp_path / "fits.toml"
+    just_under.write_text(MINIMAL + "# " + "x" * (1024 * 1024 - len(MINIMAL) - 3) + "\n", encoding="utf-8")
+    assert just_under.stat().st_size == cfg.MAX_CONFIG_BYTES
+    assert cfg.load(just_under, environ={}).model.name == "org/model"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("/etc/r1sup/qwen14.toml", "/var/lib/r1sup/qwen14"),  # r1sup@qwen14
+        ("/etc/r1sup/r1sup.toml", "/var/lib/r1sup"),  # r1sup.service
+        ("configs/demo.toml", "/var/lib/r1sup/demo"),
+        ("/etc/r1sup/...toml", "/var/lib/r1sup"),
+        (None, "/var/lib/r1sup"),
+    ],
+)
+def test_default_state_dir_follows_the_config_name(source: str | None, expected: str):
+    assert cfg.default_state_dir(source) == expected
+
+
+def test_state_dir_default_and_explicit(tmp_path: Path):
+    path = tmp_path / "qwen14.toml"
+    path.write_text(MINIMAL, encoding="utf-8")
+    assert cfg.load(path, environ={}).state.dir == "/var/lib/r1sup/qwen14"
+    assert cfg.load(path, environ={}, overrides={"state.dir": "/srv/x"}).state.dir == "/srv/x"
+    path.write_text(MINIMAL + '[state]\ndir = "/srv/y"\n', encoding="utf-8")
+    assert cfg.load(path, environ={}).state.dir == "/srv/y"

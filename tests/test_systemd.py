@@ -86,3 +86,63 @@ def test_unit_settings(unit: str):
     )
     assert "ReadWritePaths=" in unit_text and "WatchdogSec=" in unit_text
     assert "StartLimitBurst=" in unit_text and "RestartSec=" in unit_text
+
+
+def service_section(unit: str, instance: str | None = None) -> dict[str, list[str]]:
+    """[Service] of a unit, with ``%i`` replaced by ``instance``: key -> every value (Environment repeats)."""
+    text = (UNITS / unit).read_text()
+    if instance is not None:
+        text = text.replace("%i", instance)
+    out: dict[str, list[str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Service]" and "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+@pytest.mark.parametrize(("unit", "instance"), [("r1sup.service", None), ("r1sup@.service", "qwen-14b")])
+def test_a_hand_run_finds_the_state_directory_the_unit_uses(unit: str, instance: str | None):
+    from r1sup import config as cfg
+
+    service = service_section(unit, instance)
+    argv = service["ExecStart"][0].split()
+    assert "--state-dir" not in argv  # one source of truth: the config's name
+    config_path = argv[argv.index("--config") + 1]
+    state = "/var/lib/" + service["StateDirectory"][0]
+    assert cfg.default_state_dir(config_path) == state
+    loaded = cfg.build({"model": {"name": "org/m"}}, env={}, source=config_path)
+    assert loaded.state.dir == state
+
+
+@pytest.mark.parametrize(("unit", "instance"), [("r1sup.service", None), ("r1sup@.service", "demo")])
+def test_home_and_caches_are_inside_the_writable_state_directory(unit: str, instance: str | None):
+    service = service_section(unit, instance)
+    env = dict(item.split("=", 1) for item in service["Environment"])
+    state = "/var/lib/" + service["StateDirectory"][0]
+    for name in ("HOME", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        assert env[name] == state or env[name].startswith(state + "/"), (name, env[name])
+    # the model cache is shared by the instances, in the writable cache directory
+    assert service["CacheDirectory"] == ["r1sup"]
+    assert env["HF_HOME"].startswith("/var/cache/r1sup/")
+
+
+def test_the_cache_variables_are_the_ones_the_engine_reads():
+    """vLLM reads VLLM_CACHE_ROOT (default: XDG_CACHE_HOME/vllm); checked against the installed vLLM."""
+    from conftest import engine_available
+
+    if not engine_available():
+        pytest.skip("vLLM is not installed here")
+    code = (
+        "import os, sys; os.environ.update(XDG_CACHE_HOME='/x/cache', HOME='/x'); "
+        "os.environ.pop('VLLM_CACHE_ROOT', None); import vllm.envs as e; "
+        "print(e.VLLM_CACHE_ROOT, e.VLLM_CONFIG_ROOT)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
+    assert out == ["/x/cache/vllm", "/x/.config/vllm"]

@@ -26,6 +26,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "R1SUP_"
+MAX_CONFIG_BYTES = 1024 * 1024  # a config is a few KiB; anything past 1 MiB is not one (or is /dev/zero)
+STATE_ROOT = "/var/lib/r1sup"
+SHARED_CONFIG_NAME = "r1sup"  # /etc/r1sup/r1sup.toml: r1sup.service, whose state is STATE_ROOT itself
 
 # vLLM's --kv-cache-dtype choices that concern r1sup (CacheDType in vllm/config/cache.py), plus the
 # common aliases that the planner understands.
@@ -202,7 +205,11 @@ class DaemonSection:
 
 @dataclass(frozen=True)
 class StateSection:
-    dir: str = setting("/var/lib/r1sup", "directory for profiles and status.json")
+    dir: str = setting(
+        "",
+        "directory for profiles and status.json; default: /var/lib/r1sup/NAME for a config file "
+        "NAME.toml (/var/lib/r1sup for r1sup.toml), as the systemd units use",
+    )
 
 
 @dataclass(frozen=True)
@@ -370,16 +377,22 @@ def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML file; a missing file or a syntax error is a ConfigError naming the file."""
+    """Read a TOML file; a missing file, one over 1 MiB or a syntax error is a ConfigError naming the file.
+
+    At most ``MAX_CONFIG_BYTES + 1`` bytes are read, so a device or a huge file cannot exhaust memory.
+    """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("", f"config file not found: {p}") from None
     except IsADirectoryError:
         raise ConfigError("", f"config path is a directory: {p}") from None
     except OSError as exc:
         raise ConfigError("", f"cannot read config file {p}: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"{p}: larger than {MAX_CONFIG_BYTES // 1024} KiB; not a config file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -393,9 +406,28 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError("", f"{p}: TOML could not be parsed: {type(exc).__name__}") from None
 
 
+def default_state_dir(source: str | os.PathLike[str] | None) -> str:
+    """The state directory of a config that does not set ``state.dir``: derived from the file's name
+    exactly as the systemd units lay it out, so a hand-run ``r1sup tune --config /etc/r1sup/NAME.toml``
+    saves where ``r1sup@NAME`` looks (``/var/lib/r1sup/NAME``); ``r1sup.toml`` (``r1sup.service``) and
+    a config without a file use ``/var/lib/r1sup``."""
+    if not source:
+        return STATE_ROOT
+    name = Path(source).name
+    stem = name[: -len(".toml")] if name.endswith(".toml") else name
+    if stem in ("", ".", "..", SHARED_CONFIG_NAME):
+        return STATE_ROOT
+    return f"{STATE_ROOT}/{stem}"
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
     """``R1SUP_<SECTION>_<KEY>`` variables as dotted names. Unknown keys of a known section are errors."""
-    out: dict[str, str] = {}
+    return {dotted: value for dotted, (_, value) in env_settings(environ).items()}
+
+
+def env_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """``R1SUP_<SECTION>_<KEY>`` variables: dotted name -> (variable name, value)."""
+    out: dict[str, tuple[str, str]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
@@ -403,7 +435,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
         section, _, key = rest.partition("_")
         if section not in SECTIONS or not key:
             continue  # not a setting (R1SUP_LOG_LEVEL, R1SUP_CONFIG, ...)
-        out[f"{section}.{key}"] = value
+        out[f"{section}.{key}"] = (name, value)
     return out
 
 
@@ -438,13 +470,20 @@ def build(
             if key not in known:
                 raise ConfigError(f"{section}.{_printable(key)}", _unknown_key_message(section, key, known))
 
-    text_layers: list[tuple[str, Mapping[str, Any]]] = []
+    # (layer, where each of its settings came from, for messages)
+    text_layers: list[tuple[Mapping[str, Any], dict[str, str]]] = []
     if env:
-        text_layers.append(("environment", env_overrides(env)))
+        from_env = env_settings(env)
+        text_layers.append(
+            (
+                {dotted: value for dotted, (_, value) in from_env.items()},
+                {dotted: f"the environment variable {name}" for dotted, (name, _) in from_env.items()},
+            )
+        )
     if overrides:
-        text_layers.append(("command line", overrides))
+        text_layers.append((overrides, dict.fromkeys(overrides, "the command line")))
     decls = {dotted: (f, tp) for dotted, f, tp in declarations()}
-    for origin, layer in text_layers:
+    for layer, where in text_layers:
         for dotted in layer:
             if dotted not in decls:
                 section, _, key = dotted.partition(".")
@@ -452,35 +491,44 @@ def build(
                     {f.name for f in dataclasses.fields(SECTIONS[section])} if section in SECTIONS else set()
                 )
                 hint = _unknown_key_message(section, key, known) if known else "unknown setting"
-                raise ConfigError(_printable(dotted), f"{hint} (from the {origin})")
+                raise ConfigError(_printable(dotted), f"{hint} (from {where[dotted]})")
 
-    sections: dict[str, Any] = {}
-    for section, cls in SECTIONS.items():
-        values: dict[str, Any] = {}
-        body = data.get(section, {})
-        for f in dataclasses.fields(cls):
-            dotted = f"{section}.{f.name}"
-            _, tp = decls[dotted]
-            present = False
-            if f.name in body:
-                values[f.name] = _coerce(dotted, tp, body[f.name])
-                present = True
-            for _, layer in text_layers:
-                if dotted in layer:
-                    raw = layer[dotted]
-                    values[f.name] = (
-                        _parse_text(dotted, tp, raw) if isinstance(raw, str) else _coerce(dotted, tp, raw)
-                    )
-                    values[f.name] = _coerce(dotted, tp, values[f.name])
+    came_from: dict[str, str] = {}  # settings whose effective value came from a text layer
+    try:
+        sections: dict[str, Any] = {}
+        for section, cls in SECTIONS.items():
+            values: dict[str, Any] = {}
+            body = data.get(section, {})
+            for f in dataclasses.fields(cls):
+                dotted = f"{section}.{f.name}"
+                _, tp = decls[dotted]
+                present = False
+                if f.name in body:
+                    values[f.name] = _coerce(dotted, tp, body[f.name])
                     present = True
-            if not present:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise ConfigError(dotted, "required but not set")
-                continue
-            _check(dotted, f, values[f.name])
-        sections[section] = cls(**values)
-    config = Config(**sections, source=source)
-    _cross_check(config, env or {})
+                for layer, where in text_layers:
+                    if dotted in layer:
+                        came_from[dotted] = where[dotted]
+                        raw = layer[dotted]
+                        values[f.name] = (
+                            _parse_text(dotted, tp, raw) if isinstance(raw, str) else _coerce(dotted, tp, raw)
+                        )
+                        values[f.name] = _coerce(dotted, tp, values[f.name])
+                        present = True
+                if not present:
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                        raise ConfigError(dotted, "required but not set")
+                    continue
+                _check(dotted, f, values[f.name])
+            sections[section] = cls(**values)
+        if not sections["state"].dir:
+            sections["state"] = StateSection(dir=default_state_dir(source))
+        config = Config(**sections, source=source)
+        _cross_check(config, env or {})
+    except ConfigError as exc:
+        if exc.field in came_from:  # say where a value that is not in the file came from
+            raise ConfigError(exc.field, f"{exc.message} (from {came_from[exc.field]})") from None
+        raise
     return config
 
 
@@ -521,6 +569,20 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
         raise ConfigError(
             "target.context",
             f"({config.target.context}) is longer than start.max_model_len ({start.max_model_len})",
+        )
+    if start.max_model_len is not None and start.max_model_len < lad.min_max_model_len:
+        raise ConfigError(
+            "start.max_model_len",
+            f"({start.max_model_len}) is shorter than ladder.min_max_model_len ({lad.min_max_model_len}), "
+            "the shortest context the ladder may use; lower ladder.min_max_model_len or raise the context",
+        )
+    probe = config.probe
+    longest = start.max_model_len
+    if probe.prompt_tokens is not None and longest and probe.prompt_tokens + probe.output_tokens > longest:
+        raise ConfigError(
+            "probe.prompt_tokens",
+            f"({probe.prompt_tokens}) + probe.output_tokens ({probe.output_tokens}) do not fit in "
+            f"start.max_model_len ({longest}): vLLM would refuse every probe request",
         )
     if config.daemon.metrics_port and config.daemon.metrics_port == config.server.port:
         raise ConfigError("daemon.metrics_port", f"is the same as server.port ({config.server.port})")
