@@ -59,6 +59,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``make test-wheel`` (R1SUP_TEST_INSTALLED=1): the tests and the r1sup processes they start must
+    use the installed wheel, in an environment without vLLM, or the job proves nothing."""
+    if os.environ.get("R1SUP_TEST_INSTALLED") != "1":
+        return
+    import subprocess
+
+    probe = "import importlib.util, r1sup; print(r1sup.__file__, importlib.util.find_spec('vllm') is None)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    import r1sup
+
+    for where in (r1sup.__file__, out[0]):
+        if Path(where).resolve().is_relative_to(ROOT / "supervisor"):
+            pytest.exit(f"r1sup is imported from the source tree ({where}), not from the wheel", returncode=3)
+    if out[1] != "True" or engine_available():
+        pytest.exit("vLLM is importable: the installed-wheel job must run without it", returncode=3)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if engine_available() or os.environ.get("R1SUP_REQUIRE_ENGINE") == "1":
         return

@@ -56,10 +56,11 @@ def write_tiny_model(directory: str | os.PathLike[str]) -> Path:
     """Create (or refresh) the tiny model in ``directory`` and return its path."""
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ImportError as exc:  # pragma: no cover - depends on the environment
+    except ImportError as exc:  # an optional dependency: the extra r1sup[tiny-model]
         raise ConfigError(
-            "tiny-model", "the 'tokenizers' package is needed (pip install tokenizers)"
-        ) from exc
+            "tiny-model",
+            f"needs the tokenizers package, which is not installed ({exc}); pip install 'r1sup[tiny-model]'",
+        ) from None
 
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
