@@ -194,10 +194,17 @@ def run_cli(tmp_path: Path, command: str, body: dict[str, dict[str, object]], ti
     return proc
 
 
+def said(proc: R1sup) -> list[str]:
+    """What r1sup said to a person on stderr: every line but its JSON log events."""
+    return [line for line in proc.stderr if not line.startswith("{")]
+
+
 def assert_one_line(proc: R1sup, code: int, starts: str) -> None:
     assert proc.proc.returncode == code, proc.tail()
-    assert len(proc.stderr) == 1 and proc.stderr[0].startswith(f"r1sup: error: {starts}"), proc.stderr
-    assert "Traceback" not in "".join(proc.stderr) + "".join(proc.lines)
+    lines = said(proc)
+    assert len(lines) == 1 and lines[0].startswith(f"r1sup: error: {starts}"), lines
+    assert proc.lines == []  # no result on stdout
+    assert "Traceback" not in "".join(proc.stderr)
     assert not proc.named("launch_started") and not proc.named("child_started")
 
 
