@@ -1126,8 +1126,8 @@ MESSAGE_CASES = [
     ),
     ("RuntimeError: Cannot find any model weights with `/models/foo`", fl.MODEL_NOT_FOUND),
     ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:5555')", fl.PORT_IN_USE),
-    ("Aborted (core dumped)", fl.ENGINE_DEAD),
-    ("Segmentation fault (core dumped)", fl.ENGINE_DEAD),
+    ("Aborted (core dumped)", fl.CUDA_ERROR),
+    ("Segmentation fault (core dumped)", fl.CUDA_ERROR),
     (
         "vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.",
         fl.ENGINE_DEAD,

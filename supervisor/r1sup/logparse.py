@@ -55,6 +55,7 @@ from r1sup.failure import (
 )
 
 __all__ = [
+    "Diagnosis",
     "LogLine",
     "LogReader",
     "Progress",
@@ -96,6 +97,16 @@ class Progress:
     kind: str
     numbers: Mapping[str, float]
     text: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A verdict with where it comes from: what ``r1sup diagnose`` reports."""
+
+    failure: Failure
+    line: int | None  # 1-based line of the input holding the evidence; None when no line carries it
+    vllm_log: bool  # a line was recognised as vLLM output, or the verdict names a failure
+    lines: int  # lines read
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,6 +159,10 @@ _OUTER_RE = re.compile(
     rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)(?!(?:{_LEVELS})\b)(?!\d+[ \t])"  # docker/k8s
     r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"  # syslog
     r"|[\w.-]+[ \t]+\|[ \t]"  # docker compose "vllm-1  | "
+    r"|[ \t]*[\u2502\u2503][ \t]?"  # a box-drawing frame of a log viewer
+    # a harness relaying the output through rich's logging handler: "[05/05/25 16:31:14] INFO     "
+    r"|[ \t]*(?:\[\d\d/\d\d/\d\d[ \t]\d\d:\d\d:\d\d\][ \t]+)?"
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[ \t]{2,}(?=\S)"
     r")"
 )
 _PROC_RE = re.compile(
@@ -175,8 +190,14 @@ def _norm_level(level: str | None) -> str | None:
     return level
 
 
-def _quiet(segment: str) -> bool | None:
-    """None when the line is not quiet; else whether its message starts with a progress keyword.
+_UNSTAMPED = 0  # no vLLM/uvicorn level stamp: raw stderr, or a line from elsewhere
+_STAMPED = 1  # vLLM or uvicorn logged it at ERROR/CRITICAL: it may carry a failure
+_QUIET_LINE = 2  # logged at INFO/DEBUG/WARNING: no failure, no progress keyword
+_QUIET_PROGRESS = 3  # logged at INFO/DEBUG/WARNING, the message starts with a progress keyword
+
+
+def _stamp_kind(segment: str) -> int:
+    """What the first level stamp of a line says (``_UNSTAMPED`` ... ``_QUIET_PROGRESS``).
 
     A line is quiet when its first level stamp is INFO/DEBUG/WARNING: vLLM logs progress at those
     levels and failures at ERROR (or as raw stderr), so a quiet line can only carry progress.
@@ -185,10 +206,12 @@ def _quiet(segment: str) -> bool | None:
     while True:
         m = _STAMP_RE.search(segment, pos, _STAMP_WINDOW)
         if m is None:
-            return None
+            return _UNSTAMPED
         start = m.start()
         if start == 0 or segment[start - 1] in _STAMP_BEFORE:
-            return m.group("kw") is not None if m.group(1) in _QUIET else None
+            if m.group(1) in _QUIET:
+                return _QUIET_PROGRESS if m.group("kw") is not None else _QUIET_LINE
+            return _STAMPED
         pos = m.end()
 
 
@@ -257,7 +280,9 @@ _GAP = r".{0,300}?"  # a bounded gap inside one message (no unbounded .* on long
 
 
 def _f(s: str) -> float:
-    return float(s.replace(",", ""))
+    """A number as vLLM printed it: an int when it has no decimals (token and block counts, lengths)."""
+    s = s.replace(",", "")
+    return float(s) if "." in s else int(s)
 
 
 def _unit_gib(value: float, unit: str) -> float:
@@ -467,6 +492,7 @@ _P_CONFIG = 60
 _P_CUDA = 55
 _P_CONFIG_WEAK = 45
 _P_UNKNOWN_VALUE = 40
+_P_NATIVE = 30  # a native crash (segfault, abort): decided after the unexplained exceptions, by line order
 _P_HOST = 20
 _P_DEAD = 10
 
@@ -510,12 +536,15 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
     ),
     (NO_KV_MEMORY, _P_NO_KV, PHASE_KV_CACHE, re.compile(r"No available memory for the cache blocks")),
     (
+        # EADDRINUSE as the C library (Linux 98, macOS 48), Windows (10048), ZMQ ("Address in use" on
+        # Windows), torch's c10d store ("errno: 98", "code: -98") and Docker's port publishing print it
         PORT_IN_USE,
         _P_PORT,
         PHASE_STARTUP,
         re.compile(
-            r"(?i:address already in use)|EADDRINUSE|\[Errno 98\]|WinError 10048|"
-            r"while attempting to bind on address"
+            r"(?i:address (?:already )?in use)|EADDRINUSE|\[Errno (?:98|48|10048)\]|WinError 10048|"
+            r"(?i:only one usage of each socket address)|errno: 98\b|code: -98\b|"
+            r"port is already allocated|(?i:port \d+ is already in use)"
         ),
     ),
     (
@@ -573,7 +602,9 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"is smaller than max_model_len|must be divisible by|is not divisible by|"
             r": error: (?:argument|unrecognized arguments|the following arguments are required)|"
             r"unrecognized arguments:|invalid choice:|validation errors? for \w+|Value error, |"
-            r"\[type=value_error"
+            r"\[type=value_error|"
+            # an address that is not this host's or a port it may not bind: the host settings are wrong
+            r"(?i:cannot assign requested address)|EADDRNOTAVAIL|error while attempting to bind on address"
         ),
     ),
     (
@@ -581,14 +612,18 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         _P_CUDA,
         None,
         re.compile(
-            r"CUDA error: |CUDA driver error: |DeferredCudaCallError|(?i:NCCL error)|NCCL communicator|"
+            r"(?i:CUDA error)[: ]|CUDA driver error: |DeferredCudaCallError|(?i:NCCL error)|"
+            r"NCCL communicator|"
             r"illegal memory access|cudaError\w+|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|"
             r"device-side assert|AcceleratorError|no kernel image is available|unhandled cuda error|"
             r"nccl(?:UnhandledCudaError|SystemError|InternalError|InvalidUsage|RemoteError)|NCCL WARN|"
-            r"Cuda failure|"
+            r"Cuda failure|(?i:cuda runtime error)|CUDARuntimeError|Triton Error \[CUDA\]|"
+            r"HIP error: |hipError\w+|"
             r"Found no NVIDIA driver|No CUDA GPUs are available|CUDA driver version is insufficient|"
             r"CUDA driver initialization failed|unspecified launch failure|misaligned address|"
             r"uncorrectable ECC error|CUDA-capable device\(s\) is/are busy or unavailable|"
+            r"Unexpected error from cudaGetDeviceCount|fallen off the bus|NVRM: Xid|"
+            r"Watchdog caught collective operation timeout|"
             r"OutOfResources|out of resource: shared memory"
         ),
     ),
@@ -599,6 +634,18 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         re.compile(
             r"\b[Uu]nsupported\b|\bnot supported\b|NotImplementedError|\bis not implemented\b|"
             r"not implemented for|\bonly supports\b"
+        ),
+    ),
+    (
+        # a native crash of the engine (a segfault or abort in a kernel, NCCL, a C++ exception): the
+        # non-memory device fault r1sup can only retry
+        CUDA_ERROR,
+        _P_NATIVE,
+        None,
+        re.compile(
+            r"Segmentation fault|Aborted \(core dumped\)|Bus error \(core dumped\)|SIGSEGV|SIGABRT|"
+            r"SIGBUS|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)|Segfault encountered|"
+            r"terminate called after throwing an instance of"
         ),
     ),
     (
@@ -622,8 +669,8 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"EngineCore failed to start|Got fatal signal from worker processes|"
             r"Background loop has errored already|"
             r"Engine loop has died|died unexpectedly|EngineCore encountered a fatal error|"
-            r"Engine core proc \S+ died|Background loop is not running|Segmentation fault|core dumped|"
-            r"Fatal Python error|SIGSEGV|SIGABRT|Engine background task failed|Task finished unexpectedly"
+            r"Engine core proc \S+ died|Background loop is not running|core dumped|"
+            r"Fatal Python error|Engine background task failed|Task finished unexpectedly"
         ),
     ),
 )
@@ -645,7 +692,9 @@ _FAMILY_GATE_RE = re.compile(
     r"not supported|NotImplemented|not implemented|Killed|[Kk]ill|MemoryError|allocate|bad_alloc|exit ?code|"
     r"exited with|exit status|EngineDead|Engine core|Engine process|EngineCore|fatal signal|Background loop|"
     r"Engine loop|died|encountered a fatal|Segmentation|dumped|Fatal Python|SIGSEGV|SIGABRT|config format|"
-    r"does not support|model weights|resource|only supports|background task|finished unexpectedly"
+    r"does not support|model weights|resource|only supports|background task|finished unexpectedly|"
+    r"errno|code: -98|socket address|allocated|(?i:assign requested)|EADDRNOTAVAIL|HIP|hipError|"
+    r"fallen off|Xid|Watchdog|SIGBUS|Segfault|terminate called"
 )
 # Deaths of an engine that was already running requests: what fails after them fails while serving.
 _SERVING_DEATH_RE = re.compile(
@@ -683,19 +732,35 @@ _CONFIG_LIKE = frozenset({"ValueError", "TypeError", "ValidationError"})
 
 # Traceback frames
 _FRAME_RE = re.compile(
-    r'\s*File\s+(?:"(?P<file>[^"]*)", line \d+'  # File "path", line 12, in func
+    # File "path", line 12, in func (the faulthandler's dump has no comma before "in")
+    r'\s*File\s+(?:"(?P<file>[^"]*)", line \d+,?'
     # Jupyter: File [path:12](url), in Class.func(...)
-    r"|\[?(?P<jfile>[^\],]{0,400}?)(?::\d+)?\]?(?:\([^)]{0,400}\))?)"
-    r", in (?P<func>[\w<>.]+)"
+    r"|\[?(?P<jfile>[^\],]{0,400}?)(?::\d+)?\]?(?:\([^)]{0,400}\))?,)"
+    r" in (?P<func>[\w<>.]+)"
 )
+# A frame anywhere in a line: behind a launcher's own prefix, several pasted on one line, or pytest's
+# and rich's "path.py:12: in func" / "path.py:12 in func"
+_INLINE_FRAME_RE = re.compile(
+    r'File "(?P<file>[^"]{0,400})", line \d+,? in (?P<func>[\w<>.]+)'
+    r"|(?P<pfile>[\w./~-]{1,400}\.pyx?):\d+:? in (?P<pfunc>[\w<>.]+)"
+)
+# A worker method named in the source line of an RPC ("collective_rpc("load_model")")
+_RPC_RE = re.compile(r"(?:collective_rpc|_run_workers|execute_method|run_method)\(\s*['\"](\w+)")
+_CUDA_GRAPH_WEAK = "cuda_graph_weak"  # warm-up that includes the capture (or a sampler warm-up)
+_KV_CACHE_WEAK = "kv_cache_weak"  # KV set-up that includes sizing, allocation and warm-up
+# The deepest step named in a traceback decides its phase; the weak ones only when nothing else does.
 _PHASE_RANK = {
-    PHASE_CUDA_GRAPH: 6,
-    PHASE_PROFILE: 5,
-    PHASE_KV_CACHE: 4,
-    PHASE_LOAD_WEIGHTS: 3,
-    "kv_cache_weak": 2,
+    PHASE_CUDA_GRAPH: 8,
+    PHASE_PROFILE: 7,
+    PHASE_KV_CACHE: 6,
+    PHASE_LOAD_WEIGHTS: 5,
+    _CUDA_GRAPH_WEAK: 4,
+    _KV_CACHE_WEAK: 3,
     PHASE_SERVING: 1,
 }
+_WEAK_PHASE = {_CUDA_GRAPH_WEAK: PHASE_CUDA_GRAPH, _KV_CACHE_WEAK: PHASE_KV_CACHE}
+# Step names of vLLM 0.4 to 0.33: V0 worker.py / model_runner.py / cache_engine.py / llm_engine.py,
+# V1 gpu_worker.py / gpu_model_runner.py / core.py, model runner V2 (v1/worker/gpu/), and torch's graphs.py.
 _FRAME_PHASE = {
     # CUDA graph capture (and its memory profiling)
     "capture_model": PHASE_CUDA_GRAPH,
@@ -706,6 +771,10 @@ _FRAME_PHASE = {
     "_capture_graph": PHASE_CUDA_GRAPH,
     "graph_capture": PHASE_CUDA_GRAPH,
     "profile_cudagraph_memory": PHASE_CUDA_GRAPH,
+    "capture_begin": PHASE_CUDA_GRAPH,  # torch/cuda/graphs.py
+    "capture_end": PHASE_CUDA_GRAPH,
+    "compile_or_warm_up_model": _CUDA_GRAPH_WEAK,  # V1: warm-up sizes, capture, sampler warm-up
+    "_warm_up_model": _CUDA_GRAPH_WEAK,  # V0: the capture after the KV cache
     # profile / dummy runs / sampler warm-up
     "profile_run": PHASE_PROFILE,
     "_dummy_run": PHASE_PROFILE,
@@ -715,15 +784,21 @@ _FRAME_PHASE = {
     "determine_num_available_blocks": PHASE_PROFILE,
     "profile_num_available_blocks": PHASE_PROFILE,
     "_init_minimal_kv_cache_for_profiling": PHASE_PROFILE,
+    "kernel_warmup": PHASE_PROFILE,
+    "warmup_kernels": PHASE_PROFILE,
     # KV cache sizing and allocation
     "initialize_kv_cache": PHASE_KV_CACHE,
     "_allocate_kv_cache": PHASE_KV_CACHE,
+    "allocate_kv_cache": PHASE_KV_CACHE,
     "_allocate_kv_cache_tensors": PHASE_KV_CACHE,
     "_reshape_kv_cache_tensors": PHASE_KV_CACHE,
     "initialize_kv_cache_tensors": PHASE_KV_CACHE,
-    "initialize_cache": PHASE_KV_CACHE,
+    "init_kv_cache": PHASE_KV_CACHE,
     "_init_cache_engine": PHASE_KV_CACHE,
-    "initialize_from_config": "kv_cache_weak",
+    "raise_if_cache_size_invalid": PHASE_KV_CACHE,
+    "initialize_cache": _KV_CACHE_WEAK,  # V0 worker: allocation, then the warm-up and capture
+    "initialize_from_config": _KV_CACHE_WEAK,
+    "_initialize_kv_caches": _KV_CACHE_WEAK,  # both engines: profile, size, allocate
     # weights
     "load_model": PHASE_LOAD_WEIGHTS,
     "get_model": PHASE_LOAD_WEIGHTS,
@@ -735,6 +810,8 @@ _FRAME_PHASE = {
     # serving
     "execute_model": PHASE_SERVING,
     "execute_model_async": PHASE_SERVING,
+    "execute_model_with_error_logging": PHASE_SERVING,
+    "step_with_batch_queue": PHASE_SERVING,
     "run_busy_loop": PHASE_SERVING,
     "_process_engine_step": PHASE_SERVING,
     "engine_step": PHASE_SERVING,
@@ -762,7 +839,6 @@ _REQUEST_FRAMES = frozenset(
         "render_completion_request",
     }
 )
-_INLINE_FRAME_RE = re.compile(r'File "(?P<file>[^"]{0,400})", line \d+, in (?P<func>[\w<>.]+)')
 _CALL_RE = re.compile(r"(\w+)\(")
 _HINT_RE = re.compile(
     r"logits|[Ss]ampler|sample\(|dummy|\bforward\b|compute_logits|model_executable|hidden_states"
@@ -836,12 +912,12 @@ def _failure_numbers(cls: str, text: str) -> dict[str, float]:
             out["tried_to_allocate_mib"] = round(_unit_gib(_f(m.group(1)), m.group(2)) * 1024, 3)
         m = _RX_CAP24.search(text)
         if m:
-            out["device_index"] = float(m.group(1))
+            out["device_index"] = int(m.group(1))
             out["device_total_gib"] = round(_unit_gib(_f(m.group(2)), m.group(3)), 3)
             out["device_free_mib"] = round(_unit_gib(_f(m.group(4)), m.group(5)) * 1024, 3)
         m = _RX_CAP20.search(text)
         if m:
-            out["device_index"] = float(m.group(1))
+            out["device_index"] = int(m.group(1))
             out["device_total_gib"] = round(_unit_gib(_f(m.group(2)), m.group(3)), 3)
             out["device_allocated_gib"] = round(_unit_gib(_f(m.group(4)), m.group(5)), 3)
             out["device_free_mib"] = round(_unit_gib(_f(m.group(6)), m.group(7)) * 1024, 3)
@@ -957,11 +1033,24 @@ def _rank(finding: _Finding) -> tuple[int, bool, int]:
     return finding.prio, finding.fixed_phase is not None, -finding.line_no
 
 
-def _best_phase(phases: Mapping[str, int]) -> str | None:
+def _best_key(phases: Mapping[str, int]) -> str | None:
+    """The highest-ranked phase key (weak keys included)."""
     if not phases:
         return None
-    best = max(phases.items(), key=lambda kv: kv[1])[0]
-    return PHASE_KV_CACHE if best == "kv_cache_weak" else best
+    return max(phases.items(), key=lambda kv: kv[1])[0]
+
+
+def _best_phase(phases: Mapping[str, int]) -> str | None:
+    key = _best_key(phases)
+    return None if key is None else _WEAK_PHASE.get(key, key)
+
+
+# Python's warnings module: "path.py:12: DeprecationWarning: ..." (never a failure)
+_PYWARN_RE = re.compile(r"\S{1,400}?:\d+: [A-Z]\w*Warning: ")
+
+
+def _phase_rank(key: str | None) -> int:
+    return 0 if key is None else _PHASE_RANK[key]
 
 
 def _phase_from_stage(stage: int) -> str:
@@ -1008,6 +1097,8 @@ class LogReader:
         self._marked_ready_line: int | None = None
         self._shutdown_line: int | None = None
         self._stage = _STAGE_NONE
+        self._recognised = False  # a line was recognised as vLLM's (a level stamp, a process tag)
+        self._blocks_line: int | None = None  # where v0 printed "# GPU blocks"
         self._block_size = BLOCK_SIZE
         self._cudagraph_estimate_logged = False  # vLLM printed its estimate itself (CUDA graph pool memory)
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
@@ -1059,6 +1150,7 @@ class LogReader:
                 if m is not None and m.group("kw") is None and m.group(1) in quiet_levels:
                     start = m.start()
                     if start == 0 or raw[start - 1] in before:
+                        self._recognised = True
                         continue
             self._line_no = n
             for seg in _segments(raw):
@@ -1089,18 +1181,33 @@ class LogReader:
 
     def verdict(self, exit_code: int | None = None) -> Failure:
         """The failure class (or ``none``), phase, evidence and numbers. Callable mid-stream."""
-        specific = self._best(lambda f: f.prio > _P_HOST)
+        return self._decide(exit_code)[0]
+
+    def diagnose(self, exit_code: int | None = None) -> Diagnosis:
+        """The verdict with the line of its evidence and whether the input was vLLM output at all."""
+        failure, line = self._decide(exit_code)
+        return Diagnosis(
+            failure=failure,
+            line=line,
+            vllm_log=self._recognised or failure.cls != NONE,
+            lines=self._line_no,
+        )
+
+    def _decide(self, exit_code: int | None) -> tuple[Failure, int | None]:
+        """The verdict and the 1-based input line of its evidence (None when no line carries it)."""
+        specific = self._best(lambda f: f.prio > _P_NATIVE)
         if specific is not None:
-            return self._build(specific, specific.cls)
+            return self._build(specific, specific.cls), specific.line_no
         host = self._best(lambda f: f.cls == HOST_OOM)
         if host is not None:
-            return self._build(host, HOST_OOM)
+            return self._build(host, HOST_OOM), host.line_no
         if exit_code in (-9, 137):
             return self._bare(
                 HOST_OOM,
                 f"exit status {exit_code} (SIGKILL) and no other cause in the log",
                 "killed by SIGKILL: on Linux usually the kernel's OOM killer (host RAM)",
-            )
+            ), None
+        native = self._best(lambda f: f.prio == _P_NATIVE and not f.after_shutdown)
         dead = self._best(lambda f: f.cls == ENGINE_DEAD and not f.after_shutdown)
         unknown = self._unknown
         if unknown is not None and self._ready_before(unknown.line_no) is not None:
@@ -1109,33 +1216,37 @@ class LogReader:
         requested_stop = self._shutdown_line is not None and exit_code in _REQUESTED_STOP_EXITS
         nonzero = exit_code is not None and exit_code != 0 and not requested_stop
         startup_unknown = unknown is not None and not unknown.after_ready and not self._is_ready()
-        if dead is None and not nonzero and not startup_unknown and cut is None:
-            return Failure(
+        if native is None and dead is None and not nonzero and not startup_unknown and cut is None:
+            failure = Failure(
                 NONE,
                 phase=PHASE_SERVING if self._is_ready() else PHASE_STARTUP,
                 evidence=self._ready_text or "",
                 numbers=self.observations,
             )
+            return failure, self._ready_line if self._ready_text else None
         inferred = self._infer_v0_kv()
         if inferred is not None:
-            return inferred
+            return inferred, self._blocks_line
+        if native is not None and (unknown is None or native.line_no < unknown.line_no):
+            return self._build(native, CUDA_ERROR), native.line_no  # the earliest unexplained event
         if unknown is not None:
             if unknown.cls in _CONFIG_LIKE and not unknown.after_ready:
-                return self._build(unknown, CONFIG_ERROR)
-            return self._build(unknown, ENGINE_DEAD)
+                return self._build(unknown, CONFIG_ERROR), unknown.line_no
+            return self._build(unknown, ENGINE_DEAD), unknown.line_no
         if dead is not None:
-            return self._build(dead, ENGINE_DEAD)
+            return self._build(dead, ENGINE_DEAD), dead.line_no
         if cut is not None:
             phase = _best_phase(cut.phases) or _best_phase(self._all_phases) or _phase_from_stage(self._stage)
             where = (cut.process or "main") + (f" pid {cut.pid}" if cut.pid is not None else "")
-            return Failure(
+            failure = Failure(
                 ENGINE_DEAD,
                 phase=phase,
                 evidence=f"the log ends inside a traceback; last frame: {cut.last_frame}",
                 numbers=self.observations,
                 detail=f"{where}, traceback from line {cut.start_line}",
             )
-        return self._bare(ENGINE_DEAD, f"exit status {exit_code} and no cause in the log", "")
+            return failure, cut.start_line
+        return self._bare(ENGINE_DEAD, f"exit status {exit_code} and no cause in the log", ""), None
 
     def _cut_traceback(self) -> _Traceback | None:
         """A start-up traceback that never reached its exception line (a cut or truncated log)."""
@@ -1163,19 +1274,25 @@ class LogReader:
         return None
 
     def _handle(self, seg: str, line: LogLine | None, events: list[LogLine | Progress] | None) -> None:
-        progress = _quiet(seg)
-        if progress is not None and len(seg) > COLLAPSED_LONG and _COLLAPSED_ALERT_RE.search(seg) is not None:
-            progress = None  # records pasted onto one line: an error follows the quiet first one
-        if progress is not None:
-            if progress:
-                self._progress((line or parse_line(seg)).text, events)
-            return
+        kind = _stamp_kind(seg)
+        if kind != _UNSTAMPED:
+            self._recognised = True
+            if kind != _STAMPED and (
+                len(seg) <= COLLAPSED_LONG or _COLLAPSED_ALERT_RE.search(seg) is None
+            ):  # a long quiet line may hold more records pasted onto it: an error after the quiet first
+                if kind == _QUIET_PROGRESS:
+                    self._progress((line or parse_line(seg)).text, events)
+                return
         if line is None:
             line = parse_line(seg)
+        if line.process is not None:
+            self._recognised = True
         text = line.text
         stripped = text.lstrip()
         if line.level is None and _RAW_PROGRESS_RE.match(text) is not None:
             self._progress(text, events)  # progress bars and v0's multi-line summaries come unstamped
+        if _PYWARN_RE.match(stripped) is not None:
+            return  # a Python warning: never the failure, whatever words it holds
         proc = self._proc(line)
         if self._pending_count:
             self._expire_pending()
@@ -1190,13 +1307,28 @@ class LogReader:
         if first == "F" and stripped.startswith("File"):
             fm = _FRAME_RE.match(stripped)
             if fm is not None:
-                self._frame(proc, fm, stripped, line)
+                self._frame(proc, fm.group("func"), fm.group("file") or "", stripped, line)
                 if len(stripped) - fm.end() <= COLLAPSED_TAIL:
                     return
                 collapsed = True
             elif len(seg) >= WRAP_MIN_WIDTH:
                 self._partial_frame = (proc, self._line_no, stripped[:JOIN_CHARS], len(seg))
                 return
+        elif ('File "' in stripped or ".py:" in stripped) and (
+            fm := _INLINE_FRAME_RE.search(stripped)
+        ) is not None:
+            # a frame behind another prefix, or pytest's and rich's form: the rest of the line tells
+            # whether it is only a frame or records pasted together
+            self._frame(
+                proc,
+                fm.group("func") or fm.group("pfunc"),
+                fm.group("file") or fm.group("pfile"),
+                stripped,
+                line,
+            )
+            if len(stripped) - fm.end() <= COLLAPSED_TAIL:
+                return
+            collapsed = True
         elif first == "T" and stripped.startswith(("Traceback", "The above exception")):
             if stripped[1] == "r":
                 fresh = _Traceback(
@@ -1218,6 +1350,7 @@ class LogReader:
             header is None
             and not collapsed
             and len(text) - len(stripped) >= 4
+            and len(stripped) <= COLLAPSED_LONG
             and not stripped.startswith(("raise ", "assert "))
         ):
             # a source line of a traceback: it may show a forward pass or the call of the next frame
@@ -1294,12 +1427,18 @@ class LogReader:
 
     def _inline_frames(self, proc: _Proc, stripped: str, line: LogLine) -> None:
         """Frames inside one long line (a collapsed paste) still tell the phase."""
-        if "File " not in stripped:
+        if 'File "' not in stripped and ".py:" not in stripped:
             return
         for fm in _INLINE_FRAME_RE.finditer(stripped):
             if proc.tb is None:
                 proc.tb = _Traceback(self._line_no, process=line.process, pid=line.pid)
-            self._frame(proc, fm, fm.group(0), line)
+            self._frame(
+                proc,
+                fm.group("func") or fm.group("pfunc"),
+                fm.group("file") or fm.group("pfile"),
+                fm.group(0),
+                line,
+            )
 
     def _wrapped_frame(self, proc: _Proc, stripped: str, line: LogLine, width: int) -> bool:
         """Rejoin a frame line that a terminal hard-wrapped; True when this line was a piece of it."""
@@ -1315,7 +1454,7 @@ class LogReader:
         fm = _FRAME_RE.match(joined)
         if fm is None:
             return False
-        self._frame(owner, fm, joined, line)
+        self._frame(owner, fm.group("func"), fm.group("file") or "", joined, line)
         return True
 
     def _continued(self, proc: _Proc, stripped: str, line: LogLine, width: int) -> bool:
@@ -1355,16 +1494,18 @@ class LogReader:
             proc = self._procs[key] = _Proc()
         return proc
 
-    def _frame(self, proc: _Proc, fm: re.Match[str], stripped: str, line: LogLine) -> None:
+    def _frame(self, proc: _Proc, func: str, file: str, stripped: str, line: LogLine) -> None:
         if proc.tb is None:
             proc.tb = _Traceback(self._line_no, process=line.process, pid=line.pid)  # header cut off
         tb = proc.tb
         tb.last_frame = stripped[:300]
-        func = fm.group("func")
         name = func.rsplit(".", 1)[-1]
         phase = _FRAME_PHASE.get(name)
-        if phase is None and "CacheEngine" in func:
-            phase = PHASE_KV_CACHE
+        if phase is None:
+            if "CacheEngine" in func or (name == "__init__" and file.endswith("cache_engine.py")):
+                phase = PHASE_KV_CACHE  # v0 allocates the KV cache in CacheEngine's constructor
+            elif file.endswith("cuda/graphs.py"):
+                phase = PHASE_CUDA_GRAPH  # torch.cuda.graph: only a capture goes through it
         if phase is not None:
             rank = _PHASE_RANK[phase]
             tb.phases[phase] = rank
@@ -1379,13 +1520,19 @@ class LogReader:
         """A source line under a frame: the call it makes tells the phase when the next frame is cut."""
         if not tb.hint and _HINT_RE.search(text) is not None:
             tb.hint = True
-        if "(" in text:
-            for name in _CALL_RE.findall(text):
-                phase = _FRAME_PHASE.get(name)
-                if phase is not None:
-                    rank = _PHASE_RANK[phase]
-                    tb.phases[phase] = rank
-                    self._all_phases[phase] = rank
+        if "(" not in text:
+            return
+        names = _CALL_RE.findall(text)
+        if "rpc" in text or "_run_workers" in text or "execute_method" in text or "run_method" in text:
+            names += _RPC_RE.findall(text)  # the worker method an RPC runs
+        if "cuda.graph(" in text:
+            names.append("capture")  # "with torch.cuda.graph(...)": a capture
+        for name in names:
+            phase = _FRAME_PHASE.get(name)
+            if phase is not None:
+                rank = _PHASE_RANK[phase]
+                tb.phases[phase] = rank
+                self._all_phases[phase] = rank
 
     @staticmethod
     def _continues(text: str, stripped: str, pending: _Pending, wrapped: bool = False) -> bool:
@@ -1485,7 +1632,7 @@ class LogReader:
             line_no=self._line_no,
             process=line.process,
             pid=line.pid,
-            frame_phase=_best_phase(tb.phases) if tb is not None else None,
+            frame_phase=_best_key(tb.phases) if tb is not None else None,
             hint=tb.hint if tb is not None else False,
             request=tb.request if tb is not None else False,
             after_ready=self._is_ready(),
@@ -1500,10 +1647,15 @@ class LogReader:
         current = self._findings.get(finding.cls)
         if current is None:
             self._findings[finding.cls] = finding
-        elif finding.header and not current.header and finding.line_no - current.line_no <= 50:
+            return
+        if finding.header and not current.header and finding.line_no - current.line_no <= 50:
             # the exception line itself beats the raise statement shown just above it
             finding.line_no = current.line_no
             self._findings[finding.cls] = finding
+            finding, current = current, finding
+        if _phase_rank(finding.frame_phase) > _phase_rank(current.frame_phase):
+            # the same failure reported by another process, whose traceback shows the deeper step
+            current.frame_phase = finding.frame_phase
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -1517,8 +1669,10 @@ class LogReader:
                 value = m.group(key)
                 if value is not None:
                     numbers[key] = _f(value)
+            self._recognised = True
             if kind == "kv_blocks" and "gpu_blocks" in numbers:
                 numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
+                self._blocks_line = self._line_no
             if kind == "cudagraph_memory" and "cudagraph_estimated_gib" in numbers:
                 self._cudagraph_estimate_logged = True
             if kind not in _LOADING_KINDS:
@@ -1591,13 +1745,16 @@ class LogReader:
             return PHASE_SERVING
         if finding.fixed_phase is not None:
             return finding.fixed_phase
-        if self._serving_death_line is not None:
-            return PHASE_SERVING  # the engine died in its serving loop
-        if finding.frame_phase is not None:
-            return finding.frame_phase
-        union = _best_phase(self._all_phases)
-        if union is not None:
-            return union
+        if finding.request or self._serving_death_line is not None:
+            return PHASE_SERVING  # logged by a request handler, or the engine died in its serving loop
+        key = finding.frame_phase
+        union = _best_key(self._all_phases)
+        if union is not None and (
+            key is None or (key in _WEAK_PHASE and _phase_rank(union) > _phase_rank(key))
+        ):
+            key = union  # the traceback of another process (a worker) shows the step that failed
+        if key is not None:
+            return _WEAK_PHASE.get(key, key)
         return _phase_from_stage(finding.stage)
 
     def _build(self, finding: _Finding, cls: str) -> Failure:
