@@ -24,9 +24,18 @@ EXIT_CODES_HELP = """exit codes:
   4    fatal non-memory failure (model not found, no vLLM in server.python, port taken, bad engine
        arguments)
   5    serving gave up: more crashes than daemon.restart_budget allows
+  6    diagnose: the input is not a vLLM log
   130  stopped by SIGINT (vLLM stopped first)
   143  stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)
 """
+DIAGNOSE_EXIT_CODES_HELP = """exit codes:
+  0    the input is a vLLM log (whatever its verdict, "none" included)
+  1    an internal error of r1sup (one line naming where)
+  2    usage error, or the input cannot be read
+  6    the input is not a vLLM log: no line of it is vLLM output (empty, binary, another program's text)
+"""
+# Commands that log nothing: structlog is neither imported nor configured for them (start-up time).
+SILENT_COMMANDS = frozenset({"diagnose"})
 
 KV_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
@@ -85,12 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:
+    def add(name: str, help: str, epilog: str = EXIT_CODES_HELP) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(
             name,
             help=help,
             description=help,
-            epilog=EXIT_CODES_HELP,
+            epilog=epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         return p
@@ -112,7 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_plan_flags(p)
 
-    p = add("diagnose", "explain a vLLM log: failure class, phase, evidence, numbers, next step")
+    p = add(
+        "diagnose",
+        "explain a vLLM log: failure class, phase, evidence and its line, numbers, next step",
+        epilog=DIAGNOSE_EXIT_CODES_HELP,
+    )
     p.add_argument("file", metavar="FILE|-", help="log file, or - for standard input")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -206,18 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, usage errors
         return int(exc.code or 0)
 
-    from r1sup import logs
-
-    level = args.log_level or (
-        "warning" if args.command in ("diagnose", "plan", "check", "status", "report") else "info"
-    )
-    env_key = os.environ.get("VLLM_API_KEY")
-    # logs always go to stderr, results to stdout: `r1sup tune ... > report.txt` keeps them apart
-    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr, secrets=[env_key] if env_key else [])
+    silent = args.command in SILENT_COMMANDS
+    if not silent:
+        _configure_logging(args)
     try:
         module = importlib.import_module(f"r1sup.commands.{COMMANDS[args.command]}")
         return int(module.main(args))
     except R1supError as exc:
+        if silent:
+            _configure_logging(args)  # for the secrets to mask in the message
+        from r1sup import logs
+
         sys.stderr.write(f"r1sup: error: {logs.mask(str(exc))}\n")
         return exc.exit_code
     except KeyboardInterrupt:
@@ -226,11 +238,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_INTERNAL
     except Exception as exc:  # a bug: one line naming where, the traceback only at debug
+        if silent:
+            _configure_logging(args)
+        from r1sup import logs
+
         fault = InternalError.from_exception(exc)
         sys.stderr.write(f"r1sup: error: {logs.mask(str(fault))}\n")
-        if level == "debug":
+        if _log_level(args) == "debug":
             sys.stderr.write(logs.mask(fault.trace))
         return EXIT_INTERNAL
+
+
+def _log_level(args: argparse.Namespace) -> str:
+    return str(
+        args.log_level
+        or ("warning" if args.command in ("diagnose", "plan", "check", "status", "report") else "info")
+    )
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    from r1sup import logs
+
+    env_key = os.environ.get("VLLM_API_KEY")
+    # logs always go to stderr, results to stdout: `r1sup tune ... > report.txt` keeps them apart
+    logs.configure(
+        level=_log_level(args), fmt=args.log_format, stream=sys.stderr, secrets=[env_key] if env_key else []
+    )
 
 
 def print_json(obj: Any) -> None:

@@ -8,6 +8,7 @@ EXIT_CONFIG = 2
 EXIT_NO_WORKING_CONFIG = 3
 EXIT_FATAL_FAILURE = 4
 EXIT_RESTART_BUDGET = 5
+EXIT_NOT_A_VLLM_LOG = 6
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
@@ -91,6 +92,12 @@ def r1sup_module(filename: str, package_dir: str | None = None) -> str | None:
     if names[-1] == "__init__":
         names.pop()
     return ".".join(names)
+
+
+class NotAVllmLog(R1supError):
+    """``diagnose`` read its input and found no line of vLLM output in it."""
+
+    exit_code = EXIT_NOT_A_VLLM_LOG
 
 
 class NoWorkingConfig(R1supError):

@@ -1,9 +1,10 @@
 """``r1sup diagnose [--json] FILE|-``: explain a vLLM log.
 
-Prints the failure class, the phase, the evidence line, the numbers and what r1sup would change next.
-The input is read as bytes in bounded chunks and decoded with replacement, and the reader caps the
-length of a line, so a huge, binary or truncated file gives a verdict in bounded memory. Exit status 0
-whenever the input could be read (whatever the class), 2 when it cannot be read.
+Prints the failure class, the phase, the evidence line and its line number, the numbers and what
+r1sup would change next. The input is read as bytes in bounded chunks and decoded with replacement,
+and the reader caps the length of a line, so a huge, binary or truncated file gives a verdict in
+bounded memory. Exit status 0 when the input is a vLLM log (whatever the class), 6 when no line of it
+is vLLM output (empty, binary, another program's text), 2 when it cannot be read.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
-from r1sup.errors import InputError
+from r1sup.errors import InputError, NotAVllmLog
 from r1sup.failure import Failure
-from r1sup.logparse import LogReader, advice, lines_from_chunks
+from r1sup.logparse import Diagnosis, LogReader, advice, lines_from_chunks
 
 CHUNK_BYTES = 1 << 20
 
@@ -52,14 +53,14 @@ def read_chunks(stream: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Iterator[b
         yield chunk
 
 
-def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
-    """Read a whole log from a binary stream; return the verdict and the success-path observations."""
+def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> Diagnosis:
+    """Read a whole log from a binary stream and diagnose it."""
     reader = LogReader()
     reader.feed_lines(lines_from_chunks(read_chunks(stream)))
-    return reader.verdict(exit_code), reader.observations
+    return reader.diagnose(exit_code)
 
 
-def diagnose_path(path: str, exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
+def diagnose_path(path: str, exit_code: int | None = None) -> Diagnosis:
     """Like :func:`diagnose_stream` for a file name, ``-`` meaning standard input."""
     try:
         if path == "-":
@@ -71,15 +72,28 @@ def diagnose_path(path: str, exit_code: int | None = None) -> tuple[Failure, dic
         raise InputError(f"cannot read {path}: {reason}") from exc
 
 
-def report(failure: Failure) -> dict[str, Any]:
+def not_a_log_reason(diagnosis: Diagnosis) -> str:
+    """Why the input is not a vLLM log, in one line."""
+    if diagnosis.lines == 0:
+        return "it is empty"
+    plural = "" if diagnosis.lines == 1 else "s"
+    return f"none of its {diagnosis.lines} line{plural} is vLLM output"
+
+
+def report(diagnosis: Diagnosis) -> dict[str, Any]:
     """The ``--json`` object."""
+    failure = diagnosis.failure
     return {
+        "vllm_log": diagnosis.vllm_log,
         "class": failure.cls,
         "phase": failure.phase,
         "memory": failure.memory,
-        "numbers": dict(failure.numbers),
+        "line": diagnosis.line,
         "evidence": failure.evidence,
-        "advice": advice(failure),
+        "numbers": dict(failure.numbers),
+        "advice": advice(failure)
+        if diagnosis.vllm_log
+        else f"Not a vLLM log: {not_a_log_reason(diagnosis)}.",
     }
 
 
@@ -93,7 +107,7 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def render(failure: Failure) -> str:
+def render(failure: Failure, line: int | None = None) -> str:
     """The human report."""
     kind = "memory" if failure.memory else "not memory"
     lines = [
@@ -101,6 +115,8 @@ def render(failure: Failure) -> str:
         f"phase     {failure.phase}",
         f"evidence  {_printable(failure.evidence) or '(none)'}",
     ]
+    if line is not None:
+        lines.append(f"line      {line}")
     if failure.detail:
         lines.append(f"where     {_printable(failure.detail)}")
     numbers = dict(failure.numbers)
@@ -116,12 +132,12 @@ def render(failure: Failure) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    failure, _ = diagnose_path(args.file)
-    from r1sup.logs import get_logger
-
-    get_logger().debug("log_diagnosed", source=args.file, failure_class=failure.cls, phase=failure.phase)
+    diagnosis = diagnose_path(args.file)
     if args.json:
-        sys.stdout.write(json.dumps(report(failure), indent=2) + "\n")
-    else:
-        sys.stdout.write(render(failure))
+        sys.stdout.write(json.dumps(report(diagnosis), indent=2) + "\n")
+    elif diagnosis.vllm_log:
+        sys.stdout.write(render(diagnosis.failure, diagnosis.line))
+    if not diagnosis.vllm_log:
+        name = "standard input" if args.file == "-" else args.file
+        raise NotAVllmLog(f"{name} is not a vLLM log: {not_a_log_reason(diagnosis)}")
     return 0
