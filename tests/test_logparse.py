@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r1sup import failure as fl
+from r1sup import logparse as lp
 from r1sup.logparse import (
     LogLine,
     LogReader,
@@ -845,6 +847,64 @@ def test_verdict_mid_stream_follows_the_log() -> None:
     assert reader.verdict().cls == fl.KV_INSUFFICIENT
 
 
+EXTRA_DATA = Path(__file__).parent.parent / "benchmarks" / "data" / "vllm-logs-extra.jsonl"
+
+
+def _real_texts() -> list[list[str]]:
+    """Every fixture and every collected excerpt, as lines."""
+    texts = [read_fixture(str(p.relative_to(FIXTURES))) for p in sorted(FIXTURES.glob("*/*.log"))]
+    for row in EXTRA_DATA.read_text(encoding="utf-8").splitlines():
+        if row.strip():
+            texts.append(str(json.loads(row)["excerpt"]).split("\n"))
+    return texts
+
+
+# lines the reader's quick paths take: a Python warning and its source line, a bar, repeats
+QUICK_PATH_LINES = [
+    "/v/lib/python3.11/site-packages/vllm/x.py:24: DeprecationWarning: out of memory is deprecated",
+    "  warnings.warn(",
+    "  torch.cuda.OutOfMemoryError('x')",
+    "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+    "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%|█████     | 34/67 [00:03<00:03, 10.9it/s]",
+    "Loading safetensors checkpoint shards:  50% Completed | 4/8 [00:03<00:03,  1.10it/s]",
+    "[W1129 18:54:00.367662261 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy",
+    "x" * 75,
+    "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capac",
+    "ity; 70.00 GiB already allocated)",
+]
+
+
+def _agree(lines: list[str], rng: random.Random) -> None:
+    """feed, feed_lines and feed_chunks (at random cuts, bytes split anywhere) read ``lines`` alike."""
+    one, many, chunked = feed_all(lines), LogReader(), LogReader()
+    many.feed_lines(lines)
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randrange(0, 6))))
+    bounds = [0, *cuts, len(data)]
+    chunked.feed_chunks(data[a:b] for a, b in zip(bounds, bounds[1:], strict=False))
+    expected = one.diagnose()
+    for other in (many, chunked):
+        assert other.observations == one.observations
+        assert other.diagnose() == expected
+        for exit_code in (0, 1, -9):
+            assert other.verdict(exit_code) == one.verdict(exit_code)
+
+
+def test_feed_feed_lines_and_feed_chunks_agree_on_real_logs() -> None:
+    rng = random.Random(4321)
+    for text in _real_texts():
+        _agree(text, rng)
+    texts = _real_texts()
+    for _ in range(150):  # pieces of real logs with quick-path lines put in between
+        text = rng.choice(texts)
+        start = rng.randrange(len(text))
+        lines = text[start : start + rng.randrange(1, 120)]
+        for _ in range(rng.randrange(0, 6)):
+            at = rng.randrange(len(lines) + 1)
+            lines[at:at] = QUICK_PATH_LINES[rng.randrange(len(QUICK_PATH_LINES)) :][: rng.randrange(1, 4)]
+        _agree(lines, rng)
+
+
 def test_feed_and_feed_lines_agree_on_shuffled_real_lines() -> None:
     pool: list[str] = []
     for case in FIXTURE_CASES:
@@ -857,6 +917,7 @@ def test_feed_and_feed_lines_agree_on_shuffled_real_lines() -> None:
         "   ",
         "INFO:",
         "(A pid=1) ERROR 01-01 00:00:00 [serving_chat.py:1] ValueError: x",
+        *QUICK_PATH_LINES,
     ]
     rng = random.Random(1234)
     for _ in range(400):
@@ -864,6 +925,7 @@ def test_feed_and_feed_lines_agree_on_shuffled_real_lines() -> None:
         one, many = feed_all(lines), LogReader()
         many.feed_lines(lines)
         assert one.observations == many.observations
+        assert one.diagnose() == many.diagnose()
         for exit_code in (None, 0, 1, -9):
             assert one.verdict(exit_code) == many.verdict(exit_code)
 
@@ -1247,3 +1309,133 @@ def test_relayed_log_keeps_its_verdict(name: str, relay: str) -> None:
     expected = diagnose_text(lines)[0]
     got = diagnose_text(RELAYS[relay](lines))[0]
     assert (got.cls, got.phase) == (expected.cls, expected.phase)
+
+
+# --------------------------------------------------------------------------------------------
+# The cheap tests before the costly ones never hide a line that matters (checked on every line of
+# the fixtures and of the collected excerpts, and on each pair of lines joined as a wrap joins them)
+
+
+def _real_lines() -> list[str]:
+    lines: list[str] = []
+    for text in _real_texts():
+        for raw in text:
+            lines.extend(lp._segments(raw))
+    return lines
+
+
+def test_gate_passes_every_line_a_family_matches() -> None:
+    lines = [lp.parse_line(seg).text for seg in _real_lines()]
+    matched = [text for text in lines if lp._match_families(text) is not None]
+    assert len(matched) > 100  # the check has something to check
+    assert [text for text in matched if not lp._gate(text)] == []
+    # a message joined with the next line (as a wrap or a multi-line message is): the gate passes one
+    # of the two joins whenever a family matches either
+    missed = []
+    for a, b in zip(lines, lines[1:], strict=False):
+        tight, spaced = a + b, f"{a} {b}"
+        if (lp._match_families(tight) or lp._match_families(spaced)) and not (
+            lp._gate(tight) or lp._gate(spaced)
+        ):
+            missed.append(spaced)
+    assert missed == []
+
+
+def test_a_line_the_gate_passes_is_never_boring() -> None:
+    gated = [seg for seg in _real_lines() if lp._gate(seg)]
+    assert gated
+    assert [seg for seg in gated if lp._boring_text(seg)] == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Traceback (most recent call last):",
+        '  File "/v/vllm/worker.py", line 1, in load_model',
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        "(EngineCore pid=1) Process EngineCore:",
+        "SystemExit: 1",
+        "KeyboardInterrupt",
+        "Model loading took 1.0 GiB memory and 2 s",
+        "# GPU blocks: 100, # CPU blocks: 10",
+        "INFO:     Application startup complete.",
+        "Error executing method 'determine_num_available_blocks'",
+    ],
+)
+def test_lines_that_matter_are_not_boring(line: str) -> None:
+    assert not lp._boring_text(line)
+
+
+def test_fast_stamp_reading_equals_parse_line() -> None:
+    checked = 0
+    for seg in _real_lines():
+        m = lp._STAMP_RE.search(seg, 0, lp._STAMP_WINDOW)
+        if m is None:
+            continue
+        fast = lp._fast_line(seg, m.start())
+        if fast is not None:
+            assert fast == lp.parse_line(seg), seg
+            checked += 1
+    assert checked > 500
+
+
+def test_progress_rules_by_keyword_find_what_all_rules_find() -> None:
+    checked = 0
+    for seg in _real_lines():
+        text = lp.parse_line(seg).text
+        m = lp._RAW_PROGRESS_RE.match(text)
+        if m is None:
+            continue
+        every = next((rule for rule in lp._PROGRESS_RULES if rule[2].search(text)), None)
+        dispatched = next(
+            (
+                rule
+                for rule in lp._RULES_BY_KEYWORD.get(m.group("kw")[:4], lp._PROGRESS_RULES)
+                if rule[2].search(text)
+            ),
+            None,
+        )
+        assert dispatched == every, text
+        if every is not None:
+            assert every[1] in text  # the literal tested before the pattern
+            checked += 1
+    assert checked > 50
+
+
+PYTHON_WARNING = (
+    "/v/lib/python3.11/site-packages/torch/cuda/memory.py:9: UserWarning: CUDA out of memory warning"
+)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # a Python warning and the source line printed under it, whatever words they hold
+        [PYTHON_WARNING],
+        [PYTHON_WARNING, "  raise_oom_warning('CUDA error: out of memory')"],
+        # torch's own INFO/WARNING records and NCCL's
+        ["[W1129 18:54:00.367662261 ProcessGroupNCCL.cpp:68] Warning: CUDA error is not fatal here"],
+        ["I0101 00:00:00.000 1 gpu.cc:1] device-side assert support enabled"],
+        ["node1:212:212 [0] NCCL INFO NCCL error handling: enabled"],
+        # a progress bar
+        ["Processed prompts: 100%|██████████| 1/1 [00:00<00:00,  2.05it/s, est. speed input: 12.30 toks/s]"],
+    ],
+)
+def test_quiet_lines_are_never_the_failure(lines: list[str]) -> None:
+    reader = LogReader()
+    reader.feed_lines(lines)
+    assert reader.verdict().cls == fl.NONE
+
+
+def test_the_line_after_a_warning_is_its_source_only_when_indented_by_two() -> None:
+    cause = "torch.OutOfMemoryError: CUDA out of memory."
+    assert diagnose_text([PYTHON_WARNING, cause])[0].memory
+    assert diagnose_text([PYTHON_WARNING, "  " + cause])[0].cls == fl.NONE
+
+
+def test_a_bar_marks_the_capture() -> None:
+    bar = (
+        "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%|█████  | 34/67 [00:03<00:03, 10.9it/s]"
+    )
+    assert lp._BAR_RE.match(bar) is not None
+    assert diagnose_text([bar, "torch.OutOfMemoryError: CUDA out of memory."])[0].cls == fl.OOM_CUDAGRAPH

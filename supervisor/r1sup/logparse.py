@@ -16,6 +16,11 @@ How a verdict is reached:
 * The phase comes from the traceback frames of the finding (``load_model``, ``profile_run``,
   ``capture_model`` ...), from frames seen anywhere in the log, from whether readiness was reached,
   and last from the progress milestones already passed.
+
+Most lines of a log change nothing: :meth:`LogReader.feed_chunks` and :meth:`LogReader.feed_lines` read
+the commonest ones (quiet records, Python warnings and the source lines under them, progress bars,
+short raw lines holding no word the reader looks for) in one loop, and only the others through the
+full path; tests check that both read every fixture and collected excerpt alike.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from r1sup.failure import (
     CONFIG_ERROR,
@@ -72,6 +78,7 @@ PENDING_WINDOW = 12  # lines after which an open exception message is closed wha
 WRAP_MIN_WIDTH = 72  # a line this long followed by an unprefixed piece may have been hard-wrapped
 COLLAPSED_TAIL = 20  # text after a frame's function name beyond this: more records on the same line
 COLLAPSED_LONG = 400  # a line this long may hold several records (frames are scanned inside it)
+_BATCH_LINES = 4096  # lines LogReader.feed_lines gathers before reading them in one loop
 MAX_PROCESSES = 256  # per-process states kept (oldest dropped)
 BLOCK_SIZE = 16  # vLLM's default KV block size, used to round context lengths
 
@@ -131,17 +138,34 @@ _PROGRESS_KEYWORDS = (
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
 # with the progress keyword that may start the message. The first stamp of a line tells whether
 # vLLM logged it quietly (INFO/DEBUG/WARNING: progress only) or as a possible failure.
+# The stamp counts at the start of a line or after a prefix's last character (a space, "|", ">", ")",
+# "]"). The group that matched last tells it all (``m.lastindex``): up to ``_QUIET_LAST`` a quiet level
+# without a progress keyword (a line that cannot change the reader's state), beyond it an error level,
+# ``_KW_GROUP`` a progress keyword (after a quiet level when the match starts with D, I or W).
+# (Each level is its own alternative with an empty group after it, and the start check follows the
+# level: the pattern then begins with plain letters, which lets the regex engine skip to the candidates.)
 _STAMP_RE = re.compile(
-    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL)(?::\s+| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"(?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
+    "(?:"
+    + "|".join(
+        rf"{level}(?<![^ \t|>)\]]{level})(?P<{group}>)"
+        for level, group in (
+            ("DEBUG", "q"),
+            ("INFO", "qi"),
+            ("WARNING", "qw"),
+            ("ERROR", "e"),
+            ("CRITICAL", "ec"),
+        )
+    )
+    + r")(?::\s+| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
     rf"(?P<kw>{_PROGRESS_KEYWORDS})?"
 )
+_QUIET_LAST = _STAMP_RE.groupindex["qw"]  # m.lastindex <= this: a quiet level and no progress keyword
+_KW_GROUP = _STAMP_RE.groupindex["kw"]
+_QUIET_INITIALS = "DIW"  # the first letters of the quiet levels
 _STAMP_WINDOW = 320  # characters searched for the stamp
 # In a quiet line longer than COLLAPSED_LONG, these mean more records were pasted onto it.
 _COLLAPSED_ALERT_RE = re.compile(r" ERROR \d\d-\d\d |ERROR: |Traceback \(most recent call last\)")
-_QUIET = frozenset({"DEBUG", "INFO", "WARNING"})
-_STAMP_BEFORE = frozenset(" \t|>)]")
-_RAW_PROGRESS_RE = re.compile(rf"\s*(?:{_PROGRESS_KEYWORDS})")
+_RAW_PROGRESS_RE = re.compile(rf"\s*(?P<kw>{_PROGRESS_KEYWORDS})")
 
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
@@ -176,6 +200,9 @@ _LOGGER_RE = re.compile(
     r"|(?:\[rank\d+\]:)?(?P<g>[IWEF])\d{4}[ \t]+[\d:.]+[ \t]+(?:\d+[ \t]+)?[\w./-]+:\d+\][ \t]?"
     r"|\[(?P<w>[IWEF])\d{4}[ \t]+[\d:.]+[ \t]+[\w./-]+:\d+\][ \t]?"
 )
+_VLLM_STAMP_RE = re.compile(  # the first form of _LOGGER_RE alone: vLLM's own logger
+    rf"(?P<v>{_LEVELS})[ \t]+\d\d-\d\d[ \t]+\d\d:\d\d:\d\d(?:\.\d+)?[ \t]+\[?[\w./-]+:\d+\][ \t]?"
+)
 _GLOG_LEVEL = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _RANK_IN_NAME_RE = re.compile(r"(?:TP|-)(\d+)$")
 
@@ -196,23 +223,35 @@ _QUIET_LINE = 2  # logged at INFO/DEBUG/WARNING: no failure, no progress keyword
 _QUIET_PROGRESS = 3  # logged at INFO/DEBUG/WARNING, the message starts with a progress keyword
 
 
-def _stamp_kind(segment: str) -> int:
-    """What the first level stamp of a line says (``_UNSTAMPED`` ... ``_QUIET_PROGRESS``).
+def _stamp_kind(segment: str) -> tuple[int, str | None]:
+    """What the first level stamp of a line says (``_UNSTAMPED`` ... ``_QUIET_PROGRESS``), and the
+    progress keyword that starts its message.
 
     A line is quiet when its first level stamp is INFO/DEBUG/WARNING: vLLM logs progress at those
     levels and failures at ERROR (or as raw stderr), so a quiet line can only carry progress.
     """
-    pos = 0
-    while True:
-        m = _STAMP_RE.search(segment, pos, _STAMP_WINDOW)
-        if m is None:
-            return _UNSTAMPED
-        start = m.start()
-        if start == 0 or segment[start - 1] in _STAMP_BEFORE:
-            if m.group(1) in _QUIET:
-                return _QUIET_PROGRESS if m.group("kw") is not None else _QUIET_LINE
-            return _STAMPED
-        pos = m.end()
+    return _kind_of(_STAMP_RE.search(segment, 0, _STAMP_WINDOW))
+
+
+def _kind_of(m: re.Match[str] | None) -> tuple[int, str | None]:
+    if m is None:
+        return _UNSTAMPED, None
+    last = m.lastindex or 0
+    if last <= _QUIET_LAST:
+        return _QUIET_LINE, None
+    if last == _KW_GROUP and m.string[m.start()] in _QUIET_INITIALS:
+        return _QUIET_PROGRESS, m.group(last)
+    return _STAMPED, None
+
+
+def _message(segment: str, start: int) -> str:
+    """The message of a stamped line from ``start``, cleaned as :func:`parse_line` cleans a line."""
+    text = segment[start:]
+    if "^M" in text:
+        text = _CARET_M_RE.sub("", text)
+    if "across cluster]" in text:
+        text = _REPEATED_RE.sub("", text)
+    return text.rstrip()
 
 
 def _segments(raw: str) -> list[str]:
@@ -272,6 +311,37 @@ def parse_line(segment: str) -> LogLine:
     return LogLine(text=text.rstrip(), process=process, rank=rank, pid=pid, level=_norm_level(level))
 
 
+def _fast_line(segment: str, start: int) -> LogLine | None:
+    """:func:`parse_line` of a line that is an optional process tag, then vLLM's stamp at ``start``
+    (the common case, read without trying every wrapper); None for any other line."""
+    process: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    if start:
+        if segment[0] != "(":
+            return None
+        pm = _PROC_RE.match(segment)
+        if pm is None or pm.end() != start:
+            return None
+        process = pm.group("proc")
+        pid = int(pm.group("pid"))
+        if pm.group("rank") is not None:
+            rank = int(pm.group("rank"))
+        elif "orker" in process:
+            rm = _RANK_IN_NAME_RE.search(process)
+            rank = int(rm.group(1)) if rm else None
+    vm = _VLLM_STAMP_RE.match(segment, start)
+    if vm is None:
+        return None
+    return LogLine(
+        text=_message(segment, vm.end()),
+        process=process,
+        rank=rank,
+        pid=pid,
+        level=_norm_level(vm.group("v")),
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # Progress (success path)
 
@@ -291,86 +361,95 @@ def _unit_gib(value: float, unit: str) -> float:
     return value * scale.get(unit, 1.0)
 
 
-_PROGRESS_RULES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
+# How far a start-up got, from its progress lines
+_STAGE_NONE = 0
+_STAGE_WEIGHTS = 1
+_STAGE_KV = 2
+_STAGE_CAPTURE = 3
+_STAGE_CAPTURED = 4
+
+# (kind, a literal every match contains, pattern): the pattern's named groups are the numbers
+_PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "weights_loaded",
+        "took",
         re.compile(
             rf"(?:Model loading|Loading model weights) took (?P<weights_gib>{_NUM}) ?(?:GiB|GB)"
             rf"(?: memory)?(?: and (?P<weights_load_s>{_NUM}) ?s)?"
         ),
-        ("weights_gib", "weights_load_s"),
     ),
     (
         "weights_loaded",
+        "Loading weights took",
         re.compile(rf"Loading weights took (?P<weights_load_s>{_NUM}) ?s"),
-        ("weights_load_s",),
     ),
     (
         "kv_cache_available",
+        "Available KV cache memory",
         re.compile(rf"Available KV cache memory: (?P<kv_cache_gib>{_NUM}) ?GiB"),
-        ("kv_cache_gib",),
     ),
     (
         "kv_cache_size",
+        "KV cache size: ",
         re.compile(
             rf"KV cache size: (?P<kv_cache_tokens>{_NUM}) tokens"
             rf"(?:, Maximum concurrency for (?P<max_model_len>{_NUM}) tokens per request: "
             rf"(?P<max_concurrency>{_NUM})x)?"
         ),
-        ("kv_cache_tokens", "max_model_len", "max_concurrency"),
     ),
     (
         "kv_cache_size",
+        "Maximum concurrency for ",
         re.compile(
             rf"^Maximum concurrency for (?P<max_model_len>{_NUM}) tokens per request: "
             rf"(?P<max_concurrency>{_NUM})x"
         ),
-        ("max_model_len", "max_concurrency"),
     ),
     (
         "kv_blocks",
+        " blocks: ",
         re.compile(
             rf"# (?:GPU|gpu|cuda|CUDA|\w+) blocks: (?P<gpu_blocks>{_NUM})(?:, # CPU blocks: "
             rf"(?P<cpu_blocks>{_NUM}))?"
         ),
-        ("gpu_blocks", "cpu_blocks"),
     ),
     (
         "kv_cache_available",
+        "Explicitly set (",
         re.compile(
             rf"Explicitly set \((?P<kv_cache_gib>{_NUM})/(?P<node_total_gib>{_NUM})\) GiB for KV cache"
         ),
-        ("kv_cache_gib", "node_total_gib"),
     ),
     (
         "cudagraph_memory",
+        "Graph capturing finished",
         re.compile(
             rf"Graph capturing finished in (?P<cudagraph_capture_s>{_NUM}) secs?(?:, took "
             rf"(?P<cudagraph_gib>{_NUM}) ?GiB)?"
         ),
-        ("cudagraph_capture_s", "cudagraph_gib"),
     ),
     (
         "cudagraph_memory",
+        "CUDA graph pool memory: ",
         re.compile(
             rf"CUDA graph pool memory: (?P<cudagraph_gib>{_NUM}) ?GiB \(actual\), "
             rf"(?P<cudagraph_estimated_gib>{_NUM}) ?GiB \(estimated\)"
         ),
-        ("cudagraph_gib", "cudagraph_estimated_gib"),
     ),
     (
         # vLLM >= 0.21 (gpu_worker.py determine_available_memory): the utilization that would give the same
         # KV cache without the CUDA-graph estimate; (U - E) x total is that estimate (see _derive)
         "cudagraph_estimate",
+        "is equivalent to --gpu-memory-utilization",
         re.compile(
             rf"The current --gpu-memory-utilization=(?P<profiled_gpu_memory_utilization>{_NUM}) is "
             rf"equivalent to --gpu-memory-utilization=(?P<equivalent_gpu_memory_utilization>{_NUM}) "
             r"without CUDA graph memory profiling"
         ),
-        ("profiled_gpu_memory_utilization", "equivalent_gpu_memory_utilization"),
     ),
     (
         "memory_breakdown",
+        "Free memory on device (",
         re.compile(
             rf"Free memory on device \((?P<free_gib>{_NUM})/(?P<total_gib>{_NUM}) GiB\) on startup\. "
             rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
@@ -383,39 +462,28 @@ _PROGRESS_RULES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
             rf"(?P<suggested_kv_cache_memory_bytes_full>{_NUM}))?"
             rf"(?:{_GAP}Current kv cache memory in use is (?P<kv_cache_gib>{_NUM}) GiB)?"
         ),
-        (
-            "free_gib",
-            "total_gib",
-            "gpu_memory_utilization",
-            "requested_gib",
-            "consumed_gib",
-            "peak_activation_gib",
-            "cudagraph_gib",
-            "suggested_kv_cache_memory_bytes",
-            "suggested_kv_cache_memory_bytes_full",
-            "kv_cache_gib",
-        ),
     ),
     (
         "memory_profile",
+        "total_gpu_memory (",
         re.compile(
             rf"total_gpu_memory \((?P<total_gib>{_NUM}) ?GiB\) x gpu_memory_utilization "
             rf"\((?P<gpu_memory_utilization>{_NUM})\) = (?P<requested_gib>{_NUM}) ?GiB"
         ),
-        ("total_gib", "gpu_memory_utilization", "requested_gib"),
     ),
     (
         "memory_profile",
+        "model weights take",
         re.compile(
             rf"model weights take (?P<weights_gib>{_NUM}) ?GiB; non_torch_memory takes "
             rf"(?P<non_torch_gib>{_NUM}) ?GiB; "
             rf"PyTorch activation peak memory takes (?P<peak_activation_gib>{_NUM}) ?GiB; "
             rf"the rest of the memory reserved for KV Cache is (?P<kv_cache_gib>{_NUM}) ?GiB"
         ),
-        ("weights_gib", "non_torch_gib", "peak_activation_gib", "kv_cache_gib"),
     ),
     (
         "memory_profile",
+        "Memory profiling results:",
         re.compile(
             rf"Memory profiling results:{_GAP}total_gpu_memory=(?P<total_gib>{_NUM}) ?GiB{_GAP}"
             rf"peak_torch_memory=(?P<peak_activation_gib>{_NUM}) ?GiB{_GAP}"
@@ -423,59 +491,114 @@ _PROGRESS_RULES: tuple[tuple[str, re.Pattern[str], tuple[str, ...]], ...] = (
             rf"kv_cache_size=(?P<kv_cache_gib>{_NUM}) ?GiB{_GAP}"
             rf"gpu_memory_utilization=(?P<gpu_memory_utilization>{_NUM})"
         ),
-        ("total_gib", "peak_activation_gib", "non_torch_gib", "kv_cache_gib", "gpu_memory_utilization"),
     ),
     (
         "engine_init",
+        "init engine (profile",
         re.compile(
             rf"init engine \(profile, create kv cache, warmup model\) took (?P<engine_init_s>{_NUM}) ?s"
         ),
-        ("engine_init_s",),
     ),
     (
         "auto_fit",
+        "Auto-fit max_model_len",
         re.compile(
             rf"Auto-fit max_model_len: reduced from (?P<original_max_model_len>{_NUM}) to "
             rf"(?P<max_model_len>{_NUM})"
         ),
-        ("original_max_model_len", "max_model_len"),
     ),
     (
         "engine_config",
-        re.compile(r"Initializing an? (?:V1 )?LLM engine.{0,3000}?max_seq_len=(?P<max_model_len>\d+)"),
-        ("max_model_len",),
+        "max_seq_len=",
+        re.compile(r"max_seq_len=(?P<max_model_len>\d+)"),  # in "Initializing a[n] [V1 ]LLM engine ..."
     ),
-    ("engine_config", re.compile(rf"Using max model len (?P<max_model_len>{_NUM})"), ("max_model_len",)),
+    (
+        "engine_config",
+        "Using max model len ",
+        re.compile(rf"Using max model len (?P<max_model_len>{_NUM})"),
+    ),
     # Loading progress (phases and vLLM's own percent; read by r1sup.progress). The shard bar is
     # weight_utils.py's tqdm ("{desc}: {percentage:3.0f}% Completed | {n}/{total} [...]"), the graph bar
     # gpu_model_runner.py's ("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%|...| 34/67").
-    ("weights_start", re.compile(r"^Starting to load model"), ()),
+    ("weights_start", "Starting to load model", re.compile(r"^Starting to load model")),
     (
         "weights_progress",
+        "% Completed | ",
         re.compile(
             r"^(?:Multi-thread )?[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using [\w ]{1,40})"
             r"(?: \(\w+\))?: *(?P<weights_percent>\d{1,3})% Completed \| "
             r"(?P<shards_done>\d+)/(?P<shards_total>\d+)"
         ),
-        ("weights_percent", "shards_done", "shards_total"),
     ),
-    ("profiling_start", re.compile(r"^Warming up model"), ()),
+    ("profiling_start", "Warming up model", re.compile(r"^Warming up model")),
     (
         "graph_capture",
+        "Capturing CUDA graphs",
         re.compile(
             r"^Capturing CUDA graphs[^:]{0,120}: *(?P<graphs_percent>\d{1,3})%\|[^|]{0,200}\| *"
             r"(?P<graphs_done>\d+)/(?P<graphs_total>\d+)"
         ),
-        ("graphs_percent", "graphs_done", "graphs_total"),
     ),
-    ("api_start", re.compile(r"^Starting vLLM (?:API )?server"), ()),
+    ("api_start", "Starting vLLM ", re.compile(r"^Starting vLLM (?:API )?server")),
 )
 # progress kinds whose numbers describe the loading itself, not the engine (kept out of observations)
 _LOADING_KINDS = frozenset({"weights_progress", "graph_capture"})
+# The rules a keyword's line can match, by the keyword's first four characters (their order kept, so the
+# first that matches is the one trying them all would find); other keywords try every rule.
+_RULES_BY_KEYWORD = {
+    prefix: tuple(rule for rule in _PROGRESS_RULES if rule[0] in kinds)
+    for prefix, kinds in {
+        "Mode": ("weights_loaded",),
+        "Load": ("weights_loaded", "weights_progress"),
+        "load": ("weights_progress",),
+        "Mult": ("weights_progress",),
+        "Star": ("weights_start", "api_start"),
+        "Warm": ("profiling_start",),
+        "Avai": ("kv_cache_available",),
+        "Maxi": ("kv_cache_size",),
+        "Grap": ("cudagraph_memory",),
+        "CUDA": ("cudagraph_memory", "cudagraph_estimate"),
+        "Free": ("memory_breakdown",),
+        "init": ("engine_init",),
+        "Init": ("engine_config",),
+        "Usin": ("engine_config",),
+        "Auto": ("auto_fit",),
+        "Memo": ("memory_profile",),
+        "the ": ("memory_profile",),
+        "mode": ("memory_profile",),
+        "Expl": ("kv_cache_available",),
+        "Appl": (),
+        "Uvic": (),
+        "Shut": (),
+        "[shu": (),
+        "Capt": ("graph_capture",),
+        "Rece": (),
+    }.items()
+}
+
+
+# The milestone each kind of progress line marks
+_KIND_STAGE = {
+    "weights_loaded": _STAGE_WEIGHTS,
+    "kv_cache_available": _STAGE_KV,
+    "kv_cache_size": _STAGE_KV,
+    "kv_blocks": _STAGE_KV,
+    "memory_profile": _STAGE_KV,
+    "cudagraph_memory": _STAGE_CAPTURED,
+}
+# The numbers LogReader._derive reads, and the kinds of progress line that carry them
+_DERIVE_INPUTS = frozenset(
+    {"profiled_gpu_memory_utilization", "equivalent_gpu_memory_utilization", "total_gib"}
+)
+_DERIVING_KINDS = frozenset(kind for kind, _, rx in _PROGRESS_RULES if _DERIVE_INPUTS & rx.groupindex.keys())
+# The keyword heads of the lines that may start the capture, the serving or the shutdown
+_MILESTONE_HEADS = frozenset({"Capt", "Appl", "Uvic", "Shut", "[shu", "Rece"})
+
+
 _READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
 _SHUTDOWN_RE = re.compile(r"\[shutdown\]|Shutting down|Received signal|received signal")
 _CAPTURE_START_RE = re.compile(r"Capturing (?:CUDA|cuda|the model for CUDA)")
-_BLOCK_SIZE_RE = re.compile(r"\bblock_size=(\d+)")
+_BLOCK_SIZE_RE = re.compile(r"block_size=(\d+)")  # a literal first: searched fast (word start checked)
 
 # ----------------------------------------------------------------------------------------------
 # Failure message families
@@ -674,28 +797,95 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         ),
     ),
 )
-# Any line a family could match contains one of these (a cheap gate before the family patterns).
-_FAMILY_GATE_RE = re.compile(
-    r"(?i:fp8|float8|out of memory|memory)|_scaled_mm|on startup|KV cache|cache blocks|max seq len|"
-    r"(?i:in use)|EADDRINUSE|Errno|WinError|bind on|[Rr]epo|[Gg]ated|Client Error|Unauthorized|"
-    r"valid model identifier|"
-    r"config\.json|params\.json|Model path|EntryNotFound|huggingface|local cache|OfflineMode|"
-    r"path_or_model_id|"
-    r"OOM|RESOURCE_EXHAUSTED|ALLOC|derived max_model_len|architecture|model module|[Bb]float16|"
-    r"compute capability|"
-    r"trust|custom code|execute the|tokenizer|Tokenizer|Unrecognized model|quantization|Unknown|smaller than|"
-    r"divisible|"
-    r"error: |arguments|invalid choice|validation error|Value error|value_error|CUDA|NCCL|nccl|illegal|cuda|"
-    r"CUBLAS|"
-    r"CUDNN|device-side|AcceleratorError|kernel image|Cuda|NVIDIA|launch failure|misaligned|ECC|"
-    r"[Uu]nsupported|"
-    r"not supported|NotImplemented|not implemented|Killed|[Kk]ill|MemoryError|allocate|bad_alloc|exit ?code|"
-    r"exited with|exit status|EngineDead|Engine core|Engine process|EngineCore|fatal signal|Background loop|"
-    r"Engine loop|died|encountered a fatal|Segmentation|dumped|Fatal Python|SIGSEGV|SIGABRT|config format|"
-    r"does not support|model weights|resource|only supports|background task|finished unexpectedly|"
-    r"errno|code: -98|socket address|allocated|(?i:assign requested)|EADDRNOTAVAIL|HIP|hipError|"
-    r"fallen off|Xid|Watchdog|SIGBUS|Segfault|terminate called"
-)
+
+
+def _literal_trie(words: Iterable[str]) -> str:
+    """One regex matching any of ``words``, nested by common prefixes so a search tries few branches."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        if "" in node:
+            return ""  # a shorter word ends here: it already makes the match
+        alts = [re.escape(ch) + build(sub) for ch, sub in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return build(trie)
+
+
+# Any line a family could match holds one of these, in any case (the cheap gate before the families;
+# tests check it against every family on every line of the fixtures and the real excerpts).
+_GATE_WORDS = (
+    # fp8
+    "fp8", "float8", "scaled_mm",
+    # free memory, KV cache
+    "desired", "memory profiling", "at least one request", "stored in kv cache", "cache blocks",
+    # port
+    "in use", "eaddrinuse", "errno", "winerror", "socket address", "code: -98", "already allocated",
+    # model not found
+    "repository", "repo id", "gatedrepo", "gated", "config format", "client error", "unauthorized",
+    "valid model identifier", "config.json", "load the configuration", "model path", "entrynotfound",
+    "localentrynotfound",
+    "hfvalidation", "huggingface", "local cache", "offlinemode", "path_or_model_id", "revisionnotfound",
+    "no such file", "model weights",
+    # out of memory
+    "out of memory", "not enough gpu memory", "outofmemory", "memoryallocation", "alloc_failed", "oom when",
+    "resource_exhausted",
+    # configuration
+    "derived max_model_len", "model architecture", "failed to be inspected", "model module", "bfloat16",
+    "compute capability", "trust_remote_code", "trust-remote-code", "custom code", "execute the",
+    "tokenizer", "model config", "unrecognized model", "recognize this architecture", "unknown quantization",
+    "unknown d", "for quantization", "smaller than max_model_len", "divisible by", ": error: ",
+    "unrecognized arguments", "invalid choice", "validation error", "value error", "value_error",
+    "assign requested", "eaddrnotavail", "bind on address",
+    # CUDA, NCCL, native crashes
+    "cuda error", "cuda driver error", "deferredcuda", "nccl error", "nccl communicator",
+    "illegal memory access", "cudaerror", "cublas_status", "cudnn_status", "device-side assert",
+    "acceleratorerror", "no kernel image", "unhandled cuda", "ncclunhandled", "ncclsystem", "ncclinternal",
+    "ncclinvalid", "ncclremote", "nccl warn", "cuda failure", "cuda runtime error", "cudaruntimeerror",
+    "triton error", "hip error", "hiperror", "no nvidia driver", "no cuda gpus", "cuda driver version",
+    "cuda driver initialization", "launch failure", "misaligned address", "ecc error", "cuda-capable device",
+    "cudagetdevicecount", "fallen off the bus", "nvrm: xid", "collective operation timeout",
+    "outofresources", "out of resource", "segmentation fault", "aborted (core dumped)", "bus error (core",
+    "sigsegv", "sigabrt", "sigbus", "fatal python error", "segfault", "terminate called",
+    # weak configuration
+    "unsupported", "not supported", "notimplemented", "not implemented", "only supports",
+    # host memory
+    "killed", "oom-kill", "oomkilled", "memoryerror", "cannot allocate memory", "bad_alloc",
+    "defaultcpuallocator", "exit code", "exitcode", "exited with code", "exit status",
+    # engine death
+    "enginedead", "asyncenginedead", "mqenginedead", "engine core initialization", "engine process failed",
+    "enginecore failed", "fatal signal",
+    "background loop", "engine loop", "died unexpectedly", "enginecore encountered", "engine core proc",
+    "core dumped", "engine background task", "task finished unexpectedly",
+)  # fmt: skip
+
+
+def _word_start_trie(words: Iterable[str]) -> re.Pattern[str]:
+    """A regex finding any of ``words`` at a word start of a lowercased line with a space put before it.
+
+    A word start follows a character other than a lowercase letter or a digit (an underscore, a dot,
+    a bracket count: "torch._scaled_mm", "cublas_status_alloc_failed"); a word that begins with such a
+    character stands for that boundary. The pattern then begins with a character class, which lets
+    the regex engine skip every position inside a word.
+    """
+    return re.compile(
+        r"[^a-z0-9](?:" + _literal_trie(w[1:] if not w[0].isalnum() else w for w in words) + ")"
+    )
+
+
+_GATE_RE = _word_start_trie(_GATE_WORDS)
+
+
+def _gate(text: str) -> bool:
+    """Whether a family pattern could match ``text`` (cheap; a superset of ``_match_families``)."""
+    return _GATE_RE.search(" " + text.lower()) is not None
+
+
 # Deaths of an engine that was already running requests: what fails after them fails while serving.
 _SERVING_DEATH_RE = re.compile(
     r"EngineCore encountered a fatal error|Engine background task failed|Task finished unexpectedly|"
@@ -843,6 +1033,41 @@ _CALL_RE = re.compile(r"(\w+)\(")
 _HINT_RE = re.compile(
     r"logits|[Ss]ampler|sample\(|dummy|\bforward\b|compute_logits|model_executable|hidden_states"
 )
+
+# What else makes an unstamped line matter to the reader: an exception line (its name ends in Error,
+# Exception, Exit or Interrupt), a traceback, a frame (behind any prefix), a process tag, a request
+# handler, a worker method, a forward pass, a progress keyword. A line holding none of these nor a gate
+# word changes nothing but, when it is long, the wrap candidate it opens. Gate and trigger words are
+# searched at word starts of the lowercased line (after a character other than a letter or digit; a
+# leading non-letter of a word stands for that boundary), which lets the search skip most positions.
+_QUICK_HEADERS = ("Error", "Exception", "Exit", "Interrupt", "Traceback", "File")  # searched case-sensitively
+# A progress bar as tqdm draws it ("desc:  50%|█████     | 34/67 [00:03<00:03, 10.9it/s]") or as vLLM's
+# weight loading formats it ("desc:  50% Completed | 4/8 [00:03<00:03,  1.10it/s]"), alone on its line
+_BAR_RE = re.compile(
+    r"(?:[^%|]{1,200}:)?\s*\d{1,3}%(?:\|[^|]{0,200}\||\s+Completed \|)\s*[\d.]+[kMG]?/[\d.]+[kMG]?\s+"
+    r"\[[^\]]{0,120}\]\s*$"
+)
+# torch's glog records at INFO/WARNING ("[W1129 18:43:13.213727611 utils.cpp:68] ...", "I0101 ...")
+_GLOG_QUIET_RE = re.compile(r"(?:\[rank\d+\]:)?\[?[IW]\d{4} \d\d:\d\d:\d\d")
+_QUICK_WORDS = (
+    *_GATE_WORDS,
+    "during handling", "the above exception", "py", "pid=", "serving", "executing method",
+    "logits", "sampler", "sample(", "dummy", "forward", "model_executable", "hidden_states",
+    # the progress keywords (_PROGRESS_KEYWORDS), each by one of its words
+    "took", "memory", "kv cache", "concurrency", "blocks", "graph", "startup complete", "uvicorn running",
+    "initializing", "max model len", "max_model_len", "shutting down", "shutdown", "vllm instance",
+    "capturing", "received signal", "explicitly set", "init engine",
+)  # fmt: skip
+_QUICK_RE = _word_start_trie(_QUICK_WORDS)
+
+
+_BORING_MEMO = 4096  # short unstamped lines whose test a reader remembers
+
+
+def _boring_text(text: str) -> bool:
+    """Whether an unstamped line holds none of the words that make it matter to the reader."""
+    return not any(word in text for word in _QUICK_HEADERS) and _QUICK_RE.search(" " + text.lower()) is None
+
 
 # Numbers carried by failure messages
 _NUMC = r"\d+(?:,\d{3})*(?:\.\d+)?"
@@ -1011,6 +1236,10 @@ class _Pending:
     tb: _Traceback | None = None  # the traceback the exception line ended
     indent: int = 0  # indentation of the exception line; deeper lines are source, not message
     wrapped: bool = False  # continued by hard-wrapped pieces: join them without spaces
+    # a long line that is neither an exception nor a known cause: only the very next line can
+    # continue it (a terminal's wrap), until a cause shows in the joined text
+    speculative: bool = False
+    last_line: int = 0  # the line that last joined it
 
 
 @dataclass
@@ -1018,13 +1247,12 @@ class _Proc:
     tb: _Traceback | None = None
     pending: _Pending | None = None
     method_phase: str | None = None  # from "Error executing method X", for the traceback that follows
+    warning_line: int = -1  # the line of its last Python warning (the warning's source line follows it)
 
 
-_STAGE_NONE = 0
-_STAGE_WEIGHTS = 1
-_STAGE_KV = 2
-_STAGE_CAPTURE = 3
-_STAGE_CAPTURED = 4
+_NO_PROCESS: tuple[str | None, int | None] = (None, None)  # the key of lines without a process tag
+_NO_PROCESS_LINE = LogLine(text="")
+
 _REQUESTED_STOP_EXITS = frozenset({0, -15, 143, -2, 130})
 
 
@@ -1046,7 +1274,7 @@ def _best_phase(phases: Mapping[str, int]) -> str | None:
 
 
 # Python's warnings module: "path.py:12: DeprecationWarning: ..." (never a failure)
-_PYWARN_RE = re.compile(r"\S{1,400}?:\d+: [A-Z]\w*Warning: ")
+_PYWARN_RE = re.compile(r"\S+:\d+: [A-Z]\w*Warning: ")
 
 
 def _phase_rank(key: str | None) -> int:
@@ -1087,7 +1315,9 @@ class LogReader:
         self._max = max_line_chars
         self._line_no = 0
         self._procs: dict[tuple[str | None, int | None], _Proc] = {}
-        self._pending_count = 0
+        self._pending_count = 0  # open messages, speculative ones included
+        self._spec_count = 0  # of which speculative
+        self._spec_line = 0  # the last line a speculative message was opened or continued on
         self._findings: dict[str, _Finding] = {}
         self._unknown: _Finding | None = None
         self._all_phases: dict[str, int] = {}
@@ -1103,6 +1333,7 @@ class LogReader:
         self._cudagraph_estimate_logged = False  # vLLM printed its estimate itself (CUDA graph pool memory)
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
         self._serving_death_line: int | None = None
+        self._boring: dict[str, bool] = {}  # short unstamped lines read: whether _boring_text holds
         # a hard-wrapped "File ..." line: (process, line, text so far, wrap width)
         self._partial_frame: tuple[_Proc, int, str, int] | None = None
 
@@ -1124,38 +1355,98 @@ class LogReader:
     def feed_lines(self, raw_lines: Iterable[str]) -> None:
         """Read many lines without building relay values (``diagnose`` and replays use this).
 
-        The state changes are those of :meth:`feed` on each line: a line is skipped only when it is
-        a quiet (INFO/DEBUG/WARNING) vLLM line that no progress pattern matches, which ``_handle``
-        would ignore too.
+        The state changes are those of :meth:`feed` on each line.
         """
-        max_chars = self._max
+        batch: list[str] = []
+        for raw in raw_lines:
+            if "\r" in raw or "\x1b" in raw or "\x00" in raw or raw.endswith("\n") or len(raw) > self._max:
+                if batch:
+                    self._feed_plain(batch)
+                    batch = []
+                self._line_no += 1
+                for seg in _segments(raw[: self._max]):
+                    self._handle(seg, None, None)
+                continue
+            batch.append(raw)
+            if len(batch) >= _BATCH_LINES:
+                self._feed_plain(batch)
+                batch = []
+        if batch:
+            self._feed_plain(batch)
+
+    def feed_chunks(self, chunks: Iterable[bytes]) -> None:
+        """Read a byte stream in chunks (invalid UTF-8 replaced), as :meth:`feed_lines` reads its lines."""
+        for lines, plain in _line_batches(chunks, self._max):
+            if plain:
+                self._feed_plain(lines)
+            else:
+                self.feed_lines(lines)
+
+    def _feed_plain(self, raw_lines: list[str]) -> None:
+        """:meth:`feed_lines` of lines without a carriage return, an escape, a NUL or a newline, none
+        longer than the line limit.
+
+        The loop reads the commonest lines itself, as ``_handle`` would: a quiet (INFO/DEBUG/WARNING)
+        vLLM line that no progress pattern matches changes nothing; a Python warning, the source line
+        printed under it and a short unstamped line holding no word the reader looks for change only the
+        entry of unprefixed lines (the tests in ``_handle``, repeated here to spare a call per line).
+        """
         stamp = _STAMP_RE.search
         window = _STAMP_WINDOW
-        quiet_levels = _QUIET
-        before = _STAMP_BEFORE
+        quiet_last = _QUIET_LAST
+        kw_group = _KW_GROUP
+        quiet_initials = _QUIET_INITIALS
+        progress = self._progress
+        pywarn = _PYWARN_RE.match
+        seen = self._boring.get
+        procs = self._procs
         handle = self._handle
-        n = self._line_no
-        for raw in raw_lines:
-            n += 1
-            if len(raw) > max_chars:
-                raw = raw[:max_chars]
-            if (
-                not self._pending_count
-                and len(raw) <= COLLAPSED_LONG
-                and "\r" not in raw
-                and "\x1b" not in raw
-                and "\x00" not in raw
-            ):
-                m = stamp(raw, 0, window)
-                if m is not None and m.group("kw") is None and m.group(1) in quiet_levels:
-                    start = m.start()
-                    if start == 0 or raw[start - 1] in before:
-                        self._recognised = True
+        first = self._line_no + 1
+        n = first - 1
+        read = 0  # lines not skipped as quiet
+        for n, raw in enumerate(raw_lines, first):
+            m = stamp(raw, 0, window)
+            if m is not None:
+                last = m.lastindex
+                if last <= quiet_last:  # type: ignore[operator]
+                    if len(raw) <= COLLAPSED_LONG:
                         continue
+                elif last == kw_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
+                    self._line_no = n
+                    self._recognised = True
+                    progress(_message(raw, m.start(last)), None, m.group(last))
+                    continue
+            elif "Warning: " in raw and pywarn(raw) is not None:
+                read += 1
+                np = procs.get(_NO_PROCESS)
+                if np is None:
+                    np = self._proc(_NO_PROCESS_LINE)
+                np.warning_line = n
+                continue
+            elif raw[:2] == "  " and (np := procs.get(_NO_PROCESS)) is not None and np.warning_line == n - 1:
+                if raw[2:3].strip():  # the source line Python prints under a warning
+                    read += 1
+                    continue
+            elif (
+                len(raw) < WRAP_MIN_WIDTH
+                and self._pending_count == self._spec_count
+                and self._spec_line != n - 1
+                and self._partial_frame is None
+                and ((boring := seen(raw)) or (boring is None and self._learn_boring(raw)))
+                and ((np := procs.get(_NO_PROCESS)) is None or np.tb is None)
+            ):
+                read += 1
+                if np is None:
+                    self._proc(_NO_PROCESS_LINE)
+                elif np.pending is not None:
+                    self._drop_pending(np)
+                continue
+            read += 1
             self._line_no = n
-            for seg in _segments(raw):
-                handle(seg, None, None)
+            handle(raw, None, None, m)
         self._line_no = n
+        if n - first + 1 > read:
+            self._recognised = True  # a line was skipped as a quiet vLLM line
 
     def mark_ready(self) -> None:
         """The supervisor saw readiness (health 200 and the model listed): later failures are serving."""
@@ -1273,27 +1564,77 @@ class LogReader:
                 return ready
         return None
 
-    def _handle(self, seg: str, line: LogLine | None, events: list[LogLine | Progress] | None) -> None:
-        kind = _stamp_kind(seg)
+    def _handle(
+        self,
+        seg: str,
+        line: LogLine | None,
+        events: list[LogLine | Progress] | None,
+        stamp: re.Match[str] | None | bool = False,
+    ) -> None:
+        """One line (a segment of one) with its stamp search, when the caller already made it."""
+        m = _STAMP_RE.search(seg, 0, _STAMP_WINDOW) if stamp is False else stamp
+        kind, kw = _kind_of(m if isinstance(m, re.Match) else None)
         if kind != _UNSTAMPED:
             self._recognised = True
             if kind != _STAMPED and (
-                len(seg) <= COLLAPSED_LONG or _COLLAPSED_ALERT_RE.search(seg) is None
+                len(seg) <= COLLAPSED_LONG
+                or (
+                    ("ERROR" not in seg and "Traceback" not in seg) or _COLLAPSED_ALERT_RE.search(seg) is None
+                )
             ):  # a long quiet line may hold more records pasted onto it: an error after the quiet first
-                if kind == _QUIET_PROGRESS:
-                    self._progress((line or parse_line(seg)).text, events)
+                if kw is not None:
+                    assert isinstance(m, re.Match)
+                    self._progress(_message(seg, m.start("kw")), events, kw)
                 return
+        elif "Warning: " in seg and _PYWARN_RE.match(seg) is not None:
+            # a Python warning: never the failure, whatever words it holds (the entry of unprefixed
+            # lines made as the full path makes it)
+            warned = self._procs.get(_NO_PROCESS) or self._proc(_NO_PROCESS_LINE)
+            warned.warning_line = self._line_no
+            return
+        elif (
+            seg[:2] == "  "
+            and seg[2:3].strip()
+            and (unprefixed := self._procs.get(_NO_PROCESS)) is not None
+            and unprefixed.warning_line == self._line_no - 1
+        ):
+            return  # the source line Python prints under a warning, indented by two spaces: the warning's
+        elif " NCCL INFO " in seg or (seg[:1] in "[IW" and _GLOG_QUIET_RE.match(seg) is not None):
+            return  # torch's own INFO/WARNING records and NCCL's: as quiet as vLLM's
+        elif "%" in seg and len(seg) <= COLLAPSED_LONG and _BAR_RE.match(seg) is not None:
+            self._bar(seg, events)
+            return
+        elif (
+            self._pending_count == self._spec_count
+            and self._spec_line != self._line_no - 1
+            and self._partial_frame is None
+            and ((np := self._procs.get(_NO_PROCESS)) is None or np.tb is None)
+            and _boring_text(seg)
+        ):
+            # nothing the reader looks for, and no open message or traceback the line could continue:
+            # it changes only what the full path would (see _boring_line)
+            self._boring_line(seg, line, np)
+            return
         if line is None:
-            line = parse_line(seg)
+            if kind == _STAMPED:
+                assert isinstance(m, re.Match)
+                line = _fast_line(seg, m.start())
+            if line is None:
+                line = parse_line(seg)
         if line.process is not None:
             self._recognised = True
         text = line.text
         stripped = text.lstrip()
-        if line.level is None and _RAW_PROGRESS_RE.match(text) is not None:
-            self._progress(text, events)  # progress bars and v0's multi-line summaries come unstamped
-        if _PYWARN_RE.match(stripped) is not None:
-            return  # a Python warning: never the failure, whatever words it holds
+        if line.level is None:
+            pm = _RAW_PROGRESS_RE.match(text)
+            if pm is not None:  # progress bars and v0's multi-line summaries come unstamped
+                self._progress(text, events, pm.group("kw"))
         proc = self._proc(line)
+        if "Warning: " in stripped and _PYWARN_RE.match(stripped) is not None:
+            proc.warning_line = self._line_no
+            return  # a Python warning: never the failure, whatever words it holds
+        if proc.warning_line == self._line_no - 1 and text[:2] == "  " and text[2:3].strip():
+            return  # the warning's source line
         if self._pending_count:
             self._expire_pending()
         if self._partial_frame is not None and self._wrapped_frame(proc, stripped, line, len(seg)):
@@ -1361,7 +1702,7 @@ class LogReader:
                     self._line_no, hint=True, process=line.process, pid=line.pid
                 )  # header cut off
             return
-        gate = _FAMILY_GATE_RE.search(text) is not None
+        gate = _gate(text)
         if (gate or header is not None) and _BENIGN_RE.search(text) is not None:
             if proc.tb is not None:
                 proc.tb.request = True  # a per-request error: the server stays up
@@ -1381,7 +1722,7 @@ class LogReader:
                     self._all_phases[phase] = _PHASE_RANK[phase]
             if len(seg) >= WRAP_MIN_WIDTH:
                 # a long message line: a terminal may have wrapped it, the next piece completes it
-                self._open_pending(proc, None, stripped, None, 0, len(seg))
+                self._open_pending(proc, None, stripped, None, 0, len(seg), speculative=True)
             return
         if (
             fam is not None
@@ -1411,6 +1752,62 @@ class LogReader:
             proc.tb = None  # the exception line ends its traceback
         self._open_pending(proc, finding, stripped, tb, len(text) - len(stripped), len(seg))
 
+    def _learn_boring(self, text: str) -> bool:
+        """:func:`_boring_text`, remembered by the text: tools print the same raw lines over and over (once
+        per process, rank or restart), and the test costs several times a search for the stamp. At most
+        ``_BORING_MEMO`` texts are kept."""
+        boring = _boring_text(text)
+        if len(self._boring) >= _BORING_MEMO:
+            self._boring.clear()
+        self._boring[text] = boring
+        return boring
+
+    def _bar(self, seg: str, events: list[LogLine | Progress] | None) -> None:
+        """A progress bar: a milestone when its description names one. No message goes on in a bar (a
+        terminal does not wrap into one) and none starts in it: the open one of unprefixed lines ends."""
+        proc = self._procs.get(_NO_PROCESS) or self._proc(_NO_PROCESS_LINE)
+        if self._pending_count:
+            self._expire_pending()
+        self._partial_frame = None
+        self._drop_pending(proc)
+        pm = _RAW_PROGRESS_RE.match(seg)
+        if pm is not None:
+            self._progress(_message(seg, 0), events, pm.group("kw"))
+
+    def _boring_line(self, seg: str, line: LogLine | None, proc: _Proc | None) -> None:
+        """What the full path does with an unprefixed line holding no word the reader looks for.
+
+        It makes the entry of unprefixed lines and ends their stale speculative message; a long one
+        (not a source line) opens the speculative message a terminal's wrap may continue.
+        """
+        if len(seg) < WRAP_MIN_WIDTH:
+            if proc is None:
+                self._proc(_NO_PROCESS_LINE)
+            elif proc.pending is not None:
+                self._drop_pending(proc)
+            return
+        if line is None:
+            line = parse_line(seg)
+        text = line.text
+        stripped = text.lstrip()
+        proc = self._proc(line)
+        if "Warning: " in stripped and _PYWARN_RE.match(stripped) is not None:
+            proc.warning_line = self._line_no
+            return
+        if proc.pending is not None:
+            self._drop_pending(proc)
+        if not stripped:
+            return
+        if (
+            len(text) - len(stripped) >= 4
+            and len(stripped) <= COLLAPSED_LONG
+            and not stripped.startswith(("raise ", "assert "))
+        ):
+            if text.startswith("    ") and _HINT_RE.search(text) is not None:
+                proc.tb = _Traceback(self._line_no, hint=True, process=line.process, pid=line.pid)
+            return
+        self._open_pending(proc, None, stripped, None, 0, len(seg), speculative=True)
+
     def _open_pending(
         self,
         proc: _Proc,
@@ -1419,11 +1816,35 @@ class LogReader:
         tb: _Traceback | None,
         indent: int,
         width: int,
+        speculative: bool = False,
     ) -> None:
-        if proc.pending is None:
-            self._pending_count += 1
-        proc.pending = _Pending(finding, stripped, stripped, 0, self._line_no, tb, indent)
+        if proc.pending is not None:
+            self._drop_pending(proc)
+        self._pending_count += 1
+        proc.pending = _Pending(
+            finding,
+            stripped,
+            stripped,
+            0,
+            self._line_no,
+            tb,
+            indent,
+            speculative=speculative,
+            last_line=self._line_no,
+        )
+        if speculative:
+            self._spec_count += 1
+            self._spec_line = self._line_no
         self._last_pending = (proc, self._line_no, width)
+
+    def _drop_pending(self, proc: _Proc) -> None:
+        pending = proc.pending
+        if pending is None:
+            return
+        proc.pending = None
+        self._pending_count -= 1
+        if pending.speculative:
+            self._spec_count -= 1
 
     def _inline_frames(self, proc: _Proc, stripped: str, line: LogLine) -> None:
         """Frames inside one long line (a collapsed paste) still tell the phase."""
@@ -1475,12 +1896,13 @@ class LogReader:
         pending = proc.pending
         if pending is None:
             return False
-        if self._continues(line.text, stripped, pending):
+        if (not pending.speculative or pending.last_line == self._line_no - 1) and self._continues(
+            line.text, stripped, pending
+        ):
             self._extend(pending, stripped, line)
             self._last_pending = (proc, self._line_no, width)
             return True
-        proc.pending = None
-        self._pending_count -= 1
+        self._drop_pending(proc)
         return False
 
     def _proc(self, line: LogLine) -> _Proc:
@@ -1488,9 +1910,7 @@ class LogReader:
         proc = self._procs.get(key)
         if proc is None:
             if len(self._procs) >= MAX_PROCESSES:
-                old = self._procs.pop(next(iter(self._procs)))
-                if old.pending is not None:
-                    self._pending_count -= 1
+                self._drop_pending(self._procs.pop(next(iter(self._procs))))
             proc = self._procs[key] = _Proc()
         return proc
 
@@ -1544,7 +1964,7 @@ class LogReader:
             return False
         if not wrapped and _EXC_HEADER_RE.match(stripped) is not None:
             return False  # a new exception (a wrapped piece may look like one: "rs.CompilationError: ...")
-        if _FAMILY_GATE_RE.search(stripped) is None:
+        if not _gate(stripped):
             return True
         # a line that names a cause of another class by itself ("Killed") starts something new,
         # unless it only completes the message ("...type fp8" + "e4nv not supported ...")
@@ -1560,11 +1980,15 @@ class LogReader:
 
     def _extend(self, pending: _Pending, stripped: str, line: LogLine) -> None:
         pending.lines += 1
+        pending.last_line = self._line_no
+        if pending.speculative:
+            self._spec_line = self._line_no
         pending.text_space = f"{pending.text_space} {stripped}"[:JOIN_CHARS]
         pending.text_tight = f"{pending.text_tight}{stripped}"[:JOIN_CHARS]
         old = pending.finding
-        if old is None and _FAMILY_GATE_RE.search(pending.text_tight[-(len(stripped) + 40) :]) is None:
-            return
+        tail = len(stripped) + 41
+        if old is None and not (_gate(pending.text_space[-tail:]) or _gate(pending.text_tight[-tail:])):
+            return  # (both joins: a word split by the wrap, or two words a trailing space kept apart)
         fam = _match_families(pending.text_space)
         joined = pending.text_space
         tight = _match_families(pending.text_tight)
@@ -1603,14 +2027,16 @@ class LogReader:
                 header=old.header,
             )
         pending.finding = finding
+        if pending.speculative:  # a cause showed in the joined text: a message like any other now
+            pending.speculative = False
+            self._spec_count -= 1
         self._record(finding)
 
     def _expire_pending(self) -> None:
         for proc in self._procs.values():
             p = proc.pending
             if p is not None and self._line_no - p.opened_at > PENDING_WINDOW:
-                proc.pending = None
-                self._pending_count -= 1
+                self._drop_pending(proc)
 
     def _new_finding(
         self,
@@ -1659,49 +2085,55 @@ class LogReader:
 
     # -- progress ------------------------------------------------------------------------------
 
-    def _progress(self, text: str, events: list[LogLine | Progress] | None) -> None:
-        for kind, rx, keys in _PROGRESS_RULES:
+    def _progress(self, text: str, events: list[LogLine | Progress] | None, kw: str) -> None:
+        """A line whose message starts with the progress keyword ``kw``: its numbers and milestones."""
+        head = kw[:4]
+        for kind, literal, rx in _RULES_BY_KEYWORD.get(head, _PROGRESS_RULES):
+            if literal not in text:
+                continue
             m = rx.search(text)
             if m is None:
                 continue
-            numbers: dict[str, float] = {}
-            for key in keys:
-                value = m.group(key)
-                if value is not None:
-                    numbers[key] = _f(value)
+            numbers = {key: _f(value) for key, value in m.groupdict().items() if value is not None}
             self._recognised = True
             if kind == "kv_blocks" and "gpu_blocks" in numbers:
                 numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
                 self._blocks_line = self._line_no
-            if kind == "cudagraph_memory" and "cudagraph_estimated_gib" in numbers:
+            elif kind == "cudagraph_memory" and "cudagraph_estimated_gib" in numbers:
                 self._cudagraph_estimate_logged = True
+            elif kind == "engine_config" and "block_size=" in text:
+                for bm in _BLOCK_SIZE_RE.finditer(text):
+                    start = bm.start()
+                    if start == 0 or not (text[start - 1].isalnum() or text[start - 1] == "_"):
+                        self._block_size = int(bm.group(1))
+                        break
             if kind not in _LOADING_KINDS:
                 self._obs.update(numbers)
-            derived = self._derive()
-            if kind == "cudagraph_estimate" and derived:
-                numbers.update(derived)
-            if kind == "weights_loaded":
-                self._stage = max(self._stage, _STAGE_WEIGHTS)
-            elif kind in ("kv_cache_available", "kv_cache_size", "kv_blocks", "memory_profile"):
-                self._stage = max(self._stage, _STAGE_KV)
-            elif kind == "cudagraph_memory":
-                self._stage = max(self._stage, _STAGE_CAPTURED)
-            elif kind == "engine_config":
-                bm = _BLOCK_SIZE_RE.search(text)
-                if bm is not None:
-                    self._block_size = int(bm.group(1))
+            if kind in _DERIVING_KINDS:  # (only these change what _derive reads)
+                derived = self._derive()
+                if kind == "cudagraph_estimate":
+                    numbers.update(derived)
+            stage = _KIND_STAGE.get(kind, _STAGE_NONE)
+            if stage > self._stage:
+                self._stage = stage
             if events is not None:
                 events.append(Progress(kind=kind, numbers=numbers, text=text[:EVIDENCE_CHARS]))
             break
-        if self._stage < _STAGE_CAPTURE and _CAPTURE_START_RE.search(text) is not None:
+        if head not in _MILESTONE_HEADS:
+            return
+        if head == "Capt" and self._stage < _STAGE_CAPTURE and _CAPTURE_START_RE.search(text) is not None:
             self._stage = _STAGE_CAPTURE
-        if self._ready_line is None and _READY_RE.search(text) is not None:
+        if head in ("Appl", "Uvic") and self._ready_line is None and _READY_RE.search(text) is not None:
             self._ready_line = self._line_no
             self._ready_text = text.strip()[:EVIDENCE_CHARS]
             self._forget_survived()
             if events is not None:
                 events.append(Progress(kind="server_ready", numbers={}, text=self._ready_text))
-        if self._shutdown_line is None and _SHUTDOWN_RE.search(text) is not None:
+        if (
+            head in ("Shut", "[shu", "Rece")
+            and self._shutdown_line is None
+            and _SHUTDOWN_RE.search(text) is not None
+        ):
             self._shutdown_line = self._line_no
 
     def _derive(self) -> dict[str, float]:
@@ -1814,36 +2246,51 @@ class LogReader:
 # Convenience
 
 
-def _line_batches(chunks: Iterable[bytes], max_line_chars: int) -> Iterator[list[str]]:
+def _plain(text: str) -> bool:
+    """Whether ``text`` holds no carriage return, escape or NUL (its lines need no cleaning)."""
+    return "\r" not in text and "\x1b" not in text and "\x00" not in text
+
+
+def _line_batches(chunks: Iterable[bytes], max_line_chars: int) -> Iterator[tuple[list[str], bool]]:
+    """The lines of each chunk (see :func:`lines_from_chunks`), and whether all of them are plain.
+
+    Plain is told from the bytes (searched faster than the decoded text): a carriage return, an escape
+    or a NUL is one byte in UTF-8, never part of another character, and decoding never makes one.
+    """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     partial = ""
+    partial_plain = True
     dropping = False  # the rest of an over-long line is being skipped
     for chunk in chunks:
+        chunk_plain = b"\r" not in chunk and b"\x1b" not in chunk and b"\x00" not in chunk
         data = decoder.decode(chunk)
         if not data:
             continue
         pieces = data.split("\n")
         if len(pieces) == 1:
+            partial_plain = partial_plain and chunk_plain
             if not dropping:
                 partial += data
                 if len(partial) > max_line_chars:
                     partial = partial[:max_line_chars]
                     dropping = True
             continue
+        plain = chunk_plain and partial_plain
         pieces[0] = partial if dropping else partial + pieces[0]
         dropping = False
         partial = pieces.pop()
+        partial_plain = chunk_plain
         if len(partial) > max_line_chars:
             partial = partial[:max_line_chars]
             dropping = True
         if max(map(len, pieces)) > max_line_chars:
             pieces = [p[:max_line_chars] for p in pieces]
-        yield pieces
+        yield pieces, plain
     tail = decoder.decode(b"", final=True)
     if tail and not dropping:
         partial = (partial + tail)[:max_line_chars]
     if partial:
-        yield [partial]
+        yield [partial], _plain(partial)
 
 
 def lines_from_chunks(chunks: Iterable[bytes], max_line_chars: int = DEFAULT_MAX_LINE_CHARS) -> Iterator[str]:
@@ -1851,7 +2298,7 @@ def lines_from_chunks(chunks: Iterable[bytes], max_line_chars: int = DEFAULT_MAX
 
     Memory stays bounded by one chunk plus one capped line: the rest of an over-long line is dropped.
     """
-    return itertools.chain.from_iterable(_line_batches(chunks, max_line_chars))
+    return itertools.chain.from_iterable(lines for lines, _ in _line_batches(chunks, max_line_chars))
 
 
 def diagnose_text(lines: Iterable[str], exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
