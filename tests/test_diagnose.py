@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import queue
+import random
 import signal
 import subprocess
 import sys
@@ -105,6 +106,86 @@ def test_render_numbers_and_empty_verdict() -> None:
         fl.Failure(fl.OOM_RUNTIME, phase=fl.PHASE_SERVING, evidence="bell\x07", numbers={"a_gib": 1.5})
     )
     assert "evidence  bell?" in text and "  a_gib  1.5" in text
+
+
+# --------------------------------------------------------------------------------------------
+# Input that is not a vLLM log: said so, exit 6 (a vLLM log without a failure is "none", exit 0)
+
+NOT_A_LOG = [
+    ("empty", b"", "it is empty"),
+    ("random bytes", bytes(random.Random(6).randrange(256) for _ in range(4096)), "is vLLM output"),
+    ("hello world", b"hello world\n", "none of its 1 line is vLLM output"),
+    ("carriage returns only", b"\r\r\r\n\r\n", "none of its 2 lines is vLLM output"),
+    (
+        "another program's log",
+        b"2024-05-01 10:00:00 INFO nginx started\n[notice] 1#1: start worker processes\nGET / 200\n",
+        "none of its 3 lines is vLLM output",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "reason"), NOT_A_LOG, ids=[n[0] for n in NOT_A_LOG])
+def test_not_a_vllm_log_exits_6(
+    what: str, data: bytes, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "input.log"
+    path.write_bytes(data)
+    code, out, err = run_cli(["diagnose", str(path)], capsys)
+    assert (code, out) == (6, "")
+    assert err.startswith(f"r1sup: error: {path} is not a vLLM log: ") and reason in err
+    assert err.count("\n") == 1
+    code, out, err = run_cli(["diagnose", "--json", str(path)], capsys)
+    obj = json.loads(out)
+    assert code == 6 and set(obj) == JSON_KEYS
+    assert (obj["vllm_log"], obj["class"], obj["line"]) == (False, fl.NONE, None)
+    assert reason in obj["advice"] and reason in err
+
+
+def test_dev_null_is_not_a_vllm_log(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["diagnose", os.devnull], capsys)
+    assert (code, out) == (6, "")
+    assert err == f"r1sup: error: {os.devnull} is not a vLLM log: it is empty\n"
+
+
+def test_a_vllm_log_without_a_failure_says_none(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["diagnose", str(FIXTURES / "cpu/clean-startup-one-request.log")], capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith("class     none (not memory)\n")
+    code, out, _ = run_cli(
+        ["diagnose", "--json", str(FIXTURES / "cpu/clean-startup-one-request.log")], capsys
+    )
+    obj = json.loads(out)
+    assert (code, obj["vllm_log"], obj["class"]) == (0, True, fl.NONE)
+    lines = (FIXTURES / "cpu/clean-startup-one-request.log").read_text(encoding="utf-8").split("\n")
+    assert "Application startup complete" in lines[obj["line"] - 1]  # the evidence of a clean run
+
+
+def test_one_quiet_vllm_line_is_a_vllm_log(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "one.log"
+    path.write_bytes(
+        b"(APIServer pid=1) INFO 01-01 00:00:00 [api_server.py:1] vLLM API server version 0.9.1\n"
+    )
+    code, out, _ = run_cli(["diagnose", "--json", str(path)], capsys)
+    assert code == 0 and json.loads(out)["vllm_log"] is True
+
+
+def test_help_lists_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["diagnose", "--help"], capsys)
+    assert code == 0
+    assert "exit codes:" in out and "  6    the input is not a vLLM log" in out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("stdin", "reason"), [(b"", b"it is empty"), (b"hello world\n", b"none of its 1 line is vLLM output")]
+)
+def test_not_a_vllm_log_real_process(stdin: bytes, reason: bytes) -> None:
+    done = run_process(["-"], stdin=stdin)
+    assert done.returncode == 6
+    assert done.stdout == b""
+    assert done.stderr == b"r1sup: error: standard input is not a vLLM log: " + reason + b"\n"
+    done = run_process([os.devnull])
+    assert done.returncode == 6 and b"Traceback" not in done.stderr
 
 
 # --------------------------------------------------------------------------------------------

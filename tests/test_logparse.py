@@ -218,6 +218,58 @@ FIXTURE_CASES = [
     ("gpu/config-trust-remote-code.log", 1, fl.CONFIG_ERROR, fl.PHASE_STARTUP, {}),
     ("gpu/config-bad-argument.log", 2, fl.CONFIG_ERROR, fl.PHASE_STARTUP, {}),
     ("gpu/engine-dead-no-cause-exit0.log", 0, fl.ENGINE_DEAD, fl.PHASE_SERVING, {}),
+    # forms the reader once missed: the phase from the step the traceback is in, more port and CUDA forms
+    (
+        "gpu/oom-cudagraph-capture-frames-v1.log",
+        1,
+        fl.OOM_CUDAGRAPH,
+        fl.PHASE_CUDA_GRAPH,
+        {"kv_cache_tokens": 338336, "max_model_len": 32768, "device_index": 1, "tried_to_allocate_mib": 512},
+    ),
+    (
+        "gpu/oom-kv-alloc-v1-kubectl-prefix.log",
+        1,
+        fl.OOM_KV_ALLOC,
+        fl.PHASE_KV_CACHE,
+        {
+            "kv_cache_tokens": 431008,
+            "max_model_len": 131072,
+            "device_index": 0,
+            "tried_to_allocate_mib": 1648.64,
+        },
+    ),
+    (
+        "gpu/port-in-use-zmq-v1.log",
+        1,
+        fl.PORT_IN_USE,
+        fl.PHASE_STARTUP,
+        {"port": 29550, "max_model_len": 8192},
+    ),
+    ("gpu/port-in-use-macos-rich.log", 1, fl.PORT_IN_USE, fl.PHASE_STARTUP, {"port": 8000}),
+    ("gpu/port-in-use-docker-allocated.log", 125, fl.PORT_IN_USE, fl.PHASE_STARTUP, {"port": 8000}),
+    (
+        "gpu/port-in-use-torch-c10d-v0.log",
+        1,
+        fl.PORT_IN_USE,
+        fl.PHASE_STARTUP,
+        {"port": 29500, "max_model_len": 8192},
+    ),
+    (
+        "gpu/cuda-segfault-serving-faulthandler.log",
+        -11,
+        fl.CUDA_ERROR,
+        fl.PHASE_SERVING,
+        {"kv_cache_tokens": 412848, "max_model_len": 16384},
+    ),
+    ("gpu/cuda-abort-profile-tp2.log", 1, fl.CUDA_ERROR, fl.PHASE_PROFILE, {"max_model_len": 40960}),
+    (
+        "gpu/cuda-terminate-called-serving-v0.log",
+        -6,
+        fl.CUDA_ERROR,
+        fl.PHASE_SERVING,
+        {"gpu_blocks": 7412, "cpu_blocks": 2048, "kv_cache_tokens": 118592},
+    ),
+    ("gpu/cuda-nccl-watchdog-serving.log", -6, fl.CUDA_ERROR, fl.PHASE_SERVING, {}),
 ]
 
 
@@ -270,6 +322,56 @@ def test_fixture_verdict(
 def test_evidence_is_the_root_cause_not_the_last_line(name: str, needle: str) -> None:
     verdict, _ = diagnose_text(read_fixture(name))
     assert verdict.evidence.startswith(needle), verdict.evidence
+
+
+# the line of each new form's evidence (the first line holding the text), and its integer numbers
+EVIDENCE_LINES = [
+    (
+        "gpu/oom-cudagraph-capture-frames-v1.log",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512",
+    ),
+    (
+        "gpu/oom-kv-alloc-v1-kubectl-prefix.log",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.61",
+    ),
+    ("gpu/port-in-use-zmq-v1.log", "zmq.error.ZMQError: Address already in use"),
+    ("gpu/port-in-use-macos-rich.log", "[Errno 48] error while attempting to bind"),
+    ("gpu/port-in-use-docker-allocated.log", "port is already allocated"),  # not the command above it
+    ("gpu/port-in-use-torch-c10d-v0.log", "The server socket has failed to listen"),
+    ("gpu/cuda-segfault-serving-faulthandler.log", "Fatal Python error: Segmentation fault"),
+    ("gpu/cuda-abort-profile-tp2.log", "Fatal Python error: Aborted"),
+    ("gpu/cuda-terminate-called-serving-v0.log", "terminate called after throwing"),
+    ("gpu/cuda-nccl-watchdog-serving.log", "Watchdog caught collective operation timeout"),
+    ("cpu/kv-insufficient.log", "ValueError: To serve at least one request"),
+    ("cpu/port-in-use.log", "Address already in use"),
+    ("gpu/oom-runtime-v1.log", "torch.OutOfMemoryError: CUDA out of memory"),
+]
+INTEGER_KEYS = frozenset(
+    {
+        "port",
+        "max_model_len",
+        "kv_cache_tokens",
+        "gpu_blocks",
+        "cpu_blocks",
+        "device_index",
+        "estimated_max_model_len",
+    }
+)
+
+
+@pytest.mark.parametrize(("name", "needle"), EVIDENCE_LINES)
+def test_verdict_carries_the_line_of_its_evidence(name: str, needle: str) -> None:
+    lines = read_fixture(name)
+    expected = next(number for number, line in enumerate(lines, 1) if needle in line)
+    for reader in (feed_all(lines), LogReader()):
+        if not reader.diagnose().lines:
+            reader.feed_lines(lines)
+        diagnosis = reader.diagnose()
+        assert diagnosis.line == expected, (diagnosis.line, lines[(diagnosis.line or 1) - 1])
+        assert diagnosis.vllm_log
+        assert diagnosis.lines == len(lines)
+        integers = {key: value for key, value in diagnosis.failure.numbers.items() if key in INTEGER_KEYS}
+        assert all(type(value) is int for value in integers.values()), integers
 
 
 def test_hard_wrapped_message_is_rejoined() -> None:

@@ -183,6 +183,7 @@ _OUTER_RE = re.compile(
     rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)(?!(?:{_LEVELS})\b)(?!\d+[ \t])"  # docker/k8s
     r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"  # syslog
     r"|[\w.-]+[ \t]+\|[ \t]"  # docker compose "vllm-1  | "
+    r"|\[(?:pod|deployment|statefulset|job|daemonset)/[\w.-]+/[\w.-]+\][ \t]"  # kubectl logs --prefix
     r"|[ \t]*[\u2502\u2503][ \t]?"  # a box-drawing frame of a log viewer
     # a harness relaying the output through rich's logging handler: "[05/05/25 16:31:14] INFO     "
     r"|[ \t]*(?:\[\d\d/\d\d/\d\d[ \t]\d\d:\d\d:\d\d\][ \t]+)?"
@@ -1101,7 +1102,10 @@ _RX_SAMPLER = re.compile(r"warming up (?:sampler|pooler) with (\d+) dummy reques
 _RX_DERIVED = re.compile(
     rf"User-specified max_model_len \({_N}\) is greater than the derived max_model_len \((?:\w+=)?{_N}"
 )
-_RX_PORT = re.compile(r"bind on address \(?'?[^',)]*'?,\s*(\d+)\)")
+_RX_PORT = re.compile(  # uvicorn, docker, torch.distributed's TCPStore, ZMQ
+    r"bind on address \(?'?[^',)]*'?,\s*(\d+)\)|Bind for \S*:(\d+) failed|\bport: (\d+), useIpv6|"
+    r"\(addr='\w+://[^']*:(\d+)'\)"
+)
 _RX_CC = re.compile(r"(?:has compute capability|Current capability:) (\d+(?:\.\d+)?)")
 
 
@@ -1161,7 +1165,7 @@ def _failure_numbers(cls: str, text: str) -> dict[str, float]:
     elif cls == PORT_IN_USE:
         m = _RX_PORT.search(text)
         if m:
-            out["port"] = _f(m.group(1))
+            out["port"] = int(next(g for g in m.groups() if g is not None))
     elif cls == FP8_UNSUPPORTED:
         _capability(text, out)
     return out
@@ -1974,6 +1978,9 @@ class LogReader:
         joined = _match_families(pending.text_tight + stripped)
         if joined is None:
             return False
+        if pending.finding is None:
+            # a wrap candidate: it continues only when it completes the cause (the line names it alone)
+            return _specificity(joined) > _specificity(alone)
         return _specificity(joined) > _specificity(alone) or (
             joined[0] == alone[0] and _specificity(joined) >= _specificity(alone)
         )
