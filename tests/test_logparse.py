@@ -1483,16 +1483,17 @@ def test_fast_stamp_reading_equals_parse_line() -> None:
 
 def test_progress_rules_by_keyword_find_what_all_rules_find() -> None:
     checked = 0
-    for seg in _real_lines():
+    for seg in _real_lines() + [case[0] for case in PROGRESS_CASES]:
         text = lp.parse_line(seg).text
         m = lp._RAW_PROGRESS_RE.match(text)
         if m is None:
             continue
+        assert m.group("kw")[-4:] in lp._RULES_BY_KEYWORD, m.group("kw")  # no keyword tries every rule
         every = next((rule for rule in lp._PROGRESS_RULES if rule[2].search(text)), None)
         dispatched = next(
             (
                 rule
-                for rule in lp._RULES_BY_KEYWORD.get(m.group("kw")[:4], lp._PROGRESS_RULES)
+                for rule in lp._RULES_BY_KEYWORD.get(m.group("kw")[-4:], lp._PROGRESS_RULES)
                 if rule[2].search(text)
             ),
             None,

@@ -544,36 +544,38 @@ _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 )
 # progress kinds whose numbers describe the loading itself, not the engine (kept out of observations)
 _LOADING_KINDS = frozenset({"weights_progress", "graph_capture"})
-# The rules a keyword's line can match, by the keyword's first four characters (their order kept, so the
-# first that matches is the one trying them all would find); other keywords try every rule.
+# The rules a keyword's line can match, by the keyword's last four characters (the keywords that vary,
+# "GPU KV cache size", "# CUDA blocks", end alike), their order kept so that the first that matches is
+# the one trying them all would find; a keyword not here tries every rule.
 _RULES_BY_KEYWORD = {
-    prefix: tuple(rule for rule in _PROGRESS_RULES if rule[0] in kinds)
-    for prefix, kinds in {
-        "Mode": ("weights_loaded",),
-        "Load": ("weights_loaded", "weights_progress"),
-        "load": ("weights_progress",),
-        "Mult": ("weights_progress",),
-        "Star": ("weights_start", "api_start"),
-        "Warm": ("profiling_start",),
-        "Avai": ("kv_cache_available",),
-        "Maxi": ("kv_cache_size",),
-        "Grap": ("cudagraph_memory",),
-        "CUDA": ("cudagraph_memory", "cudagraph_estimate"),
-        "Free": ("memory_breakdown",),
-        "init": ("engine_init",),
-        "Init": ("engine_config",),
-        "Usin": ("engine_config",),
-        "Auto": ("auto_fit",),
-        "Memo": ("memory_profile",),
-        "the ": ("memory_profile",),
-        "mode": ("memory_profile",),
-        "Expl": ("kv_cache_available",),
-        "Appl": (),
-        "Uvic": (),
-        "Shut": (),
-        "[shu": (),
-        "Capt": ("graph_capture",),
-        "Rece": (),
+    tail: tuple(rule for rule in _PROGRESS_RULES if rule[0] in kinds)
+    for tail, kinds in {
+        "took": ("weights_loaded",),  # Model loading took, Loading [model ]weights took
+        "odel": ("weights_start", "profiling_start"),  # Starting to load model, Warming up model
+        "ards": ("weights_progress",),  # Loading safetensors checkpoint shards
+        "ing ": ("weights_progress",),  # Loading weights using ...
+        "rver": ("api_start",),  # Starting vLLM API server
+        "mory": ("kv_cache_available", "cudagraph_memory"),  # Available KV cache memory, CUDA graph pool ...
+        "size": ("kv_cache_size",),
+        "ency": ("kv_cache_size",),  # Maximum concurrency
+        "ocks": ("kv_blocks",),
+        "shed": ("cudagraph_memory",),  # Graph capturing finished
+        "bled": ("cudagraph_estimate",),  # CUDA graph memory profiling is enabled
+        "ce (": ("memory_breakdown",),  # Free memory on device (
+        "file": ("engine_init",),  # init engine (profile
+        "gine": ("engine_config",),  # Initializing a[n] [V1 ]LLM engine
+        " len": ("engine_config",),  # Using max model len
+        "_len": ("auto_fit",),  # Auto-fit max_model_len
+        "ling": ("memory_profile",),  # Memory profiling
+        "ance": ("memory_profile",),  # the current vLLM instance
+        "take": ("memory_profile",),  # model weights take
+        "et (": ("kv_cache_available",),  # Explicitly set (
+        "lete": (),  # Application startup complete
+        "g on": (),  # Uvicorn running on
+        "down": (),  # Shutting down
+        "own]": (),  # [shutdown]
+        "ring": ("graph_capture",),  # Capturing
+        "gnal": (),  # Received signal
     }.items()
 }
 
@@ -592,8 +594,8 @@ _DERIVE_INPUTS = frozenset(
     {"profiled_gpu_memory_utilization", "equivalent_gpu_memory_utilization", "total_gib"}
 )
 _DERIVING_KINDS = frozenset(kind for kind, _, rx in _PROGRESS_RULES if _DERIVE_INPUTS & rx.groupindex.keys())
-# The keyword heads of the lines that may start the capture, the serving or the shutdown
-_MILESTONE_HEADS = frozenset({"Capt", "Appl", "Uvic", "Shut", "[shu", "Rece"})
+# The keyword tails of the lines that may start the capture, the serving or the shutdown
+_MILESTONE_TAILS = frozenset({"ring", "lete", "g on", "down", "own]", "gnal"})
 
 
 _READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
@@ -2094,14 +2096,17 @@ class LogReader:
 
     def _progress(self, text: str, events: list[LogLine | Progress] | None, kw: str) -> None:
         """A line whose message starts with the progress keyword ``kw``: its numbers and milestones."""
-        head = kw[:4]
-        for kind, literal, rx in _RULES_BY_KEYWORD.get(head, _PROGRESS_RULES):
+        tail = kw[-4:]
+        for kind, literal, rx in _RULES_BY_KEYWORD.get(tail, _PROGRESS_RULES):
             if literal not in text:
                 continue
             m = rx.search(text)
             if m is None:
                 continue
-            numbers = {key: _f(value) for key, value in m.groupdict().items() if value is not None}
+            numbers: dict[str, float] = {}
+            for key, value in m.groupdict().items():
+                if value is not None:
+                    numbers[key] = _f(value)
             self._recognised = True
             if kind == "kv_blocks" and "gpu_blocks" in numbers:
                 numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
@@ -2126,18 +2131,18 @@ class LogReader:
             if events is not None:
                 events.append(Progress(kind=kind, numbers=numbers, text=text[:EVIDENCE_CHARS]))
             break
-        if head not in _MILESTONE_HEADS:
+        if tail not in _MILESTONE_TAILS:
             return
-        if head == "Capt" and self._stage < _STAGE_CAPTURE and _CAPTURE_START_RE.search(text) is not None:
+        if tail == "ring" and self._stage < _STAGE_CAPTURE and _CAPTURE_START_RE.search(text) is not None:
             self._stage = _STAGE_CAPTURE
-        if head in ("Appl", "Uvic") and self._ready_line is None and _READY_RE.search(text) is not None:
+        if tail in ("lete", "g on") and self._ready_line is None and _READY_RE.search(text) is not None:
             self._ready_line = self._line_no
             self._ready_text = text.strip()[:EVIDENCE_CHARS]
             self._forget_survived()
             if events is not None:
                 events.append(Progress(kind="server_ready", numbers={}, text=self._ready_text))
         if (
-            head in ("Shut", "[shu", "Rece")
+            tail in ("down", "own]", "gnal")
             and self._shutdown_line is None
             and _SHUTDOWN_RE.search(text) is not None
         ):
