@@ -969,6 +969,7 @@ QUICK_PATH_LINES = [
     "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
     "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%|█████     | 34/67 [00:03<00:03, 10.9it/s]",
     "Loading safetensors checkpoint shards:  50% Completed | 4/8 [00:03<00:03,  1.10it/s]",
+    "(EngineCore_DP0 pid=212) Loading safetensors checkpoint shards:  45% Completed | 9/20 [00:31<00:38]",
     "[W1129 18:54:00.367662261 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy",
     "x" * 75,
     "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capac",
@@ -1447,6 +1448,15 @@ def test_a_line_the_gate_passes_is_never_boring() -> None:
     gated = [seg for seg in _real_lines() if lp._gate(seg)]
     assert gated
     assert [seg for seg in gated if lp._boring_text(seg)] == []
+
+
+def test_an_unstamped_progress_line_is_never_boring() -> None:
+    texts = [lp.parse_line(seg).text for seg in _real_lines()] + [
+        lp.parse_line(case[0]).text for case in PROGRESS_CASES
+    ]
+    progress = [text for text in texts if lp._RAW_PROGRESS_RE.match(text) is not None]
+    assert len(progress) > 50
+    assert [text for text in progress if lp._boring_text(text)] == []
 
 
 @pytest.mark.parametrize(

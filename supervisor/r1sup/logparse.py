@@ -124,7 +124,7 @@ _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 # ``[file.py:123]`` source); a quiet line without one cannot change the reader's state.
 _PROGRESS_KEYWORDS = (
     r"Model loading took|Loading (?:model )?weights took|Available KV cache memory|"
-    r"[A-Z]{3}(?: \+ host)? KV cache size|"
+    r"[A-Z][A-Z][A-Z](?: \+ host)? KV cache size|"
     r"Maximum concurrency|# \w+ blocks|Graph capturing finished|CUDA graph pool memory|"
     r"CUDA graph memory profiling is enabled|"
     r"Free memory on device \(|"
@@ -132,7 +132,8 @@ _PROGRESS_KEYWORDS = (
     r"Initializing an? (?:V1 )?LLM engine|"
     r"Using max model len|Auto-fit max_model_len|Shutting down|\[shutdown\]|Memory profiling|"
     r"the current vLLM instance|model weights take|Capturing|Received signal|Explicitly set \(|"
-    r"Starting to load model|(?:Multi-thread )?[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
+    r"Starting to load model|Multi-thread [Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
+    r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server"
 )
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
@@ -1059,7 +1060,8 @@ _QUICK_WORDS = (
     # the progress keywords (_PROGRESS_KEYWORDS), each by one of its words
     "took", "memory", "kv cache", "concurrency", "blocks", "graph", "startup complete", "uvicorn running",
     "initializing", "max model len", "max_model_len", "shutting down", "shutdown", "vllm instance",
-    "capturing", "received signal", "explicitly set", "init engine",
+    "capturing", "received signal", "explicitly set", "init engine", "starting to load", "loading",
+    "warming up", "starting vllm",
 )  # fmt: skip
 _QUICK_RE = _word_start_trie(_QUICK_WORDS)
 
@@ -1770,15 +1772,24 @@ class LogReader:
 
     def _bar(self, seg: str, events: list[LogLine | Progress] | None) -> None:
         """A progress bar: a milestone when its description names one. No message goes on in a bar (a
-        terminal does not wrap into one) and none starts in it: the open one of unprefixed lines ends."""
-        proc = self._procs.get(_NO_PROCESS) or self._proc(_NO_PROCESS_LINE)
+        terminal does not wrap into one) and none starts in it: the open one of its process ends."""
+        pm = _RAW_PROGRESS_RE.match(seg)
+        if pm is not None:  # the bar alone on its line
+            proc = self._procs.get(_NO_PROCESS) or self._proc(_NO_PROCESS_LINE)
+            text = _message(seg, 0)
+        else:  # behind a process tag or another wrapper
+            line = parse_line(seg)
+            if line.process is not None:
+                self._recognised = True
+            proc = self._proc(line)
+            text = line.text
+            pm = _RAW_PROGRESS_RE.match(text)
         if self._pending_count:
             self._expire_pending()
         self._partial_frame = None
         self._drop_pending(proc)
-        pm = _RAW_PROGRESS_RE.match(seg)
         if pm is not None:
-            self._progress(_message(seg, 0), events, pm.group("kw"))
+            self._progress(text, events, pm.group("kw"))
 
     def _boring_line(self, seg: str, line: LogLine | None, proc: _Proc | None) -> None:
         """What the full path does with an unprefixed line holding no word the reader looks for.
