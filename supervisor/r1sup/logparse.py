@@ -225,17 +225,13 @@ _QUIET_LINE = 2  # logged at INFO/DEBUG/WARNING: no failure, no progress keyword
 _QUIET_PROGRESS = 3  # logged at INFO/DEBUG/WARNING, the message starts with a progress keyword
 
 
-def _stamp_kind(segment: str) -> tuple[int, str | None]:
-    """What the first level stamp of a line says (``_UNSTAMPED`` ... ``_QUIET_PROGRESS``), and the
-    progress keyword that starts its message.
+def _kind_of(m: re.Match[str] | None) -> tuple[int, str | None]:
+    """What the first level stamp of a line (``_STAMP_RE.search(line, 0, _STAMP_WINDOW)``) says,
+    ``_UNSTAMPED`` ... ``_QUIET_PROGRESS``, and the progress keyword that starts its message.
 
     A line is quiet when its first level stamp is INFO/DEBUG/WARNING: vLLM logs progress at those
     levels and failures at ERROR (or as raw stderr), so a quiet line can only carry progress.
     """
-    return _kind_of(_STAMP_RE.search(segment, 0, _STAMP_WINDOW))
-
-
-def _kind_of(m: re.Match[str] | None) -> tuple[int, str | None]:
     if m is None:
         return _UNSTAMPED, None
     last = m.lastindex or 0
