@@ -25,7 +25,6 @@ full path; tests check that both read every fixture and collected excerpt alike.
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import math
 import re
@@ -2273,25 +2272,25 @@ def _plain(text: str) -> bool:
 def _line_batches(chunks: Iterable[bytes], max_line_chars: int) -> Iterator[tuple[list[str], bool]]:
     """The lines of each chunk (see :func:`lines_from_chunks`), and whether all of them are plain.
 
-    Plain is told from the bytes (searched faster than the decoded text): a carriage return, an escape
-    or a NUL is one byte in UTF-8, never part of another character, and decoding never makes one.
+    Lines are split from the bytes and decoded one by one: a newline byte is never part of another
+    character in UTF-8, so this decodes as the whole stream would (a line of ASCII stays a compact
+    string, whatever the rest of the chunk holds). Plain is told from the bytes too: a carriage return,
+    an escape or a NUL is one byte, and decoding never makes one. An over-long line keeps its first
+    ``4 * max_line_chars + 4`` bytes, which decode to more characters than are kept.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    partial = ""
+    cap = 4 * max_line_chars + 4
+    partial = b""
     partial_plain = True
     dropping = False  # the rest of an over-long line is being skipped
     for chunk in chunks:
         chunk_plain = b"\r" not in chunk and b"\x1b" not in chunk and b"\x00" not in chunk
-        data = decoder.decode(chunk)
-        if not data:
-            continue
-        pieces = data.split("\n")
+        pieces = chunk.split(b"\n")
         if len(pieces) == 1:
             partial_plain = partial_plain and chunk_plain
             if not dropping:
-                partial += data
-                if len(partial) > max_line_chars:
-                    partial = partial[:max_line_chars]
+                partial += chunk
+                if len(partial) > cap:
+                    partial = partial[:cap]
                     dropping = True
             continue
         plain = chunk_plain and partial_plain
@@ -2299,17 +2298,16 @@ def _line_batches(chunks: Iterable[bytes], max_line_chars: int) -> Iterator[tupl
         dropping = False
         partial = pieces.pop()
         partial_plain = chunk_plain
-        if len(partial) > max_line_chars:
-            partial = partial[:max_line_chars]
+        if len(partial) > cap:
+            partial = partial[:cap]
             dropping = True
-        if max(map(len, pieces)) > max_line_chars:
-            pieces = [p[:max_line_chars] for p in pieces]
-        yield pieces, plain
-    tail = decoder.decode(b"", final=True)
-    if tail and not dropping:
-        partial = (partial + tail)[:max_line_chars]
+        lines = [piece.decode("utf-8", "replace") for piece in pieces]
+        if max(map(len, lines)) > max_line_chars:
+            lines = [line[:max_line_chars] for line in lines]
+        yield lines, plain
     if partial:
-        yield [partial], _plain(partial)
+        line = partial.decode("utf-8", "replace")[:max_line_chars]
+        yield [line], _plain(line)
 
 
 def lines_from_chunks(chunks: Iterable[bytes], max_line_chars: int = DEFAULT_MAX_LINE_CHARS) -> Iterator[str]:
