@@ -21,7 +21,7 @@ from typing import Any
 
 import tenacity
 
-from r1sup import __version__, health
+from r1sup import __version__, health, logs
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup.config import Config
@@ -109,6 +109,8 @@ class Daemon:
         self.started_at = now_iso()
         self.record: Any = None  # r1sup.runrecord.RunLog of this run, for `r1sup report`
         self._progress_shown: tuple[str, float, float] = ("", 0.0, 0.0)  # phase, STATUS= sent, written
+        self.heartbeat = time.monotonic()  # the loop's last turn, for /livez
+        self.status_doc: dict[str, Any] | None = None  # what status.json holds, for /status
         self.runner.hooks.on_tick = self._on_tick
 
     # --- state and status ----------------------------------------------------------------------
@@ -154,6 +156,7 @@ class Daemon:
             "recent_events": list(self.recent),
             **self.runner.live_status(),
         }
+        self.status_doc = payload
         try:
             statefiles.ensure_state_dir(self.config.state.dir)
             statefiles.atomic_write_json(Path(self.config.state.dir) / STATUS_FILE, payload, mode=0o600)
@@ -171,6 +174,7 @@ class Daemon:
         """Each turn of the loop while a launch or a probe runs: the loop is alive and vLLM is making
         progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
         now = time.monotonic()
+        self.heartbeat = now
         self._watchdog(now)
         if self.state in (State.LAUNCHING, State.PROBING) and now - self._last_extend >= EXTEND_EVERY_S:
             self._last_extend = now
@@ -272,10 +276,22 @@ class Daemon:
 
         self.metrics = Metrics()
         try:
-            self.metrics.serve(d.metrics_host, d.metrics_port)
+            self.metrics.serve(d.metrics_host, d.metrics_port, view=self.endpoint_view, mask=logs.mask)
             self.log.info("metrics_listening", host=d.metrics_host, port=d.metrics_port)
         except OSError as exc:
             self.log.warning("metrics_unavailable", host=d.metrics_host, port=d.metrics_port, error=str(exc))
+
+    def endpoint_view(self) -> Any:
+        """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
+        from r1sup.endpoint import View, loop_limit_s
+
+        server = self.config.server
+        return View(
+            state=self.state.value,
+            loop_age_s=time.monotonic() - self.heartbeat,
+            loop_limit_s=loop_limit_s(server.stop_timeout_s, server.memory_release_timeout_s),
+            status=self.status_doc,
+        )
 
     def _run(self) -> int:
         result = self._bring_up()
@@ -397,6 +413,7 @@ class Daemon:
         healthy = True
         exited_at: float | None = None
         while True:
+            self.heartbeat = time.monotonic()
             self.runner.check_signals()
             if self.events.reloads:
                 self.events.reloads.clear()

@@ -1,8 +1,13 @@
-"""Prometheus metrics on a loopback port, in a registry of our own (no module globals)."""
+"""Prometheus metrics in a registry of our own (no module globals), served with r1sup's probes.
+
+The listener (loopback by default) is :class:`r1sup.endpoint.Endpoint`: ``/metrics`` here, and
+``/livez``, ``/readyz``, ``/status`` from the daemon's view.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 STATES = ("planning", "launching", "probing", "serving", "backoff", "stopping", "failed", "stopped")
@@ -32,15 +37,30 @@ class Metrics:
         self.context = Gauge("r1sup_max_model_len", "context length being served", registry=r)
         self._server: Any = None
 
-    def serve(self, host: str, port: int) -> None:
-        from prometheus_client import start_http_server
+    def serve(
+        self,
+        host: str,
+        port: int,
+        view: Callable[[], Any] | None = None,
+        mask: Callable[[str], str] = lambda text: text,
+    ) -> None:
+        """Listen on ``host:port``; ``view`` (a callable returning an :class:`r1sup.endpoint.View`)
+        adds the probes. OSError when the address cannot be bound."""
+        from r1sup.endpoint import Endpoint
 
-        result = start_http_server(port, addr=host, registry=self.registry)
-        self._server = result[0] if isinstance(result, tuple) else result
+        server = Endpoint(view=view, metrics=self.exposition, mask=mask)
+        server.serve(host, port)
+        self._server = server
+
+    def exposition(self) -> tuple[str, bytes]:
+        """(content type, body) of the Prometheus text format."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return CONTENT_TYPE_LATEST, generate_latest(self.registry)
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
+            self._server.close()
             self._server = None
 
     def set_state(self, state: str) -> None:
