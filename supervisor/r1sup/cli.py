@@ -37,6 +37,7 @@ DIAGNOSE_EXIT_CODES_HELP = """exit codes:
 # Commands that log nothing: structlog is neither imported nor configured for them (start-up time).
 SILENT_COMMANDS = frozenset({"diagnose"})
 
+CONFIG_ENV = "R1SUP_CONFIG"  # the config file when --config is not given (containers)
 KV_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -48,9 +49,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_CONFIG)
 
 
-def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--config", "-c", required=required, metavar="FILE", help="TOML config of one served model"
+        "--config",
+        "-c",
+        metavar="FILE",
+        help="TOML config of one served model (default: $R1SUP_CONFIG; without either, the settings "
+        "come from R1SUP_* variables alone)",
     )
     p.add_argument(
         "--set",
@@ -206,10 +211,20 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_config(args: argparse.Namespace) -> Any:
-    """The config named by ``--config`` with the command line's overrides applied."""
+    """The config named by ``--config`` (else ``$R1SUP_CONFIG``) with the command line's overrides
+    applied. Neither: the settings come from ``R1SUP_*`` variables alone (a container's way), which
+    must at least name the model."""
     from r1sup import config as cfg
+    from r1sup.errors import ConfigError
 
-    return cfg.load(args.config, overrides=cli_overrides(args))
+    path = args.config or os.environ.get(CONFIG_ENV) or None
+    overrides = cli_overrides(args)
+    if path is None and not os.environ.get("R1SUP_MODEL_NAME") and "model.name" not in overrides:
+        raise ConfigError(
+            "--config",
+            f"required (or {CONFIG_ENV}=FILE, or the settings as R1SUP_* variables: R1SUP_MODEL_NAME...)",
+        )
+    return cfg.load(path, overrides=overrides)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

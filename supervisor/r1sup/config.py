@@ -203,12 +203,31 @@ class DaemonSection:
     metrics_port: int = setting(0, "Prometheus metrics port; 0 disables", minimum=0, maximum=65535)
 
 
+def _check_store(value: str) -> None:
+    if not value.strip():
+        raise ValueError("must not be empty (leave it unset for no shared store)")
+    if "://" in value and not value.startswith(("http://", "https://")):
+        scheme = value.split("://", 1)[0]
+        raise ValueError(f"{scheme}:// is not supported; give a directory or an http(s) URL")
+
+
 @dataclass(frozen=True)
 class StateSection:
     dir: str = setting(
         "",
         "directory for profiles and status.json; default: /var/lib/r1sup/NAME for a config file "
         "NAME.toml (/var/lib/r1sup for r1sup.toml), as the systemd units use",
+    )
+    profile_store: str | None = setting(
+        None,
+        "profiles shared by a fleet: a directory (a ReadWriteMany volume) or an http(s) URL (read-only)",
+        validate=_check_store,
+    )
+    profile_lease_s: float = setting(
+        120.0, "a replica tuning for the fleet renews its lease every third of this", minimum=1.0
+    )
+    profile_wait_s: float = setting(
+        3600.0, "longest wait for another replica's tune before tuning here", minimum=0
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import tenacity
 
-from r1sup import __version__, health, logs
+from r1sup import __version__, fleet, health, logs
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup.config import Config
@@ -111,6 +111,7 @@ class Daemon:
         self._progress_shown: tuple[str, float, float] = ("", 0.0, 0.0)  # phase, STATUS= sent, written
         self.heartbeat = time.monotonic()  # the loop's last turn, for /livez
         self.status_doc: dict[str, Any] | None = None  # what status.json holds, for /status
+        self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
         self.runner.hooks.on_tick = self._on_tick
 
     # --- state and status ----------------------------------------------------------------------
@@ -253,6 +254,7 @@ class Daemon:
             self._internal(internal)
             raise internal from None
         finally:
+            self.shared.release()
             self.events.restore_signal_handlers()
             if self.metrics:
                 self.metrics.close()
@@ -361,9 +363,12 @@ class Daemon:
         key = profiles.fingerprint_key(self.fingerprint)
         saved = store.load(key) if start is None else None
         why = ""
+        shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
+        saved = saved or shared.profile
         if saved is not None:
             start = EngineFlags.from_dict(saved.flags)
-            why = f"saved profile {key} (tuned {saved.updated_at})"
+            where = "the fleet's profile" if shared.profile is not None else "saved profile"
+            why = f"{where} {key} (tuned {saved.updated_at})"
             self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)
             self.note("profile_found", key=key)
         measured: dict[str, float] = {}
@@ -377,11 +382,28 @@ class Daemon:
         self.history = result.history or self.history
         if result.ok:
             persisted = saved is not None and result.launches == 1
-            self.profile_source = "persisted" if persisted else "tuned"
+            self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
             if not persisted:
                 result.profile_path = save_profile(self.s, result, self.fingerprint)
             self._served(result)
+        shared.release()  # after the publish: the replicas waiting on this key find the profile
         return result
+
+    def _waiting(self, text: str) -> None:
+        self.notifier.status(text)
+        self.note("profile_store_waiting", status=text)
+        self.write_status()
+
+    def _consult_fleet(self, key: str, store: Any) -> fleet.Consulted:
+        """No profile here: ask the fleet's store, waiting while another replica tunes this key. The
+        lease it may hand back is held until this bring-up ends (or the daemon does)."""
+        if not self.config.state.profile_store:
+            return fleet.Consulted()
+        self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
+        if self.shared.profile is not None:
+            store.save(self.shared.profile)  # a local copy: the next start needs no store
+            self.note("profile_store_hit", key=key)
+        return self.shared
 
     def _served(self, result: TuneResult) -> None:
         self.flags = result.flags

@@ -261,7 +261,7 @@ def fingerprint(
     ``[start]``, or a restart with an edited config, searches again).
 
     GPU memory is rounded to 0.1 GiB and host memory to 1 GiB, so that a few MiB of driver or kernel
-    noise do not change it; only r1sup's major version counts.
+    noise do not change it; of the driver only its branch counts, of r1sup only its major version.
     """
     fp: dict[str, Any] = {"backend": device.backend}
     if device.gpus:
@@ -271,7 +271,7 @@ def fingerprint(
             "count": device.count,
             "memory_gib": [round(g.total_bytes / GIB, 1) for g in device.gpus],
             "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
-            "driver": device.driver,
+            "driver": driver_branch(device.driver),
         }
     else:
         # the machine's RAM, not NUMA node 0's figure, which moves on VMs whose memory is hot-plugged
@@ -285,6 +285,15 @@ def fingerprint(
     if request is not None:
         fp["request"] = request
     return fp
+
+
+def driver_branch(version: str | None) -> str | None:
+    """The driver's branch (``550`` of ``550.54.14``): patch releases of a branch do not move the
+    memory vLLM sees, so boxes of a fleet that differ only there share profiles."""
+    if not version:
+        return None
+    head = version.strip().split(".", 1)[0]
+    return head if head.isdigit() else version.strip()
 
 
 def _major(version: str) -> int | str:

@@ -80,7 +80,8 @@ def now_iso() -> str:
 
 
 def save_profile(session: Session, result: Any, fingerprint: dict[str, Any]) -> str | None:
-    """Persist a passed configuration; returns the path, or None when saving failed (logged)."""
+    """Persist a passed configuration (and publish it to the fleet's store, if there is one); returns
+    the local path, or None when saving failed (logged)."""
     from r1sup import profiles
 
     profile = profiles.Profile.create(
@@ -94,4 +95,8 @@ def save_profile(session: Session, result: Any, fingerprint: dict[str, Any]) -> 
         attempts=[a.to_dict() for a in result.attempts],
     )
     path = profiles.ProfileStore(session.config.state.dir).save(profile)
+    if session.config.state.profile_store:
+        from r1sup import fleet
+
+        fleet.publish(session.config, profile)
     return str(path) if path is not None else None

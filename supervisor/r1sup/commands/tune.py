@@ -62,7 +62,7 @@ def _internal(session: Session, fault: InternalError) -> None:
 
 def _tune(session: Session) -> tuple[TuneResult, Any]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
-    from r1sup import profiles, runrecord
+    from r1sup import fleet, profiles, runrecord
     from r1sup.flags import EngineFlags
     from r1sup.tuner import calibration, gather_knowledge
 
@@ -74,12 +74,19 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     record.device(know.device)
     fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
     store = profiles.ProfileStore(config.state.dir)
-    measured = calibration(store, fingerprint, EngineFlags.from_start(config.start))
-    if measured:
-        session.log.info("planner_calibrated", **measured)
     session.runner.expected_phases = runrecord.expected_phases(store, fingerprint)
-    result = tuner.run(observations=measured)
-    if result.ok:
-        result.profile_path = save_profile(session, result, fingerprint)
-        record.finish(result.to_dict())
+    # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
+    # the probe; without one this replica tunes, holding the key's lease until its profile is published
+    shared = fleet.consult(config, profiles.fingerprint_key(fingerprint), sleep=session.runner.sleep)
+    try:
+        start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
+        measured = {} if start else calibration(store, fingerprint, EngineFlags.from_start(config.start))
+        if measured:
+            session.log.info("planner_calibrated", **measured)
+        result = tuner.run(start, observations=measured)
+        if result.ok:
+            result.profile_path = save_profile(session, result, fingerprint)
+            record.finish(result.to_dict())
+    finally:
+        shared.release()
     return result, record

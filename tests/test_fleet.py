@@ -1,0 +1,516 @@
+"""The fleet's shared profile store: lookups, atomic publishing, the lease, r1sup processes sharing one."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT, free_port, wait_until
+from r1sup import fleet
+from r1sup.config import build
+from r1sup.errors import ConfigError
+from r1sup.fleet import DirectoryStore, Here, Holder, HttpStore, Lease, StoreError, consult, stale
+from r1sup.hardware import DeviceFacts, GpuInfo
+from r1sup.profiles import Profile, ProfileStore, fingerprint, fingerprint_key
+
+GIB = 1024**3
+HERE = Here(host="node-a", pid=100, boot_id="boot-1", pid_ns=4026531836)
+
+
+def a_fingerprint(model: str = "org/model", driver: str = "550.54.14") -> dict[str, Any]:
+    gpu = GpuInfo(
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        total_bytes=80 * GIB,
+        free_bytes=79 * GIB,
+        compute_capability=(9, 0),
+    )
+    return fingerprint(
+        model=model,
+        model_config_hash="0123456789abcdef",
+        device=DeviceFacts(backend="cuda", gpus=(gpu,), driver=driver, host_total_bytes=512 * GIB),
+        versions={"vllm": "0.33.0", "torch": "2.13.0"},
+        target={"concurrency": 4, "context": 8192},
+        tensor_parallel_size=1,
+        r1sup_version="0.1.0",
+    )
+
+
+def a_profile(fp: dict[str, Any] | None = None, max_model_len: int = 8192) -> Profile:
+    fp = fp or a_fingerprint()
+    return Profile.create(
+        fingerprint=fp,
+        model="org/model",
+        served_name="r1",
+        flags={"max_model_len": max_model_len, "gpu_memory_utilization": 0.9},
+        command=["python", "-m", "vllm.entrypoints.openai.api_server", "--api-key", "sk-secret"],
+    )
+
+
+# --- the fingerprint a fleet shares --------------------------------------------------------------
+
+
+def test_boxes_that_differ_only_in_the_driver_patch_release_share_a_key():
+    assert fingerprint_key(a_fingerprint(driver="550.54.14")) == fingerprint_key(
+        a_fingerprint(driver="550.90.07")
+    )
+    assert fingerprint_key(a_fingerprint(driver="550.54.14")) != fingerprint_key(
+        a_fingerprint(driver="560.28.03")
+    )
+
+
+# --- staleness (pure) ------------------------------------------------------------------------------
+
+
+def holder(**changes: Any) -> Holder:
+    base = Holder(owner="o1", host="node-a", pid=200, boot_id="boot-1", pid_ns=4026531836, expires_at=1000.0)
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(
+    ("record", "now", "alive", "why"),
+    [
+        (holder(), 990.0, True, None),  # live and renewed
+        (holder(), 1000.0 + fleet.CLOCK_SKEW_S, True, None),  # expiry reached, within the skew allowance
+        (holder(), 1000.0 + fleet.CLOCK_SKEW_S + 1, True, "expired"),
+        (holder(), 990.0, False, "is gone"),  # same host, boot and PID namespace: its pid says it all
+        (holder(host="node-b"), 990.0, False, None),  # another host: a pid there means nothing here
+        (holder(boot_id="boot-2"), 990.0, False, None),  # rebooted since: pids were reused
+        (holder(pid_ns=1), 990.0, False, None),  # another container on this host
+        (holder(boot_id=None), 990.0, False, None),  # unknown boot: trust only the expiry
+    ],
+)
+def test_when_a_lease_may_be_taken_over(record: Holder, now: float, alive: bool, why: str | None):
+    said = stale(record, now, HERE, lambda pid: alive)
+    assert (said is None) if why is None else (said is not None and why in said), said
+
+
+# --- a directory store -----------------------------------------------------------------------------
+
+
+def test_publish_then_lookup(tmp_path: Path):
+    store = DirectoryStore(tmp_path / "store", here=HERE)
+    profile = a_profile()
+    assert store.lookup(profile.key) is None
+    assert store.publish(profile) is True
+    path = tmp_path / "store" / "profiles" / f"{profile.key}.json"
+    assert oct(path.stat().st_mode & 0o777) == oct(fleet.FILE_MODE)
+    found = store.lookup(profile.key)
+    assert found is not None and found.flags == profile.flags and found.updated_at  # stamped on publish
+    assert "sk-secret" not in path.read_text()  # the API key was masked in the command
+    assert store.publish(profile) is False  # the same flags again: nothing rewritten
+    stepped = a_profile(max_model_len=4096)
+    assert store.publish(stepped) is True
+    assert store.lookup(profile.key).flags["max_model_len"] == 4096  # type: ignore[union-attr]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"schema_version": 1, "key": "trunc', "not json", '{"schema_version": 1}', "[]"],
+)
+def test_an_unusable_file_in_the_store_is_a_miss_and_is_left_for_the_next_publish(
+    tmp_path: Path, content: str
+):
+    store = DirectoryStore(tmp_path, here=HERE)
+    profile = a_profile()
+    (tmp_path / "profiles").mkdir()
+    bad = tmp_path / "profiles" / f"{profile.key}.json"
+    bad.write_text(content)
+    assert store.lookup(profile.key) is None
+    assert bad.read_text() == content  # not moved: other replicas read this directory too
+    assert store.publish(profile) is True
+    assert store.lookup(profile.key) is not None
+
+
+def test_a_file_holding_another_key_is_not_used(tmp_path: Path):
+    store = DirectoryStore(tmp_path, here=HERE)
+    other = a_profile(a_fingerprint(model="org/other"))
+    (tmp_path / "profiles").mkdir()
+    wrong = tmp_path / "profiles" / f"{a_profile().key}.json"
+    wrong.write_text(
+        json.dumps(
+            {**other.to_dict(), "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"}
+        )
+    )
+    assert store.lookup(a_profile().key) is None
+
+
+def test_a_bad_key_is_refused_before_any_path_is_built(tmp_path: Path):
+    with pytest.raises(ConfigError):
+        DirectoryStore(tmp_path, here=HERE).lookup("../../etc/passwd")
+
+
+# --- the lease -------------------------------------------------------------------------------------
+
+
+def test_one_holder_at_a_time_and_release(tmp_path: Path):
+    a = DirectoryStore(tmp_path, here=HERE)
+    b = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b", pid=7))
+    key = a_profile().key
+    lease = a.try_acquire(key, 60.0)
+    assert isinstance(lease, Lease)
+    try:
+        seen = b.try_acquire(key, 60.0)
+        assert isinstance(seen, Holder) and seen.host == "node-a" and seen.owner == lease.owner
+        assert seen.expires_at > time.time() + 50
+    finally:
+        lease.release()
+    assert not a.lease_path(key).exists()
+    again = b.try_acquire(key, 60.0)
+    assert isinstance(again, Lease)
+    again.release()
+
+
+def test_the_holder_renews_its_lease_while_it_lives(tmp_path: Path):
+    store = DirectoryStore(tmp_path, here=HERE)
+    key = a_profile().key
+    lease = store.try_acquire(key, 1.5)
+    assert isinstance(lease, Lease)
+    try:
+        first = store.holder(key)[0]
+        assert first is not None
+        wait_until(
+            lambda: (store.holder(key)[0] or first).expires_at > first.expires_at + 0.5, 5, what="a renewal"
+        )
+        time.sleep(2.0)  # longer than the lease: renewals keep it
+        other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
+        assert isinstance(other.try_acquire(key, 1.5), Holder)
+        assert not lease.lost
+    finally:
+        lease.release()
+
+
+def test_a_lease_someone_else_took_over_is_reported_lost_and_not_released(tmp_path: Path):
+    store = DirectoryStore(tmp_path, here=HERE)
+    key = a_profile().key
+    lease = store.try_acquire(key, 0.6)
+    assert isinstance(lease, Lease)
+    usurper = {**Holder("o2", "node-b", 9, None, None, time.time() + 60, key).to_dict()}
+    store.lease_path(key).write_text(json.dumps(usurper))
+    wait_until(lambda: lease.lost, 5, what="the lease to be reported lost")
+    lease.release()
+    assert json.loads(store.lease_path(key).read_text())["owner"] == "o2"  # the other holder's, kept
+
+
+HOLDER_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from r1sup.fleet import DirectoryStore, Here
+    store = DirectoryStore(sys.argv[1], here=Here(host="elsewhere", pid=1, boot_id=None, pid_ns=None))
+    lease = store.try_acquire(sys.argv[2], float(sys.argv[3]))
+    print("held" if lease is not None and not hasattr(lease, "host") else "not held", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_holders_lease_expires_and_is_taken_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(fleet, "CLOCK_SKEW_S", 0.5)
+    key = a_profile().key
+    ttl = 1.5
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "supervisor")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER_SCRIPT, str(tmp_path), key, str(ttl)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        me = DirectoryStore(tmp_path, here=HERE)
+        time.sleep(ttl + 1.0)  # past the first expiry: the holder's thread has renewed it
+        assert isinstance(me.try_acquire(key, ttl), Holder)
+        proc.kill()
+        proc.wait(timeout=10)
+        killed_at = time.monotonic()
+        # the record names another host: only the expiry frees it
+        got = wait_until(
+            lambda: (lambda g: g if isinstance(g, Lease) else None)(me.try_acquire(key, ttl)), 10
+        )
+        assert time.monotonic() - killed_at >= 0.5
+        assert isinstance(got, Lease)
+        got.release()
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_holder_on_this_host_whose_process_is_gone_is_taken_over_at_once(tmp_path: Path):
+    here = fleet.this_process()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=10)
+    record = Holder("o1", here.host, dead.pid, here.boot_id, here.pid_ns, time.time() + 3600, "k")
+    (tmp_path / "leases").mkdir()
+    key = a_profile().key
+    DirectoryStore(tmp_path).lease_path(key).write_text(json.dumps(record.to_dict()))
+    store = DirectoryStore(tmp_path)
+    assert store.try_acquire(key, 60.0) is None  # broken now
+    lease = store.try_acquire(key, 60.0)
+    assert isinstance(lease, Lease)
+    lease.release()
+
+
+# --- an HTTP store -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    """``tmp_path`` over HTTP on loopback, the way a web server would serve a directory store."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_http_store_serves_a_directory_store_as_it_is(tmp_path: Path, served: str):
+    profile = a_profile()
+    http_store = HttpStore(served + "/")
+    assert http_store.lookup(profile.key) is None  # 404
+    DirectoryStore(tmp_path, here=HERE).publish(profile)
+    found = http_store.lookup(profile.key)
+    assert found is not None and found.flags == profile.flags
+    assert http_store.publish(profile) is False and http_store.try_acquire(profile.key, 10) is None
+    (tmp_path / "profiles" / f"{profile.key}.json").write_text("{broken")
+    with pytest.raises(StoreError, match="not a usable profile"):
+        http_store.lookup(profile.key)
+
+
+def test_an_unreachable_http_store_is_an_error_the_replica_survives(tmp_path: Path):
+    store = HttpStore(f"http://127.0.0.1:{free_port()}", timeout_s=2)
+    with pytest.raises(StoreError):
+        store.lookup(a_profile().key)
+    config = build({"model": {"name": "m"}, "state": {"profile_store": store.url}}, env={})
+    said = consult(config, a_profile().key, sleep=lambda s: None)
+    assert said.profile is None and said.lease is None  # tune here, nothing to wait for
+
+
+# --- consult: what run and tune do -----------------------------------------------------------------
+
+
+def store_config(location: Path | str, **state: Any) -> Any:
+    return build({"model": {"name": "m"}, "state": {"profile_store": str(location), **state}}, env={})
+
+
+def test_consult_waits_for_the_holder_and_takes_its_profile(tmp_path: Path):
+    profile = a_profile()
+    other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
+    lease = other.try_acquire(profile.key, 60.0)
+    assert isinstance(lease, Lease)
+    naps: list[float] = []
+    statuses: list[str] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 3:  # the holder finishes its tune
+            other.publish(profile)
+            lease.release()
+
+    said = consult(store_config(tmp_path), profile.key, sleep=nap, status=statuses.append)
+    assert said.profile is not None and said.profile.flags == profile.flags and said.lease is None
+    assert len(naps) == 3 and statuses == [f"waiting for node-b (pid 100) to tune; profile store {tmp_path}"]
+
+
+def test_consult_takes_the_lease_when_nobody_tunes(tmp_path: Path):
+    said = consult(store_config(tmp_path), a_profile().key, sleep=lambda s: pytest.fail("no wait expected"))
+    assert said.profile is None and isinstance(said.lease, Lease)
+    assert DirectoryStore(tmp_path).holder(a_profile().key)[0] is not None
+    said.release()
+    assert DirectoryStore(tmp_path).holder(a_profile().key) == (None, None)
+
+
+def test_consult_gives_up_waiting_after_profile_wait_s(tmp_path: Path):
+    profile = a_profile()
+    other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
+    lease = other.try_acquire(profile.key, 600.0)
+    assert isinstance(lease, Lease)
+    clock = [0.0]
+
+    def nap(seconds: float) -> None:
+        clock[0] += seconds
+
+    try:
+        said = consult(
+            store_config(tmp_path, profile_wait_s=30.0), profile.key, sleep=nap, clock=lambda: clock[0]
+        )
+    finally:
+        lease.release()
+    assert said.profile is None and said.lease is None and said.waited_s >= 30.0
+
+
+def test_an_unusable_store_location_is_a_config_error():
+    with pytest.raises(ConfigError, match="state.profile_store"):
+        build({"model": {"name": "m"}, "state": {"profile_store": "s3://bucket/profiles"}}, env={})
+    with pytest.raises(ConfigError, match="state.profile_store"):
+        build({"model": {"name": "m"}, "state": {"profile_store": " "}}, env={})
+
+
+def test_a_profile_store_directory_that_cannot_be_created_is_survived(tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    said = consult(store_config(blocker / "store"), a_profile().key, sleep=lambda s: None)
+    assert said.profile is None and said.lease is None
+
+
+def test_local_profiles_are_unaffected_by_the_store(tmp_path: Path):
+    local = ProfileStore(tmp_path / "state")
+    assert local.save(a_profile()) is not None
+    assert not (tmp_path / "store").exists()
+
+
+# --- several r1sup processes sharing one store, on the fake engine ------------------------------------
+
+
+def replica(
+    tmp_path: Path, name: str, store: Path, **state: Any
+) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """A replica's config body, scenario and directory: its own port, state and engine record; the
+    same box (an RTX 4090), model and [start], so every replica has the same fingerprint."""
+    from test_tune_fake import QWEN_7B, fake_body, fake_scenario
+
+    home = tmp_path / name
+    home.mkdir()
+    # 128k tokens of context do not fit in bf16 KV: the first launch fails (kv_insufficient), fp8 KV fits
+    body = fake_body(
+        home,
+        model=QWEN_7B,
+        start={"max_model_len": 131072},
+        state={"profile_store": str(store), "profile_lease_s": 3.0, **state},
+        daemon={"health_interval_s": 0.5, "liveness_interval_s": 3600.0},
+    )
+    return body, fake_scenario(home, time_scale=0.01), home
+
+
+def launches(home: Path) -> list[dict[str, Any]]:
+    from test_tune_fake import engine_records
+
+    return engine_records(home)
+
+
+def store_files(store: Path) -> tuple[list[str], list[str]]:
+    profiles = sorted(p.name for p in (store / "profiles").iterdir()) if (store / "profiles").exists() else []
+    leases = sorted(p.name for p in (store / "leases").iterdir()) if (store / "leases").exists() else []
+    return profiles, leases
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_three_replicas_tune_once_and_share_the_profile(tmp_path: Path):
+    from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+    from test_tune_fake import fake_env
+
+    store = tmp_path / "store"
+    replicas = []
+    for name in ("a", "b", "c"):
+        body, scenario, home = replica(tmp_path, name, store)
+        config = write_config(home / "r1sup.toml", body)
+        replicas.append((name, config, home, R1sup("run", "--config", str(config), env=fake_env(scenario))))
+    try:
+        for _, _, _, proc in replicas:
+            proc.wait_event("serving", 120)
+        tuned = [name for name, _, _, proc in replicas if proc.named("profile_lease_acquired")]
+        assert len(tuned) == 1, [proc.tail() for *_, proc in replicas]
+        counts = {name: len(launches(home)) for name, _, home, _ in replicas}
+        holder = tuned[0]
+        assert counts[holder] == 2, counts  # kv_insufficient, then fp8 KV
+        final = launches(dict((n, h) for n, _, h, _ in replicas)[holder])[-1]["flags"]
+        for name, _, home, proc in replicas:
+            if name == holder:
+                assert proc.named("profile_published")
+                continue
+            assert counts[name] == 1, counts  # one launch with the fleet's profile
+            assert launches(home)[0]["flags"] == final
+            assert proc.named("profile_store_waiting") or proc.named("profile_store_hit")
+            status = json.loads((home / "state" / "status.json").read_text())
+            assert status["profile_source"] == "shared" and status["launches"] == 1
+            assert len(list((home / "state" / "profiles").glob("*.json"))) == 1  # kept locally as well
+        profiles, leases = store_files(store)
+        assert len(profiles) == 1 and leases == []
+        published = Profile.from_dict(json.loads((store / "profiles" / profiles[0]).read_text()))
+        assert published.flags["kv_cache_dtype"] == "fp8" and published.flags["max_model_len"] == 131072
+        for *_, proc in replicas:
+            proc.signal(signal.SIGTERM)
+        for _, config, _, proc in replicas:
+            assert proc.wait(60) == 0, proc.tail()
+            assert not engine_processes(config)
+    finally:
+        for _, config, _, proc in replicas:
+            proc.kill()
+            kill_engine_processes(config)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_replica_killed_while_tuning_leaves_a_lease_the_next_one_takes_over(tmp_path: Path):
+    from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+    from test_tune_fake import fake_env
+
+    store = tmp_path / "store"
+    body_a, scenario_a, home_a = replica(tmp_path, "a", store)
+    scenario_a["hang_at"] = "load_weights"  # replica a never finishes its first launch
+    config_a = write_config(home_a / "r1sup.toml", body_a)
+    a = R1sup("run", "--config", str(config_a), env=fake_env(scenario_a))
+    body_b, scenario_b, home_b = replica(tmp_path, "b", store)
+    config_b = write_config(home_b / "r1sup.toml", body_b)
+    b = None
+    try:
+        a.wait_event("profile_lease_acquired", 60)
+        a.wait_event("child_started", 60)
+        b = R1sup("run", "--config", str(config_b), env=fake_env(scenario_b))
+        b.wait_event("profile_store_waiting", 60)
+        a.kill()  # SIGKILL: no release, no more renewals; its orphan guard stops its engine
+        wait_until(lambda: not engine_processes(config_a), 30, what="replica a's engine to go")
+        taken = b.wait_event("profile_lease_taken_over", 60)
+        assert "is gone" in taken["why"]  # same host, boot and PID namespace: no need to wait the lease out
+        b.wait_event("serving", 120)
+        assert len(launches(home_b)) == 2 and b.named("profile_published")
+        profiles, leases = store_files(store)
+        assert len(profiles) == 1 and leases == []
+        b.signal(signal.SIGTERM)
+        assert b.wait(60) == 0, b.tail()
+    finally:
+        a.kill()
+        kill_engine_processes(config_a)
+        if b is not None:
+            b.kill()
+        kill_engine_processes(config_b)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tune_uses_the_fleets_profile_with_one_launch(tmp_path: Path):
+    from test_tune_fake import run_tune
+
+    store = tmp_path / "store"
+    body, scenario, home = replica(tmp_path, "a", store)
+    first = run_tune(home, body, scenario)
+    assert first.code == 0 and first.result["launches"] == 2, first.explain()
+    assert first.proc.named("profile_published")
+    body_b, scenario_b, home_b = replica(tmp_path, "b", store)
+    second = run_tune(home_b, body_b, scenario_b)
+    assert second.code == 0 and second.result["launches"] == 1, second.explain()
+    assert second.result["flags"] == first.result["flags"]
+    assert second.proc.named("profile_store_hit") and second.proc.named("profile_store_unchanged")
+    assert store_files(store) == ([f"{second.proc.named('profile_store_hit')[0]['key']}.json"], [])
