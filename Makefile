@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.r1sup-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast test-wheel lint demo bench clean
+.PHONY: venv test test-fast test-wheel lint demo bench clean image-deps image image-test
 
 # test-wheel: what a user gets from `pip install r1sup` beside a vLLM that lives elsewhere. The built
 # wheel goes into fresh virtualenvs without vLLM and without the test extras (pytest and pytest-timeout
@@ -20,6 +20,17 @@ WHEEL_TESTS ?= tests/test_dependencies.py tests/test_preflight.py tests/test_int
 	tests/test_tune_fake.py tests/test_daemon_fake.py tests/test_status_cli.py
 WHEEL_TESTS_LOWEST ?= tests/test_internal_error.py tests/test_tune_fake.py
 OPENAI_LOWEST = $(shell sed -n 's/^ *"openai>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+
+# The CPU container image (deploy/container): `make image` builds it, `make image-test` runs it.
+IMAGE ?= localhost/r1sup:cpu
+IMAGE_BASE ?= localhost/r1sup-vllm-cpu-base:0.32.0
+# podman on this machine kind: runc, because crun refuses its cgroups (v1, hybrid mode); container
+# resource limits below the hard limits, because raising them needs CAP_SYS_RESOURCE, which it lacks
+PODMAN ?= podman$(if $(shell command -v runc 2>/dev/null), --runtime runc,)
+PODMAN_RUN_FLAGS ?= --ulimit nofile=20000:20000 --ulimit nproc=32768:32768
+# pip inside the build trusts what the host trusts (a company CA, a TLS-intercepting proxy's)
+HOST_CA ?= /etc/ssl/certs/ca-certificates.crt
+
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,10 +45,10 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: venv
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not image" $(PYTEST_ARGS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not engine" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not image" $(PYTEST_ARGS)
 
 test-wheel:
 	test -n "$(OPENAI_LOWEST)"
@@ -69,6 +80,23 @@ bench: venv
 	$(BIN)/python benchmarks/bench_diagnose.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_scenarios.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_daemon_idle.py
+
+image-deps:
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			podman mmdebstrap runc uidmap; }
+
+image: venv image-deps
+	$(PODMAN) image exists $(IMAGE_BASE) || \
+		deploy/container/build-cpu-base.sh $(IMAGE_BASE) $(BIN)/python build/image
+	$(PODMAN) build $(PODMAN_RUN_FLAGS) --format docker \
+		$(if $(wildcard $(HOST_CA)),--volume $(HOST_CA):/run/host-ca.crt:ro --build-arg R1SUP_PIP_CA_BUNDLE=/run/host-ca.crt,) \
+		--build-arg BASE_IMAGE=$(IMAGE_BASE) --build-arg VLLM_PYTHON=/opt/vllm/bin/python3 \
+		-f deploy/container/Dockerfile -t $(IMAGE) .
+
+image-test: image
+	R1SUP_IMAGE=$(IMAGE) R1SUP_PODMAN="$(PODMAN)" R1SUP_PODMAN_RUN_FLAGS="$(PODMAN_RUN_FLAGS)" \
+		$(BIN)/python -m pytest -m image tests/test_image.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache build supervisor/*.egg-info $(WHEEL_DIR)
