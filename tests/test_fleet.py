@@ -514,3 +514,50 @@ def test_tune_uses_the_fleets_profile_with_one_launch(tmp_path: Path):
     assert second.result["flags"] == first.result["flags"]
     assert second.proc.named("profile_store_hit") and second.proc.named("profile_store_unchanged")
     assert store_files(store) == ([f"{second.proc.named('profile_store_hit')[0]['key']}.json"], [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_waiting_replica_says_so_is_not_ready_and_stops_on_sigterm(tmp_path: Path):
+    from r1sup_proc import NotifySocket, R1sup, engine_processes, kill_engine_processes, write_config
+    from test_endpoint import get
+    from test_tune_fake import fake_env
+
+    store = tmp_path / "store"
+    body_a, scenario_a, home_a = replica(tmp_path, "a", store)
+    scenario_a["hang_at"] = "load_weights"  # replica a holds the lease and never finishes
+    config_a = write_config(home_a / "r1sup.toml", body_a)
+    a = R1sup("run", "--config", str(config_a), env=fake_env(scenario_a))
+    body, scenario, home = replica(tmp_path, "b", store)
+    endpoint = free_port()
+    body["daemon"]["metrics_port"] = endpoint
+    config = write_config(home / "r1sup.toml", body)
+    notify = NotifySocket(tmp_path / "notify.sock")
+    b = None
+    try:
+        a.wait_event("profile_lease_acquired", 60)
+        b = R1sup(
+            "run", "--config", str(config), env={**fake_env(scenario), "NOTIFY_SOCKET": str(notify.path)}
+        )
+        waiting = b.wait_event("profile_store_waiting", 60)
+        assert waiting["holder_pid"] == a.proc.pid
+        wait_until(lambda: any(m.startswith("EXTEND_TIMEOUT_USEC=") for m in notify.messages), 30)
+        assert any(
+            m.startswith("STATUS=waiting for ") and f"(pid {a.proc.pid})" in m for m in notify.messages
+        )
+        assert get(endpoint, "/readyz")[0] == 503 and get(endpoint, "/livez")[0] == 200
+        status = json.loads(get(endpoint, "/status")[2])
+        assert (
+            status["state"] == "planning" and status["recent_events"][-1]["event"] == "profile_store_waiting"
+        )
+        b.signal(signal.SIGTERM)
+        assert b.wait(30) == 0, b.tail()
+        assert not launches(home) and not engine_processes(config)  # it never launched
+        (lease,) = (store / "leases").glob("*.lease")
+        assert json.loads(lease.read_text())["pid"] == a.proc.pid  # still a's
+    finally:
+        a.kill()
+        kill_engine_processes(config_a)
+        if b is not None:
+            b.kill()
+        notify.close()

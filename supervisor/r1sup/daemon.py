@@ -71,6 +71,11 @@ LEGAL: dict[State, frozenset[State]] = {
 }
 
 
+# states in which systemd's start timeout is extended while the loop turns: loading and probing, and
+# planning, which includes a wait for another replica's tune (state.profile_wait_s)
+_EXTENDING = frozenset({_S.PLANNING, _S.LAUNCHING, _S.PROBING})
+
+
 class IllegalTransition(RuntimeError):
     pass
 
@@ -172,12 +177,12 @@ class Daemon:
             self._next_watchdog = now + interval
 
     def _on_tick(self) -> None:
-        """Each turn of the loop while a launch or a probe runs: the loop is alive and vLLM is making
-        progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
+        """Each turn of the loop while a launch, a probe or a wait runs: the loop is alive and vLLM is
+        making progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
         now = time.monotonic()
         self.heartbeat = now
         self._watchdog(now)
-        if self.state in (State.LAUNCHING, State.PROBING) and now - self._last_extend >= EXTEND_EVERY_S:
+        if self.state in _EXTENDING and now - self._last_extend >= EXTEND_EVERY_S:
             self._last_extend = now
             self.notifier.extend_timeout(3 * EXTEND_EVERY_S)
         self._show_progress(now)
