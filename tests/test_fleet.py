@@ -175,19 +175,20 @@ def test_one_holder_at_a_time_and_release(tmp_path: Path):
 
 
 def test_the_holder_renews_its_lease_while_it_lives(tmp_path: Path):
+    # a short lease, still long beside the fsyncs of a renewal on a busy disk
     store = DirectoryStore(tmp_path, here=HERE)
     key = a_profile().key
-    lease = store.try_acquire(key, 1.5)
+    lease = store.try_acquire(key, 3.0)
     assert isinstance(lease, Lease)
     try:
         first = store.holder(key)[0]
         assert first is not None
-        wait_until(
-            lambda: (store.holder(key)[0] or first).expires_at > first.expires_at + 0.5, 5, what="a renewal"
-        )
-        time.sleep(2.0)  # longer than the lease: renewals keep it
+        time.sleep(4.0)  # longer than the lease: renewals keep it
+        renewed = store.holder(key)[0]
+        assert renewed is not None and renewed.owner == first.owner
+        assert renewed.expires_at > first.expires_at + 1.0
         other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
-        assert isinstance(other.try_acquire(key, 1.5), Holder)
+        assert isinstance(other.try_acquire(key, 3.0), Holder)
         assert not lease.lost
     finally:
         lease.release()
@@ -218,9 +219,9 @@ HOLDER_SCRIPT = textwrap.dedent(
 
 
 def test_a_killed_holders_lease_expires_and_is_taken_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(fleet, "CLOCK_SKEW_S", 0.5)
+    monkeypatch.setattr(fleet, "CLOCK_SKEW_S", 1.0)
     key = a_profile().key
-    ttl = 1.5
+    ttl = 3.0
     env = {**os.environ, "PYTHONPATH": str(ROOT / "supervisor")}
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER_SCRIPT, str(tmp_path), key, str(ttl)],
@@ -240,7 +241,7 @@ def test_a_killed_holders_lease_expires_and_is_taken_over(tmp_path: Path, monkey
         got = wait_until(
             lambda: (lambda g: g if isinstance(g, Lease) else None)(me.try_acquire(key, ttl)), 10
         )
-        assert time.monotonic() - killed_at >= 0.5
+        assert time.monotonic() - killed_at >= 1.0
         assert isinstance(got, Lease)
         got.release()
     finally:
