@@ -175,7 +175,7 @@ def volumes(tmp_path: Path) -> dict[str, Path]:
 def container() -> Iterator[str]:
     name = f"r1sup-image-test-{uuid.uuid4().hex[:8]}"
     yield name
-    sh("rm", "--force", "--time", "5", name, check=False, timeout=120)
+    sh("rm", "--force", "--volumes", "--time", "5", name, check=False, timeout=120)
 
 
 def test_the_cpu_image_serves_the_tiny_model_and_stops_on_sigterm(
