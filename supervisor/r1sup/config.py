@@ -541,7 +541,7 @@ def build(
                 _check(dotted, f, values[f.name])
             sections[section] = cls(**values)
         if not sections["state"].dir:
-            sections["state"] = StateSection(dir=default_state_dir(source))
+            sections["state"] = dataclasses.replace(sections["state"], dir=default_state_dir(source))
         config = Config(**sections, source=source)
         _cross_check(config, env or {})
     except ConfigError as exc:
