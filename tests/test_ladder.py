@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from r1sup import catalog, memmodel
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
@@ -13,6 +14,7 @@ from r1sup.flags import EngineFlags
 TINY_CPU = L.Facts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
 )
+Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
 # DeepSeek-R1-Distill-Qwen-14B on an RTX 4090: 196608 B/token in bf16
 R14_4090 = L.Facts(
     backend="cuda",
@@ -22,6 +24,8 @@ R14_4090 = L.Facts(
     kv_bytes_per_token=196608,
     block_size=16,
     model_max_len=131072,
+    gpu_name="NVIDIA GeForce RTX 4090",
+    arch=Q14,
 )
 R14_3090 = L.Facts(
     backend="cuda",
@@ -314,8 +318,8 @@ def target_fail(tokens: int, kv_gib: float) -> Failure:
 SHORTFALL_LEVERS = [
     (3.0, 30.0, False, "enforce_eager false -> true"),  # the graphs' memory covers the 2 GiB missing
     (0.5, 30.0, False, None),  # eager frees 0.5 GiB at most: give up at once
-    (0.5, 30.0, True, "quantization default -> fp8"),  # half the weights cover it
-    (0.5, 3.0, True, None),  # 1.5 GiB from fp8 weights is not enough either
+    (0.5, 30.0, True, "quantization default -> fp8"),  # fp8 shrinks 30 GiB of weights by more than 2 GiB
+    (0.5, 3.0, True, None),  # the fp8 share of 3 GiB of weights is not enough either
     (None, None, False, "enforce_eager false -> true"),  # no figures: try it
 ]
 

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from r1sup import catalog, planner
+from r1sup import memmodel as M
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.planner import Observations, arch_from_config
+from r1sup.planner import Calibration, arch_from_config
 from r1sup.tinymodel import CONFIG as TINY_CONFIG
 
 Q15 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
@@ -63,12 +64,13 @@ def cpu_node(total_gib: float = 8.0, available_gib: float = 7.0) -> DeviceFacts:
 
 # model, billions of parameters (published), bf16 GiB, KV bytes/token bf16, fp8
 CATALOG_FIGURES = [
-    (Q15, 1.78, 3.31, 28672, 14336),
-    (Q7, 7.62, 14.19, 57344, 28672),
-    (Q14, 14.77, 27.51, 196608, 98304),
-    (Q32, 32.76, 61.03, 262144, 131072),
-    (L8, 8.03, 14.96, 131072, 65536),
-    (L70, 70.55, 131.42, 327680, 163840),
+    # (weights: parameters x 2 bytes plus the rotary embedding's cos/sin cache of 131072 positions)
+    (Q15, 1.78, 3.34, 28672, 14336),
+    (Q7, 7.62, 14.22, 57344, 28672),
+    (Q14, 14.77, 27.54, 196608, 98304),
+    (Q32, 32.76, 61.06, 262144, 131072),
+    (L8, 8.03, 14.99, 131072, 65536),
+    (L70, 70.55, 131.45, 327680, 163840),
 ]
 
 
@@ -78,28 +80,20 @@ def test_catalog_model_arithmetic(
 ) -> None:
     a = arch(model_id)
     assert round(a.params() / 1e9, 2) == params_b
-    assert round(planner.weights_bytes(a, EngineFlags()) / GIB, 2) == weights_gib
-    assert planner.kv_bytes_per_token(a, "auto") == kv_bf16
-    assert planner.kv_bytes_per_token(a, "bfloat16") == kv_bf16
-    assert planner.kv_bytes_per_token(a, "fp8") == kv_fp8
-    assert planner.kv_bytes_per_token(a, "fp8_e5m2") == kv_fp8
+    assert round(M.weights_bytes(a, EngineFlags()) / GIB, 2) == weights_gib
+    assert M.kv_bytes_per_token(a, "auto") == kv_bf16
+    assert M.kv_bytes_per_token(a, "bfloat16") == kv_bf16
+    assert M.kv_bytes_per_token(a, "fp8") == kv_fp8
+    assert M.kv_bytes_per_token(a, "fp8_e5m2") == kv_fp8
     assert a.approximations == ()
 
 
 def test_qwen_14b_done_when_figures() -> None:
     a = arch(Q14)
     assert a.params() == 14_770_033_664
-    assert round(planner.weights_bytes(a, EngineFlags()) / GIB, 1) == 27.5
-    assert planner.kv_bytes_per_token(a, "auto") == 196608
-    assert planner.kv_bytes_per_token(a, "fp8") == 98304
-
-
-@pytest.mark.parametrize(
-    ("tp", "expected"),
-    [(1, 196608), (2, 98304), (4, 49152), (8, 24576), (16, 24576)],  # 8 KV heads: at least one per rank
-)
-def test_kv_bytes_per_token_split_across_ranks(tp: int, expected: int) -> None:
-    assert planner.kv_bytes_per_token(arch(Q14), "auto", tp) == expected
+    assert round(M.weights_bytes(a, EngineFlags()) / GIB, 1) == 27.5
+    assert M.kv_bytes_per_token(a, "auto") == 196608
+    assert M.kv_bytes_per_token(a, "fp8") == 98304
 
 
 @pytest.mark.parametrize(
@@ -113,15 +107,15 @@ def test_kv_bytes_per_token_split_across_ranks(tp: int, expected: int) -> None:
     ],
 )
 def test_weights_under_quantization(method: str | None, low: float, high: float) -> None:
-    gib = planner.weights_bytes(arch(Q14), EngineFlags(quantization=method)) / GIB
+    gib = M.weights_bytes(arch(Q14), EngineFlags(quantization=method)) / GIB
     assert low <= gib <= high
 
 
 def test_weights_split_by_tensor_parallel_and_offload() -> None:
-    one = planner.weights_bytes(arch(Q14), EngineFlags())
-    two = planner.weights_bytes(arch(Q14), EngineFlags(tensor_parallel_size=2))
-    assert two == pytest.approx(one / 2, rel=0.001)
-    offloaded = planner.weights_bytes(arch(Q14), EngineFlags(cpu_offload_gb=10))
+    one = M.weights_bytes(arch(Q14), EngineFlags())
+    two = M.weights_bytes(arch(Q14), EngineFlags(tensor_parallel_size=2))
+    assert two == pytest.approx(one / 2, rel=0.003)  # the rotary cache is not split
+    offloaded = M.weights_bytes(arch(Q14), EngineFlags(cpu_offload_gb=10))
     assert offloaded == one - 10 * GIB
 
 
@@ -129,8 +123,8 @@ def test_weights_split_by_tensor_parallel_and_offload() -> None:
 
 
 def test_tiny_model_kv_bytes_per_token() -> None:
-    assert planner.kv_bytes_per_token(TINY, "auto") == 1024
-    assert planner.kv_bytes_per_token(TINY, "fp8") == 512
+    assert M.kv_bytes_per_token(TINY, "auto") == 1024
+    assert M.kv_bytes_per_token(TINY, "fp8") == 512
 
 
 # kv dtype, KV cache size vLLM prints, estimated maximum model length it prints
@@ -145,7 +139,7 @@ def test_tiny_model_pinned_budget_matches_vllm(kv_dtype: str, tokens: int, estim
     assert planner.predict_max_model_len(TINY, device, flags) == estimate
     # vLLM prints int(num_blocks / cdiv(L, 128) * L) for the auto-fitted L
     blocks = tokens // 128
-    assert planner.reported_kv_tokens(blocks, estimate, 128) == tokens
+    assert M.reported_kv_tokens(blocks, estimate, 128) == tokens
 
 
 def test_tiny_model_context_too_long_for_pinned_budget() -> None:
@@ -175,7 +169,7 @@ def test_tiny_model_unpinned_cpu_budget_close_to_real_run() -> None:
 
 @pytest.mark.parametrize(("backend", "size"), [("cpu", 128), ("cuda", 16)])
 def test_block_size(backend: str, size: int) -> None:
-    assert planner.block_size(backend) == size
+    assert M.block_size(backend) == size
 
 
 @pytest.mark.parametrize(
@@ -191,7 +185,7 @@ def test_block_size(backend: str, size: int) -> None:
 def test_estimated_max_model_len_keeps_the_null_block(
     num_blocks: int, block: int, cap: int, expected: int
 ) -> None:
-    assert planner.estimated_max_model_len(num_blocks, block, cap) == expected
+    assert M.estimated_max_model_len(num_blocks, block, cap) == expected
 
 
 # --- GPU verdicts ---------------------------------------------------------------------------------
@@ -253,9 +247,9 @@ def test_shrinks_context_to_the_largest_block_aligned_one_for_the_target() -> No
     assert p.recommended is not None
     length = p.recommended.max_model_len
     assert length is not None and length % 16 == 0 and 2048 <= length < 131072
-    ev = planner._evaluate(arch(Q7), gpu(24), p.recommended, None)
-    assert ev.usable_blocks(margin=True) >= 8 * planner.cdiv(length, 16)
-    assert ev.usable_blocks(margin=True) < 8 * planner.cdiv(length + 16, 16)
+    ev = planner._evaluate(arch(Q7), gpu(24), p.recommended, M.NEWEST_KNOWN)
+    assert ev.usable_blocks(margin=True) >= 8 * M.cdiv(length, 16)
+    assert ev.usable_blocks(margin=True) < 8 * M.cdiv(length + 16, 16)
     assert p.max_context_for_target is not None and p.max_context_for_target > 0
 
 
@@ -284,7 +278,7 @@ def test_busy_gpu_lowers_the_utilization() -> None:
     assert not p.starts_as_given and p.startup_problem
     assert p.recommended is not None
     util = p.recommended.gpu_memory_utilization
-    assert util <= (60 - planner.CUDA_CONTEXT_GIB) / 80
+    assert util <= (60 - M.CUDA_CONTEXT_GIB) / 80
     assert util >= 0.5
 
 
@@ -323,33 +317,6 @@ def test_cpu_offload_suggestion_makes_room() -> None:
     assert offload.weights_gib == pytest.approx(p.weights_gib - offload.flags.cpu_offload_gb, abs=0.01)
 
 
-@pytest.mark.parametrize(
-    ("total_gib", "name", "expected"),
-    [
-        (23.55, "RTX 4090", (256, 2048)),
-        (79.15, "NVIDIA A100-SXM4-80GB", (256, 2048)),
-        (79.11, "NVIDIA H100 80GB HBM3", (1024, 8192)),
-        (139.81, "NVIDIA H200", (1024, 8192)),
-        (178.0, "NVIDIA B200", (1024, 16384)),
-    ],
-)
-def test_vllm_batch_defaults(total_gib: float, name: str, expected: tuple[int, int]) -> None:
-    assert planner.default_batch_limits(gpu(total_gib, name=name)) == expected
-
-
-def test_cpu_batch_defaults() -> None:
-    assert planner.default_batch_limits(cpu_node()) == (128, 2048)
-    assert planner.default_batch_limits(cpu_node(), tp=2) == (256, 4096)
-
-
-def test_activation_estimate_matches_a_logged_figure() -> None:
-    # vllm-project/vllm PR 10511: Llama-3-8B, max_num_batched_tokens 8192, 256 seqs:
-    # "PyTorch activation peak memory 1.26GiB"
-    flags = EngineFlags(max_model_len=8192, max_num_batched_tokens=8192, max_num_seqs=256)
-    gib = planner.activation_bytes(arch(L8), gpu(80), flags) / GIB
-    assert gib == pytest.approx(1.26, abs=0.1)
-
-
 # --- targets, margins and the levers that keep the context ---------------------------------------
 
 
@@ -381,7 +348,7 @@ def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
     assert p.recommended == EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
     tokens = p.recommended_kv_capacity_tokens
     assert tokens is not None and 4 * 8192 <= tokens < 2 * 32768
-    ev = planner._evaluate(arch(L8), device, p.recommended, None)
+    ev = planner._evaluate(arch(L8), device, p.recommended, M.NEWEST_KNOWN)
     assert ev.holds(32768, 4, 8192, margin=True)
     assert not ev.fits_context(32768, 4, margin=False)  # the strong reading would shrink the context
     assert ev.context_for(4, 32768, margin=False) < 16384
@@ -398,9 +365,9 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
     assert rec is not None and rec.max_model_len is not None
     assert (rec.gpu_memory_utilization, rec.kv_cache_dtype, rec.max_num_seqs) == (0.95, "fp8_e5m2", 16)
     assert 4 * 16384 <= rec.max_model_len < 131072 and not rec.enforce_eager
-    ev = planner._evaluate(arch(L8), device, rec, None)
-    assert ev.usable_blocks(margin=True) >= planner.cdiv(rec.max_model_len, 16)
-    assert ev.usable_blocks(margin=True) < planner.cdiv(rec.max_model_len + 16, 16)
+    ev = planner._evaluate(arch(L8), device, rec, M.NEWEST_KNOWN)
+    assert ev.usable_blocks(margin=True) >= M.cdiv(rec.max_model_len, 16)
+    assert ev.usable_blocks(margin=True) < M.cdiv(rec.max_model_len + 16, 16)
     assert ev.fits_context(16384, 4, margin=True)
     # without the permission to go above 0.9, the context comes out shorter
     p90 = planner.plan(
@@ -423,8 +390,8 @@ def test_a_target_no_lever_reaches_is_reported_with_what_fits() -> None:
     p = planner.plan(arch(L8), device, EngineFlags(), target_concurrency=8, target_context=16384)
     assert not p.fits and not p.meets_target
     assert p.recommended is not None and (p.recommended.max_model_len or 0) >= 16384
-    ev = planner._evaluate(arch(L8), device, p.recommended, None)
-    held = ev.usable_blocks(margin=True) // planner.cdiv(16384, 16)
+    ev = planner._evaluate(arch(L8), device, p.recommended, M.NEWEST_KNOWN)
+    held = ev.usable_blocks(margin=True) // M.cdiv(16384, 16)
     assert 1 <= held < 8
     notes = " ".join(p.notes)
     assert f"8 requests of 16384 tokens at once is not met; the recommended flags hold {held} " in notes
@@ -450,20 +417,23 @@ def test_fewer_seqs(target: int | None, user: int | None, gib: float, expected: 
 
 def test_margin_is_kept_for_the_estimated_parts_only() -> None:
     flags = EngineFlags(max_model_len=8192)
-    ev = planner._evaluate(arch(Q7), gpu(24), flags, None)
-    estimated = ev.non_torch + ev.activation + ev.cudagraph
-    assert ev.margin == int(planner.ESTIMATE_MARGIN * estimated)
-    assert ev.margin <= planner.MARGIN_FRACTION * ev.budget
-    # a logged activation and graph size leave only the non-torch estimate uncertain
-    obs = Observations(peak_activation_gib=0.7, cudagraph_gib=0.4)
-    seen = planner._evaluate(arch(Q7), gpu(24), flags, obs)
-    assert seen.margin == int(planner.ESTIMATE_MARGIN * seen.non_torch)
-    # a run's budget and KV size make the prediction exact; a pinned KV size is exact too
-    exact = planner._evaluate(arch(Q7), gpu(24), flags, Observations(budget_gib=21.6, kv_cache_gib=5.0))
-    pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), None)
+    v = M.NEWEST_KNOWN
+    ev = planner._evaluate(arch(Q7), gpu(24), flags, v)
+    est = ev.est
+    estimated = est.non_torch.bytes + est.activation.bytes + est.cudagraph_charged
+    assert ev.margin == int(min(planner.ESTIMATE_MARGIN * estimated, planner.MARGIN_FRACTION * est.budget))
+    # a logged activation and graph estimate leave only the non-torch estimate uncertain
+    cal = Calibration(flags, {"peak_activation_gib": 0.7, "cudagraph_estimated_gib": 0.4})
+    seen = planner._evaluate(arch(Q7), gpu(24), flags, v, cal)
+    assert seen.margin == int(planner.ESTIMATE_MARGIN * seen.est.non_torch.bytes) < ev.margin
+    # a launch's budget and KV size make the prediction exact; a pinned KV size is exact too
+    exact = planner._evaluate(
+        arch(Q7), gpu(24), flags, v, Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
+    )
+    pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), v)
     assert exact.margin == 0 and pinned.margin == 0
     # fewer sequences per batch: smaller estimates, a smaller margin
-    few = planner._evaluate(arch(Q7), gpu(24), flags.replace(max_num_seqs=16), None)
+    few = planner._evaluate(arch(Q7), gpu(24), flags.replace(max_num_seqs=16), v)
     assert few.margin < ev.margin
 
 
@@ -499,61 +469,79 @@ def test_the_gpu_count_with_the_fewest_changes_wins() -> None:
     assert p.recommended == q32k.replace(tensor_parallel_size=4)
 
 
-# --- observations ------------------------------------------------------------------------------
+# --- calibration from a launch -----------------------------------------------------------------
 
 
-def test_observations_override_estimates() -> None:
-    obs = Observations(weights_gib=15.0, non_torch_gib=0.4, peak_activation_gib=1.5, cudagraph_gib=0.25)
+def test_measured_terms_replace_the_estimates() -> None:
+    figures = {
+        "weights_gib": 15.0,
+        "non_torch_gib": 0.4,
+        "peak_activation_gib": 1.5,
+        "cudagraph_estimated_gib": 0.25,
+    }
     flags = EngineFlags(max_model_len=8192)
     estimated = planner.plan(arch(Q7), gpu(24), flags)
-    observed = planner.plan(arch(Q7), gpu(24), flags, observations=obs)
-    b = observed.breakdown
-    assert (b.weights_gib, b.non_torch_gib, b.activation_gib, b.cudagraph_gib) == pytest.approx(
+    measured = planner.plan(arch(Q7), gpu(24), flags, calibration=Calibration(flags, figures))
+    b = measured.breakdown
+    assert (b.weights_gib, b.non_torch_gib, b.activation_gib, b.cudagraph_charged_gib) == pytest.approx(
         (15.0, 0.4, 1.5, 0.25)
     )
-    assert dict(b.sources)["weights"] == "observed"
-    assert dict(estimated.breakdown.sources)["weights"] == "estimate"
-    assert b.kv_gib == pytest.approx(21.6 - 15.0 - 0.4 - 1.5 - 0.25)
+    assert dict(b.sources)["weights"] == M.MEASURED
+    assert dict(estimated.breakdown.sources)["weights"] == M.ESTIMATE
+    assert b.kv_gib == pytest.approx(21.6 - 15.0 - 0.4 - 1.5 - 0.25, abs=1e-3)
     expected_tokens = int(b.kv_gib * GIB) // (16 * 57344) * 16
-    assert observed.kv_capacity_tokens == expected_tokens
+    assert measured.kv_capacity_tokens == expected_tokens
+    # predicted beside measured
+    assert measured.measured["weights"]["measured_gib"] == 15.0
+    assert estimated.measured == {}
 
 
-def test_observed_budget_and_kv_make_the_next_prediction_exact() -> None:
+def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
     flags = EngineFlags(max_model_len=8192)
-    obs = Observations(budget_gib=21.6, kv_cache_gib=5.0)
-    p = planner.plan(arch(Q7), gpu(24), flags, observations=obs)
+    cal = Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
+    p = planner.plan(arch(Q7), gpu(24), flags, calibration=cal)
     assert p.breakdown.kv_gib == pytest.approx(5.0, abs=1e-6)
     # utilization 0.95 adds 1.2 GiB to the same box's budget: all of it goes to KV
-    p95 = planner.plan(arch(Q7), gpu(24), flags.replace(gpu_memory_utilization=0.95), observations=obs)
-    assert p95.breakdown.kv_gib == pytest.approx(6.2, abs=1e-6)
+    p95 = planner.plan(arch(Q7), gpu(24), flags.replace(gpu_memory_utilization=0.95), calibration=cal)
+    assert p95.breakdown.kv_gib == pytest.approx(6.2, abs=1e-3)
+    # the same launch's figures carry over to fp8 KV: twice the tokens in the same bytes
+    fp8 = planner.plan(arch(Q7), gpu(24), flags.replace(kv_cache_dtype="fp8"), calibration=cal)
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * p.kv_capacity_tokens, abs=16)
 
 
-def test_observed_kv_tokens_stand_in_for_kv_gib() -> None:
-    flags = EngineFlags(max_model_len=8192)
-    tokens = 100_000  # block-aligned at 16
-    p = planner.plan(
-        arch(Q7), gpu(24), flags, observations=Observations(budget_gib=21.6, kv_cache_tokens=tokens)
-    )
-    assert p.kv_capacity_tokens == tokens
-    # the same run's numbers carry over to the recommended fp8 KV: twice the tokens in the same bytes
-    full = planner.plan(
-        arch(Q7), gpu(24), EngineFlags(), observations=Observations(budget_gib=21.6, kv_cache_tokens=tokens)
-    )
-    assert full.kv_capacity_tokens == tokens and not full.fits
-    assert full.recommended is not None and full.recommended.kv_cache_dtype == "fp8"
-    assert full.recommended_kv_capacity_tokens == 2 * tokens
+def test_measured_cuda_graphs_do_not_count_when_eager() -> None:
+    flags = EngineFlags(max_model_len=8192, enforce_eager=True)
+    cal = Calibration(EngineFlags(max_model_len=8192), {"cudagraph_gib": 2.0, "cudagraph_estimated_gib": 2.5})
+    p = planner.plan(arch(Q7), gpu(24), flags, calibration=cal)
+    assert p.breakdown.cudagraph_gib == 0 and p.breakdown.cudagraph_charged_gib == 0
 
 
-def test_observed_cuda_graphs_do_not_count_when_eager() -> None:
-    obs = Observations(cudagraph_gib=2.0)
-    p = planner.plan(arch(Q7), gpu(24), EngineFlags(max_model_len=8192, enforce_eager=True), observations=obs)
-    assert p.breakdown.cudagraph_gib == 0
+def test_the_plan_says_which_version_and_batch_defaults_it_assumed() -> None:
+    h100 = gpu(79.11, cc=(9, 0), name="NVIDIA H100 80GB HBM3")
+    p = planner.plan(arch(Q7), h100, EngineFlags(max_model_len=8192), version="0.19.0")
+    assert p.vllm_version == "0.19.0" and p.engine == "V1" and p.version_note is None
+    d = p.assumed_defaults
+    assert (d["max_num_seqs"], d["max_num_batched_tokens"], d["max_num_seqs_from"]) == (1024, 8192, "default")
+    # 0.19 does not charge the graph estimate, 0.20 does: less KV
+    p20 = planner.plan(arch(Q7), h100, EngineFlags(max_model_len=8192), version="0.20.0")
+    assert p20.breakdown.cudagraph_charged_gib > 0 == p.breakdown.cudagraph_charged_gib
+    assert p20.kv_capacity_tokens < p.kv_capacity_tokens
+    old = planner.plan(arch(Q7), gpu(24), EngineFlags(max_model_len=8192), version="0.6.4")
+    assert old.engine == "V0" and old.version_note and old.version_note in old.notes
 
 
-def test_observations_round_trip() -> None:
-    obs = Observations(weights_gib=1.0, kv_cache_tokens=3840)
-    assert Observations.from_dict({**obs.to_dict(), "other": 1}) == obs
-    assert Observations().empty and not obs.empty
+def test_a_tp_size_vllm_refuses_is_never_recommended() -> None:
+    # 64 attention heads on 3 GPUs: vLLM refuses tensor parallel 3; plan says so and uses 2 (or 1)
+    device = gpu(79.11, cc=(9, 0), count=3, source="probe", name="NVIDIA H100 80GB HBM3")
+    p = planner.plan(arch(L70), device, EngineFlags(max_model_len=32768, tensor_parallel_size=3))
+    assert not p.fits and not p.starts_as_given
+    assert any("tensor_parallel_size 3" in n for n in p.notes)
+    assert p.recommended is not None and p.recommended.tensor_parallel_size == 2
+    assert all(s.flags.tensor_parallel_size in (1, 2, 4, 8) for s in p.suggestions)
+    # Qwen-14B's 40 heads: ways out never propose 3 (or 6) GPUs either
+    q = planner.plan(arch(Q14), gpu(24, count=1), EngineFlags())
+    tps = [s.flags.tensor_parallel_size for s in q.suggestions if s.kind == "tensor_parallel"]
+    assert tps and all(40 % t == 0 and (t % 8 == 0 or 8 % t == 0) for t in tps)
 
 
 # --- configs of other shapes -------------------------------------------------------------------
@@ -605,8 +593,8 @@ def test_approximations_are_named(extra: dict[str, Any], word: str) -> None:
 
 def test_mla_kv_is_one_latent_per_layer() -> None:
     a = arch_from_config({**BASE, "model_type": "deepseek_v3", "kv_lora_rank": 512, "qk_rope_head_dim": 64})
-    assert planner.kv_bytes_per_token(a, "auto") == 4 * (512 + 64) * 2
-    assert planner.kv_bytes_per_token(a, "auto", 4) == 4 * (512 + 64) * 2
+    assert M.kv_bytes_per_token(a, "auto") == 4 * (512 + 64) * 2
+    assert M.kv_bytes_per_token(a, "auto", 4) == 4 * (512 + 64) * 2
 
 
 def test_moe_counts_every_expert() -> None:
@@ -626,9 +614,7 @@ def test_checkpoint_quantization_is_read() -> None:
         {**BASE, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
     )
     assert (a.quantization, a.weight_bits) == ("awq", 4)
-    assert planner.weights_bytes(a, EngineFlags()) < planner.weights_bytes(
-        arch_from_config(BASE), EngineFlags()
-    )
+    assert M.weights_bytes(a, EngineFlags()) < M.weights_bytes(arch_from_config(BASE), EngineFlags())
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,13 @@ from pathlib import Path
 
 from r1sup import catalog, planner, profiles
 from r1sup import config as cfg
+from r1sup import memmodel as M
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.tuner import ModelKnowledge, calibration, planner_suggestions, status_line
+from r1sup.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions, status_line
 from r1sup_proc import write_config
 
+Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 BOX = DeviceFacts(backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 4090", 24 * GIB, 23 * GIB, (8, 9)),))
 
 
@@ -41,20 +43,18 @@ def save(store: profiles.ProfileStore, fingerprint: dict, flags: EngineFlags, ob
     assert store.save(profile) is not None
 
 
-def test_calibration_carries_measured_weights_to_another_target_on_the_same_box(tmp_path: Path):
+def test_calibration_carries_a_launch_to_another_target_on_the_same_box(tmp_path: Path):
     store = profiles.ProfileStore(tmp_path)
-    save(
-        store,
-        fp(),
-        EngineFlags(max_model_len=32768),
-        {"weights_gib": 14.2, "non_torch_gib": 0.4, "cudagraph_gib": 1.1},
-    )
-    other_target = fp(target={"concurrency": 8, "context": 4096})
-    assert calibration(store, other_target, EngineFlags()) == {"weights_gib": 14.2, "non_torch_gib": 0.4}
-    # weights measured without quantization say nothing about fp8 weights; non-torch still holds
-    assert calibration(store, other_target, EngineFlags(quantization="fp8")) == {"non_torch_gib": 0.4}
-    # another tensor parallel size: nothing carries over
-    assert calibration(store, other_target, EngineFlags(tensor_parallel_size=2)) == {}
+    figures = {"weights_gib": 14.2, "non_torch_gib": 0.4, "cudagraph_gib": 1.1, "kv_cache_gib": 5.0}
+    save(store, fp(), EngineFlags(max_model_len=32768), figures)
+    found = calibration(store, fp(target={"concurrency": 8, "context": 4096}))
+    assert found is not None
+    assert found.flags == EngineFlags(max_model_len=32768)  # the flags the figures were measured with
+    assert dict(found.figures) == figures and str(found.version) == "0.33.0"
+    # the memory model moves them to other flags: fp8 weights shrink the measured 14.2 GiB
+    know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
+    fp8 = M.evaluate(know.arch, BOX, EngineFlags(quantization="fp8"), "0.33.0", found)
+    assert fp8.weights.source == M.SCALED and 7.5 < fp8.weights.gib < 9.0
 
 
 def test_calibration_ignores_other_boxes_and_other_engines(tmp_path: Path):
@@ -64,7 +64,16 @@ def test_calibration_ignores_other_boxes_and_other_engines(tmp_path: Path):
     )
     save(store, fp(device=other_gpu), EngineFlags(), {"weights_gib": 14.2})
     save(store, fp(versions={"vllm": "0.20.0", "torch": "2.6.0"}), EngineFlags(), {"weights_gib": 14.3})
-    assert calibration(store, fp(target={"concurrency": 1, "context": 2048}), EngineFlags()) == {}
+    assert calibration(store, fp(target={"concurrency": 1, "context": 2048})) is None
+
+
+def test_the_version_comes_from_the_fingerprint_when_nothing_else_knows_it():
+    know = ModelKnowledge(device=BOX)
+    assert know.version() == M.NEWEST_KNOWN
+    adopt_versions(know, fp(versions={"vllm": "0.19.0", "torch": "2.6.0"}))
+    assert str(know.version()) == "0.19.0"
+    adopt_versions(know, fp())  # a version already known is kept
+    assert str(know.version()) == "0.19.0"
 
 
 def test_status_line_reads_like_an_operator_would_write_it():

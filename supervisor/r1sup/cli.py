@@ -123,8 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", metavar="NAME", help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80'")
     p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of one GPU in GiB")
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs for tensor parallel")
+    p.add_argument(
+        "--vllm-version",
+        metavar="X.Y.Z",
+        help="size for this vLLM release (default: the installed vLLM's, else the newest r1sup knows)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_plan_flags(p)
+    p.add_argument(
+        "--dtype", choices=("auto", "bfloat16", "float16", "float32"), help="vLLM's --dtype (weights, KV)"
+    )
 
     p = add(
         "diagnose",

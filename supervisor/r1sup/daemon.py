@@ -38,7 +38,7 @@ from r1sup.flags import EngineFlags
 from r1sup.notify import Notifier
 from r1sup.runner import Launch, StopRequested
 from r1sup.session import Session, now_iso, save_profile
-from r1sup.tuner import Tuner, TuneResult, calibration, ladder_facts, status_line
+from r1sup.tuner import Tuner, TuneResult, adopt_versions, calibration, ladder_facts, status_line
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
@@ -363,6 +363,7 @@ class Daemon:
         self.fingerprint = profiles.current_fingerprint(
             self.config, device=self.know.device, versions=self.know.versions()
         )
+        adopt_versions(self.know, self.fingerprint)
         store = profiles.ProfileStore(self.config.state.dir)
         self.runner.expected_phases = runrecord.expected_phases(store, self.fingerprint)
         key = profiles.fingerprint_key(self.fingerprint)
@@ -376,14 +377,14 @@ class Daemon:
             why = f"{where} {key} (tuned {saved.updated_at})"
             self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)
             self.note("profile_found", key=key)
-        measured: dict[str, float] = {}
+        measured = None
         if saved is None and start is None:
             self.log.info("profile_missing", key=key)
-            measured = calibration(store, self.fingerprint, EngineFlags.from_start(self.config.start))
-            if measured:
-                self.log.info("planner_calibrated", **measured)
+            measured = calibration(store, self.fingerprint)
+            if measured is not None:
+                self.log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
         tuner = self._tuner()
-        result = tuner.run(start, keep_running=True, history=self.history, observations=measured, why=why)
+        result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
         self.history = result.history or self.history
         if result.ok:
             persisted = saved is not None and result.launches == 1

@@ -16,20 +16,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from r1sup import failure as F
+from r1sup import memmodel
 from r1sup.config import LadderSection
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
+from r1sup.hardware import DeviceFacts, GpuInfo
 
 GIB = 1024**3
 MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
 FREE_MARGIN_GIB = 0.25  # stay this far below the free memory measured before launch
 UTIL_STEP = 0.05  # blind utilization step, when no number says better
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM V1 defaults, used when the flag is unset and the log gives no figure
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 MIN_BATCHED_TOKENS = 256
 PINNED_RESERVE_GIB = 1.0  # a shrunk pinned KV cache leaves this much (or a fifth) of the free memory free
 PINNED_RESERVE_FRACTION = 0.2
@@ -103,6 +104,42 @@ class Facts:
     block_size: int = 16
     holders: tuple[str, ...] = ()  # other processes holding device memory, for messages
     suggestions: tuple[str, ...] = ()  # the planner's ways out, for a give-up message
+    gpu_name: str | None = None  # for vLLM's batch defaults (A100s get the small ones)
+    vllm_version: str | None = None  # None: the newest the memory model knows
+    arch: Any = None  # memmodel.ModelArch when the model's config.json is known
+
+    def version(self) -> memmodel.Version:
+        try:
+            return memmodel.as_version(self.vllm_version)
+        except ValueError:
+            return memmodel.NEWEST_KNOWN
+
+    def device(self) -> DeviceFacts:
+        """The box as the memory model reads it (one GPU of ``total_gib``)."""
+        total = int((self.total_gib or 0) * GIB)
+        free = int((self.free_gib if self.free_gib is not None else self.total_gib or 0) * GIB)
+        if self.backend == "cpu":
+            return DeviceFacts(backend="cpu", host_total_bytes=total, host_available_bytes=free)
+        gpu = GpuInfo(0, self.gpu_name or "", total, free, self.compute_capability)
+        return DeviceFacts(backend=self.backend, gpus=(gpu,) * max(1, self.gpu_count))
+
+    def batch(self, flags: EngineFlags) -> tuple[int, int]:
+        """(max_num_seqs, max_num_batched_tokens) vLLM runs ``flags`` with on this box and version."""
+        if self.arch is not None:
+            b = memmodel.resolve_batch(self.arch, self.device(), flags, self.version())
+            return b.max_num_seqs, b.max_num_batched_tokens
+        length = flags.max_model_len if flags.max_model_len not in (None, -1) else self.model_max_len
+        d = memmodel.batch_defaults(self.device(), self.version(), flags.tensor_parallel_size, length)
+        tokens = flags.max_num_batched_tokens or d.max_num_batched_tokens
+        seqs = flags.max_num_seqs or min(d.max_num_seqs, tokens)
+        return seqs, tokens
+
+    def next_tensor_parallel(self, tp: int) -> int | None:
+        """The next tensor-parallel size up that the GPUs allow and vLLM accepts for this model."""
+        if self.arch is None:
+            return 2 * tp if self.gpu_count >= 2 * tp else None
+        bigger = [t for t in memmodel.valid_tp_sizes(self.arch, self.gpu_count) if t > tp]
+        return bigger[0] if bigger else None
 
 
 @dataclass(frozen=True)
@@ -142,24 +179,22 @@ Decision = Step | GiveUp
 
 
 def kv_bpt(flags: EngineFlags, facts: Facts) -> float | None:
-    """KV bytes per token per device for these flags (fp8 halves the model dtype's)."""
+    """KV bytes per token per device for these flags, from the model's (memmodel.kv_bytes_per_token_as)."""
     if not facts.kv_bytes_per_token:
         return None
-    return facts.kv_bytes_per_token / 2 if flags.fp8_kv else float(facts.kv_bytes_per_token)
+    dtype_bytes = facts.arch.dtype_bytes if facts.arch is not None else 2
+    return memmodel.kv_bytes_per_token_as(facts.kv_bytes_per_token, dtype_bytes, flags.kv_cache_dtype)
 
 
-def blocks_for(kv_bytes: float, bpt: float, block: int) -> int:
-    return int(kv_bytes // (bpt * block))
-
-
-def max_len_for(kv_bytes: float, bpt: float, block: int) -> int:
-    """vLLM's estimated maximum model length: all blocks but the reserved null block."""
-    return max(0, (blocks_for(kv_bytes, bpt, block) - 1) * block)
+def max_len_for(kv_bytes: float, bpt: float, block: int, facts: Facts) -> int:
+    """vLLM's estimated maximum model length for a KV budget (memmodel: all blocks but the null block)."""
+    blocks = memmodel.num_blocks(kv_bytes, bpt, block)
+    return memmodel.estimated_max_model_len(blocks, block, 1 << 62, facts.version())
 
 
 def bytes_for_len(length: int, bpt: float, block: int) -> float:
     """KV bytes vLLM needs for one request of ``length`` tokens (plus the null block)."""
-    return (math.ceil(length / block) + 1) * block * bpt
+    return memmodel.kv_bytes_for_context(length, bpt, block)
 
 
 def kv_bytes_available(
@@ -332,8 +367,10 @@ def _kv_options(
         if need_len:
             total = bytes_for_len(need_len, b, block)
         if need_tokens:
-            total = max(total, (math.ceil(need_tokens / block) + 1) * block * b)
+            total = max(total, bytes_for_len(need_tokens, b, block))
         return total
+
+    fp8_bpt = kv_bpt(flags.replace(kv_cache_dtype=fp8), facts) if fp8 else None
 
     if have is not None and bpt:
         # 1. more utilization keeps everything else as asked
@@ -346,13 +383,13 @@ def _kv_options(
                     f"utilization {flags.gpu_memory_utilization:g} -> {util:g} keeps the context",
                 )
         # 2. fp8 KV halves the bytes per token
-        if fp8:
-            if need_bytes(bpt / 2) <= have:
+        if fp8 and fp8_bpt:
+            if need_bytes(fp8_bpt) <= have:
                 yield Step(
                     flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) doubles the KV capacity; context kept"
                 )
             elif not pinned:
-                util = _util_for_bytes(flags, have, need_bytes(bpt / 2), facts)
+                util = _util_for_bytes(flags, have, need_bytes(fp8_bpt), facts)
                 if util is not None and flags.gpu_memory_utilization < util <= max_util:
                     yield Step(
                         flags.replace(kv_cache_dtype=fp8, gpu_memory_utilization=util),
@@ -366,8 +403,10 @@ def _kv_options(
             if not pinned and facts.total_gib and max_util > best_util:
                 budget = have + (max_util - best_util) * facts.total_gib * GIB
                 best_util = max_util
-            best_bpt = bpt / 2 if fp8 else bpt
-            longest = max_len_for(budget / (1 + KV_MARGIN) if budget != have else budget, best_bpt, block)
+            best_bpt = fp8_bpt if fp8 and fp8_bpt else bpt
+            longest = max_len_for(
+                budget / (1 + KV_MARGIN) if budget != have else budget, best_bpt, block, facts
+            )
             if facts.model_max_len:
                 longest = min(longest, facts.model_max_len)
             longest = min(longest, need_len)
@@ -375,7 +414,7 @@ def _kv_options(
             if fp8:
                 new = new.replace(kv_cache_dtype=fp8)
             if longest >= bounds.min_context and (
-                not need_tokens or _capacity(budget, best_bpt, block) >= need_tokens
+                not need_tokens or _capacity(budget, best_bpt, block, facts) >= need_tokens
             ):
                 yield Step(
                     new,
@@ -390,7 +429,7 @@ def _kv_options(
                     (new, _tokens_bytes(need_tokens, best_bpt, block) - budget),
                 ]
                 yield from _room_levers(flags, facts, bounds, history, obs, stages)
-                yield _capacity_give_up(bounds, _capacity(budget, best_bpt, block), fp8, best_util)
+                yield _capacity_give_up(bounds, _capacity(budget, best_bpt, block, facts), fp8, best_util)
             else:
                 bound = (
                     f"target.context {bounds.target_context}"
@@ -427,8 +466,8 @@ def _kv_options(
             )
 
 
-def _capacity(kv_bytes: float, bpt: float, block: int) -> int:
-    return max(0, (blocks_for(kv_bytes, bpt, block) - 1) * block)
+def _capacity(kv_bytes: float, bpt: float, block: int, facts: Facts) -> int:
+    return max_len_for(kv_bytes, bpt, block, facts)
 
 
 # --- smart rules per class -------------------------------------------------------------------------
@@ -453,7 +492,7 @@ def _kv_insufficient(
 
 def _tokens_bytes(tokens: int, bpt: float, block: int) -> float:
     """KV bytes ``tokens`` tokens at once need (whole blocks, the null block, the ladder's margin)."""
-    return (math.ceil(tokens / block) + 1) * block * bpt * (1 + KV_MARGIN)
+    return bytes_for_len(tokens, bpt, block) * (1 + KV_MARGIN)
 
 
 def _capacity_give_up(bounds: Bounds, capacity: int, fp8: str | None, util: float) -> GiveUp:
@@ -489,13 +528,16 @@ def _target_room(
         best = best.replace(gpu_memory_utilization=max_util)
     fp8 = None if flags.fp8_kv or not bounds.allow_fp8_kv else _fp8_kv_dtype(facts, history)
     if fp8:
-        best, best_bpt = best.replace(kv_cache_dtype=fp8), bpt / 2
+        best = best.replace(kv_cache_dtype=fp8)
+        best_bpt = kv_bpt(best, facts) or bpt
     stages = [
         (flags, _tokens_bytes(tokens, bpt, block) - have),
         (best, _tokens_bytes(tokens, best_bpt, block) - budget),
     ]
     yield from _room_levers(flags, facts, bounds, history, obs, stages)
-    yield _capacity_give_up(bounds, _capacity(budget, best_bpt, block), fp8, best.gpu_memory_utilization)
+    yield _capacity_give_up(
+        bounds, _capacity(budget, best_bpt, block, facts), fp8, best.gpu_memory_utilization
+    )
 
 
 def _room_levers(
@@ -510,9 +552,10 @@ def _room_levers(
 
     ``stages``: (flags, KV bytes still missing with them), mildest first. With the failed run's own
     figures a lever comes on the first stage whose shortfall its whole gain covers, and not at all when
-    none: eager mode frees at most the CUDA-graph memory vLLM took (or estimated), fp8 weights at most
-    half of the weights it loaded. More tensor parallelism (when the GPUs are there) halves the weights
-    on each GPU and splits the KV heads; it is proposed on ``flags`` as they are.
+    none: eager mode frees at most the CUDA-graph memory vLLM took (or estimated), fp8 weights what the
+    memory model says they save (unknown without the model's config: proposed on ``flags``). More tensor
+    parallelism (the next size the GPUs allow and vLLM accepts) splits the weights and KV heads; it is
+    proposed on ``flags`` as they are.
     """
     o = obs or {}
 
@@ -525,16 +568,19 @@ def _room_levers(
         return None
 
     graphs = max(o.get("cudagraph_gib", 0.0), o.get("cudagraph_estimated_gib", 0.0)) or None
-    weights = o.get("weights_gib")
+    saving = None
+    if facts.arch is not None:
+        saving = memmodel.fp8_weight_saving_gib(facts.arch, flags, o.get("weights_gib"))
     if bounds.allow_eager and not flags.enforce_eager and facts.backend == "cuda":
         new = placed({"enforce_eager": True}, graphs)
         if new is not None:
             yield Step(new, "eager mode frees the CUDA-graph memory for the KV cache")
     tp = flags.tensor_parallel_size
-    if bounds.allow_tensor_parallel and facts.backend == "cuda" and facts.gpu_count >= 2 * tp:
+    wider = facts.next_tensor_parallel(tp)
+    if bounds.allow_tensor_parallel and facts.backend == "cuda" and wider is not None:
         yield Step(
-            flags.replace(tensor_parallel_size=2 * tp),
-            f"more room on each GPU: tensor parallel {tp} -> {2 * tp} halves the weights per GPU",
+            flags.replace(tensor_parallel_size=wider),
+            f"more room on each GPU: tensor parallel {tp} -> {wider} splits the weights over more GPUs",
         )
     if (
         bounds.allow_weight_quantization
@@ -543,9 +589,9 @@ def _room_levers(
     ):
         cc = facts.compute_capability
         if cc is None or cc >= (8, 0):
-            new = placed({"quantization": "fp8"}, weights / 2 if weights else None)
+            new = placed({"quantization": "fp8"}, saving)
             if new is not None:
-                yield Step(new, "fp8 weights halve the weight memory")
+                yield Step(new, "fp8 weights take a byte per parameter of the linear layers")
 
 
 def _no_kv_memory(
@@ -642,10 +688,11 @@ def _oom_weights(
     history: History,
 ) -> Iterator[Step | GiveUp]:
     tp = flags.tensor_parallel_size
-    if bounds.allow_tensor_parallel and facts.backend == "cuda" and facts.gpu_count >= 2 * tp:
+    wider = facts.next_tensor_parallel(tp)
+    if bounds.allow_tensor_parallel and facts.backend == "cuda" and wider is not None:
         yield Step(
-            flags.replace(tensor_parallel_size=2 * tp),
-            f"weights do not fit one GPU: tensor parallel {tp} -> {2 * tp}",
+            flags.replace(tensor_parallel_size=wider),
+            f"weights do not fit one GPU: tensor parallel {tp} -> {wider}",
         )
     cc = facts.compute_capability
     if (
@@ -673,8 +720,9 @@ def _oom_profile(
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
     sampler = "sampler" in failure.evidence.lower() or "dummy requests" in failure.evidence.lower()
-    seqs = flags.max_num_seqs or _int(n.get("dummy_requests")) or DEFAULT_MAX_NUM_SEQS
-    batched = flags.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    default_seqs, default_batched = facts.batch(flags)
+    seqs = flags.max_num_seqs or _int(n.get("dummy_requests")) or default_seqs
+    batched = flags.max_num_batched_tokens or _int(n.get("max_num_batched_tokens")) or default_batched
     factor = 0.5
     tried, free = n.get("tried_to_allocate_mib"), n.get("device_free_mib")
     if tried and free is not None and tried > 0:
@@ -760,7 +808,7 @@ def _oom_runtime(
     obs: Mapping[str, float],
     history: History,
 ) -> Iterator[Step | GiveUp]:
-    seqs = flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    seqs = flags.max_num_seqs or _int(obs.get("max_num_seqs")) or facts.batch(flags)[0]
     if seqs > bounds.min_seqs:
         new = max(bounds.min_seqs, seqs // 2)
         yield Step(
@@ -798,7 +846,7 @@ def _host_oom(
             yield Step(
                 flags.replace(gpu_memory_utilization=util), f"host memory ran out: utilization -> {util:g}"
             )
-    seqs = flags.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    seqs = flags.max_num_seqs or _int(obs.get("max_num_seqs")) or facts.batch(flags)[0]
     if seqs > bounds.min_seqs:
         yield Step(
             flags.replace(max_num_seqs=max(bounds.min_seqs, seqs // 2)),
@@ -833,7 +881,7 @@ def _without_fp8_kv(flags: EngineFlags, facts: Facts, bounds: Bounds, history: H
     new = flags.replace(kv_cache_dtype="auto")
     reason = "fp8 KV is not supported here: model-dtype KV"
     if history.kv_bytes and facts.kv_bytes_per_token and flags.max_model_len:
-        longest = max_len_for(history.kv_bytes, facts.kv_bytes_per_token, facts.block_size)
+        longest = max_len_for(history.kv_bytes, facts.kv_bytes_per_token, facts.block_size, facts)
         if longest < flags.max_model_len:
             if longest < bounds.min_context:
                 return GiveUp(

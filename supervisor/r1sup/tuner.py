@@ -25,15 +25,25 @@ class ModelKnowledge:
     """What r1sup knows about the box and the model before launching (for planner and ladder)."""
 
     device: DeviceFacts | None = None
-    arch: Any = None  # planner.ModelArch, when the model's config.json was found
+    arch: Any = None  # memmodel.ModelArch, when the model's config.json was found
     config_hash: str | None = None
     notes: list[str] = field(default_factory=list)
-    vllm_version: str | None = None  # of server.python's vLLM, from the preflight (vllm.__version__)
+    # of server.python's vLLM, from the preflight (vllm.__version__; else the fingerprint's: adopt_versions)
+    vllm_version: str | None = None
     torch_version: str | None = None
 
     def versions(self) -> dict[str, str | None]:
         """As the fingerprint keys them."""
         return {"vllm": self.vllm_version, "torch": self.torch_version}
+
+    def version(self) -> Any:
+        """The vLLM version the memory model sizes for (memmodel.Version; the newest it knows if unknown)."""
+        from r1sup import memmodel
+
+        try:
+            return memmodel.as_version(self.vllm_version)
+        except ValueError:
+            return memmodel.NEWEST_KNOWN
 
 
 @dataclass
@@ -93,7 +103,7 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
     """Device facts and the model's architecture, best effort: missing pieces only make the ladder blunter.
 
     ``engine`` is the preflight's :class:`r1sup.preflight.EngineEnv` (the versions of vLLM and torch)."""
-    from r1sup import devices, modelinfo, planner
+    from r1sup import devices, memmodel, modelinfo
     from r1sup.errors import ConfigError
 
     know = ModelKnowledge()
@@ -105,7 +115,7 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
         log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
     try:
         model_config = modelinfo.load_model_config(config.model.name, config.model.revision)
-        know.arch = planner.arch_from_config(model_config)
+        know.arch = memmodel.arch_from_config(model_config)
         know.config_hash = modelinfo.config_hash(model_config)
     except ConfigError as exc:
         know.notes.append(f"model architecture unknown ({exc.message}); the ladder uses vLLM's numbers only")
@@ -116,14 +126,21 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
     return know
 
 
+def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
+    """The vLLM version the fingerprint learned from ``server.python``, when nothing better is known."""
+    versions = fingerprint.get("versions")
+    if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
+        know.vllm_version = str(versions["vllm"])
+
+
 def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> L.Facts:
-    from r1sup import planner
+    from r1sup import memmodel
 
     device = know.device
     backend = device.backend if device else "cuda"
     bpt = None
     if know.arch is not None:
-        bpt = planner.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
+        bpt = memmodel.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
     holders: tuple[str, ...] = ()
     if device:
         holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
@@ -136,16 +153,19 @@ def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[st
         fp8_kv_supported=device.fp8_kv_supported if device else None,
         model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
         kv_bytes_per_token=bpt,
-        block_size=planner.block_size(backend),
+        block_size=memmodel.block_size(backend),
         holders=holders,
         suggestions=suggestions,
+        gpu_name=memmodel.gpu_name(device) if device else None,
+        vllm_version=str(know.version()),
+        arch=know.arch,
     )
 
 
-def plan_first(
-    config: Config, know: ModelKnowledge, observations: dict[str, float], log: Any
-) -> tuple[EngineFlags, str]:
-    """The first launch's flags: the user's, or the planner's when the user's are predicted not to fit."""
+def plan_first(config: Config, know: ModelKnowledge, calibration: Any, log: Any) -> tuple[EngineFlags, str]:
+    """The first launch's flags: the user's, or the planner's when the user's are predicted not to fit.
+
+    ``calibration``: a memmodel.Calibration from an earlier launch on this box, or None."""
     flags = EngineFlags.from_start(config.start)
     if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
         return flags, "as configured"
@@ -157,8 +177,9 @@ def plan_first(
         flags,
         target_concurrency=config.target.concurrency,
         target_context=config.target.context,
-        observations=planner.Observations.pick(observations) if observations else None,
+        calibration=calibration,
         bounds=planner.ladder_bounds(config.ladder),
+        version=know.version(),
     )
     log.info(
         "plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens, max_context=plan.max_context
@@ -171,29 +192,44 @@ def plan_first(
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
 
 
-def calibration(store: Any, fingerprint: dict[str, Any], flags: EngineFlags) -> dict[str, float]:
-    """Measured figures from an earlier profile of the same model on the same box (other target or
-    bounds), for the planner: weights when quantization and tensor parallel match, non-torch memory
-    when tensor parallel matches. Figures that depend on other flags are not carried over."""
-    same = [
+def calibration(store: Any, fingerprint: dict[str, Any]) -> Any:
+    """The memory model's calibration from the newest profile of the same model on the same box and
+    vLLM version (this fingerprint's, or one for another target or bounds): what that launch printed,
+    with its flags (memmodel.Calibration), or None. The model moves each figure to other flags itself."""
+    from r1sup import memmodel, profiles
+
+    found = store.load(profiles.fingerprint_key(fingerprint))
+    same = [found] if found is not None else []
+    same += [
         p
         for p, _ in store.near_misses(fingerprint)
         if all(p.fingerprint.get(k) == fingerprint.get(k) for k in CALIBRATION_KEYS)
     ]
-    for profile in same:  # newest first
-        old = profile.flags
-        out: dict[str, float] = {}
-        if old.get("tensor_parallel_size", 1) == flags.tensor_parallel_size:
-            if "non_torch_gib" in profile.observations:
-                out["non_torch_gib"] = float(profile.observations["non_torch_gib"])
-            if old.get("quantization") == flags.quantization and "weights_gib" in profile.observations:
-                out["weights_gib"] = float(profile.observations["weights_gib"])
-        if out:
-            return out
-    return {}
+    for profile in same:  # this box's own profile first, then the newest
+        figures = {k: float(v) for k, v in profile.observations.items() if isinstance(v, (int, float))}
+        if not figures:
+            continue
+        try:
+            flags = EngineFlags.from_dict(profile.flags)
+            version = memmodel.as_version((profile.fingerprint.get("versions") or {}).get("vllm"))
+        except (TypeError, ValueError):
+            continue
+        return memmodel.Calibration(flags=flags, figures=figures, version=version)
+    return None
 
 
-def planner_suggestions(config: Config, know: ModelKnowledge, flags: EngineFlags) -> tuple[str, ...]:
+def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: dict[str, float]) -> Any:
+    """A calibration from one launch's figures (None when it printed none of the memory terms)."""
+    from r1sup import memmodel
+
+    if not any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
+        return None
+    return memmodel.Calibration(flags=flags, figures=dict(figures), version=know.version())
+
+
+def planner_suggestions(
+    config: Config, know: ModelKnowledge, flags: EngineFlags, calibration: Any = None
+) -> tuple[str, ...]:
     if know.arch is None or know.device is None:
         return ()
     from r1sup import planner
@@ -206,6 +242,8 @@ def planner_suggestions(config: Config, know: ModelKnowledge, flags: EngineFlags
             target_concurrency=config.target.concurrency,
             target_context=config.target.context,
             bounds=planner.ladder_bounds(config.ladder),
+            calibration=calibration,
+            version=know.version(),
         )
     except (ValueError, ZeroDivisionError):
         return ()
@@ -246,11 +284,12 @@ class Tuner:
         observations: dict[str, float] | None = None,
         history: L.History | None = None,
         why: str = "",
+        calibration: Any = None,
     ) -> TuneResult:
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
         obs: dict[str, float] = dict(observations or {})
         if start is None:
-            start, why = plan_first(self.config, self.know, obs, self.log)
+            start, why = plan_first(self.config, self.know, calibration, self.log)
             why = explain_first(why, self.know)
             self.log.info("first_flags", flags=start.to_dict(), reason=why)
         flags = start
@@ -281,6 +320,7 @@ class Tuner:
                     self.listener("probing", attempt=attempt, flags=flags)
                     failure = self.runner.probe(launch)
             obs.update(launch.observations)
+            calibration = launch_calibration(self.know, flags, launch.observations) or calibration
             record = Attempt(
                 number=attempt,
                 flags=flags.to_dict(),
@@ -298,7 +338,8 @@ class Tuner:
             if failure.cls == F.NONE:
                 result.ok, result.exit_code, result.flags = True, EXIT_OK, flags
                 result.probe = launch.probe
-                result.observations = obs
+                # the figures of this launch alone: they calibrate the memory model for these flags
+                result.observations = dict(launch.observations)
                 if keep_running:
                     result.live = launch
                 else:
@@ -309,7 +350,9 @@ class Tuner:
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
             result.failure = failure
             self.listener("failure", attempt=attempt, failure=failure)
-            suggestions = planner_suggestions(self.config, self.know, flags) if failure.memory else ()
+            suggestions = (
+                planner_suggestions(self.config, self.know, flags, calibration) if failure.memory else ()
+            )
             facts = ladder_facts(self.know, flags, suggestions)
             decision = L.next_step(flags, failure, history, self.bounds, facts, obs)
             if isinstance(decision, L.GiveUp):

