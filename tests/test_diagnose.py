@@ -21,7 +21,8 @@ from conftest import free_port
 from r1sup import cli
 from r1sup import failure as fl
 from r1sup.commands.diagnose import diagnose_path, render, report
-from r1sup.logparse import LogReader, advice, diagnose_text, lines_from_chunks
+from r1sup.ladder import advise
+from r1sup.logparse import LogReader, diagnose_text, lines_from_chunks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,9 @@ def test_human_report(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert "  estimated_max_model_len  3712" in lines
     assert "  max_model_len            32768" in lines
-    assert lines[-1].startswith("next      ") and "--max-model-len to 3712" in lines[-1]
+    # the ladder's own decision: vLLM's estimate, the KV size pinned by the log's --kv-cache-memory-bytes
+    assert lines[-1].startswith("next      r1sup would relaunch with max_model_len 32768 -> 3712")
+    assert "--kv-cache-memory-bytes 4000000" in lines[-1]
 
 
 def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
@@ -83,10 +86,53 @@ def test_json_matches_the_reader_for_every_fixture(path: str, capsys: pytest.Cap
     reader = LogReader()
     reader.feed_lines(lines_from_chunks([(FIXTURES / path).read_bytes()]))
     diagnosis = reader.diagnose()
-    assert json.loads(out) == report(diagnosis)
+    advice = advise(
+        diagnosis.failure,
+        reader.engine_args,
+        reader.engine_version,
+        reader.engine_device,
+        reader.observations,
+    )
+    assert json.loads(out) == report(diagnosis, advice)
     assert diagnosis.vllm_log
-    assert report(diagnosis)["advice"] == advice(diagnosis.failure)
     assert diagnosis.failure == diagnose_text(lines_from_chunks([(FIXTURES / path).read_bytes()]))[0]
+
+
+# fixture -> what the ladder does with it, as the advice says it
+LADDER_ADVICE = [
+    ("gpu/oom-cudagraph-v1-tp2.log", "r1sup would relaunch with enforce_eager false -> true"),
+    ("gpu/oom-profile-sampler-v1.log", "max_num_seqs default -> 512"),  # the sampler ran 1024 requests
+    ("gpu/oom-weights-v1.log", "r1sup would stop (exit 3): the weights alone do not fit"),
+    ("gpu/free-mem-below-util-gpu.log", "r1sup would stop (exit 3): only 7.34 of 139.72 GiB is free"),
+    ("gpu/port-in-use-uvicorn-ci.log", "r1sup would stop (exit 4): the port is taken"),
+    ("gpu/success-v1-full.log", "Nothing failed"),
+]
+
+
+@pytest.mark.parametrize(("path", "needle"), LADDER_ADVICE)
+def test_advice_is_the_ladders_decision(path: str, needle: str) -> None:
+    _, advice = diagnose_path(str(FIXTURES / path))
+    assert needle in advice
+
+
+@pytest.mark.parametrize("cls", sorted(fl.ALL_CLASSES))
+def test_advice_for_every_class_without_figures(cls: str) -> None:
+    text = advise(fl.Failure(cls))
+    assert len(text) > 30 and "\n" not in text
+    assert text.startswith(("r1sup would", "Nothing failed"))
+
+
+def test_advice_never_promises_a_change_the_ladder_gives_up_on() -> None:
+    # a context below [ladder] min_max_model_len: the ladder stops, so the advice says so (the old text
+    # promised "set --max-model-len to 1024")
+    failure = fl.Failure(
+        fl.KV_INSUFFICIENT,
+        fl.PHASE_KV_CACHE,
+        "ValueError: To serve at least one request ...",
+        {"max_model_len": 32768.0, "estimated_max_model_len": 1024.0, "kv_available_gib": 0.1},
+    )
+    text = advise(failure, {"max_model_len": 32768, "kv_cache_memory_bytes": 100_000_000})
+    assert text.startswith("r1sup would stop (exit 3)") and "1024" in text
 
 
 @pytest.mark.parametrize(("target", "reason"), [("missing.log", "No such file"), (".", "Is a directory")])
@@ -100,10 +146,11 @@ def test_unreadable_input_exits_2(
 
 
 def test_render_numbers_and_empty_verdict() -> None:
-    text = render(fl.Failure(fl.NONE))
+    text = render(fl.Failure(fl.NONE), "nothing")
     assert "class     none (not memory)" in text and "numbers   (none)" in text and "evidence  (none)" in text
+    assert text.endswith("next      nothing\n")
     text = render(
-        fl.Failure(fl.OOM_RUNTIME, phase=fl.PHASE_SERVING, evidence="bell\x07", numbers={"a_gib": 1.5})
+        fl.Failure(fl.OOM_RUNTIME, phase=fl.PHASE_SERVING, evidence="bell\x07", numbers={"a_gib": 1.5}), "-"
     )
     assert "evidence  bell?" in text and "  a_gib  1.5" in text
 
@@ -214,7 +261,7 @@ HOSTILE = [
 def test_hostile_input_in_process(what: str, data: bytes, cls: str, tmp_path: Path) -> None:
     path = tmp_path / "input.log"
     path.write_bytes(data)
-    assert diagnose_path(str(path)).failure.cls == cls
+    assert diagnose_path(str(path))[0].failure.cls == cls
 
 
 @pytest.mark.timeout(120)
@@ -244,7 +291,7 @@ def test_fifty_megabyte_line_in_bounded_memory(tmp_path: Path) -> None:
     write_huge_line(path)
     tracemalloc.start()
     try:
-        failure = diagnose_path(str(path)).failure
+        failure = diagnose_path(str(path))[0].failure
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -16,7 +16,6 @@ from r1sup.logparse import (
     LogLine,
     LogReader,
     Progress,
-    advice,
     diagnose_text,
     lines_from_chunks,
     parse_line,
@@ -105,7 +104,7 @@ FIXTURE_CASES = [
             "max_concurrency": 7.03,
             "cudagraph_gib": 0.87,
             "cudagraph_estimated_gib": 0.96,
-            "peak_activation_gib": 1.68,
+            "breakdown_activation_gib": 1.68,  # 0.27+: the charged graph estimate is inside it
             "consumed_gib": 28.13,
             "free_gib": 78.68,
             "total_gib": 79.19,
@@ -572,6 +571,65 @@ def test_feed_returns_the_relay_line_first(raw: str, text: str) -> None:
 # Progress events
 
 PROGRESS_CASES = [
+    # vLLM 0.19 on H100 (llm-d-planner PR 205 logs)
+    (
+        "(EngineCore pid=242) INFO 04-22 00:04:20 [v1/worker/gpu_model_runner.py:5955] Estimated CUDA graph "
+        "memory: 0.84 GiB total",
+        "cudagraph_estimate",
+        {"cudagraph_estimated_gib": 0.84},
+    ),
+    (
+        "(Worker_TP1 pid=445) DEBUG 04-22 01:36:26 [v1/worker/gpu_worker.py:435] Memory profiling takes 19.45 "
+        "seconds. Total non KV cache memory: 11.47GiB; torch peak memory increase: 1.89GiB; non-torch forward "
+        "increase memory: 2.07GiB; weights memory: 7.51GiB.",
+        "memory_profile",
+        {"non_kv_total_gib": 11.47, "peak_activation_gib": 1.89, "non_torch_gib": 2.07, "weights_gib": 7.51},
+    ),
+    (
+        "(Worker pid=445) DEBUG 04-22 01:35:55 [v1/worker/gpu_worker.py:284] worker init memory snapshot: "
+        "torch_peak=0.01GiB, free_memory=77.66GiB, total_memory=79.19GiB, cuda_memory=1.53GiB, "
+        "torch_memory=0.02GiB, non_torch_memory=1.51GiB, timestamp=1776821755.3217318, auto_measure=True",
+        "memory_snapshot",
+        {"init_free_gib": 77.66, "total_gib": 79.19, "init_cuda_gib": 1.53},
+    ),
+    (
+        "(APIServer pid=1) INFO 04-22 00:03:36 [config/scheduler.py:238] Chunked prefill is enabled with "
+        "max_num_batched_tokens=8192.",
+        "engine_config",
+        {"max_num_batched_tokens": 8192},
+    ),
+    # vLLM 0.32's MemoryProfilingResult and a negative budget, as vLLM prints them
+    (
+        "(EngineCore pid=9) DEBUG 06-02 09:14:40 [gpu_worker.py:758] Memory profiling takes 6.10 seconds. Total "
+        "non KV cache memory: 30.2GiB; torch peak memory increase: 1.68GiB; total consumed (from mem_get_info): "
+        "28.13GiB; weights memory: 27.54GiB.",
+        "memory_profile",
+        {"non_kv_total_gib": 30.2, "peak_activation_gib": 1.68, "consumed_gib": 28.13, "weights_gib": 27.54},
+    ),
+    (
+        "(EngineCore pid=9) INFO 06-02 09:14:40 [gpu_worker.py:760] Available KV cache memory: -2.16 GiB",
+        "kv_cache_available",
+        {"kv_cache_gib": -2.16},
+    ),
+    # 0.20-0.26 print weights, activation and non-torch apart (gpu_worker.py compile_or_warm_up_model)
+    (
+        "(EngineCore pid=9) INFO 05-02 10:00:00 [gpu_worker.py:842] Free memory on device (23.21/23.55 GiB) on "
+        "startup. Desired GPU memory utilization is (0.9, 21.2 GiB). Actual usage is 14.25 GiB for weight, 0.61 "
+        "GiB for peak activation, 0.25 GiB for non-torch memory, and 0.62 GiB for CUDAGraph memory. Replace "
+        "gpu_memory_utilization config with `--kv-cache-memory=5600000000` (5.22 GiB) to fit into requested "
+        "memory, or `--kv-cache-memory=8000000000` (7.45 GiB) to fully utilize gpu memory.",
+        "memory_breakdown",
+        {
+            "free_gib": 23.21,
+            "total_gib": 23.55,
+            "gpu_memory_utilization": 0.9,
+            "requested_gib": 21.2,
+            "weights_gib": 14.25,
+            "peak_activation_gib": 0.61,
+            "non_torch_gib": 0.25,
+            "cudagraph_gib": 0.62,
+        },
+    ),
     (
         "(EngineCore_DP0 pid=2) INFO 06-02 09:14:24 [gpu_model_runner.py:5150] Model loading took 27.54 GiB "
         "memory "
@@ -638,7 +696,7 @@ PROGRESS_CASES = [
             "gpu_memory_utilization": 0.92,
             "requested_gib": 72.85,
             "consumed_gib": 28.13,
-            "peak_activation_gib": 1.68,
+            "breakdown_activation_gib": 1.68,  # 0.27+: includes the graph estimate charged to the budget
             "cudagraph_gib": 0.87,
             "suggested_kv_cache_memory_bytes": 45083770675,
             "suggested_kv_cache_memory_bytes_full": 51289710591,
@@ -1047,7 +1105,6 @@ def test_any_text_gives_a_verdict(lines: list[str], exit_code: int | None) -> No
     verdict = reader.verdict(exit_code)
     assert verdict.cls in fl.ALL_CLASSES
     assert verdict.phase in fl.PHASES
-    assert isinstance(advice(verdict), str)
 
 
 @settings(max_examples=100, deadline=None)
@@ -1126,58 +1183,6 @@ def test_max_line_chars_must_be_sane() -> None:
 
 # --------------------------------------------------------------------------------------------
 # Advice: computed from the numbers
-
-
-@pytest.mark.parametrize(
-    ("failure", "needles"),
-    [
-        (
-            fl.Failure(fl.KV_INSUFFICIENT, numbers={"max_model_len": 32768, "estimated_max_model_len": 3717}),
-            ["--max-model-len to 3712", "fp8"],
-        ),
-        (
-            fl.Failure(fl.KV_INSUFFICIENT, numbers={"max_model_len": 32768, "kv_capacity_tokens": 16816}),
-            ["--max-model-len to 16816"],
-        ),
-        (
-            fl.Failure(
-                fl.KV_INSUFFICIENT,
-                numbers={"max_model_len": 131072, "kv_needed_gib": 16.0, "kv_available_gib": 9.39},
-            ),
-            ["about 76912"],
-        ),
-        (
-            fl.Failure(
-                fl.FREE_MEM_BELOW_UTIL,
-                numbers={"free_gib": 7.34, "total_gib": 139.72, "gpu_memory_utilization": 0.9},
-            ),
-            ["0.03", "orphaned"],
-        ),
-        (fl.Failure(fl.NO_KV_MEMORY, numbers={"gpu_memory_utilization": 0.4}), ["from 0.40 to 0.45"]),
-        (fl.Failure(fl.OOM_PROFILE, numbers={"dummy_requests": 1024}), ["--max-num-seqs 512"]),
-        (
-            fl.Failure(fl.OOM_CUDAGRAPH, numbers={"cudagraph_estimated_gib": 2.5}),
-            ["2.50 GiB", "--enforce-eager"],
-        ),
-        (fl.Failure(fl.OOM_KV_ALLOC, numbers={"tried_to_allocate_mib": 642.0}), ["642 MiB"]),
-        (fl.Failure(fl.CONFIG_ERROR, numbers={"derived_max_model_len": 32768}), ["--max-model-len at 32768"]),
-        (fl.Failure(fl.PORT_IN_USE, numbers={"port": 8000}), ["port 8000"]),
-        (
-            fl.Failure(fl.NONE, numbers={"kv_cache_tokens": 3840, "max_concurrency": 1.88}),
-            ["3840 tokens", "1.88x"],
-        ),
-    ],
-)
-def test_advice_uses_the_numbers(failure: fl.Failure, needles: list[str]) -> None:
-    text = advice(failure)
-    for needle in needles:
-        assert needle in text
-
-
-@pytest.mark.parametrize("cls", sorted(fl.ALL_CLASSES))
-def test_advice_for_every_class(cls: str) -> None:
-    text = advice(fl.Failure(cls))
-    assert len(text) > 30 and "\n" not in text
 
 
 # --------------------------------------------------------------------------------------------
@@ -1552,3 +1557,19 @@ def test_a_bar_marks_the_capture() -> None:
     )
     assert lp._BAR_RE.match(bar) is not None
     assert diagnose_text([bar, "torch.OutOfMemoryError: CUDA out of memory."])[0].cls == fl.OOM_CUDAGRAPH
+
+
+def test_the_version_flags_and_device_the_log_printed() -> None:
+    reader = LogReader()
+    reader.feed_lines(read_fixture("cpu/kv-insufficient.log"))
+    assert reader.engine_version == "0.32.0" and reader.engine_device == "cpu"
+    assert (
+        reader.engine_args["max_model_len"] == 32768
+        and reader.engine_args["kv_cache_memory_bytes"] == 4000000
+    )
+    # a dict that is not plain literals is not evaluated
+    hostile = LogReader()
+    hostile.feed(
+        "(APIServer pid=1) INFO 04-22 00:03:35 [utils.py:233] non-default args: {'a': __import__('os')}"
+    )
+    assert hostile.engine_args == {}

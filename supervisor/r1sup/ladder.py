@@ -922,3 +922,102 @@ _SMART = {
     F.OOM_RUNTIME: _oom_runtime,
     F.HOST_OOM: _host_oom,
 }
+
+
+# --- what r1sup would do with a log --------------------------------------------------------------
+
+# vLLM's argument names (as "non-default args" prints them) -> EngineFlags fields
+_ARG_FIELDS = {
+    "max_model_len": "max_model_len",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "enforce_eager": "enforce_eager",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "quantization": "quantization",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "cpu_offload_gb": "cpu_offload_gb",
+}
+_TYPES: dict[str, type] = {
+    "max_model_len": int,
+    "gpu_memory_utilization": float,
+    "kv_cache_dtype": str,
+    "enforce_eager": bool,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "quantization": str,
+    "tensor_parallel_size": int,
+    "kv_cache_memory_bytes": int,
+    "cpu_offload_gb": float,
+}
+
+
+def flags_from_log(args: Mapping[str, object], numbers: Mapping[str, float]) -> EngineFlags:
+    """The flags a logged launch ran with: vLLM's "non-default args", then the figures its messages
+    printed (the context and utilization of the failed check)."""
+    values: dict[str, Any] = {}
+    for arg, name in _ARG_FIELDS.items():
+        value = args.get(arg)
+        kind = _TYPES[name]
+        if value is None or isinstance(value, bool) != (kind is bool):
+            continue
+        if kind is not str and not isinstance(value, (int, float)):
+            continue
+        values[name] = value if kind is str else kind(value)
+    if "max_model_len" not in values and numbers.get("max_model_len"):
+        values["max_model_len"] = int(numbers["max_model_len"])
+    if "gpu_memory_utilization" not in values and numbers.get("gpu_memory_utilization"):
+        values["gpu_memory_utilization"] = float(numbers["gpu_memory_utilization"])
+    return EngineFlags(**values)
+
+
+def advise(
+    failure: Failure,
+    engine_args: Mapping[str, object] | None = None,
+    engine_version: str | None = None,
+    device: str | None = None,
+    observations: Mapping[str, float] | None = None,
+) -> str:
+    """What r1sup's ladder does next after this failure, from what the log shows (``r1sup diagnose``).
+
+    The ladder decides with the default ``[ladder]`` bounds and no knowledge of the model beyond the
+    log, so the advice is the change r1sup would make, or its reason to stop, never another one.
+    """
+    n = failure.numbers
+    flags = flags_from_log(engine_args or {}, n)
+    total = n.get("total_gib") or n.get("device_total_gib") or n.get("node_total_gib")
+    facts = Facts(
+        backend="cpu" if device == "cpu" else "cuda",
+        total_gib=total,
+        free_gib=n.get("free_gib"),
+        model_max_len=_int(n.get("derived_max_model_len")),
+        block_size=memmodel.block_size("cpu" if device == "cpu" else "cuda"),
+        vllm_version=engine_version,
+    )
+    if failure.cls == F.NONE:
+        tokens, conc = n.get("kv_cache_tokens"), n.get("max_concurrency")
+        held = f" The KV cache holds {int(tokens)} tokens" if tokens else ""
+        held += (
+            f" ({conc:g}x requests of the full context at once)."
+            if tokens and conc
+            else "."
+            if tokens
+            else ""
+        )
+        return "Nothing failed: r1sup would keep these flags, run its load probe and save them." + held
+    decision = next_step(flags, failure, History(), Bounds(), facts, observations)
+    if isinstance(decision, GiveUp):
+        why = f"r1sup would stop (exit {decision.exit_code}): {decision.reason}."
+        if decision.suggestions:
+            why += " Ways out: " + "; ".join(decision.suggestions) + "."
+        return why
+    if decision.retry:
+        return f"r1sup would relaunch with the same flags once: {decision.reason}."
+    changed = [a for a in decision.flags.to_argv() if a not in flags.to_argv()]
+    change = flags.describe_change(decision.flags)
+    return (
+        f"r1sup would relaunch with {change} ({decision.reason})"
+        + (f"; vLLM flags now: {' '.join(decision.flags.to_argv())}" if changed else "")
+        + "."
+    )

@@ -26,7 +26,6 @@ full path; tests check that both read every fixture and collected excerpt alike.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ from r1sup.failure import (
     ENGINE_DEAD,
     FP8_UNSUPPORTED,
     FREE_MEM_BELOW_UTIL,
-    HANG,
     HOST_OOM,
     KV_INSUFFICIENT,
     MODEL_NOT_FOUND,
@@ -64,7 +62,6 @@ __all__ = [
     "LogLine",
     "LogReader",
     "Progress",
-    "advice",
     "diagnose_text",
     "lines_from_chunks",
 ]
@@ -133,7 +130,8 @@ _PROGRESS_KEYWORDS = (
     r"the current vLLM instance|model weights take|Capturing|Received signal|Explicitly set \(|"
     r"Starting to load model|Multi-thread [Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
-    r"Warming up model|Starting vLLM (?:API )?server"
+    r"Warming up model|Starting vLLM (?:API )?server|vLLM API server version|"
+    r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args"
 )
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
 # with the progress keyword that may start the message. The first stamp of a line tells whether
@@ -386,6 +384,41 @@ _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         re.compile(rf"Available KV cache memory: (?P<kv_cache_gib>{_NUM}) ?GiB"),
     ),
     (
+        # vLLM >= 0.18 (GPUModelRunner.profile_cudagraph_memory), printed before the KV cache is sized
+        "cudagraph_estimate",
+        "Estimated CUDA graph memory",
+        re.compile(rf"Estimated CUDA graph memory: (?P<cudagraph_estimated_gib>{_NUM}) ?GiB total"),
+    ),
+    (
+        # MemoryProfilingResult at DEBUG: 0.19-0.26 print the non-torch increase, 0.27 on the free-memory drop
+        "memory_profile",
+        "Memory profiling takes",
+        re.compile(
+            rf"Memory profiling takes {_NUM} seconds\. "
+            rf"Total non KV cache memory: (?P<non_kv_total_gib>{_NUM}) ?GiB; "
+            rf"torch peak memory increase: (?P<peak_activation_gib>{_NUM}) ?GiB; "
+            rf"(?:non-torch forward increase memory: (?P<non_torch_gib>{_NUM}) ?GiB|"
+            rf"total consumed \(from mem_get_info\): (?P<consumed_gib>{_NUM}) ?GiB); "
+            rf"weights memory: (?P<weights_gib>{_NUM}) ?GiB"
+        ),
+    ),
+    (
+        # Worker.init_device at DEBUG: memory taken before vLLM's snapshot (CUDA context, NCCL) is cuda_memory
+        "memory_snapshot",
+        "worker init memory snapshot",
+        re.compile(
+            rf"worker init memory snapshot: .{{0,200}}?free_memory=(?P<init_free_gib>{_NUM}) ?GiB, "
+            rf"total_memory=(?P<total_gib>{_NUM}) ?GiB, cuda_memory=(?P<init_cuda_gib>{_NUM}) ?GiB"
+        ),
+    ),
+    (
+        "engine_config",
+        "Chunked prefill is enabled",
+        re.compile(
+            rf"Chunked prefill is enabled with max_num_batched_tokens=(?P<max_num_batched_tokens>{_NUM})"
+        ),
+    ),
+    (
         "kv_cache_size",
         "KV cache size: ",
         re.compile(
@@ -445,6 +478,20 @@ _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        # 0.20-0.26 (gpu_worker.py compile_or_warm_up_model): weights, activation and non-torch apart
+        "memory_breakdown",
+        "Free memory on device (",
+        re.compile(
+            rf"Free memory on device \((?P<free_gib>{_NUM})/(?P<total_gib>{_NUM}) GiB\) on startup\. "
+            rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
+            rf"(?P<requested_gib>{_NUM}) GiB\)\. "
+            rf"Actual usage is (?P<weights_gib>{_NUM}) GiB for weight, (?P<peak_activation_gib>{_NUM}) GiB "
+            rf"for peak activation, (?P<non_torch_gib>{_NUM}) GiB for non-torch memory, and "
+            rf"(?P<cudagraph_gib>{_NUM}) GiB for CUDAGraph memory\."
+        ),
+    ),
+    (
+        # 0.27 on: the "peak activation" figure includes the CUDA-graph estimate charged to the budget
         "memory_breakdown",
         "Free memory on device (",
         re.compile(
@@ -452,7 +499,7 @@ _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
             rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
             rf"(?P<requested_gib>{_NUM}) GiB\)\. "
             rf"Actual usage is (?P<consumed_gib>{_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
-            rf"(?P<peak_activation_gib>{_NUM}) GiB for peak activation, and "
+            rf"(?P<breakdown_activation_gib>{_NUM}) GiB for peak activation, and "
             rf"(?P<cudagraph_gib>{_NUM}) GiB for CUDAGraph memory\."
             rf"(?: Replace gpu_memory_utilization config with `?--kv-cache-memory="
             rf"(?P<suggested_kv_cache_memory_bytes>{_NUM})`?{_GAP}`?--kv-cache-memory="
@@ -551,12 +598,16 @@ _RULES_BY_KEYWORD = {
         "ards": ("weights_progress",),  # Loading safetensors checkpoint shards
         "ing ": ("weights_progress",),  # Loading weights using ...
         "rver": ("api_start",),  # Starting vLLM API server
-        "mory": ("kv_cache_available", "cudagraph_memory"),  # Available KV cache memory, CUDA graph pool ...
+        # Available KV cache memory, CUDA graph pool memory, Estimated CUDA graph memory
+        "mory": ("kv_cache_available", "cudagraph_estimate", "cudagraph_memory"),
         "size": ("kv_cache_size",),
         "ency": ("kv_cache_size",),  # Maximum concurrency
         "ocks": ("kv_blocks",),
         "shed": ("cudagraph_memory",),  # Graph capturing finished
-        "bled": ("cudagraph_estimate",),  # CUDA graph memory profiling is enabled
+        "bled": ("cudagraph_estimate", "engine_config"),  # ... profiling is enabled, Chunked prefill ...
+        "shot": ("memory_snapshot",),  # worker init memory snapshot
+        "args": (),  # non-default args (read by _progress itself)
+        "sion": (),  # vLLM API server version (read by _progress itself)
         "ce (": ("memory_breakdown",),  # Free memory on device (
         "file": ("engine_init",),  # init engine (profile
         "gine": ("engine_config",),  # Initializing a[n] [V1 ]LLM engine
@@ -592,6 +643,27 @@ _DERIVE_INPUTS = frozenset(
 _DERIVING_KINDS = frozenset(kind for kind, _, rx in _PROGRESS_RULES if _DERIVE_INPUTS & rx.groupindex.keys())
 # The keyword tails of the lines that may start the capture, the serving or the shutdown
 _MILESTONE_TAILS = frozenset({"ring", "lete", "g on", "down", "own]", "gnal"})
+# The engine's identity: its version ("Initializing a V1 LLM engine (v0.19.0)", "vLLM API server version
+# 0.19.0"), the arguments it was given ("non-default args: {...}") and its device ("device_config=cuda")
+_IDENTITY_TAILS = frozenset({"gine", "sion", "args"})
+_ENGINE_VERSION_RE = re.compile(r"(?:LLM engine \(v|vLLM API server version v?)(\d+\.\d+\.\d+[\w.+]*)")
+_ARGS_RE = re.compile(r"non-default args: (\{.{0,4000}\})")
+_DEVICE_RE = re.compile(r"\bdevice_config=(\w+)")
+_ARGS_CHARS = 4000
+
+
+def _literal_args(text: str) -> dict[str, object] | None:
+    """The dict vLLM printed with "non-default args:", read as literals (never evaluated as code)."""
+    import ast
+
+    m = _ARGS_RE.search(text[: _ARGS_CHARS + 200])
+    if m is None:
+        return None
+    try:
+        value = ast.literal_eval(m.group(1))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 _READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
@@ -1334,6 +1406,9 @@ class LogReader:
         self._blocks_line: int | None = None  # where v0 printed "# GPU blocks"
         self._block_size = BLOCK_SIZE
         self._cudagraph_estimate_logged = False  # vLLM printed its estimate itself (CUDA graph pool memory)
+        self._engine_version: str | None = None  # "Initializing a V1 LLM engine (v0.19.0)"
+        self._engine_args: dict[str, object] | None = None  # "non-default args: {...}"
+        self._engine_device: str | None = None  # "device_config=cpu" of the engine's config line
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
         self._serving_death_line: int | None = None
         self._boring: dict[str, bool] = {}  # short unstamped lines read: whether _boring_text holds
@@ -1472,6 +1547,21 @@ class LogReader:
     def observations(self) -> dict[str, float]:
         """Success-path numbers gathered so far (weights_gib, kv_cache_gib, kv_cache_tokens, ...)."""
         return dict(self._obs)
+
+    @property
+    def engine_version(self) -> str | None:
+        """The vLLM version the log printed ("Initializing a V1 LLM engine (v0.19.0)", the API server's)."""
+        return self._engine_version
+
+    @property
+    def engine_device(self) -> str | None:
+        """``cuda`` or ``cpu`` as the engine's config line printed it (None: not seen)."""
+        return self._engine_device
+
+    @property
+    def engine_args(self) -> dict[str, object]:
+        """The arguments vLLM printed as "non-default args: {...}" (plain literals only; {} if none)."""
+        return dict(self._engine_args or {})
 
     def verdict(self, exit_code: int | None = None) -> Failure:
         """The failure class (or ``none``), phase, evidence and numbers. Callable mid-stream."""
@@ -2100,6 +2190,21 @@ class LogReader:
 
     # -- progress ------------------------------------------------------------------------------
 
+    def _identity(self, text: str, tail: str) -> None:
+        """The engine's version, arguments and device, from the lines that print them (first seen wins)."""
+        if tail == "args":
+            if self._engine_args is None:
+                self._engine_args = _literal_args(text)
+            return
+        if self._engine_version is None:
+            vm = _ENGINE_VERSION_RE.search(text)
+            if vm is not None:
+                self._engine_version = vm.group(1)
+        if self._engine_device is None and tail == "gine":
+            dm = _DEVICE_RE.search(text)
+            if dm is not None:
+                self._engine_device = dm.group(1)
+
     def _progress(self, text: str, events: list[LogLine | Progress] | None, kw: str) -> None:
         """A line whose message starts with the progress keyword ``kw``: its numbers and milestones."""
         tail = kw[-4:]
@@ -2117,7 +2222,7 @@ class LogReader:
             if kind == "kv_blocks" and "gpu_blocks" in numbers:
                 numbers["kv_cache_tokens"] = numbers["gpu_blocks"] * self._block_size
                 self._blocks_line = self._line_no
-            elif kind == "cudagraph_memory" and "cudagraph_estimated_gib" in numbers:
+            elif "cudagraph_estimated_gib" in numbers:  # the pool line, or "Estimated CUDA graph memory"
                 self._cudagraph_estimate_logged = True
             elif kind == "engine_config" and "block_size=" in text:
                 for bm in _BLOCK_SIZE_RE.finditer(text):
@@ -2137,6 +2242,8 @@ class LogReader:
             if events is not None:
                 events.append(Progress(kind=kind, numbers=numbers, text=text[:EVIDENCE_CHARS]))
             break
+        if tail in _IDENTITY_TAILS:
+            self._identity(text, tail)
         if tail not in _MILESTONE_TAILS:
             return
         if tail == "ring" and self._stage < _STAGE_CAPTURE and _CAPTURE_START_RE.search(text) is not None:
@@ -2323,179 +2430,3 @@ def diagnose_text(lines: Iterable[str], exit_code: int | None = None) -> tuple[F
     reader = LogReader()
     reader.feed_lines(lines)
     return reader.verdict(exit_code), reader.observations
-
-
-# ----------------------------------------------------------------------------------------------
-# Advice: what r1sup would change next and why (pure text from the numbers)
-
-
-def _round_down(value: float, step: int = BLOCK_SIZE) -> int:
-    return int(math.floor(value / step) * step)
-
-
-def _gib(value: float) -> str:
-    return f"{value:.2f} GiB"
-
-
-def advice(failure: Failure) -> str:
-    """One paragraph: what r1sup would change next and why, computed from the failure's numbers."""
-    n = failure.numbers
-    cls = failure.cls
-    util = n.get("gpu_memory_utilization")
-    if cls == KV_INSUFFICIENT:
-        est = n.get("estimated_max_model_len")
-        cap = n.get("kv_capacity_tokens")
-        max_len = n.get("max_model_len")
-        need, avail = n.get("kv_needed_gib"), n.get("kv_available_gib")
-        want = f" ({int(max_len)} tokens)" if max_len else ""
-        if est:
-            fit = (
-                f"set --max-model-len to {_round_down(est)} (vLLM's estimate {int(est)}, "
-                f"rounded down to the block size {BLOCK_SIZE})"
-            )
-        elif cap:
-            fit = f"set --max-model-len to {_round_down(cap)} (the KV cache holds {int(cap)} tokens)"
-        elif need and avail is not None and max_len and need > 0:
-            fit = (
-                f"set --max-model-len to about {_round_down(max_len * avail / need)} "
-                f"({_gib(avail)} of the {_gib(need)} one request needs)"
-            )
-        else:
-            fit = "lower --max-model-len to what the KV cache holds"
-        return (
-            f"The KV cache cannot hold one request of the configured context{want}. r1sup would {fit}, "
-            "or switch the KV cache to fp8 (--kv-cache-dtype fp8) to about double it, or give the KV cache "
-            "more memory (higher --gpu-memory-utilization) if the target context must stay."
-        )
-    if cls == NO_KV_MEMORY:
-        raise_to = f" from {util:.2f} to {min(util + 0.05, 0.95):.2f}" if util else ""
-        return (
-            "Weights and activations already fill the memory budget, so nothing is left for the KV cache. "
-            "r1sup "
-            f"would raise --gpu-memory-utilization{raise_to}, lower --max-num-batched-tokens and "
-            f"--max-num-seqs to "
-            "shrink the activation peak, or quantize the weights (--quantization fp8) to free room."
-        )
-    if cls == FREE_MEM_BELOW_UTIL:
-        free, total = n.get("free_gib"), n.get("total_gib")
-        if free is not None and total:
-            target = max(math.floor((free / total - 0.02) * 100) / 100, 0.0)
-            return (
-                f"Only {_gib(free)} of {_gib(total)} was free at start-up, below the requested "
-                f"{util if util is not None else 'utilization'}. Another process (often an orphaned "
-                "EngineCore or worker of an earlier launch) holds the memory: r1sup would first make sure no "
-                f"child of its own is left, wait for the memory to come back, and otherwise lower "
-                f"--gpu-memory-utilization to {target:.2f} (free/total minus a margin) or pin the KV size."
-            )
-        return (
-            "Free memory changed or was below the requested utilization at start-up: another process uses "
-            "the "
-            "device. r1sup would wait until the memory is back, then relaunch, or pin the KV cache size "
-            "(--kv-cache-memory-bytes) so the start does not depend on free memory."
-        )
-    if cls == OOM_WEIGHTS:
-        return (
-            "The weights do not fit in device memory. Lowering the KV budget cannot help; r1sup would "
-            "quantize "
-            "the weights (--quantization fp8 roughly halves bf16 weights), split them with "
-            "--tensor-parallel-size, or offload part with --cpu-offload-gb."
-        )
-    if cls == OOM_PROFILE:
-        dummy = n.get("dummy_requests")
-        seqs = (
-            f" (the sampler warm-up ran {int(dummy)} dummy requests: try "
-            f"--max-num-seqs {max(int(dummy) // 2, 1)})"
-            if dummy
-            else ""
-        )
-        return (
-            "The profile run (peak activations for --max-num-batched-tokens, sampler warm-up for "
-            "--max-num-seqs) "
-            f"ran out of memory. r1sup would halve --max-num-batched-tokens and --max-num-seqs{seqs}, or "
-            f"lower "
-            "--gpu-memory-utilization to leave headroom."
-        )
-    if cls == OOM_CUDAGRAPH:
-        est = n.get("cudagraph_estimated_gib") or n.get("cudagraph_gib")
-        size = f" (about {_gib(est)})" if est else ""
-        return (
-            f"Capturing CUDA graphs{size} ran out of memory after the KV cache was sized. r1sup would cap "
-            f"the "
-            "capture sizes (--max-cudagraph-capture-size) or run eager (--enforce-eager), or lower "
-            "--gpu-memory-utilization by the graph memory."
-        )
-    if cls == OOM_KV_ALLOC:
-        tried = n.get("tried_to_allocate_mib")
-        what = f" (a {tried:.0f} MiB block)" if tried else ""
-        return (
-            f"Allocating the KV cache failed{what} after profiling decided its size: the estimate was too "
-            "optimistic. r1sup would lower --gpu-memory-utilization by 0.05 or pin a smaller "
-            "--kv-cache-memory-bytes."
-        )
-    if cls == OOM_RUNTIME:
-        return (
-            "The server ran out of memory while serving (activations of a large batch or a long prefill). "
-            "r1sup would lower --gpu-memory-utilization by 0.05 to leave activation headroom and cap "
-            "--max-num-batched-tokens / --max-num-seqs, then restart."
-        )
-    if cls == HOST_OOM:
-        return (
-            "The process was killed for host RAM (SIGKILL, no device error). Device flags will not help: "
-            "r1sup "
-            "would reduce host memory use (fewer workers, smaller --swap-space / --cpu-offload-gb, "
-            "--kv-cache-memory-bytes on the CPU backend) or ask for more RAM."
-        )
-    if cls == FP8_UNSUPPORTED:
-        return (
-            "This hardware cannot run the fp8 kernels that were requested. r1sup would revert fp8: "
-            "--kv-cache-dtype auto for the KV cache (or fp8_e5m2 on GPUs below compute capability 8.9), and "
-            "drop --quantization fp8 for the weights, then size the context again without the fp8 gain."
-        )
-    if cls == CUDA_ERROR:
-        return (
-            "A CUDA/NCCL fault that is not an out-of-memory error. Memory flags will not fix it; r1sup would "
-            "retry once (with --enforce-eager if it happened in a kernel) and otherwise stop: check the "
-            "driver, "
-            "the GPU (Xid in the kernel log) and NCCL (NCCL_DEBUG=INFO)."
-        )
-    if cls == PORT_IN_USE:
-        port = n.get("port")
-        which = f" {int(port)}" if port else ""
-        return (
-            f"The port{which} is already taken. r1sup would not change memory flags: it checks for a "
-            f"leftover "
-            "server of its own, otherwise picks another --port (or VLLM_PORT for an internal port) or stops."
-        )
-    if cls == MODEL_NOT_FOUND:
-        return (
-            "The model path or repository id cannot be resolved (missing directory, typo, gated repository "
-            "without a token, or no network). No flag change can fix it: r1sup stops and names the model."
-        )
-    if cls == CONFIG_ERROR:
-        derived = n.get("derived_max_model_len")
-        if derived:
-            return (
-                f"The requested context is above the model's limit ({int(derived)} tokens). r1sup would cap "
-                f"--max-model-len at {int(derived)}."
-            )
-        return (
-            "vLLM rejected the configuration (an argument, the architecture, the dtype or the tokenizer), or "
-            "the engine crashed on a configuration it does not support. Memory changes will not help: r1sup "
-            "stops and reports the evidence line."
-        )
-    if cls == ENGINE_DEAD:
-        return (
-            "The engine died and the log holds no root cause (a native crash or a kill). r1sup would "
-            "relaunch "
-            "once with the same flags; a second death without a cause is reported, not retried."
-        )
-    if cls == HANG:
-        return "vLLM stopped making progress. r1sup would stop the process group and relaunch once."
-    if cls == "internal_error":  # never read from a log: r1sup's own machinery failed
-        return "r1sup's own machinery failed, not vLLM: r1sup stops the engine and exits 1, no relaunch."
-    kv_tokens = n.get("kv_cache_tokens")
-    conc = n.get("max_concurrency")
-    if kv_tokens:
-        extra = f", {conc:.2f}x concurrency at the configured context" if conc else ""
-        return f"No failure. KV cache: {int(kv_tokens)} tokens{extra}; r1sup changes nothing."
-    return "No failure found; r1sup changes nothing."

@@ -17,7 +17,8 @@ from typing import IO, Any
 
 from r1sup.errors import InputError, NotAVllmLog
 from r1sup.failure import Failure
-from r1sup.logparse import Diagnosis, LogReader, advice
+from r1sup.ladder import advise
+from r1sup.logparse import Diagnosis, LogReader
 
 # Small enough that a chunk and the lines split from it stay in the CPU cache (a 1 MiB chunk of text
 # with any non-ASCII character decodes to 2-4 MiB, and reading a large log took half as long again).
@@ -55,14 +56,22 @@ def read_chunks(stream: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Iterator[b
         yield chunk
 
 
-def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> Diagnosis:
-    """Read a whole log from a binary stream and diagnose it."""
+def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> tuple[Diagnosis, str]:
+    """Read a whole log from a binary stream; return the diagnosis and what r1sup's ladder would do."""
     reader = LogReader()
     reader.feed_chunks(read_chunks(stream))
-    return reader.diagnose(exit_code)
+    diagnosis = reader.diagnose(exit_code)
+    advice = advise(
+        diagnosis.failure,
+        reader.engine_args,
+        reader.engine_version,
+        reader.engine_device,
+        reader.observations,
+    )
+    return diagnosis, advice
 
 
-def diagnose_path(path: str, exit_code: int | None = None) -> Diagnosis:
+def diagnose_path(path: str, exit_code: int | None = None) -> tuple[Diagnosis, str]:
     """Like :func:`diagnose_stream` for a file name, ``-`` meaning standard input."""
     try:
         if path == "-":
@@ -82,8 +91,8 @@ def not_a_log_reason(diagnosis: Diagnosis) -> str:
     return f"none of its {diagnosis.lines} line{plural} is vLLM output"
 
 
-def report(diagnosis: Diagnosis) -> dict[str, Any]:
-    """The ``--json`` object."""
+def report(diagnosis: Diagnosis, advice: str) -> dict[str, Any]:
+    """The ``--json`` object (``advice``: what r1sup's ladder would do next, see ladder.advise)."""
     failure = diagnosis.failure
     return {
         "vllm_log": diagnosis.vllm_log,
@@ -93,9 +102,7 @@ def report(diagnosis: Diagnosis) -> dict[str, Any]:
         "line": diagnosis.line,
         "evidence": failure.evidence,
         "numbers": dict(failure.numbers),
-        "advice": advice(failure)
-        if diagnosis.vllm_log
-        else f"Not a vLLM log: {not_a_log_reason(diagnosis)}.",
+        "advice": advice if diagnosis.vllm_log else f"Not a vLLM log: {not_a_log_reason(diagnosis)}.",
     }
 
 
@@ -109,7 +116,7 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-def render(failure: Failure, line: int | None = None) -> str:
+def render(failure: Failure, advice: str, line: int | None = None) -> str:
     """The human report."""
     kind = "memory" if failure.memory else "not memory"
     lines = [
@@ -129,16 +136,16 @@ def render(failure: Failure, line: int | None = None) -> str:
         lines.extend(f"  {k:<{width}}  {_number(numbers[k])}" for k in keys)
     else:
         lines.append("numbers   (none)")
-    lines.append(f"next      {advice(failure)}")
+    lines.append(f"next      {advice}")
     return "\n".join(lines) + "\n"
 
 
 def main(args: argparse.Namespace) -> int:
-    diagnosis = diagnose_path(args.file)
+    diagnosis, advice = diagnose_path(args.file)
     if args.json:
-        sys.stdout.write(json.dumps(report(diagnosis), indent=2) + "\n")
+        sys.stdout.write(json.dumps(report(diagnosis, advice), indent=2) + "\n")
     elif diagnosis.vllm_log:
-        sys.stdout.write(render(diagnosis.failure, diagnosis.line))
+        sys.stdout.write(render(diagnosis.failure, advice, diagnosis.line))
     if not diagnosis.vllm_log:
         name = "standard input" if args.file == "-" else args.file
         raise NotAVllmLog(f"{name} is not a vLLM log: {not_a_log_reason(diagnosis)}")
