@@ -65,25 +65,26 @@ def test_7b_on_rtx4090_kv_capacity_by_hand() -> None:
     #   non-torch    = int(0.45 GiB)                                                  = 483,183,820
     #   activation   = 2048 tokens x 2 B x (6 x 3584 + 3 x 18944)                     = 320,864,256
     #   sampler      = 256 seqs x 152064 x 4 B x 2                                    = 311,427,072
-    #   graphs       = int(0.06 GiB + 51 sizes x 28 layers x (200 KiB + 24 x 3584))   = 479,709,757
-    #   estimate     = int(479,709,757 x 1.15)                                        = 551,666,220
+    #   graphs       = 51 PIECEWISE sizes + 35 FULL decode sizes (<= 256 sequences), vLLM 0.32:
+    #                  int(0.45 GiB + 86 graphs x 28 layers x 148 KiB)                = 848,121,036
+    #   estimate     = int(848,121,036 x 1.2), charged to the budget from 0.20        = 1,017,745,243
     #   KV           = 23,183,159,723 - (15,231,233,024 + 483,183,820 + 320,864,256
-    #                  + 311,427,072) - 551,666,220                                   = 6,284,785,331
+    #                  + 311,427,072) - 1,017,745,243                                 = 5,818,706,308
     #   bytes/token  = 2 x 28 x 4 x 128 x 2 = 57,344; block of 16 = 917,504
-    #   blocks       = 6,284,785,331 // 917,504 = 6849 (5.85 GiB)
-    #   usable       = (6849 - 1 null block) x 16 = 109,568 tokens
+    #   blocks       = 5,818,706,308 // 917,504 = 6341 (5.42 GiB)
+    #   usable       = (6341 - 1 null block) x 16 = 101,440 tokens
     plan = simulate(sc(gpu="RTX 4090", model=Q7), {"max_model_len": 32768})
     assert plan.ok
     assert plan.requested == 23_183_159_723
     assert plan.weights == 15_231_233_024
-    assert plan.kv_available == 6_284_785_331
+    assert plan.kv_available == 5_818_706_308
     assert plan.bytes_per_token == 57_344
-    assert plan.num_blocks == 6849
-    assert plan.usable_tokens == 109_568
-    assert plan.kv_tokens == int(6849 / 2048 * 32768)  # vLLM's "GPU KV cache size" line: 109,584
-    assert plan.requests_that_fit(8192) == 13
+    assert plan.num_blocks == 6341
+    assert plan.usable_tokens == 101_440
+    assert plan.kv_tokens == int(6341 / 2048 * 32768)  # vLLM's "GPU KV cache size" line: 101,456
+    assert plan.requests_that_fit(8192) == 12
     ok, details = optimum.feasible(sc(gpu="RTX 4090", model=Q7), {"max_model_len": 32768})
-    assert ok and details["num_gpu_blocks"] == 6849 and details["kv_available_gib"] == 5.85
+    assert ok and details["num_gpu_blocks"] == 6341 and details["kv_available_gib"] == 5.42
 
 
 def test_matches_the_real_cpu_engine_kv_arithmetic() -> None:
@@ -156,7 +157,7 @@ FAILURES = [
         {"max_model_len": 131072},
         "kv_insufficient",
         "kv_cache",
-        "the estimated maximum model length is 109568",
+        "the estimated maximum model length is 101440",
     ),
     (
         {"gpu": "RTX 4090", "model": Q7},
@@ -405,17 +406,91 @@ def test_cudagraph_estimate_can_be_switched_off_by_env() -> None:
     assert off.kv_available - on.kv_available == on.cudagraph_estimate
 
 
+def test_the_graph_estimate_is_charged_from_vllm_0_20_and_profiled_from_0_18() -> None:
+    new = simulate(sc(gpu="RTX 4090", model=Q7), {"max_model_len": 8192})
+    v19 = simulate(sc(gpu="RTX 4090", model=Q7, vllm_version="0.19.0"), {"max_model_len": 8192})
+    v17 = simulate(sc(gpu="RTX 4090", model=Q7, vllm_version="0.17.0"), {"max_model_len": 8192})
+    assert new.cudagraph_estimate_applied == new.cudagraph_estimate > 0
+    assert v19.cudagraph_estimate > 0 and v19.cudagraph_estimate_applied == 0
+    assert v19.kv_available - new.kv_available == new.cudagraph_estimate
+    assert v17.cudagraph_estimate == 0
+    # the estimate is the scenario's ratio of the captured pool (real logs: 1.2x to 3.4x)
+    high = simulate(sc(gpu="RTX 4090", model=Q7, cudagraph_estimate_factor=3.4), {"max_model_len": 8192})
+    assert high.cudagraph_estimate == int(high.cudagraph * 3.4)
+    # FULL decode graphs from 0.11 (FULL_AND_PIECEWISE): 51 + 35 graphs at 256 sequences, 51 before
+    v10 = simulate(sc(gpu="RTX 4090", model=Q7, vllm_version="0.10.2"), {"max_model_len": 8192})
+    assert new.cudagraph - memory.cudagraph_bytes(load_scenario({"model": Q7}).effective_model(), 86, 1) == 0
+    assert v10.cudagraph < new.cudagraph
+
+
+def test_tensor_parallel_takes_nccl_memory_before_the_snapshot_and_inside_the_budget() -> None:
+    one = simulate(sc(gpu={"name": "H100", "count": 2}, model=Q7), {"max_model_len": 8192})
+    two = simulate(
+        sc(gpu={"name": "H100", "count": 2}, model=Q7), {"max_model_len": 8192, "tensor_parallel_size": 2}
+    )
+    # H100 logs: cuda_memory 0.51 -> 1.53 GiB at the snapshot; non-torch 0.25 -> 2.07 GiB in the profile
+    assert (two.context - one.context) / GIB == pytest.approx(memory.NCCL_INIT_GIB)
+    assert (two.non_torch - one.non_torch) / GIB == pytest.approx(memory.NCCL_BUFFERS_GIB)
+    pcie = simulate(
+        sc(gpu={"name": "RTX 4090", "count": 2}, model=Q7), {"max_model_len": 8192, "tensor_parallel_size": 2}
+    )
+    assert (pcie.context / GIB, pcie.non_torch / GIB) == pytest.approx(
+        (
+            memory.CUDA_CONTEXT_GIB + memory.NCCL_INIT_PCIE_GIB,
+            memory.NON_TORCH_GIB + memory.NCCL_BUFFERS_PCIE_GIB,
+        )
+    )
+    # the start-up check sees the NCCL memory: 0.95 of an H100 is no longer free next to it
+    busy = simulate(
+        sc(gpu={"name": "H100", "count": 2, "other_process_gib": 3.0}, model=Q7),
+        {"max_model_len": 8192, "tensor_parallel_size": 2, "gpu_memory_utilization": 0.95},
+    )
+    assert busy.outcome == "free_mem_below_util"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "gib", "version", "defaults"),
+    [
+        ("B200", 178.0, "0.32.0", (16384, 1024)),
+        ("B200", 178.0, "0.27.0", (8192, 1024)),
+        ("A100 80GB", 79.15, "0.8.5", (8192, 1024)),
+    ],
+)
+def test_batch_defaults_follow_the_version(
+    gpu: str, gib: float, version: str, defaults: tuple[int, int]
+) -> None:
+    assert memory.batch_defaults(int(gib * GIB), f"NVIDIA {gpu}", version) == defaults
+
+
+def test_unset_max_num_seqs_is_clamped_to_the_batched_tokens() -> None:
+    scenario = sc(gpu="RTX 4090", model=Q7)
+    clamped = simulate(scenario, {"max_model_len": 8192, "max_num_batched_tokens": 128})
+    assert (clamped.ok, clamped.max_num_seqs, clamped.max_num_batched_tokens) == (True, 128, 128)
+    # a short context caps the token default at max_num_seqs x max_model_len
+    short = simulate(scenario, {"max_model_len": 256, "max_num_seqs": 4})
+    assert short.max_num_batched_tokens == 1024
+    # the user's own max_num_seqs above the tokens is vLLM's configuration error
+    refused = simulate(scenario, {"max_model_len": 8192, "max_num_batched_tokens": 128, "max_num_seqs": 256})
+    assert refused.outcome == "config_error"
+
+
+def test_a_negative_kv_budget_is_printed_as_vllm_prints_it() -> None:
+    plan = simulate(sc(gpu="RTX 4090", model=Q7), {"max_model_len": 8192, "gpu_memory_utilization": 0.65})
+    assert plan.outcome == "no_kv_memory" and plan.kv_available < 0
+    assert texts.format_gib(plan.kv_available).startswith("-")
+
+
 # --- optimum -------------------------------------------------------------------------------------
 
 
 def test_optimum_changes_only_what_is_needed() -> None:
-    # the bf16 KV cache holds 109,568 tokens: one request of 32k and 4 x 8k at once fit as written
+    # the bf16 KV cache holds 101,440 tokens: one request of 32k and 4 x 8k at once fit as written
     scenario = sc(gpu="RTX 4090", model=Q7)
     best = optimum.optimum(scenario, 4, 8192, user_flags={"max_model_len": 32768})
     assert best is not None
     assert best["max_model_len"] == 32768 and best["changed"] == [] and best["meets_target"]
-    assert best["concurrency"] == best["usable_kv_tokens"] // 8192 == 13
-    # 4 x 32k needs 131,072 tokens at once; fp8 KV doubles the 109,568: one change is enough
+    assert best["concurrency"] == best["usable_kv_tokens"] // 8192 == 12
+    # 4 x 32k needs 131,072 tokens at once; fp8 KV doubles the 101,440: one change is enough
     best = optimum.optimum(scenario, 4, 32768, user_flags={"max_model_len": 32768})
     assert best is not None
     assert best["max_model_len"] == 32768
@@ -702,8 +777,9 @@ def test_successful_start_serves_and_stops_on_sigterm(launch: Callable[..., Fake
     fake.wait_ready()
     for line in (
         "Model loading took 14.19 GiB memory and",
-        "Available KV cache memory: 5.85 GiB",
-        "GPU KV cache size: 109,584 tokens, Maximum concurrency for 16,384 tokens per request: 6.69x",
+        "Estimated CUDA graph memory: 0.95 GiB total",
+        "Available KV cache memory: 5.42 GiB",
+        "GPU KV cache size: 101,456 tokens, Maximum concurrency for 16,384 tokens per request: 6.19x",
         "Graph capturing finished in",
         "init engine (profile, create kv cache, warmup model) took",
         "Application startup complete.",
@@ -731,7 +807,7 @@ def test_successful_start_serves_and_stops_on_sigterm(launch: Callable[..., Fake
     assert status == 200
     for name in ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:num_requests_running"):
         assert re.search(rf"^{name}{{.*}} \d", metrics, re.M), name
-    assert 'num_gpu_blocks="6849"' in metrics
+    assert 'num_gpu_blocks="6341"' in metrics
     # the engine core child: named like vLLM's, a child of the API server
     child = fake.core_pid()
     with open(f"/proc/{child}/comm", encoding="utf-8") as fh:
@@ -887,9 +963,9 @@ PROCESS_FAILURES = [
         [
             "ValueError: To serve at least one request with the model's max seq len (131072), (7.0 GiB KV "
             "cache is needed, "
-            "which is larger than the available KV cache memory (5.85 GiB). Based on the available memory, "
+            "which is larger than the available KV cache memory (5.42 GiB). Based on the available memory, "
             "the estimated "
-            "maximum model length is 109568.",
+            "maximum model length is 101440.",
             "in _check_enough_kv_cache_memory",
             ENGINE_INIT_FAILED,
         ],
@@ -1101,14 +1177,14 @@ def test_auto_fit_prints_vllms_lines(launch: Callable[..., Fake]) -> None:
     fake = launch({"gpu": "RTX 4090"}, "--max-model-len", "-1")
     fake.wait_ready()
     assert (
-        "Auto-fit max_model_len: reduced from 131072 to 109568 to fit in available KV cache memory (5.85 "
+        "Auto-fit max_model_len: reduced from 131072 to 101440 to fit in available KV cache memory (5.42 "
         "GiB GPU)" in fake.text
     )
     assert (
-        "GPU KV cache size: 109,584 tokens, Maximum concurrency for 109,568 tokens per request: 1.00x"
+        "GPU KV cache size: 101,456 tokens, Maximum concurrency for 101,440 tokens per request: 1.00x"
         in fake.text
     )
-    assert json.loads(fake.request("/v1/models")[1])["data"][0]["max_model_len"] == 109568
+    assert json.loads(fake.request("/v1/models")[1])["data"][0]["max_model_len"] == 101440
 
 
 def test_sigterm_during_startup_and_hang(launch: Callable[..., Fake]) -> None:

@@ -579,9 +579,9 @@ PROGRESS_CASES = [
         {"cudagraph_estimated_gib": 0.84},
     ),
     (
-        "(Worker_TP1 pid=445) DEBUG 04-22 01:36:26 [v1/worker/gpu_worker.py:435] Memory profiling takes 19.45 "
-        "seconds. Total non KV cache memory: 11.47GiB; torch peak memory increase: 1.89GiB; non-torch forward "
-        "increase memory: 2.07GiB; weights memory: 7.51GiB.",
+        "(Worker_TP1 pid=445) DEBUG 04-22 01:36:26 [v1/worker/gpu_worker.py:435] Memory profiling takes "
+        "19.45 seconds. Total non KV cache memory: 11.47GiB; torch peak memory increase: 1.89GiB; "
+        "non-torch forward increase memory: 2.07GiB; weights memory: 7.51GiB.",
         "memory_profile",
         {"non_kv_total_gib": 11.47, "peak_activation_gib": 1.89, "non_torch_gib": 2.07, "weights_gib": 7.51},
     ),
@@ -600,9 +600,9 @@ PROGRESS_CASES = [
     ),
     # vLLM 0.32's MemoryProfilingResult and a negative budget, as vLLM prints them
     (
-        "(EngineCore pid=9) DEBUG 06-02 09:14:40 [gpu_worker.py:758] Memory profiling takes 6.10 seconds. Total "
-        "non KV cache memory: 30.2GiB; torch peak memory increase: 1.68GiB; total consumed (from mem_get_info): "
-        "28.13GiB; weights memory: 27.54GiB.",
+        "(EngineCore pid=9) DEBUG 06-02 09:14:40 [gpu_worker.py:758] Memory profiling takes 6.10 seconds. "
+        "Total non KV cache memory: 30.2GiB; torch peak memory increase: 1.68GiB; total consumed (from "
+        "mem_get_info): 28.13GiB; weights memory: 27.54GiB.",
         "memory_profile",
         {"non_kv_total_gib": 30.2, "peak_activation_gib": 1.68, "consumed_gib": 28.13, "weights_gib": 27.54},
     ),
@@ -613,10 +613,10 @@ PROGRESS_CASES = [
     ),
     # 0.20-0.26 print weights, activation and non-torch apart (gpu_worker.py compile_or_warm_up_model)
     (
-        "(EngineCore pid=9) INFO 05-02 10:00:00 [gpu_worker.py:842] Free memory on device (23.21/23.55 GiB) on "
-        "startup. Desired GPU memory utilization is (0.9, 21.2 GiB). Actual usage is 14.25 GiB for weight, 0.61 "
-        "GiB for peak activation, 0.25 GiB for non-torch memory, and 0.62 GiB for CUDAGraph memory. Replace "
-        "gpu_memory_utilization config with `--kv-cache-memory=5600000000` (5.22 GiB) to fit into requested "
+        "(EngineCore pid=9) INFO 05-02 10:00:00 [gpu_worker.py:842] Free memory on device (23.21/23.55 GiB) "
+        "on startup. Desired GPU memory utilization is (0.9, 21.2 GiB). Actual usage is 14.25 GiB for "
+        "weight, 0.61 GiB for peak activation, 0.25 GiB for non-torch memory, and 0.62 GiB for CUDAGraph "
+        "memory. Replace gpu_memory_utilization config with `--kv-cache-memory=5600000000` (5.22 GiB) to fit into requested "
         "memory, or `--kv-cache-memory=8000000000` (7.45 GiB) to fully utilize gpu memory.",
         "memory_breakdown",
         {

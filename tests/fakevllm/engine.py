@@ -48,10 +48,12 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     "outcome", "phase", "simulated_seconds", ...}``, outcome ``ready``, ``stopped``, ``port_in_use``
     or the failure class), then one when serving ends (``"event": "runtime_failure"`` or ``"stop"``,
     with the requests served and the simulated serving seconds).
-``cudagraph_estimate_factor`` (1.15): the CUDA-graph memory profiler's estimate / the captured size
-    (below 1 the estimate falls short and the capture can run out of memory).
+``cudagraph_estimate_factor`` (1.2): the CUDA-graph memory profiler's estimate / the captured size (real
+    logs print 1.2x to 3.4x; below 1 the estimate falls short and the capture can run out of memory).
 ``engine_core_name`` (``"EngineCore"``; ``"EngineCore_DP0"`` gives the data-parallel prefix),
-``vllm_version`` (``"0.32.0"``), ``site_packages`` (the path shown in tracebacks).
+``vllm_version`` (``"0.32.0"``): printed, and it decides the accounting (batch defaults, the graph
+    estimate from 0.18 and its charge to the KV budget from 0.20, FULL decode graphs from 0.11);
+    ``site_packages`` (the path shown in tracebacks).
 ``hang_at`` (None | ``load_weights`` | ``profile`` | ``kv_cache`` | ``cuda_graph`` | ``serving``):
     all progress stops there (serving: requests and /health never answer) until SIGTERM.
 ``ignore_sigterm`` (false): the API server ignores SIGTERM (only SIGKILL ends it).
@@ -89,7 +91,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from fakevllm import texts, tracebacks
+from fakevllm import memory, texts, tracebacks
 from fakevllm.memory import (
     CONFIG_ERROR,
     GIB,
@@ -740,10 +742,17 @@ class Engine:
                 proc, "gpu_worker.py:667", texts.kv_cache_memory_pinned(plan.free, f.kv_cache_memory_bytes)
             )
             return True
+        if plan.cudagraph_estimate > 0:
+            self.info(
+                proc,
+                "gpu_model_runner.py:6365",
+                f"Estimated CUDA graph memory: {plan.cudagraph_estimate / GIB:.2f} GiB total",
+            )
         self.info(
             proc, "gpu_worker.py:760", f"Available KV cache memory: {texts.format_gib(plan.kv_available)} GiB"
         )
-        if plan.cudagraph_estimate > 0:
+        charging = memory.version_tuple(self.scenario.vllm_version) >= (0, 20, 0)
+        if plan.cudagraph_estimate > 0 and charging:
             delta = plan.cudagraph_estimate / plan.total
             util = f.gpu_memory_utilization
             if plan.cudagraph_estimate_applied:

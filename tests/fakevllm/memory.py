@@ -10,20 +10,32 @@ All sizes are bytes of one GPU (the worst one when GPUs differ). The calibration
 the only tuning knobs; they aim at the magnitudes real runs print, not at any planner's formulas:
 
 - ``CUDA_CONTEXT_GIB``: CUDA context + torch init of the engine process; outside the utilization budget
-  (an idle 24 GiB card shows about 23.5 of 23.99 GiB free on start-up).
-- ``NON_TORCH_GIB`` (+ ``NCCL_GIB`` when tensor parallel): cuBLAS/attention workspaces, NCCL buffers; part of
-  "consumed memory (weights + non-torch)".
+  (an idle 24 GiB card shows about 23.5 of 23.99 GiB free on start-up). With tensor parallelism vLLM sets up
+  NCCL before its memory snapshot too (``Worker.init_device``): ``NCCL_INIT_GIB`` more outside the budget
+  (real H100 logs: "cuda_memory" 0.51 GiB at TP=1, 1.53 at TP=2), ``NCCL_INIT_PCIE_GIB`` on PCIe cards.
+- ``NON_TORCH_GIB`` (+ ``NCCL_BUFFERS_GIB`` when tensor parallel on NVSwitch Hopper boxes, where NCCL's
+  NVLink SHARP buffers appear at the first collective: real H100 logs print 2.06-2.21 GiB of non-torch
+  memory at TP=2 and TP=4; ``NCCL_BUFFERS_PCIE_GIB`` elsewhere): cuBLAS/attention workspaces, NCCL buffers;
+  part of "consumed memory (weights + non-torch)", inside the budget.
 - weights: parameters (config.json shapes) x dtype bytes / tp. ``--quantization fp8`` stores linear layers in
   1 byte and keeps embeddings/LM head in bf16; AWQ/GPTQ (4 bit) take ``INT4_LINEAR_FRACTION`` of the bf16
   bytes of linear layers. ``--cpu-offload-gb`` takes that much off every GPU.
 - peak activation: ``max_num_batched_tokens x dtype bytes x (ACT_HIDDEN_COPIES x hidden +
   ACT_INTER_COPIES x intermediate / tp)`` for the forward pass plus the sampler warm-up,
   ``min(max_num_seqs, max_num_batched_tokens) x vocab x 4 bytes x SAMPLER_COPIES`` (fp32 logits and probs).
-- CUDA graphs (unless ``--enforce-eager``): ``CUDAGRAPH_BASE_GIB + sizes x layers x
-  (CUDAGRAPH_PER_GRAPH_LAYER + CUDAGRAPH_PER_HIDDEN x hidden)``, with vLLM's default capture sizes
-  (1, 2, 4, 8..248 step 8, 256.. step 16 up to min(2 x max_num_seqs, 512, max_num_batched_tokens)).
-  The profiler's estimate is ``actual x scenario.cudagraph_estimate_factor`` and is subtracted from
-  the KV budget unless ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``.
+- CUDA graphs (unless ``--enforce-eager``): ``CUDAGRAPH_BASE_GIB + graphs x layers x
+  (CUDAGRAPH_PER_GRAPH_LAYER + CUDAGRAPH_PER_HIDDEN x hidden)``: PIECEWISE graphs for vLLM's default capture
+  sizes (1, 2, 4, 8..248 step 8, 256.. step 16 up to min(2 x max_num_seqs, 512, max_num_batched_tokens))
+  and, from 0.11 (FULL_AND_PIECEWISE), FULL decode graphs for the sizes up to max_num_seqs.
+  Real H100 captures (0.19, 102 graphs) took 0.87-0.96 GiB for 28-40 layers and 1.61-1.85 GiB for 80: about
+  0.45 GiB plus 148 KiB per graph and layer, whatever the hidden size.
+  The profiler's estimate (from 0.18) is ``actual x scenario.cudagraph_estimate_factor`` (real logs print
+  1.2x to 3.4x; the benchmark draws one per scenario) and is subtracted from the KV budget from 0.20
+  (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 there; ``=0`` switches it off).
+- batch defaults: EngineArgs.get_batch_defaults of the scenario's ``vllm_version`` (1024 sequences and 8192
+  tokens from 70 GiB except A100s, 16384 tokens from 160 GiB on 0.28 and later, 256 and 2048 elsewhere);
+  an unset max_num_seqs is clamped to max_num_batched_tokens, and the token default is capped at
+  max_num_seqs x max_model_len.
 - KV: ``requested - (weights + non-torch + peak activation) - graph estimate``; bytes per token
   ``2 x layers x max(1, kv_heads / tp) x head_dim x dtype bytes``; block size 16; vLLM keeps one null block
   back for the length check and the auto-fit; ``num_blocks = available // block bytes``.
@@ -36,6 +48,7 @@ context``: the weights (load), the profile forward pass or the sampler warm-up (
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -45,13 +58,16 @@ from fakevllm.scenario import GIB, MIB, ModelSpec, Scenario
 
 CUDA_CONTEXT_GIB = 0.45
 NON_TORCH_GIB = 0.45
-NCCL_GIB = 0.35
+NCCL_INIT_GIB = 1.0
+NCCL_INIT_PCIE_GIB = 0.25
+NCCL_BUFFERS_GIB = 1.85
+NCCL_BUFFERS_PCIE_GIB = 0.1
 ACT_HIDDEN_COPIES = 6
 ACT_INTER_COPIES = 3
 SAMPLER_COPIES = 2
-CUDAGRAPH_BASE_GIB = 0.06
-CUDAGRAPH_PER_GRAPH_LAYER = 200 * 1024
-CUDAGRAPH_PER_HIDDEN = 24
+CUDAGRAPH_BASE_GIB = 0.45
+CUDAGRAPH_PER_GRAPH_LAYER = 148 * 1024
+CUDAGRAPH_PER_HIDDEN = 0
 INT4_LINEAR_FRACTION = 0.27
 DEFAULT_BLOCK_SIZE = 16
 RESERVED_UNALLOCATED = 20 * MIB  # "reserved by PyTorch but unallocated" in OOM messages
@@ -315,14 +331,51 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def batch_defaults(total_bytes: int, device_name: str) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) vLLM picks for the OpenAI server "
-    "(EngineArgs.get_batch_defaults)."""
-    if total_bytes >= 160 * GIB:
+def version_tuple(text: str) -> tuple[int, int, int]:
+    """``"0.32.0"`` -> (0, 32, 0); a missing part counts as 0."""
+    parts = [int(p) for p in re.findall(r"\d+", text)[:3]]
+    while len(parts) < 3:
+        parts.append(0)
+    return parts[0], parts[1], parts[2]
+
+
+def batch_defaults(total_bytes: int, device_name: str, version: str = "0.32.0") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM picks for the OpenAI server (EngineArgs.get_batch_defaults
+    of that release: the >= 160 GiB tier from 0.28, A100s kept on the small defaults from 0.9)."""
+    v = version_tuple(version)
+    if total_bytes >= 160 * GIB and v >= (0, 28, 0):
         return 16384, 1024
-    if total_bytes >= 70 * GIB and "a100" not in device_name.lower():
+    if total_bytes >= 70 * GIB and not ("a100" in device_name.lower() and v >= (0, 9, 0)):
         return 8192, 1024
     return 2048, 256
+
+
+def batch_limits(
+    total_bytes: int, device_name: str, version: str, flags: Flags, max_model_len: int
+) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM runs with: the flags, else the defaults, with the token
+    default capped at max_num_seqs x max_model_len (0.12 on) and an unset max_num_seqs clamped to the
+    tokens (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args)."""
+    default_batched, default_seqs = batch_defaults(total_bytes, device_name, version)
+    seqs = flags.max_num_seqs or default_seqs
+    chunked = True if flags.enable_chunked_prefill is None else flags.enable_chunked_prefill
+    if flags.max_num_batched_tokens:
+        batched = flags.max_num_batched_tokens
+    elif not chunked:
+        batched = max(default_batched, max_model_len)
+    elif version_tuple(version) >= (0, 12, 0):
+        batched = min(default_batched, seqs * max_model_len)
+    else:
+        batched = default_batched
+    if flags.max_num_seqs is None:
+        seqs = min(seqs, batched)
+    return batched, seqs
+
+
+def nvlink_sharp(gpu: Any) -> bool:
+    """NVSwitch Hopper boxes (H100/H200 class: compute capability 9.0, >= 70 GiB), where NCCL allocates
+    NVLink SHARP buffers for tensor parallelism."""
+    return gpu.capability >= 90 and gpu.total_gib >= 70
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
@@ -377,10 +430,10 @@ def sampler_bytes(model: ModelSpec, max_num_seqs: int, max_num_batched_tokens: i
     return min(max_num_seqs, max_num_batched_tokens) * model.vocab_size * 4 * SAMPLER_COPIES
 
 
-def cudagraph_bytes(model: ModelSpec, sizes: tuple[int, ...], pp: int) -> int:
+def cudagraph_bytes(model: ModelSpec, graphs: int, pp: int) -> int:
     layers = cdiv(model.num_hidden_layers, pp)
     per = CUDAGRAPH_PER_GRAPH_LAYER + CUDAGRAPH_PER_HIDDEN * model.hidden_size
-    return int(CUDAGRAPH_BASE_GIB * GIB + len(sizes) * layers * per)
+    return int(CUDAGRAPH_BASE_GIB * GIB + graphs * layers * per)
 
 
 def kv_bytes_per_token(model: ModelSpec, kv_bytes: int, tp: int, pp: int) -> int:
@@ -467,14 +520,12 @@ def simulate(
 
     auto_fit = f.max_model_len == -1
     max_model_len = derived if (f.max_model_len is None or auto_fit) else f.max_model_len
-    default_batched, default_seqs = batch_defaults(total, gpu.name)
-    max_num_seqs = f.max_num_seqs or default_seqs
-    chunked = True if f.enable_chunked_prefill is None else f.enable_chunked_prefill
-    max_batched = f.max_num_batched_tokens or (
-        default_batched if chunked else max(default_batched, max_model_len)
-    )
+    version = version_tuple(scenario.vllm_version)
+    max_batched, max_num_seqs = batch_limits(total, gpu.name, scenario.vllm_version, f, max_model_len)
     block_size = f.block_size or DEFAULT_BLOCK_SIZE
     sizes = () if f.enforce_eager else capture_sizes(max_num_seqs, max_batched)
+    # FULL_AND_PIECEWISE (0.11 on): FULL decode graphs too, for the capture sizes up to max_num_seqs
+    full_sizes = tuple(s for s in sizes if s <= max_num_seqs) if version >= (0, 11, 0) else ()
     plan = replace(
         plan,
         max_model_len=max_model_len,
@@ -485,8 +536,9 @@ def simulate(
         capture_sizes=sizes,
     )
 
-    # 1. init_device: the free-memory check on every GPU of the world
-    context = int(CUDA_CONTEXT_GIB * GIB)
+    # 1. init_device: the CUDA context and NCCL come before vLLM's snapshot, then the free-memory check
+    nccl_init = (NCCL_INIT_GIB if nvlink_sharp(gpu) else NCCL_INIT_PCIE_GIB) if world > 1 else 0.0
+    context = int((CUDA_CONTEXT_GIB + nccl_init) * GIB)
     extra = extra_others_gib or ()
     others_all = [
         gpu.others_bytes(i) + int((extra[i] if i < len(extra) else 0.0) * GIB) for i in range(world)
@@ -510,7 +562,8 @@ def simulate(
     weights = weights_per_gpu(model, quant, dtype_bytes, tp, pp)
     if f.cpu_offload_gb:
         weights = max(0, weights - int(f.cpu_offload_gb * GIB))
-    non_torch = int((NON_TORCH_GIB + (NCCL_GIB if world > 1 else 0.0)) * GIB)
+    nccl_buffers = (NCCL_BUFFERS_GIB if nvlink_sharp(gpu) else NCCL_BUFFERS_PCIE_GIB) if world > 1 else 0.0
+    non_torch = int((NON_TORCH_GIB + nccl_buffers) * GIB)
     # reading is paced by the stored checkpoint (on-the-fly fp8 still reads the bf16 files)
     checkpoint = weights_per_gpu(model, model.quantization, dtype_bytes, tp, pp)
     load_speed = scenario.load_gib_per_s * (12.5 if f.load_format == "dummy" else 1.0)
@@ -600,9 +653,11 @@ def simulate(
             oom=oom,
             failing_devices=tuple(range(world)),
         )
-    graphs = cudagraph_bytes(model, sizes, pp) if sizes else 0
-    estimate = int(graphs * scenario.cudagraph_estimate_factor) if sizes else 0
-    applied = 0 if env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") == "0" else estimate
+    graphs = cudagraph_bytes(model, len(sizes) + len(full_sizes), pp) if sizes else 0
+    profiled = version >= (0, 18, 0)  # GPUModelRunner.profile_cudagraph_memory
+    estimate = int(graphs * scenario.cudagraph_estimate_factor) if sizes and profiled else 0
+    charged = version >= (0, 20, 0) and env.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0"
+    applied = estimate if charged else 0
     plan = replace(plan, cudagraph=graphs, cudagraph_estimate=estimate, cudagraph_estimate_applied=applied)
 
     # 4. get_kv_cache_configs: the KV budget, auto-fit, the one-request check
@@ -790,11 +845,9 @@ def _config_error(
             "VllmConfig", texts.heads_not_divisible(model.num_attention_heads, f.tensor_parallel_size)
         )
     total = gpu.total_bytes
-    default_batched, default_seqs = batch_defaults(total, gpu.name)
-    seqs = f.max_num_seqs or default_seqs
     chunked = True if f.enable_chunked_prefill is None else f.enable_chunked_prefill
     max_len = model.max_position_embeddings if f.max_model_len in (None, -1) else f.max_model_len
-    batched = f.max_num_batched_tokens or (default_batched if chunked else max(default_batched, max_len))
+    batched, seqs = batch_limits(total, gpu.name, scenario.vllm_version, f, max_len)
     if batched < max_len and not chunked:
         return value_error("SchedulerConfig", texts.batched_below_len(batched, max_len))
     if batched < seqs:

@@ -214,24 +214,41 @@ def optimum(
     best: tuple[Any, ...] | None = None
     best_flags: Flags | None = None
     searched = 0
-    for values in itertools.product(*(grid[n] for n in names)):
-        cand = dataclasses.replace(user, **dict(zip(names, values, strict=True)), max_model_len=16)
-        searched += 1
-        plan = simulate(scenario, cand, env=env, cli_model=cli_model)
-        if _outcome(plan) != "ready":
-            continue
-        if plan.max_num_seqs < conc:
-            continue
+
+    def longest(plan: Plan) -> int:
+        """The longest context ``plan``'s KV cache holds for the target (0: the target does not fit)."""
         if target_context:
             if plan.usable_tokens < conc * int(target_context):
-                continue
-            length = min(cap, plan.usable_tokens)
-        else:  # requests of the full context (one without a target)
-            length = min(cap, (plan.usable_blocks // conc) * plan.block_size)
+                return 0
+            return min(cap, plan.usable_tokens)
+        return min(cap, (plan.usable_blocks // conc) * plan.block_size)  # requests of the full context
+
+    for values in itertools.product(*(grid[n] for n in names)):
+        # vLLM caps its token default at max_num_seqs x max_model_len, so the KV cache can grow as the
+        # context shrinks: size it at the model's whole context first (auto-fit: the fewest blocks),
+        # then once more at the context that gives, and keep the longer one that still starts
+        cand = dataclasses.replace(user, **dict(zip(names, values, strict=True)), max_model_len=-1)
+        searched += 1
+        plan = simulate(scenario, cand, env=env, cli_model=cli_model)
+        if _outcome(plan) != "ready" or plan.max_num_seqs < conc:
+            continue
+        length = longest(plan)
         if length < floor_len:
             continue
+        again = simulate(
+            scenario, dataclasses.replace(cand, max_model_len=length), env=env, cli_model=cli_model
+        )
+        if _outcome(again) != "ready":
+            continue
+        longer = longest(again)
+        if longer > length:
+            trial = simulate(
+                scenario, dataclasses.replace(cand, max_model_len=longer), env=env, cli_model=cli_model
+            )
+            if _outcome(trial) == "ready" and longest(trial) >= longer:
+                length, again = longer, trial
         changed = _changes(cand, user)
-        key = (-length, len(changed), -plan.usable_blocks, cand.gpu_memory_utilization)
+        key = (-length, len(changed), -again.usable_blocks, cand.gpu_memory_utilization)
         if best is None or key < best:
             best = key
             best_flags = dataclasses.replace(cand, max_model_len=length)
@@ -239,7 +256,7 @@ def optimum(
         return None
     ok, details = feasible(scenario, best_flags, env=env, cli_model=cli_model)
     plan = simulate(scenario, best_flags, env=env, cli_model=cli_model)
-    if not ok:  # the length-independence argument failed: a bug, not a search result
+    if not ok:  # the search kept only configurations it saw start: a bug, not a search result
         raise AssertionError(
             f"optimum {best_flags} is not feasible: {details['outcome']}: {details['message']}"
         )

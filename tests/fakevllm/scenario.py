@@ -207,7 +207,7 @@ class Scenario:
     state_file: str | None = None
     load_gib_per_s: float = 2.0
     compile_s: float | None = None
-    cudagraph_estimate_factor: float = 1.15
+    cudagraph_estimate_factor: float = 1.2
     engine_core_name: str = "EngineCore"
     vllm_version: str = "0.32.0"
     site_packages: str = "/usr/local/lib/python3.12/dist-packages"
