@@ -617,7 +617,8 @@ PROGRESS_CASES = [
         "on startup. Desired GPU memory utilization is (0.9, 21.2 GiB). Actual usage is 14.25 GiB for "
         "weight, 0.61 GiB for peak activation, 0.25 GiB for non-torch memory, and 0.62 GiB for CUDAGraph "
         "memory. Replace gpu_memory_utilization config with `--kv-cache-memory=5600000000` (5.22 GiB) to "
-        "fit into requested memory, or `--kv-cache-memory=8000000000` (7.45 GiB) to fully utilize gpu memory.",
+        "fit into requested memory, or `--kv-cache-memory=8000000000` (7.45 GiB) to fully utilize gpu "
+        "memory.",
         "memory_breakdown",
         {
             "free_gib": 23.21,
