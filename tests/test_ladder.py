@@ -439,3 +439,57 @@ def test_kv_allocation_oom_shrinks_a_pinned_cache(pinned, tried, free, expected)
     assert set(flags.describe_change(d.flags).split(" ")[:1]) == {name}
     got = getattr(d.flags, name)
     assert got == pytest.approx(value * 1024**3 if name == "kv_cache_memory_bytes" else value, rel=0.01)
+
+
+# --- the memory model's facts: vLLM's batch defaults, tensor-parallel sizes vLLM accepts ------------
+
+
+def test_fewer_sequences_start_from_vllms_default_for_the_gpu_and_version():
+    # an H100 runs 1024 sequences by default (vLLM's API server from 70 GiB): halving starts there, not at
+    # the 256 of smaller cards; on an A100 (and before 0.9 on any card of 80 GB) 256 / 1024
+    h100 = L.Facts(backend="cuda", total_gib=79.11, gpu_name="NVIDIA H100 80GB HBM3", vllm_version="0.32.0")
+    oom = Failure(F.OOM_RUNTIME, F.PHASE_SERVING, "torch.OutOfMemoryError: CUDA out of memory.")
+    d = step(EngineFlags(max_model_len=8192), oom, h100)
+    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 512
+    a100 = L.Facts(**{**h100.__dict__, "gpu_name": "NVIDIA A100-SXM4-80GB"})
+    d = step(EngineFlags(max_model_len=8192), oom, a100)
+    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 128
+    old = L.Facts(**{**a100.__dict__, "vllm_version": "0.8.5"})
+    d = step(EngineFlags(max_model_len=8192), oom, old)
+    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 512
+
+
+def test_more_tensor_parallelism_only_to_a_size_vllm_accepts():
+    # Qwen-14B: 40 heads, 8 KV heads. From 4 GPUs the next size is 8 (5 divides the heads, not the KV heads)
+    oom = Failure(F.OOM_WEIGHTS, F.PHASE_LOAD_WEIGHTS, "torch.OutOfMemoryError: CUDA out of memory.")
+    eight = L.Facts(**{**R14_4090.__dict__, "gpu_count": 8})
+    d = step(EngineFlags(tensor_parallel_size=4), oom, eight)
+    assert isinstance(d, L.Step) and d.flags.tensor_parallel_size == 8
+    # 6 GPUs and 4 in use: no accepted size above 4 fits in 6
+    six = L.Facts(**{**R14_4090.__dict__, "gpu_count": 6})
+    d = step(EngineFlags(tensor_parallel_size=4), oom, six)
+    assert isinstance(d, L.GiveUp)
+    # without the model's config it doubles, as vLLM accepts for most models
+    blind = L.Facts(**{**R14_4090.__dict__, "gpu_count": 8, "arch": None})
+    d = step(EngineFlags(tensor_parallel_size=2), oom, blind)
+    assert isinstance(d, L.Step) and d.flags.tensor_parallel_size == 4
+
+
+def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
+    # 16384 tokens of 14B KV need 3.0 GiB; 2.5 GiB available at 0.95 (the top), no fp8 KV allowed. From 0.20
+    # vLLM took its 0.6 GiB CUDA-graph estimate out of that budget: eager mode gives it back, context kept
+    flags = EngineFlags(max_model_len=16384, gpu_memory_utilization=0.95, quantization="fp8")
+    avail = 2.5 * 1024**3
+    estimate = (int(avail // (16 * 196608)) - 1) * 16
+    fail = kv_fail(16384, estimate, kv_available_gib=2.5, cudagraph_estimated_gib=0.6)
+    bounds = L.Bounds(allow_fp8_kv=False)
+    new = L.Facts(**{**R14_4090.__dict__, "vllm_version": "0.32.0"})
+    d = step(flags, fail, new, bounds)
+    assert isinstance(d, L.Step)
+    assert d.flags.enforce_eager and d.flags.max_model_len == 16384
+    assert "CUDA-graph estimate" in d.reason
+    # 0.19 only printed the estimate: eager would free nothing of the KV budget, the context shrinks instead
+    old = L.Facts(**{**R14_4090.__dict__, "vllm_version": "0.19.0"})
+    d = step(flags, fail, old, bounds)
+    assert isinstance(d, L.Step)
+    assert not d.flags.enforce_eager and d.flags.max_model_len < 16384

@@ -338,10 +338,10 @@ def test_target_is_concurrency_times_the_target_context_not_the_full_context() -
 
 
 def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
-    # Llama-8B on a 21.5 GiB card: bf16 KV holds ~25k tokens (32k does not start); fp8 KV holds ~51k.
+    # Llama-8B on a 22 GiB card: bf16 KV holds ~26k tokens (32k does not start); fp8 KV holds ~52k.
     # One request of 32k fits and 4 x 8k fit: the user keeps 32768 with fp8 KV, not the ~13k at which
     # 4 requests of the full context would fit.
-    device = gpu(21.5)
+    device = gpu(22.0)
     flags = EngineFlags(max_model_len=32768)
     p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=8192)
     assert not p.starts_as_given and not p.meets_target and not p.fits
@@ -357,10 +357,12 @@ def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
 def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> None:
     # Llama-8B on an RTX 3090 (cc 8.6), no max_model_len: one request of the model's 131072 tokens cannot
     # fit even in fp8 KV, so the context shrinks, but only after utilization 0.95 (the bound), e5m2 KV and
-    # 16 sequences per batch made room; it shrinks to what one request fits, not to a quarter of it
+    # 16 sequences per batch made room; it shrinks to what one request fits, not to a quarter of it.
+    # Eager mode is not allowed here (next test: it is, and wins when the context is clearly longer)
     device = gpu(23.69, cc=(8, 6))
     flags = EngineFlags()
-    p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384)
+    graphs = {**planner.DEFAULT_BOUNDS, "allow_eager": False}
+    p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384, bounds=graphs)
     rec = p.recommended
     assert rec is not None and rec.max_model_len is not None
     assert (rec.gpu_memory_utilization, rec.kv_cache_dtype, rec.max_num_seqs) == (0.95, "fp8_e5m2", 16)
@@ -376,10 +378,45 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
         flags,
         target_concurrency=4,
         target_context=16384,
-        bounds={"max_gpu_memory_utilization": 0.9},
+        bounds={**graphs, "max_gpu_memory_utilization": 0.9},
     )
     assert p90.recommended is not None and p90.recommended.gpu_memory_utilization == 0.9
     assert 16384 <= (p90.recommended.max_model_len or 0) < rec.max_model_len
+
+
+@pytest.mark.parametrize(
+    ("version", "eager"),
+    [
+        # from 0.20 vLLM charges its CUDA-graph estimate to the KV budget: without graphs the context is
+        # more than 5% longer, so the planner gives the graphs up for it
+        ("0.32.0", True),
+        # 0.19 captures its graphs outside the budget: eager mode adds nothing to the KV cache
+        ("0.19.0", False),
+    ],
+)
+def test_eager_only_when_it_clearly_lengthens_the_context(version: str, eager: bool) -> None:
+    device = gpu(23.69, cc=(8, 6))
+    kept = {**planner.DEFAULT_BOUNDS, "allow_eager": False}
+    with_graphs = planner.plan(
+        arch(L8),
+        device,
+        EngineFlags(),
+        target_concurrency=4,
+        target_context=16384,
+        bounds=kept,
+        version=version,
+    ).recommended
+    p = planner.plan(
+        arch(L8), device, EngineFlags(), target_concurrency=4, target_context=16384, version=version
+    )
+    rec = p.recommended
+    assert rec is not None and with_graphs is not None and rec.max_model_len and with_graphs.max_model_len
+    assert rec.enforce_eager is eager
+    if eager:
+        assert rec.max_model_len >= M.EAGER_MIN_GAIN * with_graphs.max_model_len
+        assert rec.replace(enforce_eager=False, max_model_len=with_graphs.max_model_len) == with_graphs
+    else:
+        assert rec == with_graphs
 
 
 def test_a_target_no_lever_reaches_is_reported_with_what_fits() -> None:

@@ -257,14 +257,17 @@ def test_sampler_warmup_out_of_memory_lowers_max_num_seqs_only(tmp_path: Path):
     # 8192 dummy sampler requests need ~9.3 GiB of fp32 logits; the forward pass of 8192 tokens fits.
     # vLLM says "CUDA out of memory occurred when warming up sampler with 8192 dummy requests. Please try
     # lowering `max_num_seqs`": the batch size in tokens is not the problem, so the ladder keeps it.
+    # Halved, the 4096 sequences still capture graphs up to 512 and vLLM 0.32 charges their estimate to
+    # the KV budget: the cache may then be short of one request, which one more step fixes.
     body = fake_body(tmp_path, model=QWEN_7B, start={"max_num_seqs": 8192, "max_num_batched_tokens": 8192})
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 0, t.explain()
-    assert t.classes == ["oom_profile", "none"]
+    assert t.classes[0] == "oom_profile" and t.classes[-1] == "none" and len(t.classes) <= 3
     assert "sampler" in t.steps[0]["reason"], t.steps[0]["reason"]
-    (change,) = t.step_changes()
+    change = t.step_changes()[0]
     assert set(change) == {"max_num_seqs"}, change
     assert change["max_num_seqs"][1] < 8192
+    assert "oom_profile" not in t.classes[1:]
     assert_consistent(t)
 
 
@@ -333,7 +336,10 @@ def test_context_beyond_the_kv_budget_keeps_the_context_with_fp8_kv(tmp_path: Pa
 
 
 def test_context_that_cannot_fit_goes_straight_to_the_longest_that_does(tmp_path: Path):
-    body = fake_body(tmp_path, start={"max_model_len": 65536, "quantization": "fp8"})
+    # CUDA graphs kept (next test: eager mode allowed)
+    body = fake_body(
+        tmp_path, start={"max_model_len": 65536, "quantization": "fp8"}, ladder={"allow_eager": False}
+    )
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 0, t.explain()
     assert t.classes == ["kv_insufficient", "none"]  # one step, no halving walk
@@ -344,6 +350,22 @@ def test_context_that_cannot_fit_goes_straight_to_the_longest_that_does(tmp_path
     # the engine's own capacity at the chosen flags holds one request of the new context
     ready = t.engine[-1]
     assert ready["outcome"] == "ready" and ready["usable_kv_tokens"] >= new
+    assert_consistent(t)
+
+
+def test_context_kept_in_eager_mode_when_vllm_charged_its_graph_estimate(tmp_path: Path):
+    # vLLM 0.32 took its CUDA-graph estimate (the fake's: 1.2x the pool) out of the KV budget; fp8 KV,
+    # the top utilization and eager mode together hold the 65536 tokens the graphs left no room for
+    body = fake_body(tmp_path, start={"max_model_len": 65536, "quantization": "fp8"})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["kv_insufficient", "none"]
+    (change,) = t.step_changes()
+    assert change["enforce_eager"] == (False, True) and "max_model_len" not in change
+    assert "CUDA-graph estimate" in t.steps[0]["reason"]
+    assert t.result["flags"]["max_model_len"] == 65536
+    ready = t.engine[-1]
+    assert ready["outcome"] == "ready" and ready["usable_kv_tokens"] >= 65536
     assert_consistent(t)
 
 

@@ -371,6 +371,7 @@ def _kv_options(
         return total
 
     fp8_bpt = kv_bpt(flags.replace(kv_cache_dtype=fp8), facts) if fp8 else None
+    graphs = 0.0 if pinned else _charged_graphs(flags, failure, facts, bounds, obs)
 
     if have is not None and bpt:
         # 1. more utilization keeps everything else as asked
@@ -396,6 +397,27 @@ def _kv_options(
                         f"fp8 KV ({fp8}) and utilization {flags.gpu_memory_utilization:g} -> {util:g} "
                         "keep the context",
                     )
+        # 2b. eager mode: from 0.20 vLLM takes its CUDA-graph estimate out of the KV budget; without graphs
+        # that memory is the KV cache's (the estimate the failed launch printed)
+        if graphs and need_len:
+            eager = flags.replace(enforce_eager=True)
+            options = [(eager, bpt, have)]
+            if fp8 and fp8_bpt:
+                options.append((eager.replace(kv_cache_dtype=fp8), fp8_bpt, have))
+            if facts.total_gib and max_util > flags.gpu_memory_utilization:
+                extra = (max_util - flags.gpu_memory_utilization) * facts.total_gib * GIB
+                options += [
+                    (f.replace(gpu_memory_utilization=max_util), b, h + extra / (1 + KV_MARGIN))
+                    for f, b, h in list(options)
+                ]
+            for f, b, h in options:
+                if need_bytes(b) <= h + graphs:
+                    yield Step(
+                        f,
+                        f"vLLM charged {graphs / GIB:.2f} GiB of CUDA-graph estimate to the KV budget: "
+                        f"{flags.describe_change(f)} keeps the context",
+                    )
+                    break
         # 3. the longest context that fits, with every lever the bounds allow
         if need_len:
             best_util = flags.gpu_memory_utilization
@@ -407,10 +429,18 @@ def _kv_options(
             longest = max_len_for(
                 budget / (1 + KV_MARGIN) if budget != have else budget, best_bpt, block, facts
             )
+            use_eager = False
+            if graphs:
+                with_eager = max_len_for((budget + graphs) / (1 + KV_MARGIN), best_bpt, block, facts)
+                use_eager = with_eager >= memmodel.EAGER_MIN_GAIN * longest  # clearly longer: no graphs
+                if use_eager:
+                    budget, longest = budget + graphs, with_eager
             if facts.model_max_len:
                 longest = min(longest, facts.model_max_len)
             longest = min(longest, need_len)
-            new = flags.replace(max_model_len=longest, gpu_memory_utilization=best_util)
+            new = flags.replace(
+                max_model_len=longest, gpu_memory_utilization=best_util, enforce_eager=use_eager
+            )
             if fp8:
                 new = new.replace(kv_cache_dtype=fp8)
             if longest >= bounds.min_context and (
@@ -420,7 +450,8 @@ def _kv_options(
                     new,
                     f"{need_len} tokens cannot fit; the longest context that fits is {longest}"
                     + (f" with fp8 KV ({fp8})" if fp8 else "")
-                    + (f" at utilization {best_util:g}" if best_util != flags.gpu_memory_utilization else ""),
+                    + (f" at utilization {best_util:g}" if best_util != flags.gpu_memory_utilization else "")
+                    + (" in eager mode" if use_eager else ""),
                 )
             elif longest >= bounds.min_context and need_tokens:
                 # one request fits; target.concurrency x target.context does not: the KV cache needs room
@@ -464,6 +495,19 @@ def _kv_options(
             yield GiveUp(
                 f"vLLM's estimate {estimate} is below the smallest context allowed ({bounds.min_context})"
             )
+
+
+def _charged_graphs(
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float]
+) -> float:
+    """Bytes of CUDA-graph estimate the failed launch's vLLM took out of the KV budget (0: none, or eager
+    mode is not a lever here)."""
+    if flags.enforce_eager or not bounds.allow_eager or facts.backend != "cuda":
+        return 0.0
+    if not memmodel.rules(facts.version()).graph_estimate_charged:
+        return 0.0
+    gib = failure.numbers.get("cudagraph_estimated_gib") or obs.get("cudagraph_estimated_gib")
+    return float(gib) * GIB if gib else 0.0
 
 
 def _capacity(kv_bytes: float, bpt: float, block: int, facts: Facts) -> int:

@@ -766,10 +766,16 @@ def activation_bytes(
 
 # --- CUDA graphs ---------------------------------------------------------------------------------
 
-GRAPH_BASE_GIB = 0.26  # fitted: pool memory that does not grow with the graphs (H100 logs, 0.19)
-GRAPH_BYTES_PER_GRAPH_LAYER = 183 * 1024  # fitted: 0.0174 GiB per layer at 102 graphs (H100 logs, 0.19)
+# fitted to the single-GPU H100 captures of vLLM 0.19 (102 graphs; 0.87-0.98 GiB for 28-40 layers, 1.6-1.85
+# GiB for 80 at TP=2): a part that does not grow with the graphs and one per graph and layer. Tensor
+# parallelism shrinks the pool by up to 0.25 GiB (not modelled: the prediction errs on the safe side).
+GRAPH_BASE_GIB = 0.45
+GRAPH_BYTES_PER_GRAPH_LAYER = 148 * 1024
 # fitted: vLLM's estimate / the captured pool, median of the real logs that print both (0.7x to 3.4x)
 GRAPH_ESTIMATE_RATIO = 1.0
+# Policy, not memory (planner and ladder): eager mode decodes slower, so it is taken for a context only
+# when it keeps the requested one or gives one this much longer than keeping the CUDA graphs does.
+EAGER_MIN_GAIN = 1.05
 
 
 def capture_sizes(seqs: int, tokens: int, device: DeviceFacts, version: Version) -> tuple[int, ...]:

@@ -452,8 +452,9 @@ def _recommend(
     changes: as given, then with fp8 KV when allowed, then at the highest allowed utilization (with and
     without fp8 KV), then, when a target concurrency is given and ``max_num_seqs`` is vLLM's default,
     with fewer sequences per batch (:func:`fewer_seqs`). When none keeps the requested context: the
-    longest block-aligned context one request fits with all of those levers, never below ``min_context``.
-    Only when even that fails: no CUDA graphs.
+    longest block-aligned context one request fits with all of those levers, never below ``min_context``,
+    or without CUDA graphs when that keeps the requested context or gives a clearly longer one
+    (``memmodel.EAGER_MIN_GAIN``).
     """
     base = flags.replace(max_model_len=requested_context)
     cc = device.compute_capability
@@ -500,14 +501,16 @@ def _recommend(
             return _Choice(ev, requested_context)
     primary = evals[-1]  # every lever but eager mode: the most KV, so the longest context
     choice = shrink(primary)
-    if choice is not None:
-        return choice
     if bounds["allow_eager"] and not base.enforce_eager and device.backend != "cpu":
+        # without CUDA graphs: their pool (and, from vLLM 0.20, the estimate vLLM charges to the KV
+        # budget) goes to the KV cache; taken when that keeps the context or lengthens it by EAGER_MIN_GAIN
         ev = evaluate(primary.flags.replace(enforce_eager=True))
         if keeps(ev):
             return _Choice(ev, requested_context)
-        return shrink(ev)
-    return None
+        eager = shrink(ev)
+        if eager is not None and (choice is None or eager.context >= M.EAGER_MIN_GAIN * choice.context):
+            return eager
+    return choice
 
 
 def fewer_seqs(
