@@ -409,7 +409,23 @@ SM_COUNTS = {
     "A100 80GB": 108,
     "H100 80GB": 132,
     "H200 141GB": 132,
+    "RTX 5090": 170,
+    "RTX A6000": 84,
+    "L40": 142,
+    "RTX 6000 Ada": 142,
+    "GH200 96GB": 132,
+    "B200": 148,
+    "MI300X": 304,
+    "MI325X": 304,
 }
+
+
+def test_nvlink_sharp_buffers_only_on_nvidia_data_center_gpus() -> None:
+    assert M.nvls_class(devices.from_catalog("H100"))
+    assert M.nvls_class(devices.from_catalog("B200"))
+    assert not M.nvls_class(devices.from_catalog("MI300X"))  # gfx942 reports 9.4: no NVLS on AMD
+    assert not M.nvls_class(devices.from_catalog("A100 80GB"))
+    assert not M.nvls_class(devices.from_catalog("RTX 5090"))
 
 
 def test_catalog_gpus_have_their_sm_counts() -> None:

@@ -550,7 +550,7 @@ def weights_bytes(arch: ModelArch, flags: EngineFlags) -> int:
 
 # Streaming multiprocessors per card (NVIDIA's data sheets): the sampler's Triton top-k/top-p kernel keeps
 # one vocabulary-wide fp32 row per SM (vllm/v1/sample/ops/topk_topp_triton.py).
-_SM_COUNTS = (
+_SM_COUNTS = (  # NVIDIA's data sheets (streaming multiprocessors); AMD's compute units for Instinct
     ("h200", 132),
     ("h100", 132),
     ("gh200", 132),
@@ -563,9 +563,13 @@ _SM_COUNTS = (
     ("a10", 72),
     ("l4", 58),
     ("a40", 84),
+    ("5090", 170),
     ("4090", 128),
     ("3090", 82),
+    ("6000ada", 142),
     ("a6000", 84),
+    ("mi300", 304),
+    ("mi325", 304),
     ("t4", 40),
 )
 DEFAULT_SM_COUNT = 108
@@ -583,11 +587,23 @@ def sm_count(device: DeviceFacts) -> int:
     return DEFAULT_SM_COUNT
 
 
+def amd_instinct(device: DeviceFacts) -> bool:
+    """An AMD Instinct GPU (vLLM's ROCm build; the catalog's MI300X, MI325X, or an NVML-style name)."""
+    return bool(re.search(r"\bmi\d{3}|instinct|\bamd\b", gpu_name(device).lower()))
+
+
 def nvls_class(device: DeviceFacts) -> bool:
     """NVSwitch data-center GPUs from Hopper on, where NCCL's NVLink SHARP (NVLS) buffers are allocated
-    for tensor parallelism: compute capability 9.0 or more and at least 70 GiB."""
+    for tensor parallelism: NVIDIA, compute capability 9.0 or more and at least 70 GiB (AMD's gfx942
+    reports 9.4 but has no NVLS: RCCL's buffers are taken as a PCIe card's)."""
     cc = device.compute_capability
-    return device.backend == "cuda" and cc is not None and cc >= (9, 0) and device.total_bytes >= 70 * GIB
+    return (
+        device.backend == "cuda"
+        and cc is not None
+        and cc >= (9, 0)
+        and device.total_bytes >= 70 * GIB
+        and not amd_instinct(device)
+    )
 
 
 # --- batch defaults ------------------------------------------------------------------------------
