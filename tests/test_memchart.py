@@ -48,16 +48,20 @@ def test_measured_from_vllms_breakdown_line() -> None:
 
 
 def test_the_graph_estimate_inside_vllms_peak_activation_is_not_counted_twice() -> None:
-    # vLLM >= 0.21 prints "peak activation" as the transient peak plus its CUDA-graph estimate
+    # vLLM >= 0.27 prints "peak activation" in its breakdown line as the transient peak plus its
+    # CUDA-graph estimate (the log reader's breakdown_activation_gib)
     obs = {
-        "weights_gib": 14.19, "consumed_gib": 14.64, "peak_activation_gib": 1.10, "cudagraph_gib": 0.45,
+        "weights_gib": 14.19, "consumed_gib": 14.64, "breakdown_activation_gib": 1.10, "cudagraph_gib": 0.45,
         "profiled_gpu_memory_utilization": 0.72, "equivalent_gpu_memory_utilization": 0.70,
         "cudagraph_estimated_gib": 0.48, "kv_cache_gib": 1.53, "free_gib": 17.54, "total_gib": 23.99,
     }  # fmt: skip
     b = M.from_observations(obs)
     assert b is not None and b.activation_gib == pytest.approx(0.62) and b.over_gib == 0
-    del obs["equivalent_gpu_memory_utilization"]  # an older vLLM: the estimate was not charged
+    del obs["equivalent_gpu_memory_utilization"]  # profiling disabled: the estimate was not charged
     assert M.from_observations(obs).activation_gib == 1.10  # type: ignore[union-attr]
+    # the profile's own figure (0.20-0.26's breakdown, the profiling line) never holds the estimate
+    obs.update(peak_activation_gib=0.61, equivalent_gpu_memory_utilization=0.70)
+    assert M.from_observations(obs).activation_gib == 0.61  # type: ignore[union-attr]
 
 
 def test_from_a_planner_breakdown_that_does_not_fit() -> None:

@@ -163,10 +163,13 @@ def from_observations(
         non_torch = max(0.0, float(obs["consumed_gib"]) - float(weights))
     free_at_start = obs.get("free_gib", free_gib)
     activation = obs.get("peak_activation_gib")
-    if activation is not None and obs.get("equivalent_gpu_memory_utilization") is not None:
-        # vLLM >= 0.21 charges its CUDA-graph estimate to the KV budget and prints it inside "peak
-        # activation" (gpu_worker.py: transient peak + the estimate applied); the graphs are drawn apart
-        activation = max(0.0, float(activation) - float(obs.get("cudagraph_estimated_gib") or 0.0))
+    if activation is None and obs.get("breakdown_activation_gib") is not None:
+        # vLLM >= 0.27 prints "peak activation" in its breakdown line as the transient peak plus the
+        # CUDA-graph estimate charged to the KV budget (gpu_worker.py; the log reader keeps that figure
+        # apart): charged when vLLM said "CUDA graph memory profiling is enabled"; graphs are drawn apart
+        charged = obs.get("equivalent_gpu_memory_utilization") is not None
+        estimate = float(obs.get("cudagraph_estimated_gib") or 0.0) if charged else 0.0
+        activation = max(0.0, float(obs["breakdown_activation_gib"]) - estimate)
     b = Breakdown(
         total_gib=float(total),
         weights_gib=_opt(weights),

@@ -184,6 +184,7 @@ def attempt_memory(
             target_concurrency=config.target.concurrency,
             target_context=config.target.context,
             bounds=planner.ladder_bounds(config.ladder),
+            version=know.version(),
         )
         predicted = M.from_planner(plan.breakdown)
     charts: list[dict[str, Any]] = []
