@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.records:
         paths = list(args.records)
-        note = "as given"
+        note = " (as given)"
     else:
         paths = [p for p in (SHARED_RECORDS, REPO_RECORDS) if p.exists()]
         note = (

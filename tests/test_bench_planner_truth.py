@@ -1,0 +1,53 @@
+"""The real-GPU truth benchmark (benchmarks/bench_planner_truth.py) on the repository's own records: the
+records are what the logs printed, and the memory model meets its targets on them (as in CI, where
+../shared does not exist)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks" / "bench_planner_truth.py"
+RECORDS = ROOT / "benchmarks" / "data" / "gpu-truth.jsonl"
+
+
+def records() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in RECORDS.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("record", records(), ids=lambda r: r["id"])
+def test_a_record_holds_only_figures_its_log_printed(record: dict[str, Any]) -> None:
+    assert record["source"].startswith("https://") and record["excerpt"].strip()
+    assert (ROOT / "benchmarks" / "data" / "models" / record["model_dir"] / "config.json").is_file()
+    excerpt = record["excerpt"]
+    for key, value in record["observed"].items():
+        if key == "kv_tokens":
+            assert f"GPU KV cache size: {int(value):,} tokens" in excerpt, key
+        elif key.endswith("_gib"):
+            assert f"{value:.2f}" in excerpt or f"{value:g}" in excerpt, (key, value)
+
+
+def test_the_repositorys_records_meet_the_targets(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--records", str(RECORDS), "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "PASS  every record within +-10% of the KV tokens" in proc.stdout
+    rows = json.loads(out.read_text())
+    assert {r["id"] for r in rows} == {r["id"] for r in records() if r["scope"] == "in"}
+    for row in rows:
+        predicted, logged = row["predicted"], row["logged"]
+        assert not row["error"], row
+        assert abs(predicted["kv_tokens"] / logged["kv_tokens"] - 1) <= 0.10, row["id"]
+        assert abs(predicted["kv_gib"] - logged["kv_gib"]) <= 0.5, row["id"]
