@@ -130,7 +130,7 @@ _PROGRESS_KEYWORDS = (
     r"the current vLLM instance|model weights take|Capturing|Received signal|Explicitly set \(|"
     r"Starting to load model|Multi-thread [Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
-    r"Warming up model|Starting vLLM (?:API )?server|vLLM API server version|"
+    r"Warming up model|Starting vLLM (?:API )?server|"
     r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args"
 )
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
@@ -607,7 +607,6 @@ _RULES_BY_KEYWORD = {
         "bled": ("cudagraph_estimate", "engine_config"),  # ... profiling is enabled, Chunked prefill ...
         "shot": ("memory_snapshot",),  # worker init memory snapshot
         "args": (),  # non-default args (read by _progress itself)
-        "sion": (),  # vLLM API server version (read by _progress itself)
         "ce (": ("memory_breakdown",),  # Free memory on device (
         "file": ("engine_init",),  # init engine (profile
         "gine": ("engine_config",),  # Initializing a[n] [V1 ]LLM engine
@@ -643,10 +642,10 @@ _DERIVE_INPUTS = frozenset(
 _DERIVING_KINDS = frozenset(kind for kind, _, rx in _PROGRESS_RULES if _DERIVE_INPUTS & rx.groupindex.keys())
 # The keyword tails of the lines that may start the capture, the serving or the shutdown
 _MILESTONE_TAILS = frozenset({"ring", "lete", "g on", "down", "own]", "gnal"})
-# The engine's identity: its version ("Initializing a V1 LLM engine (v0.19.0)", "vLLM API server version
-# 0.19.0"), the arguments it was given ("non-default args: {...}") and its device ("device_config=cuda")
-_IDENTITY_TAILS = frozenset({"gine", "sion", "args"})
-_ENGINE_VERSION_RE = re.compile(r"(?:LLM engine \(v|vLLM API server version v?)(\d+\.\d+\.\d+[\w.+]*)")
+# The engine's identity: its version ("Initializing a V1 LLM engine (v0.19.0)"), the arguments it was
+# given ("non-default args: {...}") and its device ("device_config=cuda")
+_IDENTITY_TAILS = frozenset({"gine", "args"})
+_ENGINE_VERSION_RE = re.compile(r"LLM engine \(v(\d+\.\d+\.\d+[\w.+]*)")
 _ARGS_RE = re.compile(r"non-default args: (\{.{0,4000}\})")
 _DEVICE_RE = re.compile(r"\bdevice_config=(\w+)")
 _ARGS_CHARS = 4000
@@ -1128,7 +1127,7 @@ _QUICK_WORDS = (
     "took", "memory", "kv cache", "concurrency", "blocks", "graph", "startup complete", "uvicorn running",
     "initializing", "max model len", "max_model_len", "shutting down", "shutdown", "vllm instance",
     "capturing", "received signal", "explicitly set", "init engine", "starting to load", "loading",
-    "warming up", "starting vllm",
+    "warming up", "starting vllm", "chunked prefill", "non-default args",
 )  # fmt: skip
 _QUICK_RE = _word_start_trie(_QUICK_WORDS)
 
@@ -1550,7 +1549,7 @@ class LogReader:
 
     @property
     def engine_version(self) -> str | None:
-        """The vLLM version the log printed ("Initializing a V1 LLM engine (v0.19.0)", the API server's)."""
+        """The vLLM version the log printed ("Initializing a V1 LLM engine (v0.19.0)")."""
         return self._engine_version
 
     @property
