@@ -86,14 +86,7 @@ def test_json_matches_the_reader_for_every_fixture(path: str, capsys: pytest.Cap
     reader = LogReader()
     reader.feed_lines(lines_from_chunks([(FIXTURES / path).read_bytes()]))
     diagnosis = reader.diagnose()
-    advice = advise(
-        diagnosis.failure,
-        reader.engine_args,
-        reader.engine_version,
-        reader.engine_device,
-        reader.observations,
-    )
-    assert json.loads(out) == report(diagnosis, advice)
+    assert json.loads(out) == report(diagnosis, diagnose_path(str(FIXTURES / path))[1])
     assert diagnosis.vllm_log
     assert diagnosis.failure == diagnose_text(lines_from_chunks([(FIXTURES / path).read_bytes()]))[0]
 

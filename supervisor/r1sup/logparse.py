@@ -364,6 +364,12 @@ _STAGE_CAPTURE = 3
 _STAGE_CAPTURED = 4
 
 # (kind, a literal every match contains, pattern): the pattern's named groups are the numbers
+# gpu_worker.py compile_or_warm_up_model's memory breakdown (0.20 on), up to the figures that changed
+_BREAKDOWN_HEAD = (
+    rf"Free memory on device \((?P<free_gib>{_NUM})/(?P<total_gib>{_NUM}) GiB\) on startup\. "
+    rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
+    rf"(?P<requested_gib>{_NUM}) GiB\)\. "
+)
 _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     (
         "weights_loaded",
@@ -482,10 +488,8 @@ _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         "memory_breakdown",
         "Free memory on device (",
         re.compile(
-            rf"Free memory on device \((?P<free_gib>{_NUM})/(?P<total_gib>{_NUM}) GiB\) on startup\. "
-            rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
-            rf"(?P<requested_gib>{_NUM}) GiB\)\. "
-            rf"Actual usage is (?P<weights_gib>{_NUM}) GiB for weight, (?P<peak_activation_gib>{_NUM}) GiB "
+            _BREAKDOWN_HEAD
+            + rf"Actual usage is (?P<weights_gib>{_NUM}) GiB for weight, (?P<peak_activation_gib>{_NUM}) GiB "
             rf"for peak activation, (?P<non_torch_gib>{_NUM}) GiB for non-torch memory, and "
             rf"(?P<cudagraph_gib>{_NUM}) GiB for CUDAGraph memory\."
         ),
@@ -495,10 +499,8 @@ _PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         "memory_breakdown",
         "Free memory on device (",
         re.compile(
-            rf"Free memory on device \((?P<free_gib>{_NUM})/(?P<total_gib>{_NUM}) GiB\) on startup\. "
-            rf"Desired GPU memory utilization is \((?P<gpu_memory_utilization>{_NUM}), "
-            rf"(?P<requested_gib>{_NUM}) GiB\)\. "
-            rf"Actual usage is (?P<consumed_gib>{_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
+            _BREAKDOWN_HEAD
+            + rf"Actual usage is (?P<consumed_gib>{_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
             rf"(?P<breakdown_activation_gib>{_NUM}) GiB for peak activation, and "
             rf"(?P<cudagraph_gib>{_NUM}) GiB for CUDAGraph memory\."
             rf"(?: Replace gpu_memory_utilization config with `?--kv-cache-memory="
