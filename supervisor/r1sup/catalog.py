@@ -2,7 +2,8 @@
 
 ``MODELS`` holds the fields of each model's published ``config.json`` that matter for memory (the
 six ``deepseek-ai/DeepSeek-R1-Distill-*`` checkpoints: Qwen2.5-Math-1.5B/7B, Qwen2.5-14B/32B,
-Llama-3.1-8B and Llama-3.3-70B-Instruct bases), so ``r1sup plan`` works before anything is
+Llama-3.1-8B and Llama-3.3-70B-Instruct bases, and the full DeepSeek-R1: 671B parameters, MoE with MLA
+attention, an fp8 checkpoint), so ``r1sup plan`` works before anything is
 downloaded. ``GPUS`` holds each card's memory as CUDA reports it (``torch.cuda.mem_get_info``'s
 total, which is what vLLM multiplies by ``gpu_memory_utilization``; a little below the marketing
 size) and its compute capability.
@@ -68,6 +69,36 @@ def _llama(**fields: Any) -> dict[str, Any]:
 
 
 MODELS: dict[str, dict[str, Any]] = {
+    "deepseek-ai/DeepSeek-R1": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": 129280,
+        "max_position_embeddings": 163840,
+        "num_nextn_predict_layers": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+        },
+    },
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": _qwen(
         hidden_size=1536,
         intermediate_size=8960,

@@ -34,6 +34,15 @@ DIAGNOSE_EXIT_CODES_HELP = """exit codes:
   2    usage error, or the input cannot be read
   6    the input is not a vLLM log: no line of it is vLLM output (empty, binary, another program's text)
 """
+PLAN_EXIT_CODES_HELP = """exit codes (the verdict; --json: verdict.exit_code):
+  0    fits as given: vLLM starts with these flags and holds the target
+  7    fits only with the recommended flags (printed; r1sup run launches them first)
+  3    does not fit within the ladder's bounds (the ways out say what would)
+  1    an internal error of r1sup (one line naming where)
+  2    usage or configuration error (one line on stderr naming the field)
+scripts: `r1sup plan ... && deploy` deploys only what fits as written; accept the recommended flags
+too with `r1sup plan ...; [ $? -ne 3 ]`
+"""
 # Commands that log nothing: structlog is neither imported nor configured for them (start-up time).
 SILENT_COMMANDS = frozenset({"diagnose"})
 
@@ -117,12 +126,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set ladder.strategy=...")
 
-    p = add("plan", "size a model for a GPU before anything is downloaded or launched")
+    p = add(
+        "plan",
+        "size a model for a GPU before anything is downloaded or launched",
+        epilog=PLAN_EXIT_CODES_HELP,
+    )
     p.add_argument("--config", "-c", metavar="FILE", help="take model, flags and target from this config")
     p.add_argument("--model", "-m", help="HF id (catalog or local HF cache) or a local model directory")
     p.add_argument("--gpu", metavar="NAME", help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80'")
     p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of one GPU in GiB")
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs for tensor parallel")
+    p.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=int,
+        metavar="N",
+        help="pipeline stages, vLLM's --pipeline-parallel-size (default: server.extra_args', else 1)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="N",
+        help="GPUs per node for multi-node layouts and ways out (default 8)",
+    )
     p.add_argument(
         "--vllm-version",
         metavar="X.Y.Z",

@@ -199,6 +199,12 @@ class ModelArch:
     double_quant: bool = False  # bitsandbytes 4-bit with quantized absmax
     approximations: tuple[str, ...] = ()
     name: str | None = None
+    # pipeline parallelism (see :func:`pipeline_stages`): the whole model split over this many stages, or
+    # one stage of it (``pipeline_parallel_size`` 1) holding the embeddings when first and the final norm
+    # and LM head when last
+    pipeline_parallel_size: int = 1
+    first_stage: bool = True
+    last_stage: bool = True
 
     @property
     def is_mla(self) -> bool:
@@ -253,11 +259,14 @@ class ModelArch:
 
     def norm_params(self) -> int:
         per_layer = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
-        return self.layers * per_layer + self.hidden
+        return self.layers * per_layer + (self.hidden if self.last_stage else 0)
 
     def embedding_params(self) -> int:
-        """Input embedding plus the LM head when it is not tied to it."""
-        return self.vocab * self.hidden * (1 if self.tied else 2)
+        """Input embedding (first stage) plus the LM head (last stage) when it is not tied to it; a last
+        pipeline stage without the embedding holds its own copy of a tied LM head."""
+        embed = self.vocab * self.hidden if self.first_stage else 0
+        head = self.vocab * self.hidden if self.last_stage and not (self.tied and self.first_stage) else 0
+        return embed + head
 
     def params(self) -> int:
         return self.linear_params() + self.bias_params() + self.norm_params() + self.embedding_params()
@@ -281,6 +290,7 @@ class ModelArch:
             "dtype": self.dtype,
             "quantization": self.quantization,
             "approximations": list(self.approximations),
+            "pipeline_parallel_size": self.pipeline_parallel_size,
         }
 
 
@@ -776,7 +786,8 @@ def activation_bytes(
     if device.backend == "cpu":
         return 0
     forward = forward_activation_bytes(arch, tokens, tp, version)
-    peak = max(forward, sampler_bytes(arch, device, seqs, tokens, version))
+    sampler = sampler_bytes(arch, device, seqs, tokens, version) if arch.last_stage else 0
+    peak = max(forward, sampler)
     return peak + workspace_bytes(device)
 
 
@@ -957,6 +968,63 @@ def tp_refusal(arch: ModelArch, tp: int) -> str | None:
 def valid_tp_sizes(arch: ModelArch, max_gpus: int) -> tuple[int, ...]:
     """Tensor-parallel sizes vLLM accepts for this model, up to ``max_gpus``."""
     return tuple(tp for tp in range(1, max(1, max_gpus) + 1) if tp_refusal(arch, tp) is None)
+
+
+# --- pipeline parallelism ------------------------------------------------------------------------
+
+
+def pp_partition(layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage, vLLM's ``get_pp_indices`` (vllm/distributed/utils.py) without
+    ``VLLM_PP_LAYER_PARTITION``: ``layers // pp`` each, the remainder one each to the stages before the
+    last, from the second-to-last backwards (the last stage holds the final norm and the LM head)."""
+    if pp < 1 or pp > layers:
+        raise ValueError(f"cannot split {layers} layers over {pp} pipeline stages")
+    parts = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+def pp_refusal(arch: ModelArch, pp: int) -> str | None:
+    """Why a pipeline-parallel size cannot split this model, or None."""
+    if pp < 1:
+        return f"pipeline_parallel_size must be at least 1, got {pp}"
+    if pp > arch.layers:
+        return f"{arch.layers} layers cannot be split over {pp} pipeline stages"
+    return None
+
+
+def pipelined(arch: ModelArch, pp: int) -> ModelArch:
+    """The model split over ``pp`` pipeline stages (:func:`evaluate` sizes its fullest stage)."""
+    problem = pp_refusal(arch, pp)
+    if problem:
+        raise ValueError(problem)
+    return dataclasses.replace(arch, pipeline_parallel_size=pp, first_stage=True, last_stage=True)
+
+
+def pipeline_stages(arch: ModelArch) -> tuple[ModelArch, ...]:
+    """One architecture per pipeline stage: its layers (:func:`pp_partition`), its share of the dense
+    layers of an MoE model (the first ``first_k_dense_replace`` layers), the embeddings on the first
+    stage, the final norm and the LM head on the last. An unsplit model is its own single stage."""
+    pp = arch.pipeline_parallel_size
+    if pp <= 1:
+        return (arch,)
+    stages = []
+    start = 0
+    for i, n in enumerate(pp_partition(arch.layers, pp)):
+        dense = max(0, min(start + n, arch.dense_layers) - start) if arch.is_moe else arch.dense_layers
+        stages.append(
+            dataclasses.replace(
+                arch,
+                layers=n,
+                dense_layers=dense,
+                pipeline_parallel_size=1,
+                first_stage=i == 0,
+                last_stage=i == pp - 1,
+            )
+        )
+        start += n
+    return tuple(stages)
 
 
 # --- calibration: what vLLM printed replaces the estimate ----------------------------------------
@@ -1177,7 +1245,32 @@ def evaluate(
     calibration: Calibration | None = None,
 ) -> Estimate:
     """What vLLM ``version`` does with ``flags`` on ``device``, term by term, calibrated by what an earlier
-    launch printed (see :class:`Calibration`). Cheap: arithmetic only."""
+    launch printed (see :class:`Calibration`). Cheap: arithmetic only.
+
+    A model split over pipeline stages (``arch.pipeline_parallel_size`` > 1) is the GPU of the stage with
+    the fewest KV blocks: vLLM gives every rank the smallest rank's block count
+    (``get_kv_cache_configs``), so that stage decides what fits. A calibration is for one GPU of an
+    unsplit model and is not applied to a split one."""
+    if arch.pipeline_parallel_size > 1:
+        stages = [_evaluate_one(s, device, flags, version, None) for s in pipeline_stages(arch)]
+        return min(stages, key=lambda e: (e.num_blocks, e.kv.bytes))
+    return _evaluate_one(arch, device, flags, version, calibration)
+
+
+def evaluate_stages(
+    arch: ModelArch, device: DeviceFacts, flags: EngineFlags, version: Version | str | None = None
+) -> tuple[Estimate, ...]:
+    """:func:`evaluate` of every pipeline stage's GPU, first to last (one for an unsplit model)."""
+    return tuple(_evaluate_one(s, device, flags, version, None) for s in pipeline_stages(arch))
+
+
+def _evaluate_one(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    version: Version | str | None,
+    calibration: Calibration | None,
+) -> Estimate:
     v = as_version(version)
     r = rules(v)
     raw = _raw(arch, device, flags, v)

