@@ -1236,7 +1236,8 @@ def _suggestions(
             flags.replace(max_num_seqs=64),
             note="shrinks the sampler warm-up and CUDA graphs",
         )
-    if device.backend != "cpu" and not single_node_fits and not any(s.context >= context for s in out):
+    # beyond one node: when tensor parallel over one node's GPUs does not hold the context as asked
+    if device.backend != "cpu" and not single_node_fits:
         multi = _multi_node(arch, device, flags, fit, context, gpus_per_node, at_util)
         if multi is not None:
             out.append(multi)
@@ -1296,34 +1297,36 @@ def _offload_gib(
     target_context: int | None = None,
 ) -> int | None:
     """Whole GiB of weights to offload so that exactly ``flags`` plus the offload hold one request of
-    ``context`` and ``concurrency`` requests of ``target_context`` (default: of ``context``) at once
-    (None: no need, or more than the weights)."""
+    ``context`` (else of ``min_context``) and ``concurrency`` requests of ``target_context`` (default: of
+    that context) at once. None: no need, or it would take more than the weights."""
     if device.backend == "cpu" or flags.kv_cache_memory_bytes is not None:
         return None
-    base = flags.replace(max_model_len=context, cpu_offload_gb=None)
-    ev = _evaluate(arch, device, base, version, calibration)
-    if not ev.startup_ok:
-        return None
-    each = target_context or context
-    blocks_needed = max(cdiv(context, ev.block), concurrency * cdiv(each, ev.block)) + 1
-    shortfall = blocks_needed * ev.bytes_per_block + ev.margin - ev.kv
-    if shortfall <= 0:
-        return None
-    gib = math.ceil(shortfall / GIB)
-    # the estimate's margin follows the flags: step up until exactly these flags hold the context
-    while gib * GIB < ev.weights:
-        choice = _way_out(
-            arch,
-            device,
-            flags.replace(cpu_offload_gb=float(gib)),
-            concurrency=concurrency,
-            context=context,
-            min_context=context,
-            version=version,
-            calibration=calibration,
-            per_request=target_context,
+    for length in dict.fromkeys((context, min_context)):
+        ev = _evaluate(
+            arch, device, flags.replace(max_model_len=length, cpu_offload_gb=None), version, calibration
         )
-        if choice is not None:
-            return gib
-        gib += 1
+        if not ev.startup_ok:
+            return None
+        each = target_context or length
+        blocks_needed = max(cdiv(length, ev.block), concurrency * cdiv(each, ev.block)) + 1
+        shortfall = blocks_needed * ev.bytes_per_block + ev.margin - ev.kv
+        if shortfall <= 0:
+            return None
+        gib = math.ceil(shortfall / GIB)
+        # the estimate's margin follows the flags: step up until exactly these flags hold the context
+        while gib * GIB < ev.weights:
+            choice = _way_out(
+                arch,
+                device,
+                flags.replace(cpu_offload_gb=float(gib)),
+                concurrency=concurrency,
+                context=context,
+                min_context=length,
+                version=version,
+                calibration=calibration,
+                per_request=target_context,
+            )
+            if choice is not None:
+                return gib
+            gib += 1
     return None

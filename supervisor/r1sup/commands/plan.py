@@ -283,7 +283,8 @@ def render(
         lines.append(
             f"layout  tensor parallel {lay['tensor_parallel_size']} x pipeline parallel "
             f"{lay['pipeline_parallel_size']} = {lay['gpus']} GPUs on {nodes} of {lay['gpus_per_node']}; "
-            f"layers per stage {stages} (vLLM's split); below: one GPU of the fullest stage"
+            f"layers per stage {stages} (vLLM's split); the table: one GPU of the stage with the fewest KV "
+            "blocks (vLLM gives every stage that many)"
         )
     lines.append("")
 
@@ -346,10 +347,11 @@ def render(
                 )
     lines.append("")
 
-    if plan.recommended is not None and plan.verdict != "fits":
+    if plan.recommended is not None:
         spare = f"{plan.recommended_margin_gib or 0.0:.2f} GiB"
+        same = " (as given)" if plan.recommended == plan.flags else ""
         lines.append(
-            f"recommended first flags (predicted to fit with {spare} kept spare for estimate errors):"
+            f"recommended first flags{same} (predicted to fit with {spare} kept spare for estimate errors):"
         )
         lines.append("  " + " ".join(plan.recommended.to_argv()))
         if plan.recommended_breakdown is not None and plan.recommended_kv_capacity_tokens is not None:
@@ -359,10 +361,8 @@ def render(
                 f"{plan.recommended_concurrency}x requests of {_tokens(plan.recommended.max_model_len or 0)} "
                 "tokens at once"
             )
-    elif plan.recommended is None:
-        lines.append("recommended first flags: none (nothing within the bounds is predicted to fit)")
     else:
-        lines.append("recommended first flags: as given")
+        lines.append("recommended first flags: none (nothing within the bounds is predicted to fit)")
 
     if plan.suggestions:
         lines.append("")
