@@ -56,7 +56,7 @@ PLAN_TIMEOUT_S = 60
 
 sys.path.insert(0, str(ROOT / "supervisor"))
 
-from r1sup import catalog  # noqa: E402
+from r1sup import catalog, planner  # noqa: E402
 
 # record flag -> r1sup plan option
 FLAG_OPTIONS = (
@@ -170,7 +170,7 @@ def run(record: dict[str, Any], models: Path) -> Row:
     proc = subprocess.run(
         argv, cwd=ROOT, capture_output=True, text=True, timeout=PLAN_TIMEOUT_S, stdin=subprocess.DEVNULL
     )
-    if proc.returncode != 0:
+    if proc.returncode not in planner.VERDICTS.values():  # plan's exit status is its verdict's
         row.error = (proc.stderr.strip() or proc.stdout.strip())[-300:]
         return row
     data = json.loads(proc.stdout)

@@ -349,7 +349,7 @@ def render(
 
     if plan.recommended is not None:
         spare = f"{plan.recommended_margin_gib or 0.0:.2f} GiB"
-        same = " (as given)" if plan.recommended == plan.flags else ""
+        same = ", as given" if plan.recommended == plan.flags else ""
         lines.append(
             f"recommended first flags{same} (predicted to fit with {spare} kept spare for estimate errors):"
         )
@@ -437,7 +437,8 @@ def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibr
                 _gpu_title(plan, device, as_given), memchart.from_planner(plan.breakdown), measured
             )
         )
-    if plan.recommended_breakdown is not None and plan.recommended not in (None, plan.flags):
+    given, recommended = memchart.from_planner(plan.breakdown), plan.recommended_breakdown
+    if recommended is not None and memchart.from_planner(recommended).to_dict() != given.to_dict():
         charts.append(
             memchart.GpuChart(
                 _gpu_title(plan, device, "with the recommended flags"),
