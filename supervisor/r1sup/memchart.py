@@ -5,8 +5,9 @@ weights, non-torch memory, activation peak, CUDA graphs, KV cache and the memory
 (other processes), in GiB of one device; what is left is free. A part vLLM did not report is None:
 the bar then shows the unexplained rest as "not reported" instead of guessing.
 
-``tune``'s report and ``r1sup report`` draw with it; ``plan`` can too: build a :class:`Breakdown`
-with :func:`from_planner` (or directly) and call :func:`render_text` or :func:`render_svg`.
+``tune``'s report, ``r1sup report`` and ``r1sup plan`` draw with it: a planner breakdown becomes a
+:class:`Breakdown` with :func:`from_planner`, vLLM's printed figures with :func:`from_observations`;
+then :func:`render_text` or :func:`render_svg`.
 """
 
 from __future__ import annotations
