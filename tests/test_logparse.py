@@ -17,8 +17,12 @@ from r1sup.logparse import (
     LogReader,
     Progress,
     diagnose_text,
+    families,
+    figures,
+    heads,
     lines_from_chunks,
     parse_line,
+    triage,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
@@ -207,7 +211,7 @@ FIXTURE_CASES = [
         fl.PHASE_STARTUP,
         {"free_gib": 7.34, "total_gib": 139.72, "gpu_memory_utilization": 0.9, "requested_gib": 125.75},
     ),
-    ("gpu/host-oom-killed.log", None, fl.HOST_OOM, fl.PHASE_STARTUP, {}),
+    ("gpu/host-oom-killed.log", None, fl.HOST_OOM, fl.PHASE_LOAD_WEIGHTS, {}),
     ("gpu/fp8-kv-ampere-first-request.log", None, fl.FP8_UNSUPPORTED, fl.PHASE_SERVING, {}),
     ("gpu/fp8-weights-turing-profile.log", 1, fl.FP8_UNSUPPORTED, fl.PHASE_PROFILE, {}),
     ("gpu/cuda-illegal-access-serving.log", None, fl.CUDA_ERROR, fl.PHASE_SERVING, {}),
@@ -1429,40 +1433,40 @@ def _real_lines() -> list[str]:
     lines: list[str] = []
     for text in _real_texts():
         for raw in text:
-            lines.extend(lp._segments(raw))
+            lines.extend(heads.segments(raw))
     return lines
 
 
 def test_gate_passes_every_line_a_family_matches() -> None:
     lines = [lp.parse_line(seg).text for seg in _real_lines()]
-    matched = [text for text in lines if lp._match_families(text) is not None]
+    matched = [text for text in lines if families.match_families(text) is not None]
     assert len(matched) > 100  # the check has something to check
-    assert [text for text in matched if not lp._gate(text)] == []
+    assert [text for text in matched if not families.gate(text)] == []
     # a message joined with the next line (as a wrap or a multi-line message is): the gate passes one
     # of the two joins whenever a family matches either
     missed = []
     for a, b in zip(lines, lines[1:], strict=False):
         tight, spaced = a + b, f"{a} {b}"
-        if (lp._match_families(tight) or lp._match_families(spaced)) and not (
-            lp._gate(tight) or lp._gate(spaced)
+        if (families.match_families(tight) or families.match_families(spaced)) and not (
+            families.gate(tight) or families.gate(spaced)
         ):
             missed.append(spaced)
     assert missed == []
 
 
 def test_a_line_the_gate_passes_is_never_boring() -> None:
-    gated = [seg for seg in _real_lines() if lp._gate(seg)]
+    gated = [seg for seg in _real_lines() if families.gate(seg)]
     assert gated
-    assert [seg for seg in gated if lp._boring_text(seg)] == []
+    assert [seg for seg in gated if triage.boring_text(seg)] == []
 
 
 def test_an_unstamped_progress_line_is_never_boring() -> None:
     texts = [lp.parse_line(seg).text for seg in _real_lines()] + [
         lp.parse_line(case[0]).text for case in PROGRESS_CASES
     ]
-    progress = [text for text in texts if lp._RAW_PROGRESS_RE.match(text) is not None]
+    progress = [text for text in texts if heads.RAW_PROGRESS_RE.match(text) is not None]
     assert len(progress) > 50
-    assert [text for text in progress if lp._boring_text(text)] == []
+    assert [text for text in progress if triage.boring_text(text)] == []
 
 
 @pytest.mark.parametrize(
@@ -1481,16 +1485,16 @@ def test_an_unstamped_progress_line_is_never_boring() -> None:
     ],
 )
 def test_lines_that_matter_are_not_boring(line: str) -> None:
-    assert not lp._boring_text(line)
+    assert not triage.boring_text(line)
 
 
 def test_fast_stamp_reading_equals_parse_line() -> None:
     checked = 0
     for seg in _real_lines():
-        m = lp._STAMP_RE.search(seg, 0, lp._STAMP_WINDOW)
+        m = heads.STAMP_RE.search(seg, 0, heads.STAMP_WINDOW)
         if m is None:
             continue
-        fast = lp._fast_line(seg, m.start())
+        fast = heads.fast_line(seg, m.start())
         if fast is not None:
             assert fast == lp.parse_line(seg), seg
             checked += 1
@@ -1501,15 +1505,15 @@ def test_progress_rules_by_keyword_find_what_all_rules_find() -> None:
     checked = 0
     for seg in _real_lines() + [case[0] for case in PROGRESS_CASES]:
         text = lp.parse_line(seg).text
-        m = lp._RAW_PROGRESS_RE.match(text)
+        m = heads.RAW_PROGRESS_RE.match(text)
         if m is None:
             continue
-        assert m.group("kw")[-4:] in lp._RULES_BY_KEYWORD, m.group("kw")  # no keyword tries every rule
-        every = next((rule for rule in lp._PROGRESS_RULES if rule[2].search(text)), None)
+        assert m.group("kw")[-4:] in figures.RULES_BY_KEYWORD, m.group("kw")  # no keyword tries every rule
+        every = next((rule for rule in figures.PROGRESS_RULES if rule[2].search(text)), None)
         dispatched = next(
             (
                 rule
-                for rule in lp._RULES_BY_KEYWORD.get(m.group("kw")[-4:], lp._PROGRESS_RULES)
+                for rule in figures.RULES_BY_KEYWORD.get(m.group("kw")[-4:], figures.PROGRESS_RULES)
                 if rule[2].search(text)
             ),
             None,
@@ -1556,7 +1560,7 @@ def test_a_bar_marks_the_capture() -> None:
     bar = (
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE):  50%|█████  | 34/67 [00:03<00:03, 10.9it/s]"
     )
-    assert lp._BAR_RE.match(bar) is not None
+    assert triage.BAR_RE.match(bar) is not None
     assert diagnose_text([bar, "torch.OutOfMemoryError: CUDA out of memory."])[0].cls == fl.OOM_CUDAGRAPH
 
 

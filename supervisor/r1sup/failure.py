@@ -69,6 +69,30 @@ PHASE_CUDA_GRAPH = "cuda_graph"
 PHASE_SERVING = "serving"  # after the server was ready
 PHASES = (PHASE_STARTUP, PHASE_LOAD_WEIGHTS, PHASE_PROFILE, PHASE_KV_CACHE, PHASE_CUDA_GRAPH, PHASE_SERVING)
 
+# How far a start-up got: the milestones its log shows, in the order vLLM passes them, each with the
+# phase that runs after it. A failure whose traceback names no step, and a hang, are in the phase after
+# the last milestone passed. The profile phase comes twice: the profile run after the weights are
+# loaded (the warm-up on CPU), and the sampler warm-up after the CUDA graphs are captured.
+STARTUP_MILESTONES: tuple[tuple[str, str], ...] = (
+    ("launched", PHASE_STARTUP),  # nothing yet: arguments, model resolution, the engine's processes
+    ("weights_started", PHASE_LOAD_WEIGHTS),  # "Starting to load model", the checkpoint shards
+    ("weights_loaded", PHASE_PROFILE),  # "Model loading took ...": the profile run is next
+    ("kv_sized", PHASE_KV_CACHE),  # the KV cache's size printed: its allocation is next
+    ("capture_started", PHASE_CUDA_GRAPH),  # "Capturing CUDA graphs ..."
+    ("captured", PHASE_PROFILE),  # "Graph capturing finished": the sampler warm-up is next
+)
+MILESTONES = tuple(name for name, _ in STARTUP_MILESTONES)
+
+
+def milestone(name: str) -> int:
+    """The position of a start-up milestone (later milestones are larger)."""
+    return MILESTONES.index(name)
+
+
+def phase_after(reached: int) -> str:
+    """The phase a start-up is in once it passed the milestone at position ``reached``."""
+    return STARTUP_MILESTONES[reached][1]
+
 
 @dataclass(frozen=True)
 class Failure:

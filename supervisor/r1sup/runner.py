@@ -53,7 +53,6 @@ class Launch:
     exit_code: int | None = None
     probe: dict[str, Any] | None = None
     stop_report: StopReport | None = None
-    last_progress: str | None = None  # the kind of the last progress line (where a hang stopped)
     stopping: bool = False  # r1sup has asked the engine to stop: what it prints now is its teardown
     progress: P.LoadProgress | None = None  # phases, percent, elapsed time and ETA while it loads
     attempt: int = 0  # the tuner's attempt number (for the progress line)
@@ -161,7 +160,6 @@ class Runner:
                         self._relay(launch, item)
                     self.hooks.on_line(launch, item)
                 else:
-                    launch.last_progress = item.kind
                     if launch.progress is not None:
                         step = launch.progress.observe(item.kind, item.numbers, time.monotonic())
                         if step is not None:
@@ -391,7 +389,7 @@ class Runner:
                         else f"not ready after {server.startup_timeout_s:.0f}s (server.startup_timeout_s)"
                     )
                     launch.failure = Failure(
-                        F.HANG, phase_after(launch.last_progress), detail=what, evidence=what
+                        F.HANG, launch.reader.startup_phase, detail=what, evidence=what
                     )
                 return
 
@@ -569,22 +567,6 @@ class Runner:
         return report
 
 
-# The phase a start-up is in once vLLM has printed a progress line of this kind (for a hang's phase).
-_NEXT_PHASE = {
-    "engine_config": F.PHASE_LOAD_WEIGHTS,
-    "weights_start": F.PHASE_LOAD_WEIGHTS,
-    "weights_progress": F.PHASE_LOAD_WEIGHTS,
-    "profiling_start": F.PHASE_PROFILE,
-    "graph_capture": F.PHASE_CUDA_GRAPH,
-    "weights_loaded": F.PHASE_PROFILE,
-    "memory_profile": F.PHASE_KV_CACHE,
-    "kv_cache_available": F.PHASE_KV_CACHE,
-    "kv_blocks": F.PHASE_CUDA_GRAPH,
-    "kv_cache_size": F.PHASE_CUDA_GRAPH,
-    "auto_fit": F.PHASE_CUDA_GRAPH,
-}
-
-
 def progress_fields(launch: Launch, step: P.Step) -> dict[str, Any]:
     """An ``engine_progress`` event's fields: where the launch is, how long the last phase took, and
     the numbers vLLM printed in it."""
@@ -600,10 +582,6 @@ def progress_fields(launch: Launch, step: P.Step) -> dict[str, Any]:
         fields["after_s"] = step.previous_phase_s
     fields.update(step.numbers)
     return fields
-
-
-def phase_after(progress_kind: str | None) -> str:
-    return _NEXT_PHASE.get(progress_kind or "", F.PHASE_STARTUP)
 
 
 def _probe_call(run: Callable[[Any], Any], spec: Any) -> tuple[bool, str, Any]:
