@@ -365,6 +365,10 @@ class LogReader:
                 line = fast_line(seg, m.start())
             if line is None:
                 line = parse_line(seg)
+        self._full_line(seg, line, events)
+
+    def _full_line(self, seg: str, line: LogLine, events: list[LogLine | Progress] | None) -> None:
+        """A line that may matter: its process's open message and traceback, its frames, its cause."""
         if line.process is not None:
             self._recognised = True
         text = line.text
@@ -446,6 +450,12 @@ class LogReader:
                     self._line_no, hint=True, process=line.process, pid=line.pid
                 )  # header cut off
             return
+        self._cause(seg, line, proc, header)
+
+    def _cause(self, seg: str, line: LogLine, proc: _Proc, header: re.Match[str] | None) -> None:
+        """A message line (an exception line, or one a family may match): what failure it names."""
+        text = line.text
+        stripped = text.lstrip()
         gated = gate(text)
         if (gated or header is not None) and BENIGN_RE.search(text) is not None:
             if proc.tb is not None:
