@@ -448,6 +448,9 @@ def test_the_reader_hands_decide_what_it_collected() -> None:
     assert collected.reached == fl.milestone("weights_started")
     assert decide(collected, 1).failure == r.verdict(1)
     assert r.verdict(1).cls == fl.OOM_WEIGHTS
+    r.feed_lines(["(EngineCore pid=5) " + STAMP + "Model loading took 1.0 GiB and 2.0 seconds"])
+    assert collected.reached == fl.milestone("weights_started")  # a copy: later lines leave it as it was
+    assert r.collected().reached == fl.milestone("weights_loaded")
 
 
 # --------------------------------------------------------------------------------------------

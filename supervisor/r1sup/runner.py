@@ -388,9 +388,7 @@ class Runner:
                         if stalled
                         else f"not ready after {server.startup_timeout_s:.0f}s (server.startup_timeout_s)"
                     )
-                    launch.failure = Failure(
-                        F.HANG, launch.reader.startup_phase, detail=what, evidence=what
-                    )
+                    launch.failure = Failure(F.HANG, launch.reader.startup_phase, detail=what, evidence=what)
                 return
 
     def _ready(self, launch: Launch) -> None:

@@ -17,6 +17,7 @@ every fixture and collected excerpt alike.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -268,9 +269,10 @@ class LogReader:
         return dict(self._figures.engine_args or {})
 
     def collected(self) -> Collected:
-        """What the reader gathered so far, as :func:`~r1sup.logparse.verdict.decide` takes it."""
+        """What the reader gathered so far, as :func:`~r1sup.logparse.verdict.decide` takes it: a copy
+        that later lines leave as it is."""
         figures = self._figures
-        return Collected(
+        snapshot = Collected(
             findings=self._findings,
             unknown=self._unknown,
             frame_phases=self._all_phases,
@@ -285,6 +287,7 @@ class LogReader:
             blocks_line=figures.blocks_line,
             block_size=figures.block_size,
         )
+        return copy.deepcopy(snapshot)
 
     def verdict(self, exit_code: int | None = None) -> Failure:
         """The failure class (or ``none``), phase, evidence and numbers. Callable mid-stream."""
