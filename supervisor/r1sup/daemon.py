@@ -2,10 +2,13 @@
 
 One loop, one queue of events. Signals only append to deques: SIGTERM/SIGINT stop the child group
 and exit 0 (a second one forces), SIGHUP reloads the config. While serving: ``/health`` every
-``daemon.health_interval_s`` and a tiny real completion every ``daemon.liveness_interval_s`` (the
-health endpoint can answer while the engine is dead). A memory failure steps down the ladder and
-saves the new profile; a transient one restarts with capped exponential backoff with jitter
-(tenacity), the budget reset after a stable period; beyond it r1sup exits 5 for systemd's limits.
+``daemon.health_interval_s``, vLLM's progress figures (``/metrics``, its stats line) every
+``daemon.liveness_interval_s`` and the engine's processes; :mod:`r1sup.liveness` decides from them
+whether the engine is alive, idle or hung (a one-token completion breaks the tie when it is idle).
+A memory failure steps down the ladder and saves the new profile; a transient one restarts with
+capped exponential backoff with jitter (tenacity), the budget reset after a stable period; beyond it
+r1sup exits 5 for systemd's limits. A stop r1sup chooses (SIGTERM, a reload that changes flags)
+first lets the requests in flight finish (state ``draining``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import tenacity
 
-from r1sup import __version__, fleet, health, logs
+from r1sup import __version__, fleet, health, liveness, logs, watch
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup.config import Config
@@ -52,6 +55,7 @@ class State(enum.Enum):
     LAUNCHING = "launching"
     PROBING = "probing"
     SERVING = "serving"
+    DRAINING = "draining"  # a stop r1sup chose waits for the requests in flight; vLLM still serves them
     BACKOFF = "backoff"
     STOPPING = "stopping"
     FAILED = "failed"
@@ -63,7 +67,9 @@ LEGAL: dict[State, frozenset[State]] = {
     _S.PLANNING: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
     _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.PROBING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
     _S.PROBING: frozenset({_S.LAUNCHING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    _S.SERVING: frozenset({_S.PLANNING, _S.LAUNCHING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    _S.SERVING: frozenset({_S.PLANNING, _S.LAUNCHING, _S.DRAINING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    # the drain ends in the stop it preceded: a re-plan (reload) or the shutdown
+    _S.DRAINING: frozenset({_S.PLANNING, _S.STOPPING, _S.FAILED}),
     _S.BACKOFF: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
     _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
     _S.FAILED: frozenset(),
@@ -98,6 +104,7 @@ class Daemon:
         self.runner = session.runner
         self.notifier = notifier or Notifier()
         self.state = State.PLANNING
+        self.status_text = ""  # the last STATUS= line, also in status.json
         self.since = now_iso()
         self.flags: EngineFlags | None = None
         self.profile_source: str | None = None
@@ -132,8 +139,16 @@ class Daemon:
         if self.metrics:
             self.metrics.set_state(new.value)
         if status:
+            self.status_text = status
             self.notifier.status(status)
         self.write_status()
+
+    def set_status(self, text: str) -> None:
+        """A new STATUS= line within the same state (e.g. the drain's figures)."""
+        if text != self.status_text:
+            self.status_text = text
+            self.notifier.status(text)
+            self.write_status()
 
     def note(self, event: str, **fields: Any) -> None:
         self.recent.append({"ts": now_iso(), "event": event, **fields})
@@ -145,6 +160,7 @@ class Daemon:
         payload = {
             "schema_version": statefiles.SCHEMA_VERSION,
             "state": self.state.value,
+            "status": self.status_text,
             "pid": os.getpid(),
             "child_pid": current.engine.pid if current and current.engine.alive() else None,
             "launches": self.runner.launches,
@@ -332,6 +348,10 @@ class Daemon:
         self._fail(fault.exit_code, str(fault))
 
     def _shutdown(self, code: int) -> int:
+        current = self.runner.current
+        if self.state in (State.SERVING, State.DRAINING) and current is not None and current.engine.alive():
+            # within the stop grace period, so that a systemctl restart does not cut answers in half
+            self._drain(current, self.config.server.stop_timeout_s, "shutdown", for_shutdown=True)
         if self.state not in (State.FAILED, State.STOPPED):
             if self.state is not State.STOPPING:
                 self.transition(State.STOPPING, "stopping vLLM")
@@ -364,6 +384,12 @@ class Daemon:
             self.config, device=self.know.device, versions=self.know.versions()
         )
         adopt_versions(self.know, self.fingerprint)
+        d = self.config.daemon
+        self.runner.managed_args = liveness.drain_args(
+            (self.fingerprint.get("versions") or {}).get("vllm"),
+            self.config.server.extra_args,
+            max(d.drain_timeout_s, self.config.server.stop_timeout_s) if d.drain_timeout_s > 0 else 0,
+        )
         store = profiles.ProfileStore(self.config.state.dir)
         self.runner.expected_phases = runrecord.expected_phases(store, self.fingerprint)
         key = profiles.fingerprint_key(self.fingerprint)
@@ -433,11 +459,18 @@ class Daemon:
         d = self.config.daemon
         start = time.monotonic()
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
+        policy = liveness.Policy.from_config(d)
+        track = liveness.start(start)
+        procs = watch.ProcessWatch(launch.engine.pid) if launch.engine.pid else None
+        sample = _check(lambda: watch.read_metrics(ep, d.health_timeout_s))
+        # the completion may wait as long as a stall is tolerated: its answer, however late, is progress
+        name, timeout = self.config.served_name, d.progress_timeout_s
+        probe = _check(lambda: watch.send_probe(ep, name, timeout))
+        last: liveness.Verdict | None = None
         next_health = start + d.health_interval_s
-        next_live = start + d.liveness_interval_s
+        next_sample = start  # the first figures at once: the baseline progress is measured against
         next_record = start
-        health_busy = live_busy = False
-        health_failures = 0
+        busy: set[str] = set()  # checks in flight
         healthy = True
         exited_at: float | None = None
         while True:
@@ -448,37 +481,24 @@ class Daemon:
                 new = self._load_new_config()
                 if new is not None and _implied_change(self.config, new):
                     return ServeEnd(None, time.monotonic() - start, reload=new)
-            now = time.monotonic()
             event = self.events.get(0.2)
+            now = time.monotonic()
+            sampled = False
             if isinstance(event, CheckDone) and event.launch == launch.number:
+                busy.discard(event.kind)
+                sampled = event.kind == "metrics"
                 if event.kind == "health":
-                    health_busy = False
-                    health_failures = 0 if event.ok else health_failures + 1
                     healthy = event.ok
+                    track = liveness.observe(track, liveness.HealthResult(now, event.ok, event.detail))
                     if event.ok and self.metrics:
                         self.metrics.success()
-                    if health_failures >= d.health_failures:
-                        what = f"/health failed {health_failures} times in a row ({event.detail})"
-                        return self._serve_failure(
-                            launch, start, Failure(F.HANG, F.PHASE_SERVING, what, detail=what)
-                        )
-                elif event.kind == "liveness":
-                    live_busy = False
-                    if not event.ok:
-                        seen = launch.reader.verdict(exit_code=launch.engine.poll())
-                        failure = (
-                            seen
-                            if seen.cls != F.NONE
-                            else Failure(
-                                F.ENGINE_DEAD,
-                                F.PHASE_SERVING,
-                                evidence=event.detail,
-                                detail="a real completion failed while serving",
-                            )
-                        )
-                        return self._serve_failure(launch, start, failure)
+                elif isinstance(event.payload, (liveness.MetricsSample, liveness.ProbeResult)):
+                    track = liveness.observe(track, event.payload)
             elif isinstance(event, (ChildOutput, ChildEOF)):
                 self.runner.handle_output(launch, event)
+                stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
+                if stats is not None:
+                    track = liveness.observe(track, liveness.StatsSeen(now, stats))
             code = launch.engine.poll()
             if code is not None:
                 exited_at = exited_at or now
@@ -493,23 +513,127 @@ class Daemon:
                 continue
             if now >= next_record:
                 launch.engine.record_descendants()
-                next_record = now + 10.0
-            if not health_busy and now >= next_health:
-                health_busy = True
+                gone = procs.check() if procs else None
+                if gone:
+                    track = liveness.observe(track, liveness.CoreGone(now, gone))
+                next_record = now + 1.0
+            if "health" not in busy and now >= next_health:
+                busy.add("health")
                 next_health = now + d.health_interval_s
                 self.runner.run_check(
                     "health", launch, lambda: (*health.check_health(ep, d.health_timeout_s), None)
                 )
-            if not live_busy and now >= next_live:
-                live_busy = True
-                next_live = now + d.liveness_interval_s
-                self.runner.run_check("liveness", launch, self._liveness_check(ep))
-            if healthy:
+            if "metrics" not in busy and now >= next_sample:
+                busy.add("metrics")
+                next_sample = now + d.liveness_interval_s
+                self.runner.run_check("metrics", launch, sample)
+            verdict = liveness.decide(track, now, policy)
+            last = self._log_verdict(launch, verdict, last, sampled)
+            if verdict.hung:
+                return self._serve_failure(launch, start, self._hung_failure(launch, verdict))
+            if verdict.probe and "liveness" not in busy:
+                busy.add("liveness")
+                track = liveness.observe(track, liveness.ProbeSent(now))
+                self.runner.run_check("liveness", launch, probe)
+            if healthy or verdict.evidence == liveness.EVIDENCE_PROGRESS:
                 self._watchdog(now)
 
-    def _liveness_check(self, ep: health.Endpoint) -> Callable[[], tuple[bool, str, Any]]:
-        name, timeout = self.config.served_name, max(30.0, self.config.daemon.health_timeout_s)
-        return lambda: (*health.tiny_completion(ep, name, timeout), None)
+    def _log_verdict(
+        self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
+    ) -> liveness.Verdict:
+        """Each decision as a ``liveness`` event with the figures it rested on: at info (error when
+        hung) when the verdict changes, at debug after each new sample of vLLM's figures."""
+        changed = last is None or (verdict.state, verdict.evidence) != (last.state, last.evidence)
+        if not (changed or sampled or verdict.probe):
+            return verdict
+        level = "error" if verdict.hung else "info" if changed else "debug"
+        getattr(self.log, level)(
+            "liveness",
+            launch=launch.number,
+            verdict=verdict.state,
+            evidence=verdict.evidence,
+            reason=verdict.reason,
+            probe=verdict.probe,
+            **dict(verdict.figures),
+        )
+        if changed and verdict.evidence in (liveness.EVIDENCE_WAITING, liveness.EVIDENCE_STALL):
+            self.note(
+                "liveness", verdict=verdict.state, evidence=verdict.evidence, reason=verdict.reason[:200]
+            )
+        return verdict
+
+    def _hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure:
+        """The failure a hung verdict stands for; vLLM's own account first (an OOM traceback, ...)."""
+        if verdict.evidence in liveness.DEAD_EVIDENCE:
+            self.runner.drain(launch, 1.0)  # the traceback that explains it may still be in the pipe
+            seen = launch.reader.verdict(exit_code=launch.engine.poll())
+            if seen.cls != F.NONE:
+                return seen
+        cls = F.ENGINE_DEAD if verdict.evidence in liveness.DEAD_EVIDENCE else F.HANG
+        numbers = {
+            k: float(v) for k, v in verdict.figures.items() if isinstance(v, (int, float)) and v is not None
+        }
+        return Failure(cls, F.PHASE_SERVING, evidence=verdict.reason, numbers=numbers, detail=verdict.reason)
+
+    # --- draining ------------------------------------------------------------------------------
+
+    def _drain(self, launch: Launch, budget_s: float, reason: str, *, for_shutdown: bool = False) -> None:
+        """Let the requests in flight finish, up to ``budget_s``, before a stop r1sup chose.
+
+        A vLLM launched with ``--shutdown-timeout`` (0.18 and later; r1sup adds it) drains itself:
+        SIGTERM to its API server alone refuses new requests and finishes the running and waiting
+        ones; r1sup waits for it to exit. An older vLLM keeps accepting requests, so r1sup waits
+        until ``/metrics`` shows none running or waiting. A second SIGTERM ends the wait at once;
+        the caller then stops vLLM as usual (group SIGTERM, grace, SIGKILL).
+        """
+        if budget_s <= 0 or not launch.engine.alive():
+            return
+        ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
+        first = watch.read_metrics(ep, min(2.0, budget_s)).figures
+        if first is None or first.pending == 0:
+            self.log.info("drain_skipped", reason=reason, figures=first.to_dict() if first else None)
+            return
+        itself = liveness.drains_itself(launch.spec.argv)
+        t0 = time.monotonic()
+        deadline = t0 + budget_s
+        self.transition(State.DRAINING, liveness.drain_status(first))
+        self.log.info(
+            "drain_started", reason=reason, budget_s=budget_s, vllm_drains=itself, **first.to_dict()
+        )
+        if itself:
+            launch.engine.terminate_leader()
+        figures: liveness.Figures | None = first
+        next_read = t0 + 1.0
+        done = False
+        while time.monotonic() < deadline:
+            if for_shutdown:
+                if len(self.events.signals) >= 2:
+                    break  # a second SIGTERM forces the stop
+            else:
+                self.runner.check_signals()  # a SIGTERM during a reload's drain: the shutdown takes over
+            self._on_tick()
+            event = self.events.get(0.2)
+            if event is not None:
+                self.runner.handle_output(launch, event)
+            if not launch.engine.alive():
+                done = True  # vLLM finished its drain and exited
+                break
+            if time.monotonic() >= next_read:
+                next_read = time.monotonic() + 1.0
+                read = watch.read_metrics(ep, 2.0).figures
+                if read is not None:
+                    figures = read
+                    self.set_status(liveness.drain_status(figures))
+                    if figures.pending == 0 and not itself:
+                        done = True
+                        break
+        self.log.info(
+            "drain_finished",
+            reason=reason,
+            seconds=round(time.monotonic() - t0, 1),
+            complete=done,
+            **(figures.to_dict() if figures else {}),
+        )
 
     def _serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
         self.last_failure = failure
@@ -624,6 +748,7 @@ class Daemon:
         return new
 
     def _reload(self, launch: Launch, new: Config) -> TuneResult:
+        self._drain(launch, new.daemon.drain_timeout_s, "config reloaded")
         self.runner.stop(launch, reason="config reloaded")
         self.config = new
         self.s.config = new
@@ -632,6 +757,16 @@ class Daemon:
         self.history = L.History()
         self.transition(State.PLANNING, "re-planning after reload")
         return self._bring_up()
+
+
+def _check(read: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
+    """A read as a runner check: the observation it returns travels as the payload."""
+
+    def run() -> tuple[bool, str, Any]:
+        obs = read()
+        return bool(getattr(obs, "ok", True)), getattr(obs, "error", "") or getattr(obs, "detail", ""), obs
+
+    return run
 
 
 def _implied_change(old: Config, new: Config) -> bool:

@@ -72,8 +72,12 @@ def check_health(ep: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:
     return status == 200, f"/health {status or 'unreachable'}"
 
 
-def tiny_completion(ep: Endpoint, served_name: str, timeout: float = 30.0) -> tuple[bool, str]:
-    """A real one-token chat completion: /health can answer while the engine is dead."""
+def tiny_completion(ep: Endpoint, served_name: str, timeout: float = 30.0) -> tuple[bool, int, str]:
+    """A real one-token chat completion: (answered, HTTP status or 0, detail with vLLM's error text).
+
+    ``/health`` can answer while the engine is dead; the status and the body tell an engine-dead
+    error (HTTP 500, EngineDeadError) from a refused or unanswered request.
+    """
     body = {
         "model": served_name,
         "messages": [{"role": "user", "content": "ping"}],
@@ -82,9 +86,16 @@ def tiny_completion(ep: Endpoint, served_name: str, timeout: float = 30.0) -> tu
     }
     status, payload = ep.request("/v1/chat/completions", body, timeout=timeout)
     if status != 200:
-        return False, f"completion {status or 'unreachable'}: {payload[:200].decode('utf-8', 'replace')}"
+        text = payload[:600].decode("utf-8", "replace")
+        return False, status, f"completion {status or 'unanswered'}: {text}"
     try:
         choices = json.loads(payload)["choices"]
     except (ValueError, KeyError, TypeError):
-        return False, "completion: malformed response"
-    return bool(choices), "completion ok"
+        return False, status, "completion: malformed response"
+    return bool(choices), status, "completion ok"
+
+
+def fetch_metrics(ep: Endpoint, timeout: float = 5.0) -> tuple[int, str]:
+    """``/metrics`` as text: (HTTP status or 0, body). vLLM serves it without the API key."""
+    status, payload = ep.request("/metrics", timeout=timeout)
+    return status, payload.decode("utf-8", "replace") if status == 200 else ""

@@ -10,7 +10,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-STATES = ("planning", "launching", "probing", "serving", "backoff", "stopping", "failed", "stopped")
+STATES = (
+    "planning",
+    "launching",
+    "probing",
+    "serving",
+    "draining",
+    "backoff",
+    "stopping",
+    "failed",
+    "stopped",
+)
 
 
 class Metrics:

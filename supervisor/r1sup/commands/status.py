@@ -453,6 +453,8 @@ def _render_daemon(d: dict[str, Any] | None) -> list[str]:
     else:
         head = f"daemon: not running (stale status: last state {state}; {d['liveness']})"
     lines = [head]
+    if d.get("status"):
+        lines.append(f"  status: {d['status']}")
     child = d.get("child_pid")
     parts = []
     if child is not None:
