@@ -209,7 +209,7 @@ class DaemonSection:
     drain_timeout_s: float = setting(
         120.0,
         "a restart r1sup chooses (a reload that changes flags) first waits this long for the requests "
-        "in flight; 0 stops at once",
+        "in flight (on SIGTERM: at most server.stop_timeout_s); 0 stops at once",
         minimum=0,
     )
     backoff_initial_s: float = setting(2.0, "first restart delay", minimum=0)

@@ -351,7 +351,8 @@ class Daemon:
         current = self.runner.current
         if self.state in (State.SERVING, State.DRAINING) and current is not None and current.engine.alive():
             # within the stop grace period, so that a systemctl restart does not cut answers in half
-            self._drain(current, self.config.server.stop_timeout_s, "shutdown", for_shutdown=True)
+            budget = min(self.config.daemon.drain_timeout_s, self.config.server.stop_timeout_s)
+            self._drain(current, budget, "shutdown", for_shutdown=True)
         if self.state not in (State.FAILED, State.STOPPED):
             if self.state is not State.STOPPING:
                 self.transition(State.STOPPING, "stopping vLLM")

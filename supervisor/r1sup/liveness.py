@@ -497,9 +497,14 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
     latest_moved = not unknown and track.figures_at is not None and track.figures_at <= track.last_progress_at
     if track.own_pending_since is None and (latest_moved or now - track.last_progress_at < policy.interval_s):
         return Verdict(ALIVE, EVIDENCE_PROGRESS, f"progress: {track.progress}", figures=figures)
-    # work pending and the latest sample showed nothing new: a stall may be beginning. The completion
-    # goes once per stall (it would only queue behind the work); without figures, once per interval.
-    probe = due and (unknown or not track.probe_after_progress)
+    # work pending and a sample an interval later showed nothing new: a stall may be beginning. The
+    # completion goes once per stall (it would only queue behind the work); without figures, once per
+    # interval.
+    if unknown:
+        probe = due and now - ref >= policy.interval_s
+    else:
+        stalled_sample = track.figures_at is not None and track.figures_at - ref >= policy.interval_s
+        probe = due and stalled_sample and not track.probe_after_progress
     reason = f"work pending, no progress for {now - ref:.0f}s of {policy.progress_timeout_s:g}s"
     return Verdict(ALIVE, EVIDENCE_WAITING, reason, probe=probe, figures=figures)
 

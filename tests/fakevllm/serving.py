@@ -85,6 +85,8 @@ class EngineSide(Protocol):
     @property
     def aborted(self) -> bool: ...
 
+    def core_working(self) -> bool: ...
+
     def sleep(self, simulated_seconds: float) -> bool: ...
 
 
@@ -153,6 +155,7 @@ class Serving:
         self.hang = hang  # set: every request blocks (a hung engine)
         self.slots = threading.Condition(self.lock)  # a sequence slot freed
         self.draining = False  # set on a draining shutdown: new requests are refused
+        self._published: tuple[int, int, float, tuple[int, int, int, int]] | None = None
 
     def in_flight(self) -> int:
         with self.lock:
@@ -196,35 +199,41 @@ class Serving:
                 self.counters.success += 1
             self.slots.notify_all()
 
-    def kv_usage(self) -> float:
-        with self.lock:
-            used = sum(self.counters.running.values())
-        return min(1.0, used / self.config.usable_blocks)
-
     def stats_line(self, interval_s: float) -> str | None:
         """vLLM's periodic "Engine 000: Avg prompt throughput ..." line, or None when idle."""
         with self.lock:
             prompt, gen = self.counters.interval_prompt, self.counters.interval_generation
-            running, waiting = len(self.counters.running), self.counters.waiting
             self.counters.interval_prompt = self.counters.interval_generation = 0
+        running, waiting, kv, _ = self.figures()
         if not (prompt or gen or running or waiting):
             return None
-        usage = self.kv_usage() * 100
+        usage = kv * 100
         return (
             f"Engine 000: Avg prompt throughput: {prompt / interval_s:.1f} tokens/s, Avg generation "
             f"throughput: {gen / interval_s:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
             f"GPU KV cache usage: {usage:.1f}%, Prefix cache hit rate: 0.0%"
         )
 
+    def figures(self) -> tuple[int, int, float, tuple[int, int, int, int]]:
+        """(running, waiting, KV usage, (preemptions, prompt, generation, finished)) as of the engine
+        core's last step: vLLM's gauges and counters come with the core's outputs, so a stopped core
+        leaves them frozen while the API server still answers /metrics."""
+        if self.engine.core_working() or self._published is None:
+            with self.lock:
+                c = self.counters
+                snapshot = (
+                    len(c.running),
+                    c.waiting,
+                    min(1.0, sum(c.running.values()) / self.config.usable_blocks),
+                    (c.preemptions, c.prompt_tokens, c.generation_tokens, c.success),
+                )
+            self._published = snapshot
+        return self._published
+
     def metrics_text(self) -> str:
         name = self.config.served_names[0]
         labels = f'engine="0",model_name="{name}"'
-        with self.lock:
-            running = len(self.counters.running)
-            c = self.counters
-            waiting = c.waiting
-            values = (c.preemptions, c.prompt_tokens, c.generation_tokens, c.success)
-        usage = self.kv_usage()
+        running, waiting, usage, values = self.figures()
         cfg = self.config
         info = (
             f'block_size="{cfg.block_size}",cache_dtype="{cfg.kv_cache_dtype}",engine="0",'
@@ -697,6 +706,7 @@ class Handler(BaseHTTPRequestHandler):
 class FakeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 2048  # uvicorn's backlog: a burst of clients is queued, not reset
 
     def __init__(self, sock: Any, serving: Serving) -> None:
         super().__init__(sock.getsockname()[:2], Handler, bind_and_activate=False)

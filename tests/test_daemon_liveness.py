@@ -1,0 +1,366 @@
+"""``r1sup run`` on the fake engine while it is busy, hung or killed, and its drain before a stop.
+
+The fake engine queues requests behind ``max_num_seqs``, moves vLLM's counters as it generates, and
+generates only while its ``VLLM::EngineCore`` child steps: a SIGSTOPped core stalls every request
+while ``/health`` and ``/metrics`` keep answering, a SIGKILLed one is engine death. Short timeouts
+(progress timeout 3 s, sampling every 0.5 s) keep each scenario to seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import wait_until
+from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+PROGRESS_TIMEOUT = 3.0
+INTERVAL = 0.5
+DAEMON = {
+    "health_interval_s": 0.3,
+    "health_timeout_s": 2.0,
+    "health_failures": 3,
+    "liveness_interval_s": INTERVAL,
+    "progress_timeout_s": PROGRESS_TIMEOUT,
+    "drain_timeout_s": 30.0,
+    "backoff_initial_s": 0.1,
+    "backoff_max_s": 0.5,
+    "restart_budget": 4,
+}
+# time_scale 0.002 and 0.2 simulated tokens/s: 10 ms of real time a token, 100 tokens a second
+SLOW = {"decode_tokens_per_s": 0.2}
+START_S = 90
+
+
+def body_for(tmp_path: Path, **daemon: Any) -> dict[str, dict[str, Any]]:
+    return fake_body(
+        tmp_path,
+        model=QWEN_7B,
+        start={"max_num_seqs": 1},
+        server={"stop_timeout_s": 30},
+        daemon={**DAEMON, **daemon},
+    )
+
+
+@contextmanager
+def running(
+    tmp_path: Path, body: dict[str, dict[str, Any]], env: dict[str, str] | None = None, **scenario: Any
+) -> Iterator[tuple[R1sup, Path]]:
+    config = write_config(tmp_path / "r1sup.toml", body)
+    sc = fake_scenario(tmp_path, **{"runtime": SLOW, **scenario})
+    # at debug, every sample's verdict is logged (at info only the changes)
+    proc = R1sup("--log-level", "debug", "run", "--config", str(config), env={**fake_env(sc), **(env or {})})
+    try:
+        yield proc, config
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
+
+
+class Flood:
+    """``count`` chat completions from ``concurrency`` threads (urllib, bounded timeouts)."""
+
+    def __init__(self, port: int, count: int, concurrency: int, max_tokens: int = 100) -> None:
+        self.port = port
+        self.max_tokens = max_tokens
+        self.left = count
+        self.lock = threading.Lock()
+        self.statuses: list[int] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            with self.lock:
+                if self.left <= 0:
+                    return
+                self.left -= 1
+            status = chat(self.port, self.max_tokens)
+            with self.lock:
+                self.statuses.append(status)
+
+    def join(self, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in self.threads), "the flood did not finish"
+        return list(self.statuses)
+
+
+def chat(port: int, max_tokens: int = 100, timeout: float = 120.0) -> int:
+    body = json.dumps(
+        {"model": "r1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError) as exc:
+        ERRORS.append(repr(exc))
+        return 0
+
+
+ERRORS: list[str] = []  # what the clients saw, for the assertion messages
+
+
+def engine_core(child_pid: int) -> psutil.Process:
+    found = wait_until(
+        lambda: next(
+            (c for c in psutil.Process(child_pid).children() if c.name().startswith("VLLM::")), None
+        ),
+        10,
+        what="the engine core",
+    )
+    assert isinstance(found, psutil.Process)
+    return found
+
+
+def status(tmp_path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((tmp_path / "state" / "status.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def liveness_events(proc: R1sup) -> list[dict[str, Any]]:
+    return proc.named("liveness")
+
+
+# --- busy --------------------------------------------------------------------------------------------
+
+
+def test_a_queue_longer_than_every_timeout_is_served_without_a_restart(tmp_path: Path):
+    # 40 requests of about 1 s each through one sequence slot: the last waits ~40 s in the queue, more
+    # than ten times the progress timeout; the counters move all along
+    body = body_for(tmp_path)
+    port = body["server"]["port"]
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        flood = Flood(port, count=40, concurrency=20)
+        wait_until(
+            lambda: any((e.get("waiting") or 0) >= 10 for e in liveness_events(proc)),
+            20,
+            what="a liveness verdict with a long queue",
+        )
+        statuses = flood.join(150)
+        assert statuses == [200] * 40, ERRORS[:5]
+        assert not proc.named("serving_failed"), proc.named("serving_failed")
+        assert len(proc.named("launch_started")) == 1 and len(engine_records(tmp_path)) == 1
+        verdicts = [e for e in liveness_events(proc) if (e.get("running") or 0) + (e.get("waiting") or 0) > 0]
+        assert verdicts and {e["verdict"] for e in verdicts} == {"alive"}
+        # no one-token completion queued behind the work while it made progress (one is allowed for a
+        # hiccup of a loaded test machine: a sample that saw nothing new for an interval)
+        probes = [i for i, e in enumerate(verdicts) if e["probe"]]
+        assert len(probes) <= 1, json.dumps([verdicts[max(0, i - 2) : i + 1] for i in probes])
+        assert len(verdicts) >= 40  # a verdict per sample, every 0.5 s
+        wait_until(
+            lambda: liveness_events(proc)[-1]["verdict"] == "idle", 10, what="idle once the queue is served"
+        )
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+        assert not engine_processes(config)
+
+
+# --- hung ----------------------------------------------------------------------------------------------
+
+
+def test_a_stopped_engine_core_under_load_is_restarted_within_the_progress_timeout(tmp_path: Path):
+    body = body_for(tmp_path)
+    port = body["server"]["port"]
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        flood = Flood(port, count=6, concurrency=6)
+        wait_until(
+            lambda: any((e.get("generation_tokens") or 0) > 0 for e in liveness_events(proc)),
+            20,
+            what="tokens",
+        )
+        core = engine_core(status(tmp_path)["child_pid"])
+        core.suspend()  # SIGSTOP: /health and /metrics go on answering
+        stopped_at = time.monotonic()
+        failed = proc.wait_event("serving_failed", 30)
+        detected = time.monotonic() - stopped_at
+        assert failed["failure_class"] == "hang"
+        assert "no progress" in failed["evidence"]
+        # the target: progress timeout + one interval (+ the test's own polling and a loaded machine)
+        assert detected + 0.5 >= PROGRESS_TIMEOUT and detected <= PROGRESS_TIMEOUT + INTERVAL + 3.0
+        hung = [e for e in liveness_events(proc) if e["verdict"] == "hung"]
+        assert hung and hung[-1]["evidence"] == "stall" and hung[-1]["running"] == 1
+        assert not [e for e in proc.named("liveness") if e["health_failures"]]  # /health kept answering
+        proc.wait_event("serving", START_S, count=2)
+        flood.stop.set()
+        flood.join(60)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+        assert not engine_processes(config)
+
+
+def test_an_idle_engine_that_stops_answering_is_restarted(tmp_path: Path):
+    body = body_for(tmp_path)
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        wait_until(
+            lambda: any(e["verdict"] == "idle" for e in liveness_events(proc)), 20, what="an idle verdict"
+        )
+        engine_core(status(tmp_path)["child_pid"]).suspend()
+        stopped_at = time.monotonic()
+        failed = proc.wait_event("serving_failed", 30)
+        detected = time.monotonic() - stopped_at
+        assert failed["failure_class"] == "hang"
+        # its own one-token completion, sent while idle, went unanswered for the progress timeout
+        assert detected <= INTERVAL + PROGRESS_TIMEOUT + INTERVAL + 3.0
+        hung = [e for e in liveness_events(proc) if e["verdict"] == "hung"][-1]
+        assert hung["own_completion_unanswered_s"] >= PROGRESS_TIMEOUT
+        proc.wait_event("serving", START_S, count=2)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+
+
+# --- killed ------------------------------------------------------------------------------------------
+
+
+def test_a_killed_engine_core_is_seen_at_once_while_the_api_server_stays_up(tmp_path: Path):
+    # the API server keeps running and even /health says 200 (vLLM issue 39863)
+    body = body_for(tmp_path)
+    env = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
+    runtime = {**SLOW, "health_while_dead": True}
+    with running(tmp_path, body, env=env, runtime=runtime) as (proc, config):
+        proc.wait_event("serving", START_S)
+        api_server = status(tmp_path)["child_pid"]
+        core = engine_core(api_server)
+        time.sleep(1.5)  # the process watch has seen the core (it looks once a second)
+        core.kill()
+        killed_at = time.monotonic()
+        failed = proc.wait_event("serving_failed", 20)
+        detected = time.monotonic() - killed_at
+        assert failed["failure_class"] == "engine_dead"
+        assert detected <= 10.0
+        assert psutil.pid_exists(api_server) or proc.named("engine_stopped")
+        hung = [e for e in liveness_events(proc) if e["verdict"] == "hung"][-1]
+        assert hung["evidence"] in ("core_gone", "engine_dead")
+        proc.wait_event("serving", START_S, count=2)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+        assert not engine_processes(config)
+
+
+# --- draining ------------------------------------------------------------------------------------------
+
+
+def drains_itself(proc: R1sup) -> bool:
+    command = proc.named("launch_started")[-1]["command"]
+    return "--shutdown-timeout" in command
+
+
+def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path):
+    body = body_for(tmp_path)
+    port = body["server"]["port"]
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        flood = Flood(port, count=4, concurrency=4)
+        wait_until(
+            lambda: any((e.get("waiting") or 0) >= 3 for e in liveness_events(proc)), 20, what="a queue of 3"
+        )
+        proc.signal(signal.SIGTERM)
+        proc.wait_event("state_changed", 10, where=lambda e: e["new"] == "draining")
+        assert status(tmp_path)["status"].startswith("draining: 1 running")
+        started = proc.named("drain_started")[0]
+        assert started["reason"] == "shutdown" and started["running"] == 1 and started["waiting"] == 3
+        if drains_itself(proc):  # vLLM's own drain: a request sent now is refused, not cut later
+            assert chat(port, 5, timeout=10) == 500
+        assert flood.join(60) == [200, 200, 200, 200]
+        assert proc.wait(60) == 0, proc.tail()
+        finished = proc.named("drain_finished")[0]
+        assert finished["complete"] is True
+        assert not engine_processes(config)
+        assert status(tmp_path)["state"] == "stopped"
+        states = [e["new"] for e in proc.named("state_changed")]
+        assert states[-3:] == ["draining", "stopping", "stopped"]
+
+
+def test_without_a_drain_sigterm_cuts_the_requests_in_flight(tmp_path: Path):
+    body = body_for(tmp_path, drain_timeout_s=0.0)
+    port = body["server"]["port"]
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        assert not drains_itself(proc)
+        flood = Flood(port, count=4, concurrency=4)
+        wait_until(
+            lambda: any((e.get("waiting") or 0) >= 3 for e in liveness_events(proc)), 20, what="a queue of 3"
+        )
+        proc.signal(signal.SIGTERM)
+        statuses = flood.join(60)
+        assert proc.wait(60) == 0, proc.tail()
+        assert statuses.count(200) <= 1 and len(statuses) == 4  # the queue is lost
+        assert not proc.named("drain_started")
+
+
+def test_a_second_sigterm_ends_the_drain(tmp_path: Path):
+    body = body_for(tmp_path)
+    port = body["server"]["port"]
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        flood = Flood(port, count=20, concurrency=20)
+        wait_until(
+            lambda: any((e.get("waiting") or 0) >= 10 for e in liveness_events(proc)), 20, what="a long queue"
+        )
+        proc.signal(signal.SIGTERM)
+        proc.wait_event("drain_started", 10)
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.tail()
+        assert time.monotonic() - t0 < 15  # not the ~20 s the queue needs
+        assert proc.named("drain_finished")[0]["complete"] is False
+        flood.stop.set()
+        flood.join(60)
+        assert not engine_processes(config)
+
+
+def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path):
+    body = body_for(tmp_path)
+    port = body["server"]["port"]
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        flood = Flood(port, count=3, concurrency=3)
+        wait_until(
+            lambda: any((e.get("waiting") or 0) >= 2 for e in liveness_events(proc)), 20, what="a queue of 2"
+        )
+        body["start"]["max_model_len"] = 4096
+        write_config(config, body)
+        proc.signal(signal.SIGHUP)
+        started = proc.wait_event("drain_started", 20)
+        assert started["reason"] == "config reloaded"
+        assert flood.join(60) == [200, 200, 200]
+        proc.wait_event("serving", START_S, count=2)
+        assert proc.named("drain_finished")[0]["complete"] is True
+        order = [
+            e["event"]
+            for e in list(proc.events)
+            if e.get("event") in ("drain_started", "drain_finished", "engine_stopped", "launch_started")
+        ]
+        assert order[-4:] == ["drain_started", "drain_finished", "engine_stopped", "launch_started"]
+        assert [r["flags"]["max_model_len"] for r in engine_records(tmp_path)] == [8192, 4096]
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
