@@ -80,6 +80,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_diagnose.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_scenarios.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_daemon_idle.py
+	$(BIN)/python benchmarks/bench_soak.py
 
 image-deps:
 	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { \

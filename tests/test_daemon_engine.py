@@ -114,3 +114,74 @@ def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path)
     finally:
         proc.kill()
         kill_engine_processes(config)
+
+
+def test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_restart(
+    tmp_path: Path, tiny_model: Path
+):
+    """The issue's case, short: 8 requests of 1,500 tokens through max_num_seqs 1 queue for ~30 s, longer
+    than the progress timeout and any check's timeout; r1sup must neither restart nor fail a request,
+    and a SIGTERM with requests in flight lets them finish."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    daemon = {**FAST_DAEMON, "liveness_interval_s": 2.0, "progress_timeout_s": 20.0, "drain_timeout_s": 60.0}
+    port = free_port()
+    body = tiny_engine_config(
+        tmp_path, tiny_model, port, start={"max_model_len": 3712, "max_num_seqs": 1}, daemon=daemon
+    )
+    body["server"]["stop_timeout_s"] = 60
+    config = write_config(tmp_path / "c.toml", body)
+    proc = R1sup("--log-level", "debug", "run", "--config", str(config))  # every liveness verdict
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=300, max_retries=0)
+
+    def chat(_: int) -> str:
+        try:
+            reply = client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "Tell me a story."}],
+                max_tokens=1500,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            return str(reply.choices[0].finish_reason)
+        except openai.OpenAIError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    try:
+        proc.wait_event("serving", 400)
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(chat, range(8)))
+        assert answers == ["length"] * 8
+        assert not proc.named("serving_failed"), proc.named("serving_failed")
+        assert len(proc.named("launch_started")) == 1
+        busy = [e for e in proc.named("liveness") if (e.get("waiting") or 0) > 0]
+        assert busy and {e["verdict"] for e in busy} == {"alive"}
+
+        with ThreadPoolExecutor(3) as pool:
+            pending = [pool.submit(chat, i) for i in range(3)]
+            wait_until(lambda: _queued(port), 60, interval=0.5, what="a request running, one waiting")
+            proc.signal(signal.SIGTERM)
+            proc.wait_event("state_changed", 30, where=lambda e: e["new"] == "draining")
+            assert [f.result(timeout=120) for f in pending] == ["length"] * 3
+        assert proc.wait(120) == 0, proc.tail()
+        assert proc.named("drain_finished")[0]["complete"] is True
+        assert not engine_processes(config)
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
+
+
+def _queued(port: int) -> bool:
+    """vLLM's /metrics shows a request running and another waiting."""
+    import urllib.request
+
+    from r1sup.liveness import parse_metrics
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            figures = parse_metrics(resp.read().decode())
+    except OSError:
+        return False
+    return figures is not None and figures.running >= 1 and figures.waiting >= 1

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from r1sup.config import ServerSection
+
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "systemd"
 R1SUP = Path(sys.executable).with_name("r1sup")
@@ -72,8 +74,10 @@ def test_unit_settings(unit: str):
     service = parser["Service"]
     assert service["Type"] == "notify" and service["NotifyAccess"] == "main"
     assert service["Restart"] == "on-failure" and service["KillMode"] == "mixed"
-    # TimeoutStopSec above r1sup's own grace: server.stop_timeout_s 30 + memory_release_timeout_s 60
-    assert int(service["TimeoutStopSec"]) > 90
+    # TimeoutStopSec above r1sup's whole stop: the drain (at most server.stop_timeout_s), the stop's
+    # grace (server.stop_timeout_s) and memory_release_timeout_s, with the defaults
+    server = ServerSection()
+    assert int(service["TimeoutStopSec"]) > 2 * server.stop_timeout_s + server.memory_release_timeout_s
     assert int(service["TimeoutStartSec"]) >= 1800
     assert service["User"] == "r1sup" and service["StateDirectory"].startswith("r1sup")
     for key in ("NoNewPrivileges", "PrivateTmp"):

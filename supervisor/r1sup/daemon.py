@@ -495,6 +495,10 @@ class Daemon:
                         self.metrics.success()
                 elif isinstance(event.payload, (liveness.MetricsSample, liveness.ProbeResult)):
                     track = liveness.observe(track, event.payload)
+                elif event.kind == "metrics":  # the read itself raised: no figures this time
+                    track = liveness.observe(track, liveness.MetricsSample(now, None, event.detail))
+                elif event.kind == "liveness":
+                    track = liveness.observe(track, liveness.ProbeResult(now, False, detail=event.detail))
             elif isinstance(event, (ChildOutput, ChildEOF)):
                 self.runner.handle_output(launch, event)
                 stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
@@ -602,6 +606,7 @@ class Daemon:
             "drain_started", reason=reason, budget_s=budget_s, vllm_drains=itself, **first.to_dict()
         )
         if itself:
+            launch.stopping = True  # what vLLM prints from now on is its teardown (relayed as such)
             launch.engine.terminate_leader()
         figures: liveness.Figures | None = first
         next_read = t0 + 1.0
@@ -617,7 +622,7 @@ class Daemon:
             if event is not None:
                 self.runner.handle_output(launch, event)
             if not launch.engine.alive():
-                done = True  # vLLM finished its drain and exited
+                done = itself  # vLLM finished its drain and exited (without being asked to: it crashed)
                 break
             if time.monotonic() >= next_read:
                 next_read = time.monotonic() + 1.0
