@@ -286,18 +286,28 @@ class Flood:
             return len(self.results)
 
 
-def metrics(port: int) -> dict[str, float]:
-    """running, waiting and generation tokens from vLLM's /metrics ({} when it does not answer)."""
+def metrics(port: int, latencies: list[float] | None = None) -> dict[str, float]:
+    """vLLM's figures from its /metrics ({} when it does not answer); the read's seconds appended."""
     import urllib.request
 
     from r1sup.liveness import parse_metrics
 
+    t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:  # noqa: S310
             figures = parse_metrics(resp.read().decode())
     except OSError:
-        return {}
+        figures = None
+    if latencies is not None:
+        latencies.append(time.monotonic() - t0)
     return figures.to_dict() if figures else {}  # type: ignore[return-value]
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "none"
+    ordered = sorted(values)
+    return f"median {ordered[len(ordered) // 2]:.3f} s, max {ordered[-1]:.3f} s, n {len(ordered)}"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.5) -> bool:
@@ -368,11 +378,12 @@ class Bench:
         flood = Flood(port, a.requests, a.concurrency, a.flood_s, a.max_tokens).start()
         t0, c0 = time.monotonic(), me.cpu_times()
         rss: list[int] = []
+        latencies: list[float] = []
         peak_queue = 0.0
         while any(t.is_alive() for t in flood.threads):
             rss.append(me.memory_info().rss)
-            peak_queue = max(peak_queue, metrics(port).get("waiting", 0.0))
-            time.sleep(2.0)
+            peak_queue = max(peak_queue, metrics(port, latencies).get("waiting", 0.0))
+            time.sleep(1.0)
             if time.monotonic() - t0 > a.flood_s + 1200:
                 flood.stop.set()
                 break
@@ -387,6 +398,11 @@ class Bench:
             print(f"  serving_failed: {failed[0][1].get('failure_class')} {failed[0][1].get('evidence')!r}")
         if errors:
             print(f"  first client errors: {errors[:3]}")
+        # which of vLLM's signals lag on a saturated box: /metrics itself, and the stats line's rhythm
+        stats = [t for t, e in proc.named("vllm", t0) if "Avg prompt throughput" in str(e.get("text"))]
+        gaps = [b - a for a, b in zip(stats, stats[1:], strict=False)]
+        self.add("busy: /metrics read under load", spread(latencies), "shown", None)
+        self.add("busy: stats line interval", spread(gaps), "shown", None)
         self.add("busy: relaunches", str(relaunches), "0", relaunches == 0)
         self.add("busy: client errors", f"{len(errors)} of {flood.done}", "0", not errors and flood.done > 0)
         peak = max(rss) / MIB if rss else 0.0
@@ -519,11 +535,12 @@ def main(argv: list[str] | None = None) -> int:
             if killed:
                 print(f"killed leftover vLLM processes: {killed}", file=sys.stderr)
     width = max((len(r.measure) for r in bench.rows), default=10)
+    vwidth = max((len(r.value) for r in bench.rows), default=10)
     print()
-    print(f"{'measure':<{width}}  {'r1sup':>24}  {'target':>14}")
+    print(f"{'measure':<{width}}  {'r1sup':>{vwidth}}  {'target':>14}")
     for r in bench.rows:
         mark = "" if r.ok is None else ("PASS" if r.ok else "FAIL")
-        print(f"{r.measure:<{width}}  {r.value:>24}  {r.target:>14}  {mark}")
+        print(f"{r.measure:<{width}}  {r.value:>{vwidth}}  {r.target:>14}  {mark}")
     a = args
     print(
         f"\nvllm-cpu, tiny model, KV pinned to 4,000,000 bytes, max_num_seqs 1, context {MAX_MODEL_LEN}; "

@@ -14,6 +14,7 @@ first lets the requests in flight finish (state ``draining``).
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import time
 from collections import deque
@@ -463,7 +464,7 @@ class Daemon:
         policy = liveness.Policy.from_config(d)
         track = liveness.start(start)
         procs = watch.ProcessWatch(launch.engine.pid) if launch.engine.pid else None
-        sample = _check(lambda: watch.read_metrics(ep, d.health_timeout_s))
+        read = functools.partial(watch.read_metrics, ep, d.health_timeout_s)
         # the completion may wait as long as a stall is tolerated: its answer, however late, is progress
         name, timeout = self.config.served_name, d.progress_timeout_s
         probe = _check(lambda: watch.send_probe(ep, name, timeout))
@@ -530,8 +531,10 @@ class Daemon:
                 )
             if "metrics" not in busy and now >= next_sample:
                 busy.add("metrics")
-                next_sample = now + d.liveness_interval_s
-                self.runner.run_check("metrics", launch, sample)
+                due, next_sample = next_sample, next_sample + d.liveness_interval_s
+                if next_sample <= now:  # fell behind (a slow read): a new grid from now
+                    due, next_sample = now, now + d.liveness_interval_s
+                self.runner.run_check("metrics", launch, _check(functools.partial(read, at=due)))
             verdict = liveness.decide(track, now, policy)
             last = self._log_verdict(launch, verdict, last, sampled)
             if verdict.hung:

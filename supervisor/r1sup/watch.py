@@ -16,9 +16,10 @@ from r1sup import health, liveness
 VLLM_PROCESS_PREFIX = "VLLM::"  # vLLM's process titles: VLLM::EngineCore(_DP0), VLLM::Worker(_TP1), ...
 
 
-def read_metrics(ep: health.Endpoint, timeout: float) -> liveness.MetricsSample:
-    """One read of ``/metrics``, stamped with the time it was asked for."""
-    at = time.monotonic()
+def read_metrics(ep: health.Endpoint, timeout: float, at: float | None = None) -> liveness.MetricsSample:
+    """One read of ``/metrics``, stamped with the time it was asked for (``at``: the time it was due,
+    so that samples on a fixed grid are exactly one interval apart)."""
+    at = time.monotonic() if at is None else at
     status, text = health.fetch_metrics(ep, timeout)
     if status != 200:
         return liveness.MetricsSample(at, None, f"/metrics {status or 'unanswered'}")
