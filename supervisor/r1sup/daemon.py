@@ -518,7 +518,8 @@ class Daemon:
                     return self._serve_failure(launch, start, failure)
                 continue
             if now >= next_record:
-                launch.engine.record_descendants()
+                if procs is None or procs.calls % procs.rescan_every == 0:
+                    launch.engine.record_descendants()  # a scan of every process: every 10 s
                 gone = procs.check() if procs else None
                 if gone:
                     track = liveness.observe(track, liveness.CoreGone(now, gone))

@@ -41,32 +41,47 @@ class ProcessWatch:
 
     vLLM 0.32 exits its API server within a second of losing the engine core, but the API server can
     stay up (``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``, other versions): then the engine is dead while
-    ``/health`` may still answer.
+    ``/health`` may still answer. The processes seen are checked at each call (one ``/proc`` read
+    each); the API server's descendants are listed anew (a scan of every process) every
+    ``rescan_every`` calls only.
     """
 
     pid: int
+    rescan_every: int = 10
     seen: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (title, create time)
+    calls: int = 0
 
     def check(self) -> str | None:
         """A line naming the engine process that ended, or None while all seen ones live."""
+        for pid, (title, created) in self.seen.items():
+            if not _alive(pid, created):
+                return f"{title} (pid {pid}) ended while the API server runs"
+        if self.calls % self.rescan_every == 0:
+            self._scan()
+        self.calls += 1
+        return None
+
+    def _scan(self) -> None:
         try:
             children = psutil.Process(self.pid).children(recursive=True)
         except psutil.Error:
-            return None  # the API server itself is gone: its exit is handled as such
-        live: set[int] = set()
+            return  # the API server itself is gone: its exit is handled as such
         for child in children:
             try:
                 title = _title(child)
-                if child.status() == psutil.STATUS_ZOMBIE or not title.startswith(VLLM_PROCESS_PREFIX):
-                    continue
-                self.seen.setdefault(child.pid, (title, child.create_time()))
-                live.add(child.pid)
+                if child.status() != psutil.STATUS_ZOMBIE and title.startswith(VLLM_PROCESS_PREFIX):
+                    self.seen.setdefault(child.pid, (title, child.create_time()))
             except psutil.Error:
                 continue
-        for pid, (title, _) in self.seen.items():
-            if pid not in live:
-                return f"{title} (pid {pid}) ended while the API server runs"
-        return None
+
+
+def _alive(pid: int, created: float) -> bool:
+    """The same process (pid and start time) is still there and not a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - created) < 0.01
+    except psutil.Error:
+        return False
 
 
 def _title(proc: psutil.Process) -> str:
