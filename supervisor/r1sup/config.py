@@ -193,7 +193,9 @@ class ProbeSection:
 class DaemonSection:
     health_interval_s: float = setting(5.0, "seconds between /health checks", exclusive_minimum=0)
     health_timeout_s: float = setting(5.0, "timeout of one health check", exclusive_minimum=0)
-    health_failures: int = setting(3, "consecutive failed checks that count as a hang", minimum=1)
+    health_failures: int = setting(
+        3, "consecutive failed /health checks, with no progress meanwhile, that count as a hang", minimum=1
+    )
     liveness_interval_s: float = setting(
         60.0,
         "seconds between reads of vLLM's progress figures (/metrics); an idle server also gets a "
