@@ -5,11 +5,12 @@ completions of about 3,500 tokens (a short prompt, 3,400 tokens out with ``ignor
 ``openai`` client, to 127.0.0.1 only, capped in requests and in time. Requests queue far longer than
 any check's timeout. Phases, on one r1sup unless said otherwise:
 
-- busy: the flood. Relaunches (target 0), client errors (target 0), r1sup's own RSS and CPU under it.
+- busy: the flood. Relaunches (target 0), client errors (target 0: an error, or an answer cut short,
+  i.e. not all its tokens), r1sup's own RSS and CPU under it.
 - hung: a few requests in flight, then the engine core SIGSTOPped (``/health`` still answers): seconds
   until r1sup says ``serving_failed`` (target <= progress timeout + one interval).
 - killed: the engine core SIGKILLed: seconds until ``serving_failed`` (target <= 10 s).
-- drain: requests in flight, then SIGTERM to r1sup: requests lost (target 0) ...
+- drain: requests in flight, then SIGTERM to r1sup: requests lost, failed or cut short (target 0) ...
 - nodrain: ... beside the same on a second r1sup with ``daemon.drain_timeout_s = 0`` (the baseline).
 
 Each figure is printed beside its target; the exit status is 1 when a target is missed. With
@@ -264,7 +265,10 @@ class Flood:
                     temperature=0,
                     extra_body={"ignore_eos": True},
                 )
-                ok, what = bool(reply.choices), "ok"
+                # complete: all max_tokens (ignore_eos). vLLM answers an aborted request with HTTP 200
+                # and what it had generated, finish_reason "abort": an answer cut in half
+                reason = reply.choices[0].finish_reason if reply.choices else None
+                ok, what = reason == "length", f"finish_reason {reason}"
             except Exception as exc:  # every client error counts, whatever its type
                 ok, what = False, f"{type(exc).__name__}: {str(exc)[:120]}"
             with self.lock:
