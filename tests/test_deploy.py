@@ -192,8 +192,9 @@ def test_probes_grace_period_gpu_and_volumes(where: Path):
     budget = startup["periodSeconds"] * startup["failureThreshold"]
     wait = config.state.profile_wait_s if ("R1SUP_STATE_PROFILE_STORE" in container_env(container)) else 0
     assert budget >= wait + config.ladder.max_attempts * config.server.startup_timeout_s, budget
-    # SIGTERM: r1sup stops vLLM (grace, then the wait for memory and port, and a drain) before SIGKILL
-    drain = getattr(config.daemon, "drain_timeout_s", 60.0)
+    # SIGTERM: r1sup stops vLLM (grace, then the wait for memory and port, and a drain) before SIGKILL;
+    # on SIGTERM the drain of the requests in flight lasts at most server.stop_timeout_s
+    drain = min(config.daemon.drain_timeout_s, config.server.stop_timeout_s)
     needed = config.server.stop_timeout_s + config.server.memory_release_timeout_s + drain
     assert pod["terminationGracePeriodSeconds"] > needed
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= config.start.tensor_parallel_size

@@ -180,6 +180,8 @@ def test_a_server_that_cuts_a_response_short_is_the_servers_failure_not_r1sups()
 
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
-        ok, detail = health.tiny_completion(health.Endpoint("127.0.0.1", port, None), "r1", timeout=10)
+        ok, status, detail = health.tiny_completion(
+            health.Endpoint("127.0.0.1", port, None), "r1", timeout=10
+        )
         thread.join(timeout=10)
-    assert not ok and "unreachable" in detail
+    assert not ok and status == 0 and "unreachable" in detail

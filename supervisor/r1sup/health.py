@@ -87,7 +87,7 @@ def tiny_completion(ep: Endpoint, served_name: str, timeout: float = 30.0) -> tu
     status, payload = ep.request("/v1/chat/completions", body, timeout=timeout)
     if status != 200:
         text = payload[:600].decode("utf-8", "replace")
-        return False, status, f"completion {status or 'unanswered'}: {text}"
+        return False, status, f"completion {status or 'unreachable'}: {text}"
     try:
         choices = json.loads(payload)["choices"]
     except (ValueError, KeyError, TypeError):
