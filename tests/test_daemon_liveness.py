@@ -266,6 +266,28 @@ def test_a_killed_engine_core_is_seen_at_once_while_the_api_server_stays_up(tmp_
         assert not engine_processes(config)
 
 
+def test_an_engine_dead_reply_is_death_while_health_answers_and_the_processes_live(tmp_path: Path):
+    # the engine core raised and its process lingers (a teardown stuck on the device): every VLLM::
+    # process is there and /health says 200, only the answers say EngineDeadError. The fifth request
+    # (after the load probe's four) is r1sup's own one-token completion, sent once the server is idle.
+    body = body_for(tmp_path)
+    env = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
+    runtime = {**SLOW, "health_while_dead": True, "fail_after_requests": 4, "failure": "core_error"}
+    with running(tmp_path, body, env=env, runtime=runtime) as (proc, config):
+        proc.wait_event("serving", START_S)
+        failed = proc.wait_event("serving_failed", 30)
+        hung = [e for e in liveness_events(proc) if e["verdict"] == "hung"][-1]
+        assert hung["evidence"] == "engine_dead" and "EngineCore encountered an issue" in hung["reason"]
+        assert hung["health_failures"] == 0  # /health answered 200 all along
+        # vLLM's own account of why comes first: the engine core's traceback in its output
+        assert failed["failure_class"] == "cuda_error", failed
+        assert [r["kind"] for r in engine_records(tmp_path, "runtime_failure")] == ["core_error"]
+        proc.wait_event("serving", START_S, count=2)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+        assert not engine_processes(config)
+
+
 # --- draining ------------------------------------------------------------------------------------------
 
 

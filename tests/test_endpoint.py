@@ -29,9 +29,13 @@ def test_ready_only_while_serving(state: str):
     assert json.loads(body) == {"ready": state == "serving", "state": state}
 
 
-def test_a_state_the_endpoint_does_not_know_is_not_ready():
-    # another engineer may add states (draining): anything but serving keeps traffic away
+def test_a_draining_daemon_is_not_ready_and_its_status_says_why():
+    # a drain waits for the requests in flight: the load balancer sends no new ones meanwhile
     assert route("/readyz", view("draining"), None)[0] == 503
+    assert route("/readyz", view("a-state-added-later"), None)[0] == 503
+    doc = {"state": "draining", "status": "draining: 3 running, 0 waiting"}
+    code, _, body = route("/status", view("draining", status=doc), None)
+    assert code == 200 and json.loads(body)["status"] == "draining: 3 running, 0 waiting"
 
 
 @pytest.mark.parametrize(

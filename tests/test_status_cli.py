@@ -164,6 +164,27 @@ def test_live_daemon_and_profiles(
 
 
 @pytest.mark.timeout(60)
+def test_a_draining_daemon_shows_the_requests_it_waits_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    state = tmp_path / "state"
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    child = start(sleepers, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+    write_status(state, daemon.pid, child.pid, state="draining", status="draining: 3 running, 2 waiting")
+
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    lines = out.splitlines()
+    head = lines.index(f"daemon: draining, pid {daemon.pid} running")
+    assert lines[head + 1] == "  status: draining: 3 running, 2 waiting"
+    report = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])
+    assert (report["daemon"]["state"], report["daemon"]["status"]) == (
+        "draining",
+        "draining: 3 running, 2 waiting",
+    )
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", ["dead", "not-r1sup", "reused", "no-pid", "zombie"])
 def test_stale_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]], case: str

@@ -8,10 +8,12 @@ For container platforms and load balancers, which cannot read systemd's READY=1:
   the wait for memory and port) with a margin. An HTTP thread that still answers while the loop is
   wedged therefore says 503, and the platform restarts the container.
 - ``/readyz``: 200 only in the ``serving`` state, which the daemon enters after start-up and the load
-  probe passed; 503 in every other state (planning, launching, probing, backoff, stopping, and any
-  state added later, such as draining), so no traffic is routed to an engine that is loading, being
-  re-tuned or going away.
-- ``/status``: the ``status.json`` document, secrets masked.
+  probe passed; 503 in every other state (planning, launching, probing, draining, backoff, stopping,
+  and any state added later), so no traffic is routed to an engine that is loading, being re-tuned or
+  going away. While ``draining`` (a stop r1sup chose waits for the requests in flight) vLLM still
+  finishes those, but a load balancer that reads ``/readyz`` sends it no new ones.
+- ``/status``: the ``status.json`` document, secrets masked (its ``status`` line says what a drain
+  waits for: ``draining: 3 running, 0 waiting``).
 - ``/metrics``: the Prometheus text, as before.
 
 The verdicts are pure functions of a :class:`View`; the server only renders them.

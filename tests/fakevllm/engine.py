@@ -32,8 +32,10 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     warm-up 1 s, graph capture 2 + 0.004 x sizes x layers s, API ready 1 s; a failed start adds 3 s
     of teardown. Log lines carry simulated times.
 ``runtime``:
-    ``fail_after_requests`` (None) and ``failure`` (``oom`` | ``fp8`` | ``die`` | None): the
-    completion request after that many fails that way (no count: the first request);
+    ``fail_after_requests`` (None) and ``failure`` (``oom`` | ``fp8`` | ``die`` | ``core_error`` |
+    None): the completion request after that many fails that way (no count: the first request;
+    ``core_error``: the engine core raises and its process does not exit, its teardown stuck, so the
+    API server answers EngineDeadError while every ``VLLM::`` process is still there);
     ``activation_spike_gib`` (0.0): extra activation every request needs; when it does not fit next
     to what the engine holds, the first request after ``fail_after_requests`` (or 0) hits a torch
     OOM in execute_model; ``exit_code`` (1): exit status after the engine died (vLLM can exit 0
@@ -1305,6 +1307,17 @@ class Engine:
                 "core_client.py:817",
                 "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",
             )
+        elif kind == "core_error":
+            # the engine core's busy loop raised; it told the API server (ENGINE_CORE_DEAD) but its
+            # process lingers: the death shows only in the answers (the child stays until the stop)
+            chain = [
+                Exc(
+                    (*tracebacks.RUNTIME_PREFIX, *tracebacks.UNI_RPC),
+                    ("RuntimeError: CUDA error: an illegal memory access was encountered",),
+                )
+            ]
+            lines = ["EngineCore encountered a fatal error.", *tracebacks.render(chain, sp)]
+            self.output.block(self.core, "ERROR", "core.py:1512", lines)
         else:
             root: tuple[str, ...]
             if kind == "oom":
@@ -1363,7 +1376,12 @@ class Engine:
             if self.child is not None:
                 self.child.stop()  # the engine core process ends with its exception
         self.report_dead_engine()
-        outcome = {"oom": "oom_runtime", "fp8": "fp8_unsupported", "die": "engine_dead"}[kind]
+        outcome = {
+            "oom": "oom_runtime",
+            "fp8": "fp8_unsupported",
+            "die": "engine_dead",
+            "core_error": "engine_dead",
+        }[kind]
         self.record(
             "runtime_failure",
             kind=kind,

@@ -19,7 +19,7 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 FP8_FAILS_AT = ("startup", "first_request")
-RUNTIME_FAILURES = ("oom", "fp8", "die")
+RUNTIME_FAILURES = ("oom", "fp8", "die", "core_error")
 HANG_PHASES = ("load_weights", "profile", "kv_cache", "cuda_graph", "serving")
 
 
@@ -188,7 +188,7 @@ class Runtime:
     """Faults while serving and the simulated speed of requests."""
 
     fail_after_requests: int | None = None  # the request after this many fails (None: never, unless a spike)
-    failure: str | None = None  # oom | fp8 | die
+    failure: str | None = None  # oom | fp8 | die | core_error
     activation_spike_gib: float = 0.0  # extra activation a request needs; OOM if it does not fit physically
     exit_code: int = 1  # exit status after the engine died (vLLM can exit 0 there, issue 48966)
     linger_s: float = 2.0  # simulated seconds the API server keeps answering after the engine died
