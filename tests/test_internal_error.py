@@ -133,7 +133,7 @@ def test_a_probe_that_cannot_import_is_r1sups_failure_not_the_engines(tmp_path: 
     said = [line for line in proc.stderr if not line.startswith("{")]  # stderr less the JSON log events
     assert len(said) == 1, said
     line = said[0]
-    assert line.startswith("r1sup: error: internal error in r1sup.probe (_run, line "), line
+    assert line.startswith("r1sup: error: internal error in r1sup.probe (_import_client, line "), line
     assert line.rstrip().endswith(f"ModuleNotFoundError: No module named '{MISSING}'"), line
     assert proc.lines == []  # no result on stdout
     # among the log events only vLLM's own relayed teardown lines may hold a traceback (during_stop)

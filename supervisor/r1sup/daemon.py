@@ -399,8 +399,10 @@ class Daemon:
         why = ""
         shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
         saved = saved or shared.profile
+        self.runner.proven = None
         if saved is not None:
             start = EngineFlags.from_dict(saved.flags)
+            self.runner.proven = (start.to_dict(), dict(saved.probe))
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
             why = f"{where} {key} (tuned {saved.updated_at})"
             self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)

@@ -8,18 +8,26 @@ KV-cache usage and the preemptions.
 The probe runs in a child process (``python -m r1sup.probe``: the spec as JSON on stdin, the result as
 JSON on stdout), so that the openai client, httpx and their pools never stay resident in the
 long-running supervisor, and a wedged client can be killed. The API key travels on stdin, never argv.
+The child imports the client before it reads its spec, so the runner starts it together with vLLM
+(:class:`ProbeProcess`): the import (seconds on a small machine) overlaps the engine's start-up. A
+child whose stdin closes without a spec (r1sup stopped the launch, or died) exits at once.
+
+A launch with the flags of a saved profile that passed the full probe on a box of the same
+fingerprint gets the short probe (:func:`probe_requests`): one wave of ``concurrency`` requests of the
+same size, instead of ``probe.requests``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +43,7 @@ WORDS = (
 ).split()
 PROMPT_MARGIN_FRACTION = 0.02
 PROMPT_MARGIN_TOKENS = 8
+PROMPT_FILL = 0.97  # a built prompt holds at least this fraction of the tokens asked for
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,35 @@ class ProbeResult:
             f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
             f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
         )
+
+
+def probe_requests(
+    requests: int, concurrency: int, prompt_tokens: int, proven: Mapping[str, Any] | None
+) -> tuple[int, bool]:
+    """(requests to send, short) for a probe of ``requests`` at ``concurrency`` with prompts of
+    ``prompt_tokens``, given the probe record of a saved profile with the same flags (None: none).
+
+    The short probe is one wave of ``concurrency`` requests. It is given only when that record passed
+    every request of a probe at least as large as this one (as many requests, as many at once,
+    prompts as long, within what a built prompt may fall short). It still sends full-size prompts at the
+    target concurrency through the openai client and streams their tokens, so an engine that cannot
+    take a request (dead behind a /health that answers, failing at its first real request, out of
+    memory for a full context) fails it as it fails the full probe; what it leaves out is the repeat
+    waves that the same engine on the same box has already passed.
+    """
+    if not proven or not proven.get("ok") or concurrency >= requests:
+        return requests, False
+    sent = proven.get("requests")
+    succeeded = proven.get("succeeded")
+    if not isinstance(sent, int) or not isinstance(succeeded, int) or succeeded < sent or sent < requests:
+        return requests, False
+    at_once = proven.get("concurrency")
+    size = proven.get("prompt_tokens")
+    if not isinstance(at_once, int) or at_once < concurrency:
+        return requests, False
+    if not isinstance(size, int) or size < prompt_tokens * PROMPT_FILL:
+        return requests, False
+    return concurrency, True
 
 
 def default_prompt_tokens(context: int, output_tokens: int) -> int:
@@ -160,7 +198,7 @@ class _Prompts:
                 return " ".join(pool[:words]), target
             if count <= target:
                 best = (text, count)
-                if count >= target * 0.97 or n == len(pool):
+                if count >= target * PROMPT_FILL or n == len(pool):
                     break
             ratio = count / n
             n = max(1, int((target - 2) / ratio)) if count > target else max(n + 1, int(n * target / count))
@@ -308,27 +346,56 @@ def run_probe(spec: ProbeSpec) -> ProbeResult:
     return asyncio.run(_run(spec))
 
 
-def run_probe_isolated(
-    spec: ProbeSpec,
-    *,
-    python: str = sys.executable,
-    on_start: Callable[[subprocess.Popen[bytes]], None] = lambda proc: None,
-) -> ProbeResult:
-    """Run the probe in a child process; bounded by the spec's timeout plus a grace period."""
-    proc = subprocess.Popen(  # noqa: S603 - an argument list
-        [python, "-m", "r1sup.probe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    on_start(proc)
-    try:
-        out, err = proc.communicate(json.dumps(asdict(spec)).encode(), timeout=spec.timeout_s + 60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate(timeout=10)
-        return ProbeResult(
-            ok=False, requests=spec.requests, errors=["the probe process did not finish"], timed_out=True
+class ProbeProcess:
+    """A probe child, started before it is needed: it imports the openai client, then waits for its
+    spec on stdin. :meth:`run` hands it the spec and reads the result (once); :meth:`kill` ends it,
+    run or not."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - an argument list
+            [python, "-m", "r1sup.probe"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
-    if proc.returncode != 0:
-        where, error = child_failure(err.decode("utf-8", "replace"), proc.returncode)
+        self.used = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def run(self, spec: ProbeSpec) -> ProbeResult:
+        """Run the probe in the child; bounded by the spec's timeout plus a grace period."""
+        self.used = True
+        proc = self.proc
+        try:
+            out, err = proc.communicate(json.dumps(asdict(spec)).encode(), timeout=spec.timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
+            return ProbeResult(
+                ok=False, requests=spec.requests, errors=["the probe process did not finish"], timed_out=True
+            )
+        return _child_result(spec, proc.returncode, out, err)
+
+    def kill(self) -> None:
+        """End the child. One that never ran is also reaped here (a running one by :meth:`run`)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        if not self.used:
+            self.used = True
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+            for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+
+
+def _child_result(spec: ProbeSpec, returncode: int, out: bytes, err: bytes) -> ProbeResult:
+    """The result a finished probe child gave, or why it gave none (r1sup's own failure)."""
+    if returncode != 0:
+        where, error = child_failure(err.decode("utf-8", "replace"), returncode)
         return ProbeResult(
             ok=False,
             requests=spec.requests,
@@ -374,10 +441,22 @@ def child_failure(stderr: str, returncode: int) -> tuple[str, str]:
 
 
 def main() -> int:
-    """``python -m r1sup.probe``: a ProbeSpec as JSON on stdin, the ProbeResult as JSON on stdout."""
-    spec = ProbeSpec(**json.loads(sys.stdin.read()))
+    """``python -m r1sup.probe``: a ProbeSpec as JSON on stdin, the ProbeResult as JSON on stdout.
+
+    The client is imported before the spec is read (the runner starts this child with vLLM); stdin
+    closed without a spec ends it quietly."""
+    _import_client()
+    text = sys.stdin.read()
+    if not text.strip():
+        return 0
+    spec = ProbeSpec(**json.loads(text))
     sys.stdout.write(json.dumps(run_probe(spec).to_dict()))
     return 0
+
+
+def _import_client() -> None:
+    import httpx  # noqa: F401 - imported now, used by _run
+    import openai  # noqa: F401
 
 
 if __name__ == "__main__":

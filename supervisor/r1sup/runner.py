@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from r1sup import failure as F
 from r1sup import health
@@ -25,7 +25,13 @@ from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_left
 from r1sup.logparse import LogLine, LogReader, Progress
 from r1sup.logs import get_logger
 
-READY_POLL_S = 1.0
+if TYPE_CHECKING:
+    from r1sup.probe import ProbeProcess
+
+READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readiness line (the fallback)
+# after vLLM printed "Application startup complete." the check runs at once, and again this soon while
+# it fails: uvicorn logs that line just before its socket listens
+READY_RETRY_S = 0.05
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
 
 
@@ -112,10 +118,16 @@ class Runner:
         self.launches = 0  # vLLM processes started
         self._ids = 0  # launch ids (a launch refused before start-up gets one too)
         self.current: Launch | None = None  # the launch whose engine may be running
-        self._probe_proc: Any = None  # the probe's child process while it runs
+        self._probe_proc: ProbeProcess | None = None  # the probe's child process while it runs
         self.fault: InternalError | None = None  # an exception in one of r1sup's own checks
         self.endpoint = health.Endpoint(config.server.host, config.server.port, api_key)
         self.managed_args: tuple[str, ...] = ()  # further flags r1sup adds to each launch
+        self.ready_poll_s = READY_POLL_S
+        # the probe child started with the engine (its imports overlap the start-up), with its launch
+        self._probe_next: tuple[int, ProbeProcess] | None = None
+        # (flags, probe record) of a saved profile that passed the full probe on a box of the same
+        # fingerprint: a launch with those flags gets the short probe (probe.probe_requests)
+        self.proven: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -317,6 +329,8 @@ class Runner:
         engine.start()
         self.launches += 1
         self.log.info("child_started", attempt=attempt, pid=engine.pid)
+        if self.config.probe.enabled:
+            self._start_probe_process(launch)
         self._wait_ready(launch)
         if launch.failure.cls != F.NONE:
             self.finish_progress(launch)
@@ -330,7 +344,8 @@ class Runner:
         start_deadline = launch.started + server.startup_timeout_s
         last_activity = time.monotonic()
         check_running = False
-        next_check = time.monotonic() + READY_POLL_S
+        next_check = time.monotonic() + self.ready_poll_s
+        line_seen = False  # vLLM printed its readiness line: check now, not at the next poll
         exited_at: float | None = None
         next_record = time.monotonic()
         while True:
@@ -338,7 +353,8 @@ class Runner:
             self.hooks.on_tick()
             self.show_progress(launch)
             now = time.monotonic()
-            event = self.events.get(0.2)
+            wait = 0.2 if check_running else min(0.2, max(0.0, next_check - now))
+            event = self.events.get(wait)
             if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
                 check_running = False
                 if event.ok and launch.engine.alive():
@@ -347,10 +363,15 @@ class Runner:
                     launch.reader.mark_ready()
                     self._ready(launch)
                     return
+                if line_seen:
+                    next_check = min(next_check, time.monotonic() + READY_RETRY_S)
             elif event is not None:
                 if isinstance(event, ChildOutput) and event.launch == launch.number:
                     last_activity = now
                 self.handle_output(launch, event)
+                if not line_seen and launch.reader.ready_seen:
+                    line_seen = True
+                    next_check = now
             if now >= next_record:
                 launch.engine.record_descendants()
                 next_record = now + 2.0
@@ -370,9 +391,10 @@ class Runner:
                         )
                     return
                 continue
+            now = time.monotonic()
             if not check_running and now >= next_check:
                 check_running = True
-                next_check = now + READY_POLL_S
+                next_check = now + self.ready_poll_s
                 self.run_check(
                     "ready",
                     launch,
@@ -438,7 +460,7 @@ class Runner:
 
     def probe(self, launch: Launch) -> Failure:
         """Run the load probe against the launched server; NONE when it passed."""
-        from r1sup.probe import ProbeSpec, default_prompt_tokens, run_probe_isolated
+        from r1sup.probe import ProbeSpec, default_prompt_tokens, probe_requests
 
         p = self.config.probe
         tgt = self.config.target
@@ -450,10 +472,14 @@ class Runner:
         )
         concurrency = p.concurrency or tgt.concurrency or 1
         prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
+        proven = None
+        if self.proven is not None and self.proven[0] == launch.flags.to_dict():
+            proven = self.proven[1]
+        requests, short = probe_requests(p.requests, concurrency, prompt_tokens, proven)
         spec = ProbeSpec(
             base_url=self.endpoint.base,
             model=launch.spec.served_name,
-            requests=p.requests,
+            requests=requests,
             concurrency=concurrency,
             prompt_tokens=prompt_tokens,
             output_tokens=p.output_tokens,
@@ -468,12 +494,11 @@ class Runner:
             concurrency=concurrency,
             prompt_tokens=prompt_tokens,
             output_tokens=spec.output_tokens,
+            **({"short": "the profile passed the full probe"} if short else {}),
         )
-        self.run_check(
-            "probe",
-            launch,
-            lambda: _probe_call(lambda sp: run_probe_isolated(sp, on_start=self._track_probe), spec),
-        )
+        child = self._take_probe_process(launch)
+        self._probe_proc = child
+        self.run_check("probe", launch, lambda: _probe_call(child.run, spec))
         deadline = time.monotonic() + p.timeout_s + 30
         result: dict[str, Any] | None = None
         while result is None:
@@ -523,15 +548,35 @@ class Runner:
     def stop_current(self, reason: str) -> None:
         if self.current is not None and self.current.engine.proc is not None:
             self.stop(self.current, reason=reason)
+        self._kill_probe()
         self.current = None
 
-    def _track_probe(self, proc: Any) -> None:
-        self._probe_proc = proc
+    def _start_probe_process(self, launch: Launch) -> None:
+        """Start the probe's child with the engine, so that its imports overlap the start-up."""
+        from r1sup.probe import ProbeProcess
+
+        self._kill_probe()
+        self._probe_next = (launch.number, ProbeProcess())
+
+    def _take_probe_process(self, launch: Launch) -> ProbeProcess:
+        """The child started with this launch, else (a second probe of it) a new one."""
+        from r1sup.probe import ProbeProcess
+
+        ahead, self._probe_next = self._probe_next, None
+        if ahead is not None and ahead[0] == launch.number:
+            return ahead[1]
+        if ahead is not None:
+            ahead[1].kill()
+        return ProbeProcess()
 
     def _kill_probe(self) -> None:
-        proc, self._probe_proc = self._probe_proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        """End the probe's children: the one running (its thread then returns) and the one waiting."""
+        running, self._probe_proc = self._probe_proc, None
+        if running is not None and running.proc.poll() is None:
+            running.proc.kill()
+        ahead, self._probe_next = self._probe_next, None
+        if ahead is not None:
+            ahead[1].kill()
 
     def stop(self, launch: Launch, *, reason: str) -> StopReport:
         self._kill_probe()

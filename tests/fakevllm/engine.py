@@ -60,6 +60,8 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     all progress stops there (serving: requests and /health never answer) until SIGTERM.
 ``ignore_sigterm`` (false): the API server ignores SIGTERM (only SIGKILL ends it), and stays up when its
     engine core ends.
+``ready_line`` (true): uvicorn's ``Application startup complete.`` is printed once the server answers
+    (false: not printed, an engine whose readiness line the supervisor does not know).
 ``orphan_child`` (false): the engine-core child ignores SIGTERM and its parent's death and lingers
     ``orphan_linger_s`` (30) real seconds, like an orphaned ``VLLM::EngineCore``.
 ``gpu_lock_dir`` (None): the engine core records the GPU memory it holds in ``<dir>/<pid>.json``;
@@ -1144,14 +1146,10 @@ class Engine:
         server.start()
         self.clock.start_serving()
         self.serving_started = self.clock.now()
-        self.output.write(
-            [
-                f"INFO:     Started server process [{self.pid}]",
-                "INFO:     Waiting for application startup.",
-                "INFO:     Application startup complete.",
-            ],
-            self.output.err,
-        )
+        started = [f"INFO:     Started server process [{self.pid}]", "INFO:     Waiting for application startup."]
+        if self.scenario.ready_line:
+            started.append("INFO:     Application startup complete.")
+        self.output.write(started, self.output.err)
         self.record_launch(plan)
         if self.scenario.hang_at == "serving":
             self.hang.set()

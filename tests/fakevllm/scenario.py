@@ -213,6 +213,9 @@ class Scenario:
     site_packages: str = "/usr/local/lib/python3.12/dist-packages"
     hang_at: str | None = None
     ignore_sigterm: bool = False
+    # print uvicorn's "Application startup complete." once serving (False: an engine whose readiness
+    # line r1sup does not know, so that only its polling sees it ready)
+    ready_line: bool = True
     orphan_child: bool = False
     orphan_linger_s: float = 30.0
     gpu_lock_dir: str | None = None
@@ -468,7 +471,7 @@ def load_scenario(data: Mapping[str, Any] | None) -> Scenario:
     for key in ("engine_core_name", "vllm_version", "site_packages"):
         if key in data:
             changes[key] = _str(key, data[key])
-    for key in ("ignore_sigterm", "orphan_child"):
+    for key in ("ignore_sigterm", "orphan_child", "ready_line"):
         if key in data:
             changes[key] = _bool(key, data[key])
     return Scenario(**changes)

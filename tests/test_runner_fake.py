@@ -1,0 +1,236 @@
+"""Time to serve, in process: the runner against the fake engine (a real child process).
+
+Readiness is checked the moment vLLM prints its readiness line (polling stays for engines whose line
+is not seen); the probe's child is started with the engine and waits for its spec, and dies with the
+launch when it is not needed; a launch with a proven profile's flags gets the short probe, which still
+fails on an engine that cannot serve.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from conftest import wait_until
+from r1sup import config as cfg
+from r1sup import failure as F
+from r1sup.events import EventQueue
+from r1sup.flags import EngineFlags
+from r1sup.logs import get_logger
+from r1sup.probe import ProbeProcess, ProbeSpec, probe_requests
+from r1sup.runner import Launch, Runner
+from r1sup_proc import engine_processes, kill_engine_processes, write_config
+from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
+
+PROVEN = {"ok": True, "requests": 4, "succeeded": 4, "concurrency": 1, "prompt_tokens": 8000}
+
+
+# --- the probe's size: pure --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("proven", "expected"),
+    [
+        (None, (4, False)),  # no saved profile: the full probe
+        (PROVEN, (1, True)),  # one wave at the target concurrency
+        ({**PROVEN, "ok": False}, (4, False)),  # the saved probe failed
+        ({**PROVEN, "succeeded": 3}, (4, False)),  # a request of it failed
+        ({**PROVEN, "requests": 2, "succeeded": 2}, (4, False)),  # a smaller probe than configured now
+        ({**PROVEN, "prompt_tokens": 4000}, (4, False)),  # shorter prompts than this probe's
+        ({**PROVEN, "prompt_tokens": 7800}, (1, True)),  # within what a built prompt may fall short
+        ({k: v for k, v in PROVEN.items() if k != "concurrency"}, (4, False)),  # an unreadable record
+    ],
+)
+def test_the_short_probe_needs_a_full_probe_at_least_as_large_that_passed(
+    proven: dict[str, Any] | None, expected: tuple[int, bool]
+) -> None:
+    assert probe_requests(4, 1, 8000, proven) == expected
+
+
+def test_the_short_probe_keeps_the_target_concurrency() -> None:
+    proven = {**PROVEN, "requests": 8, "succeeded": 8, "concurrency": 2}
+    assert probe_requests(8, 2, 8000, proven) == (2, True)
+    assert probe_requests(8, 4, 8000, proven) == (8, False)  # never proven at 4 at once
+    assert probe_requests(2, 2, 8000, proven) == (2, False)  # already one wave
+
+
+# --- the probe's child: real processes ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_probe_child_whose_stdin_closes_without_a_spec_exits_by_itself() -> None:
+    """r1sup died or stopped the launch before the probe: the child started ahead ends, no orphan."""
+    child = ProbeProcess()
+    assert child.proc.stdin is not None
+    child.proc.stdin.close()
+    assert child.proc.wait(timeout=45) == 0
+    assert child.proc.stderr is not None and child.proc.stderr.read() == b""
+    child.kill()
+
+
+@pytest.mark.timeout(60)
+def test_a_probe_child_that_died_while_it_waited_is_r1sups_failure() -> None:
+    """Handing the spec to a dead child is no crash: the result says how it ended (internal)."""
+    child = ProbeProcess(sys.executable)
+    child.proc.kill()
+    spec = ProbeSpec("http://127.0.0.1:9", "m", 1, 1, 10, 1, 1.0, 1.0)
+    result = child.run(spec)
+    assert not result.ok and result.internal is not None
+    assert result.internal["error"] == "killed by SIGKILL"
+
+
+# --- the runner on the fake engine -------------------------------------------------------------------
+
+
+def make_runner(tmp_path: Path, **scenario_fields: Any) -> tuple[Runner, Path]:
+    scenario = fake_scenario(tmp_path, **scenario_fields)
+    body = fake_body(tmp_path, model=QWEN_7B, server={"env": fake_env(scenario)})
+    path = write_config(tmp_path / "r1sup.toml", body)
+    config = cfg.load(path, environ={})
+    return Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False), path
+
+
+def probe_children() -> list[psutil.Process]:
+    """This test process's children running the probe."""
+    found = []
+    for kid in psutil.Process().children(recursive=True):
+        try:
+            if "r1sup.probe" in kid.cmdline():
+                found.append(kid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def launch_ready(runner: Runner) -> Launch:
+    launch = runner.launch(EngineFlags.from_start(runner.config.start), attempt=1)
+    assert launch.ready, launch.failure
+    return launch
+
+
+def cleanup(runner: Runner, launch: Launch | None, path: Path) -> None:
+    if launch is not None:
+        runner.stop(launch, reason="test over")
+    runner.stop_current("test over")
+    wait_until(lambda: not engine_processes(path), 30, interval=0.2, what="no engine left")
+    kill_engine_processes(path)
+    wait_until(lambda: not probe_children(), 30, interval=0.2, what="no probe child left")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_readiness_is_checked_when_vllm_prints_its_line_not_at_the_next_poll(tmp_path: Path) -> None:
+    runner, path = make_runner(tmp_path)
+    runner.ready_poll_s = 60.0  # the poll alone would see it ready a minute after the launch
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        assert launch.reader.ready_seen
+        assert launch.ready_after_s is not None and launch.ready_after_s < 30, launch.ready_after_s
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_engine_whose_readiness_line_is_not_seen_is_found_ready_by_polling(tmp_path: Path) -> None:
+    runner, path = make_runner(tmp_path, ready_line=False)
+    runner.ready_poll_s = 0.2
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        assert not launch.reader.ready_seen
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_probe_child_starts_with_the_engine_and_runs_the_probe(tmp_path: Path) -> None:
+    runner, path = make_runner(tmp_path)
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        waiting = probe_children()
+        assert len(waiting) == 1, "one probe child, started before vLLM was ready"
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert launch.probe is not None and launch.probe["succeeded"] == 4
+        assert runner._probe_proc is not None and runner._probe_proc.pid == waiting[0].pid  # noqa: SLF001
+        # a second probe of the same launch starts a child of its own
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner._probe_proc.pid != waiting[0].pid  # noqa: SLF001
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_waiting_probe_child_dies_with_the_launch(tmp_path: Path) -> None:
+    runner, path = make_runner(tmp_path)
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        (child,) = probe_children()
+        runner.stop(launch, reason="test")
+        launch = None
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path: Path) -> None:
+    runner, path = make_runner(tmp_path)
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        flags = launch.flags.to_dict()
+        runner.proven = ({**flags, "max_model_len": 4096}, PROVEN)  # another profile's flags
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert launch.probe is not None and launch.probe["requests"] == 4
+        runner.proven = (flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(tmp_path: Path) -> None:
+    """The engine dies at its first real request while /health keeps answering 200 (vLLM issue 39863)."""
+    # linger_s is simulated: 10000 s at the fake's time scale keep the API server up for about 20 s
+    runtime = {"fail_after_requests": 0, "failure": "die", "health_while_dead": True, "linger_s": 10000}
+    runner, path = make_runner(tmp_path, runtime=runtime)
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        runner.proven = (launch.flags.to_dict(), {**PROVEN, "prompt_tokens": 8100})
+        failure = runner.probe(launch)
+        assert launch.probe is not None and launch.probe["requests"] == 1
+        assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure
+    finally:
+        cleanup(runner, launch, path)
+
+
+def test_the_probe_child_module_reads_its_spec_after_importing_the_client() -> None:
+    """``python -m r1sup.probe`` with a bad spec fails on the spec, having imported the client."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "r1sup.probe"],
+        input=json.dumps({"not": "a spec"}).encode(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode != 0 and "TypeError" in err
+    openai = re.search(r"^import time:.*\|\s+openai$", err, re.MULTILINE)
+    assert openai is not None and openai.start() < err.index("Traceback")
