@@ -6,6 +6,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.r1sup-installed
 PYTEST_ARGS ?=
+# bench_time_to_serve.py's options, e.g. `make bench TTS_ARGS="--runs 1 --no-tune"`
+TTS_ARGS ?=
 
 .PHONY: venv test test-fast test-wheel lint demo bench clean image-deps image image-test
 
@@ -81,6 +83,7 @@ bench: venv
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_scenarios.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_daemon_idle.py
 	$(BIN)/python benchmarks/bench_soak.py
+	$(BIN)/python benchmarks/bench_time_to_serve.py $(TTS_ARGS)
 
 image-deps:
 	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { \

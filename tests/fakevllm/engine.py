@@ -1146,7 +1146,10 @@ class Engine:
         server.start()
         self.clock.start_serving()
         self.serving_started = self.clock.now()
-        started = [f"INFO:     Started server process [{self.pid}]", "INFO:     Waiting for application startup."]
+        started = [
+            f"INFO:     Started server process [{self.pid}]",
+            "INFO:     Waiting for application startup.",
+        ]
         if self.scenario.ready_line:
             started.append("INFO:     Application startup complete.")
         self.output.write(started, self.output.err)
