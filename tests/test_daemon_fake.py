@@ -333,6 +333,8 @@ def test_status_file_while_serving_and_after_the_stop(tmp_path: Path):
         assert st["child_pid"] in {p.pid for p in engine_processes(config)}
         assert st["launches"] == 1 and st["profile_source"] == "tuned" and st["last_failure"] is None
         assert st["flags"]["max_model_len"] == 8192 and st["flags"]["gpu_memory_utilization"] == 0.9
+        (full,) = proc.named("probe_started")
+        assert full["requests"] == 4 and "short" not in full  # no profile yet: the full probe
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", st["since"]), st["since"]
         assert st["port"] == body["server"]["port"] and st["served_model"] == "r1"
         stop_cleanly(proc, config, tmp_path)
@@ -344,6 +346,10 @@ def test_status_file_while_serving_and_after_the_stop(tmp_path: Path):
         proc.wait_event("serving", START_S)
         st = status(tmp_path)
         assert st["launches"] == 1 and st["profile_source"] == "persisted"
+        # its flags passed the full probe on this box: one wave at the target concurrency (1)
+        (short,) = proc.named("probe_started")
+        assert short["requests"] == 1 and short["short"]
+        assert proc.named("probe_passed")[0]["succeeded"] == 1
         stop_cleanly(proc, config, tmp_path)
 
 
