@@ -427,13 +427,14 @@ class Runner:
         self.log.info("engine_ready", launch=launch.number, seconds=launch.ready_after_s, **fields)
         self.show_progress(launch, force=True)
 
-    def drain(self, launch: Launch, limit_s: float = 0.5) -> None:
-        """Take what output is still queued for this launch."""
+    def drain(self, launch: Launch, limit_s: float = 0.5, *, until_quiet: bool = False) -> None:
+        """Take what output is still queued for this launch: until its end (EOF) or ``limit_s``, or
+        with ``until_quiet`` as soon as nothing more came for 50 ms (an engine still running)."""
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             event = self.events.get(0.05)
             if event is None:
-                if launch.engine.eof:
+                if launch.engine.eof or until_quiet:
                     return
                 continue
             self.handle_output(launch, event)
@@ -519,7 +520,8 @@ class Runner:
             failure = Failure(F.INTERNAL_ERROR, F.PHASE_SERVING, evidence=fault.error, detail=fault.where)
             self.log.error("failure_classified", launch=launch.number, **_failure_fields(failure))
             raise fault
-        self.drain(launch, 0.3)
+        # what vLLM printed while the requests ran; after failed requests, give its traceback time
+        self.drain(launch, 0.3, until_quiet=bool(result.get("ok")))
         self.finish_progress(launch)
         code = launch.engine.poll()
         seen = launch.reader.verdict(exit_code=code)
