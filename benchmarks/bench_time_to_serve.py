@@ -181,6 +181,7 @@ def run_bare(argv: list[str], port: int, log: Path) -> Sample:
 
 # r1sup's events -> the marks they set (the vLLM line relayed as a ``vllm`` event is matched by text)
 R1SUP_MARKS = {
+    "preflight_passed": "preflight_passed",
     "child_started": "child_started",
     "engine_ready": "engine_ready",
     "probe_started": "probe_started",
@@ -327,6 +328,7 @@ def report(results: dict[str, list[Sample]], bare_argv: list[str]) -> int:
     rows = [
         ("bare vLLM", "Application startup complete", median(bare, "startup_complete")),
         ("bare vLLM", "first 200 on /v1/models", median(bare, "models_200")),
+        ("r1sup run", "preflight_passed (imports vLLM)", median(run, "preflight_passed")),
         ("r1sup run", "vLLM started (child_started)", median(run, "child_started")),
         ("r1sup run", "Application startup complete", median(run, "startup_complete")),
         ("r1sup run", "engine_ready", median(run, "engine_ready")),
@@ -339,8 +341,10 @@ def report(results: dict[str, list[Sample]], bare_argv: list[str]) -> int:
     for who, what, value in rows:
         print(f"  {who:<11} {what:<32} {fmt(value):>7}")
     gaps = [
+        ("child_started -> startup complete", "child_started", "startup_complete"),
         ("startup complete -> engine_ready", "startup_complete", "engine_ready"),
         ("engine_ready -> probe_passed", "engine_ready", "probe_passed"),
+        ("probe_passed -> serving", "probe_passed", "serving"),
     ]
     for label, a, b in gaps:
         values = [s.marks[b] - s.marks[a] for s in run if a in s.marks and b in s.marks]

@@ -353,8 +353,9 @@ class Runner:
             self.hooks.on_tick()
             self.show_progress(launch)
             now = time.monotonic()
-            wait = 0.2 if check_running else min(0.2, max(0.0, next_check - now))
-            event = self.events.get(wait)
+            # no longer than until the next check is due (once the child exited, none is started)
+            due = 0.2 if check_running or exited_at is not None else next_check - now
+            event = self.events.get(min(0.2, due))
             if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
                 check_running = False
                 if event.ok and launch.engine.alive():
