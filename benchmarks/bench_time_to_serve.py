@@ -17,7 +17,7 @@ on each alike:
 
 Medians side by side, the ratio run/bare beside the target; exit 1 on a miss, 2 when a start failed.
 
-    python benchmarks/bench_time_to_serve.py [--runs 3] [--no-tune] [--keep]
+    python benchmarks/bench_time_to_serve.py [--runs 3] [--no-tune] [--keep] [--json FILE]
 """
 
 from __future__ import annotations
@@ -248,6 +248,13 @@ def saved_profile(state: Path) -> dict[str, object]:
     return dict(json.loads(files[0].read_text(encoding="utf-8")))
 
 
+def own_time(sample: Sample) -> float:
+    """What r1sup adds to vLLM's own start-up: the time to ``serving`` less the engine's time from
+    its start to "Application startup complete" (steadier than the ratio when the load varies)."""
+    m = sample.marks
+    return m["serving"] - (m["startup_complete"] - m["child_started"])
+
+
 def median(samples: list[Sample], mark: str) -> float | None:
     values = [s.marks[mark] for s in samples if mark in s.marks]
     return statistics.median(values) if values else None
@@ -266,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time no tune from scratch (one untimed tune saves the profile)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, state)")
+    parser.add_argument("--json", metavar="FILE", help="also write every run's marks to FILE")
     args = parser.parse_args(argv)
 
     from r1sup.tinymodel import write_tiny_model
@@ -312,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         args.keep = True
         code = 2
 
+    if args.json:
+        marks = {who: [s.marks for s in samples] for who, samples in results.items()}
+        Path(args.json).write_text(json.dumps(marks, indent=1) + "\n", encoding="utf-8")
     if code == 0:
         code = report(results, bare_argv)
     if args.keep:
@@ -350,6 +361,9 @@ def report(results: dict[str, list[Sample]], bare_argv: list[str]) -> int:
         values = [s.marks[b] - s.marks[a] for s in run if a in s.marks and b in s.marks]
         if values:
             print(f"  r1sup run   {label:<32} {statistics.median(values):>7.2f}")
+    own = [own_time(s) for s in run]
+    if own:
+        print(f"  r1sup run   {'its own time (not vLLM loading)':<32} {statistics.median(own):>7.2f}")
     base, served = median(bare, "models_200"), median(run, "serving")
     if base is None or served is None:
         print("result: FAIL (no figures)")
