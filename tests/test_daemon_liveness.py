@@ -288,6 +288,42 @@ def test_an_engine_dead_reply_is_death_while_health_answers_and_the_processes_li
         assert not engine_processes(config)
 
 
+def wall(event: dict[str, Any]) -> float:
+    """An r1sup log event's wall-clock time (structlog's ISO timestamp, UTC)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def test_an_engine_that_dies_while_health_answers_is_restarted_within_one_liveness_interval(tmp_path: Path):
+    # the vLLM trap: /health says 200, every VLLM:: process lives, only the answers say the engine is
+    # dead. The test's own request (the fifth, after the load probe's four) kills the engine at a moment
+    # r1sup did not choose; r1sup's idle completion is due at most one liveness interval later, and its
+    # engine-dead answer ends the serving period. Both times are wall-clock: the fake engine's record
+    # and r1sup's log line, so the test's own polling does not count.
+    interval = 2.0
+    body = body_for(tmp_path, liveness_interval_s=interval)
+    env = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
+    runtime = {**SLOW, "health_while_dead": True, "fail_after_requests": 4, "failure": "core_error"}
+    with running(tmp_path, body, env=env, runtime=runtime) as (proc, config):
+        proc.wait_event("serving", START_S)
+        chat(body["server"]["port"], 4, timeout=30)
+        failed = proc.wait_event("serving_failed", 30)
+        died = engine_records(tmp_path, "runtime_failure")
+        assert [r["kind"] for r in died] == ["core_error"]
+        detected = wall(failed) - died[0]["time"]
+        # one interval, plus the completion's round trip and a turn of the loop on a loaded machine
+        assert 0 <= detected <= interval + 0.5, (detected, died[0]["requests"])
+        hung = [e for e in liveness_events(proc) if e["verdict"] == "hung"][-1]
+        assert hung["evidence"] == "engine_dead" and hung["health_failures"] == 0
+        restarted = proc.wait_event("launch_started", START_S, count=2)
+        assert wall(restarted) >= wall(failed)
+        proc.wait_event("serving", START_S, count=2)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+        assert not engine_processes(config)
+
+
 # --- draining ------------------------------------------------------------------------------------------
 
 

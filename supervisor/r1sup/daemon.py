@@ -40,7 +40,7 @@ from r1sup.events import CheckDone, ChildEOF, ChildOutput
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 from r1sup.notify import Notifier
-from r1sup.runner import Launch, StopRequested
+from r1sup.runner import EXIT_DRAIN_S, Launch, StopRequested
 from r1sup.session import Session, now_iso, save_profile
 from r1sup.tuner import Tuner, TuneResult, adopt_versions, calibration, ladder_facts, status_line
 
@@ -576,7 +576,9 @@ class Daemon:
     def _hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure:
         """The failure a hung verdict stands for; vLLM's own account first (an OOM traceback, ...)."""
         if verdict.evidence in liveness.DEAD_EVIDENCE:
-            self.runner.drain(launch, 1.0)  # the traceback that explains it may still be in the pipe
+            # the traceback that explains it may still be in the pipe; the process may linger (a
+            # teardown stuck on the device), so a quiet pipe ends the wait, not the end of the output
+            self.runner.drain(launch, EXIT_DRAIN_S, until_quiet=True)
             seen = launch.reader.verdict(exit_code=launch.engine.poll())
             if seen.cls != F.NONE:
                 return seen
