@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from r1sup import catalog, planner, profiles
 from r1sup import config as cfg
@@ -96,3 +98,81 @@ def test_ways_out_after_an_exhausted_ladder_respect_the_configured_shortest_cont
     # a way out that fits only a shorter context than the config allows is not offered as one
     (length,) = [int(a.split()[1]) for a in offload[0].split(" --")[1:] if a.startswith("max-model-len")]
     assert length >= 40000, offload
+
+
+# --- the search's events, in process -----------------------------------------------------------------
+
+
+class ScriptedRunner:
+    """A runner whose launches end as scripted (a failure class, or "ok"), with no process behind."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = list(outcomes)
+        self.launched: list[EngineFlags] = []
+        self.stopped: list[str] = []
+
+    def check_signals(self) -> None:
+        pass
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+    def launch(self, flags: EngineFlags, *, attempt: int) -> Any:
+        from r1sup import failure as F
+
+        self.launched.append(flags)
+        outcome = self.outcomes.pop(0)
+        failure = (
+            F.NO_FAILURE
+            if outcome == "ok"
+            else F.Failure(outcome, F.PHASE_CUDA_GRAPH, evidence=f"scripted {outcome}")
+        )
+        return SimpleNamespace(
+            started_engine=True,
+            spec=SimpleNamespace(display=("vllm", "serve")),
+            failure=failure,
+            ready=outcome == "ok",
+            observations={},
+            progress=None,
+            probe={"ok": True} if outcome == "ok" else None,
+        )
+
+    def capacity_failure(self, launch: Any) -> None:
+        return None
+
+    def probe(self, launch: Any) -> Any:
+        raise AssertionError("the probe is off in this config")
+
+    def stop(self, launch: Any, *, reason: str) -> None:
+        self.stopped.append(reason)
+
+
+def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Path, monkeypatch: Any):
+    from r1sup import tuner as T
+
+    body = {"model": {"name": Q7}, "probe": {"enabled": False}, "ladder": {"first_launch": "as_configured"}}
+    config = cfg.load(write_config(tmp_path / "c.toml", body), environ={})
+    know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
+    runner = ScriptedRunner(["oom_cudagraph", "ok"])
+    seen: list[T.SearchEvent] = []
+    monkeypatch.setattr(T.Tuner, "refresh_device", lambda self: None)
+    start = EngineFlags(max_model_len=8192)
+    result = T.Tuner(config, runner, log=structlog_null(), know=know, publish=seen.append).run(start)  # type: ignore[arg-type]
+    assert result.ok and result.launches == 2, result.reason
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds == ["Launching", "AttemptFailed", "LadderStepped", "Launching"]
+    launching, failed, step, again = seen
+    assert isinstance(launching, T.Launching) and launching.attempt == 1 and launching.flags == start
+    assert isinstance(failed, T.AttemptFailed) and failed.failure.cls == "oom_cudagraph"
+    assert isinstance(step, T.LadderStepped) and step.old == start and step.new == runner.launched[1]
+    # the STATUS= line of the step, computed where the step is
+    assert step.status == f"attempt 2: {start.describe_change(step.new)} (oom_cudagraph)"
+    assert isinstance(again, T.Launching) and again.attempt == 2 and again.flags == step.new
+
+
+def structlog_null() -> Any:
+    class Null:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: None
+
+    return Null()

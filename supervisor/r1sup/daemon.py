@@ -42,7 +42,17 @@ from r1sup.flags import EngineFlags
 from r1sup.notify import Notifier
 from r1sup.runner import EXIT_DRAIN_S, Launch, StopRequested
 from r1sup.session import Session, now_iso, save_profile
-from r1sup.tuner import Tuner, TuneResult, adopt_versions, calibration, ladder_facts, status_line
+from r1sup.tuner import (
+    AttemptFailed,
+    LadderStepped,
+    Launching,
+    Probing,
+    SearchEvent,
+    Tuner,
+    TuneResult,
+    footing,
+    ladder_facts,
+)
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
@@ -219,20 +229,20 @@ class Daemon:
             written = now
         self._progress_shown = (phase, sent, written)
 
-    def _listener(self, kind: str, **info: Any) -> None:
-        if kind == "launching":
-            flags: EngineFlags = info["flags"]
-            self.flags = flags
+    def _on_search(self, event: SearchEvent) -> None:
+        """What the search reports, as the daemon's state, status, metrics and recent events."""
+        if isinstance(event, Launching):
+            self.flags = event.flags
             if self.metrics:
                 self.metrics.launches.inc()
-                if flags.max_model_len:
-                    self.metrics.context.set(flags.max_model_len)
-            self.transition(State.LAUNCHING, f"attempt {info['attempt']}: launching vLLM")
-            self.note("launch_started", attempt=info["attempt"], flags=flags.to_dict())
-        elif kind == "probing":
-            self.transition(State.PROBING, f"attempt {info['attempt']}: load probe")
-        elif kind == "failure":
-            failure: Failure = info["failure"]
+                if event.flags.max_model_len:
+                    self.metrics.context.set(event.flags.max_model_len)
+            self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
+            self.note("launch_started", attempt=event.attempt, flags=event.flags.to_dict())
+        elif isinstance(event, Probing):
+            self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
+        elif isinstance(event, AttemptFailed):
+            failure = event.failure
             self.last_failure = failure
             if self.metrics:
                 self.metrics.failures.labels(failure_class=failure.cls).inc()
@@ -243,12 +253,11 @@ class Daemon:
                 evidence=failure.evidence[:200],
             )
             self.write_status()
-        elif kind == "step":
-            text = status_line(info["attempt"], info["old"], info["new"], info["failure_class"])
+        elif isinstance(event, LadderStepped):
             if self.metrics:
-                self.metrics.ladder_steps.labels(failure_class=info["failure_class"]).inc()
-            self.note("ladder_step", status=text)
-            self.notifier.status(text)
+                self.metrics.ladder_steps.labels(failure_class=event.failure_class).inc()
+            self.note("ladder_step", status=event.status)
+            self.notifier.status(event.status)
 
     # --- main ----------------------------------------------------------------------------------
 
@@ -370,11 +379,11 @@ class Daemon:
 
     def _tuner(self) -> Tuner:
         return Tuner(
-            self.config, self.runner, self.log, know=self.know, listener=self._listener, record=self.record
+            self.config, self.runner, self.log, know=self.know, publish=self._on_search, record=self.record
         )
 
     def _bring_up(self, start: EngineFlags | None = None) -> TuneResult:
-        from r1sup import profiles, runrecord
+        from r1sup import runrecord
         from r1sup.tuner import gather_knowledge
 
         if self.know is None:
@@ -382,19 +391,15 @@ class Daemon:
             self.know = gather_knowledge(self.config, self.log, engine=checked.engine)
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
-        self.fingerprint = profiles.current_fingerprint(
-            self.config, device=self.know.device, versions=self.know.versions()
-        )
-        adopt_versions(self.know, self.fingerprint)
+        base = footing(self.config, self.know, self.runner)
+        self.fingerprint = base.fingerprint
         d = self.config.daemon
         self.runner.managed_args = liveness.drain_args(
             (self.fingerprint.get("versions") or {}).get("vllm"),
             self.config.server.extra_args,
             max(d.drain_timeout_s, self.config.server.stop_timeout_s) if d.drain_timeout_s > 0 else 0,
         )
-        store = profiles.ProfileStore(self.config.state.dir)
-        self.runner.expected_phases = runrecord.expected_phases(store, self.fingerprint)
-        key = profiles.fingerprint_key(self.fingerprint)
+        key, store = base.key, base.store
         saved = store.load(key) if start is None else None
         why = ""
         shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
@@ -410,9 +415,7 @@ class Daemon:
         measured = None
         if saved is None and start is None:
             self.log.info("profile_missing", key=key)
-            measured = calibration(store, self.fingerprint)
-            if measured is not None:
-                self.log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+            measured = base.calibration(self.log)
         tuner = self._tuner()
         result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
         self.history = result.history or self.history
@@ -681,7 +684,6 @@ class Daemon:
             if isinstance(decision, L.GiveUp):
                 return TuneResult(ok=False, exit_code=decision.exit_code, reason=decision.reason)
             self.history = decision.history
-            text = status_line(self.runner.launches + 1, flags, decision.flags, failure.cls)
             self.log.info(
                 "ladder_step",
                 failure_class=failure.cls,
@@ -690,14 +692,7 @@ class Daemon:
                 new=decision.flags.to_dict(),
                 reason=decision.reason,
             )
-            self._listener(
-                "step",
-                attempt=self.runner.launches + 1,
-                old=flags,
-                new=decision.flags,
-                failure_class=failure.cls,
-            )
-            self.notifier.status(text)
+            self._on_search(LadderStepped(self.runner.launches + 1, flags, decision.flags, failure.cls))
             result = self._tuner().run(
                 decision.flags,
                 keep_running=True,

@@ -189,6 +189,44 @@ def plan_first(config: Config, know: ModelKnowledge, calibration: Any, log: Any)
     return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
 
 
+# --- what the search reports, as it happens (the daemon turns each into its state, status and metrics)
+
+
+@dataclass(frozen=True)
+class Launching:
+    attempt: int
+    flags: EngineFlags
+
+
+@dataclass(frozen=True)
+class Probing:
+    attempt: int
+    flags: EngineFlags
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    attempt: int
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class LadderStepped:
+    """The next launch's flags after a failure: ``attempt`` is the number of the launch they go to."""
+
+    attempt: int
+    old: EngineFlags
+    new: EngineFlags
+    failure_class: str
+
+    @property
+    def status(self) -> str:
+        return status_line(self.attempt, self.old, self.new, self.failure_class)
+
+
+SearchEvent = Launching | Probing | AttemptFailed | LadderStepped
+
+
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
 
 
@@ -216,6 +254,35 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> Any:
             continue
         return memmodel.Calibration(flags=flags, figures=figures, version=version)
     return None
+
+
+@dataclass(frozen=True)
+class Footing:
+    """What a search starts from, the same for ``tune`` and ``run``: this config's fingerprint on this
+    box, its key, and the profile store."""
+
+    fingerprint: dict[str, Any]
+    key: str
+    store: Any  # profiles.ProfileStore
+
+    def calibration(self, log: Any) -> Any:
+        """The planner's calibration from an earlier launch on this box (logged), or None."""
+        measured = calibration(self.store, self.fingerprint)
+        if measured is not None:
+            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+        return measured
+
+
+def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
+    """The fingerprint (the vLLM version it learned adopted into ``know``), its key and the store; the
+    runner's ETA takes the phase times of this fingerprint's last launch."""
+    from r1sup import profiles, runrecord
+
+    fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
+    adopt_versions(know, fingerprint)
+    store = profiles.ProfileStore(config.state.dir)
+    runner.expected_phases = runrecord.expected_phases(store, fingerprint)
+    return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
 
 
 def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: dict[str, float]) -> Any:
@@ -257,11 +324,11 @@ class Tuner:
         runner: Runner,
         log: Any,
         know: ModelKnowledge | None = None,
-        listener: Callable[..., None] | None = None,
+        publish: Callable[[SearchEvent], None] | None = None,
         record: Any = None,
     ) -> None:
         self.config = config
-        self.listener = listener or (lambda kind, **info: None)
+        self.publish = publish or (lambda event: None)
         self.runner = runner
         self.log = log
         self.know = know if know is not None else gather_knowledge(config, log)
@@ -302,7 +369,7 @@ class Tuner:
             if attempt > 1:
                 self.refresh_device()
             t0 = time.monotonic()
-            self.listener("launching", attempt=attempt, flags=flags)
+            self.publish(Launching(attempt, flags))
             launch = self.runner.launch(flags, attempt=attempt)
             result.launches += 1 if launch.started_engine else 0
             result.command = list(launch.spec.display)
@@ -317,7 +384,7 @@ class Tuner:
                         evidence=failure.evidence,
                     )
                 elif self.config.probe.enabled:
-                    self.listener("probing", attempt=attempt, flags=flags)
+                    self.publish(Probing(attempt, flags))
                     failure = self.runner.probe(launch)
             obs.update(launch.observations)
             calibration = launch_calibration(self.know, flags, launch.observations) or calibration
@@ -349,7 +416,7 @@ class Tuner:
                 return result
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
             result.failure = failure
-            self.listener("failure", attempt=attempt, failure=failure)
+            self.publish(AttemptFailed(attempt, failure))
             suggestions = (
                 planner_suggestions(self.config, self.know, flags, calibration) if failure.memory else ()
             )
@@ -381,9 +448,7 @@ class Tuner:
                 change=flags.describe_change(decision.flags),
                 reason=decision.reason,
             )
-            self.listener(
-                "step", attempt=attempt + 1, old=flags, new=decision.flags, failure_class=failure.cls
-            )
+            self.publish(LadderStepped(attempt + 1, flags, decision.flags, failure.cls))
             self._record(record, None)
             why = f"attempt {attempt} failed ({failure.cls}): {decision.reason}"
             if decision.retry:

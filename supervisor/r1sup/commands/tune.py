@@ -62,9 +62,9 @@ def _internal(session: Session, fault: InternalError) -> None:
 
 def _tune(session: Session) -> tuple[TuneResult, Any]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
-    from r1sup import fleet, profiles, runrecord
+    from r1sup import fleet, runrecord
     from r1sup.flags import EngineFlags
-    from r1sup.tuner import adopt_versions, calibration, gather_knowledge
+    from r1sup.tuner import footing, gather_knowledge
 
     config = session.config
     checked = session.preflight()  # before any model load; raises with nothing launched
@@ -72,21 +72,16 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
     tuner = Tuner(config, session.runner, session.log, know=know, record=record)
     record.device(know.device)
-    fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
-    adopt_versions(know, fingerprint)
-    store = profiles.ProfileStore(config.state.dir)
-    session.runner.expected_phases = runrecord.expected_phases(store, fingerprint)
+    base = footing(config, know, session.runner)
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
     # the probe; without one this replica tunes, holding the key's lease until its profile is published
-    shared = fleet.consult(config, profiles.fingerprint_key(fingerprint), sleep=session.runner.sleep)
+    shared = fleet.consult(config, base.key, sleep=session.runner.sleep)
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
-        measured = None if start else calibration(store, fingerprint)
-        if measured is not None:
-            session.log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+        measured = None if start else base.calibration(session.log)
         result = tuner.run(start, calibration=measured)
         if result.ok:
-            result.profile_path = save_profile(session, result, fingerprint)
+            result.profile_path = save_profile(session, result, base.fingerprint)
             record.finish(result.to_dict())
     finally:
         shared.release()
