@@ -479,7 +479,6 @@ class Daemon:
         next_record = start
         busy: set[str] = set()  # checks in flight
         healthy = True
-        exited_at: float | None = None
         while True:
             self.heartbeat = time.monotonic()
             self.runner.check_signals()
@@ -510,21 +509,13 @@ class Daemon:
                 stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
                 if stats is not None:
                     track = liveness.observe(track, liveness.StatsSeen(now, stats))
-            code = launch.engine.poll()
-            if code is not None:
-                exited_at = exited_at or now
-                if launch.engine.eof or now - exited_at >= 1.0:
-                    self.runner.drain(launch)
-                    failure = launch.reader.verdict(exit_code=code)
-                    if failure.cls == F.NONE:
-                        failure = Failure(
-                            F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code}"
-                        )
-                    return self._serve_failure(launch, start, failure)
+            if launch.engine.poll() is not None:
+                ended = self.runner.exit_failure(launch, now, F.PHASE_SERVING)
+                if ended is not None:
+                    return self._serve_failure(launch, start, ended)
                 continue
+            self.runner.record_descendants(launch, now)
             if now >= next_record:
-                if procs is None or procs.calls % procs.rescan_every == 0:
-                    launch.engine.record_descendants()  # a scan of every process: every 10 s
                 gone = procs.check() if procs else None
                 if gone:
                     track = liveness.observe(track, liveness.CoreGone(now, gone))

@@ -33,6 +33,7 @@ READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readines
 # it fails: uvicorn logs that line just before its socket listens
 READY_RETRY_S = 0.05
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
+DESCENDANTS_EVERY_S = 2.0  # the engine's processes are recorded this often (a scan of every process)
 
 
 class StopRequested(Exception):
@@ -63,6 +64,8 @@ class Launch:
     progress: P.LoadProgress | None = None  # phases, percent, elapsed time and ETA while it loads
     attempt: int = 0  # the tuner's attempt number (for the progress line)
     folded_lines: int = 0  # vLLM error lines shown at debug only (console), summed up by the verdict
+    exited_at: float | None = None  # when the loop first saw the engine's exit
+    recorded_at: float | None = None  # when the engine's processes were last recorded
 
     @property
     def started_engine(self) -> bool:
@@ -346,15 +349,13 @@ class Runner:
         check_running = False
         next_check = time.monotonic() + self.ready_poll_s
         line_seen = False  # vLLM printed its readiness line: check now, not at the next poll
-        exited_at: float | None = None
-        next_record = time.monotonic()
         while True:
             self.check_signals()
             self.hooks.on_tick()
             self.show_progress(launch)
             now = time.monotonic()
             # no longer than until the next check is due (once the child exited, none is started)
-            due = 0.2 if check_running or exited_at is not None else next_check - now
+            due = 0.2 if check_running or launch.exited_at is not None else next_check - now
             event = self.events.get(min(0.2, due))
             if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
                 check_running = False
@@ -373,23 +374,11 @@ class Runner:
                 if not line_seen and launch.reader.ready_seen:
                     line_seen = True
                     next_check = now
-            if now >= next_record:
-                launch.engine.record_descendants()
-                next_record = now + 2.0
-            code = launch.engine.poll()
-            if code is not None:
-                if exited_at is None:
-                    exited_at = now
-                if launch.engine.eof or now - exited_at >= EXIT_DRAIN_S:
-                    self.drain(launch)
-                    launch.exit_code = code
-                    launch.failure = launch.reader.verdict(exit_code=code)
-                    if launch.failure.cls == F.NONE:
-                        launch.failure = Failure(
-                            F.ENGINE_DEAD,
-                            F.PHASE_STARTUP,
-                            detail=f"vLLM exited with code {code} before it was ready",
-                        )
+            self.record_descendants(launch, now)
+            if launch.engine.poll() is not None:
+                ended = self.exit_failure(launch, now, F.PHASE_STARTUP, " before it was ready")
+                if ended is not None:
+                    launch.failure = ended
                     return
                 continue
             now = time.monotonic()
@@ -439,6 +428,27 @@ class Runner:
                     return
                 continue
             self.handle_output(launch, event)
+
+    def record_descendants(self, launch: Launch, now: float) -> None:
+        """Record the engine's processes (to kill them even if they leave the group), at most every
+        DESCENDANTS_EVERY_S: while it starts and while it serves alike."""
+        if launch.recorded_at is None or now - launch.recorded_at >= DESCENDANTS_EVERY_S:
+            launch.recorded_at = now
+            launch.engine.record_descendants()
+
+    def exit_failure(self, launch: Launch, now: float, phase: str, when: str = "") -> Failure | None:
+        """The engine has exited: once its output has ended (or EXIT_DRAIN_S after the exit was first
+        seen), the failure it stands for: vLLM's own account, else ``engine_dead``. None while the rest
+        of its output may still come."""
+        code = launch.engine.poll()
+        assert code is not None
+        if launch.exited_at is None:
+            launch.exited_at = now
+        if not launch.engine.eof and now - launch.exited_at < EXIT_DRAIN_S:
+            return None
+        self.drain(launch)
+        launch.exit_code = code
+        return launch_verdict(launch, code, phase, when)
 
     # --- probing -------------------------------------------------------------------------------
 
@@ -529,12 +539,8 @@ class Runner:
         if result.get("ok") and code is None and seen.cls == F.NONE:
             self.log.info("probe_passed", launch=launch.number, **_probe_fields(result))
             return F.NO_FAILURE
-        if seen.cls != F.NONE:
-            failure = seen
-        elif code is not None:
-            failure = Failure(
-                F.ENGINE_DEAD, F.PHASE_SERVING, detail=f"vLLM exited with code {code} during the probe"
-            )
+        if seen.cls != F.NONE or code is not None:
+            failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
         elif result.get("timed_out"):
             failure = Failure(F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=_first(result))
         else:
@@ -612,6 +618,15 @@ class Runner:
             seconds=round(report.seconds, 2),
         )
         return report
+
+
+def launch_verdict(launch: Launch, code: int | None, phase: str, when: str = "") -> Failure:
+    """What vLLM's output says went wrong; if it says nothing and the engine exited (``code``), the
+    exit itself: ``engine_dead`` in ``phase``. The one place an exit becomes engine death."""
+    seen = launch.reader.verdict(exit_code=code)
+    if seen.cls != F.NONE or code is None:
+        return seen
+    return Failure(F.ENGINE_DEAD, phase, detail=f"vLLM exited with code {code}{when}")
 
 
 def progress_fields(launch: Launch, step: P.Step) -> dict[str, Any]:
