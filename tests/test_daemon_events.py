@@ -1,0 +1,84 @@
+"""The daemon's side of the search's typed events, in process: each event becomes the daemon's state,
+one STATUS= line, and an entry of status.json's recent events. No process is started."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from r1sup import config as cfg
+from r1sup import failure as F
+from r1sup.daemon import Daemon, IllegalTransition, State
+from r1sup.events import EventQueue
+from r1sup.flags import EngineFlags
+from r1sup.notify import Notifier
+from r1sup.runner import Runner
+from r1sup.session import Session
+from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing
+from r1sup_proc import write_config
+
+
+class Recorded(Notifier):
+    """sd_notify's lines, kept instead of sent."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.sent: list[str] = []
+
+    def send(self, *lines: str) -> bool:
+        self.sent.extend(lines)
+        return True
+
+
+class Quiet:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def daemon(tmp_path: Path) -> tuple[Daemon, Recorded]:
+    body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
+    config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})
+    events = EventQueue()
+    runner = Runner(config, events, log=Quiet())
+    notifier = Recorded()
+    return Daemon(Session(config, None, Quiet(), events, runner, {}), notifier=notifier), notifier
+
+
+def statuses(notifier: Recorded) -> list[str]:
+    return [line.removeprefix("STATUS=") for line in notifier.sent if line.startswith("STATUS=")]
+
+
+def status_json(tmp_path: Path) -> dict[str, Any]:
+    return dict(json.loads((tmp_path / "status.json").read_text(encoding="utf-8")))
+
+
+def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_status_per_fact(tmp_path: Path):
+    d, notifier = daemon(tmp_path)
+    first, second = EngineFlags(max_model_len=8192), EngineFlags(max_model_len=4096)
+    oom = F.Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, evidence="CUDA out of memory")
+    d._on_search(Launching(1, first))
+    assert d.state is State.LAUNCHING and d.flags == first
+    d._on_search(AttemptFailed(1, oom))
+    d._on_search(LadderStepped(2, first, second, oom.cls))
+    d._on_search(Launching(2, second))
+    d._on_search(Probing(2, second))
+    assert d.state is State.PROBING and d.flags == second
+    assert statuses(notifier) == [
+        "attempt 1: launching vLLM",
+        "attempt 2: context 8192 -> 4096 (oom_cudagraph)",
+        "attempt 2: launching vLLM",
+        "attempt 2: load probe",
+    ]
+    doc = status_json(tmp_path)
+    assert doc["state"] == "probing" and doc["last_failure"]["class"] == "oom_cudagraph"
+    recent = [e["event"] for e in doc["recent_events"] if e["event"] != "state_changed"]
+    assert recent == ["launch_started", "failure_classified", "ladder_step", "launch_started"]
+
+
+def test_an_event_the_state_table_forbids_is_refused(tmp_path: Path):
+    d, _ = daemon(tmp_path)
+    with pytest.raises(IllegalTransition, match="planning -> probing"):
+        d._on_search(Probing(1, EngineFlags()))
