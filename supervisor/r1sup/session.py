@@ -27,12 +27,13 @@ class Session:
 
     def preflight(self) -> Any:
         """The preflight of the current config (:mod:`r1sup.preflight`), run once and again only when a
-        reload changed what it checks; raises :class:`r1sup.errors.PreflightError`. Interruptible."""
+        reload changed what it checks; raises :class:`r1sup.errors.PreflightError`. Interruptible. The
+        import of vLLM is skipped when the state directory remembers a check of the same install."""
         from r1sup import preflight
 
         key = preflight.key(self.config)
         if self.checked is None or self.checked[0] != key:
-            result = preflight.run(self.config, log=self.log, check=self.runner.check_signals)
+            result = preflight.run(self.config, log=self.log, check=self.runner.check_signals, cache=True)
             self.checked = (key, result)
         return self.checked[1]
 
