@@ -9,7 +9,8 @@ on each alike:
 
 - ``bare``: ``python -m vllm.entrypoints.openai.api_server`` with the saved profile's command line (the
   same flags r1sup launches); time to the first 200 on ``/v1/models``.
-- ``run``: ``r1sup run`` with that profile in its state directory; time to the ``serving`` event, and
+- ``run``: ``r1sup run`` with that profile in its state directory (and the preflight's record of the
+  tune's check of vLLM, as a ``tune`` then ``run`` on one box leaves it); time to the ``serving`` event, and
   to the first 200 on ``/v1/models``; and where the time went (vLLM's "Application startup complete",
   ``engine_ready``, the probe).
 - ``tune``: ``r1sup tune`` from an empty state directory (the demo's two launches); time to
@@ -215,6 +216,9 @@ def run_r1sup(command: str, config_args: list[str], port: int, log: Path, until:
             name = event.get("event")
             if name == "vllm" and READY_LINE in str(event.get("text", "")):
                 sample.mark("startup_complete", t0)
+            elif name == "preflight_passed" and event.get("cached"):
+                sample.mark("preflight_cached", t0)
+                sample.mark(name, t0)
             elif name in R1SUP_MARKS:
                 sample.mark(R1SUP_MARKS[name], t0)
 
@@ -301,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                     profile = saved_profile(state)
                     bare_argv = [str(a) for a in profile["command"]]  # type: ignore[union-attr]
                     shutil.copytree(state / "profiles", run_state / "profiles")
+                    if (state / "preflight.json").exists():
+                        shutil.copy2(state / "preflight.json", run_state / "preflight.json")
             results["bare"].append(run_bare(bare_argv, port, work / f"bare-{i}.log"))
             results["run"].append(
                 run_r1sup("run", config_args(run_state), port, work / f"run-{i}.log", "serving")
@@ -339,7 +345,7 @@ def report(results: dict[str, list[Sample]], bare_argv: list[str]) -> int:
     rows = [
         ("bare vLLM", "Application startup complete", median(bare, "startup_complete")),
         ("bare vLLM", "first 200 on /v1/models", median(bare, "models_200")),
-        ("r1sup run", "preflight_passed (imports vLLM)", median(run, "preflight_passed")),
+        ("r1sup run", "preflight_passed", median(run, "preflight_passed")),
         ("r1sup run", "vLLM started (child_started)", median(run, "child_started")),
         ("r1sup run", "Application startup complete", median(run, "startup_complete")),
         ("r1sup run", "engine_ready", median(run, "engine_ready")),
@@ -361,6 +367,8 @@ def report(results: dict[str, list[Sample]], bare_argv: list[str]) -> int:
         values = [s.marks[b] - s.marks[a] for s in run if a in s.marks and b in s.marks]
         if values:
             print(f"  r1sup run   {label:<32} {statistics.median(values):>7.2f}")
+    cached = sum("preflight_cached" in s.marks for s in run)
+    print(f"  r1sup run   {'preflight: vLLM import skipped':<32} {cached} of {len(run)} run(s)")
     own = [own_time(s) for s in run]
     if own:
         print(f"  r1sup run   {'its own time (not vLLM loading)':<32} {statistics.median(own):>7.2f}")
