@@ -51,7 +51,8 @@ from r1sup.tuner import (
     Tuner,
     TuneResult,
     footing,
-    ladder_facts,
+    launch_calibration,
+    new_search,
 )
 
 STATUS_FILE = "status.json"
@@ -122,7 +123,7 @@ class Daemon:
         self.last_failure: Failure | None = None
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self.ready_sent = False
-        self.history = L.History()
+        self.history: Any = None  # the search (r1sup.search.Search) and its evidence, across restarts
         self.metrics: Any = None
         self.know: Any = None
         self.fingerprint: dict[str, Any] | None = None
@@ -668,13 +669,23 @@ class Daemon:
         self.runner.stop(launch, reason=f"serving failed: {failure.cls}")
         flags = launch.flags
         if failure.memory:
-            facts = ladder_facts(self.know, flags)
-            decision = L.next_step(
-                flags, failure, self.history, L.Bounds.from_config(self.config), facts, launch.observations
-            )
-            if isinstance(decision, L.GiveUp):
-                return TuneResult(ok=False, exit_code=decision.exit_code, reason=decision.reason)
-            self.history = decision.history
+            from r1sup import search as S
+
+            search = self.history
+            if not isinstance(search, S.Search):
+                search = new_search(
+                    self.config, self.know, launch_calibration(self.know, flags, dict(launch.observations))
+                )
+            self._tuner().refresh_device()
+            decision = search.after(S.Outcome(flags, failure, dict(launch.observations), self.know.device))
+            if isinstance(decision, S.GiveUp):
+                return TuneResult(
+                    ok=False,
+                    exit_code=decision.exit_code,
+                    reason=decision.reason,
+                    suggestions=list(decision.ways_out),
+                )
+            self.history = search
             self.log.info(
                 "ladder_step",
                 failure_class=failure.cls,
@@ -754,7 +765,7 @@ class Daemon:
         self.s.config = new
         self.runner.config = new
         self.know = None
-        self.history = L.History()
+        self.history = None
         self.transition(State.PLANNING, "re-planning after reload")
         return self._bring_up()
 

@@ -1,4 +1,5 @@
-"""The search: launch, classify, step down the ladder, until start-up and the load probe pass.
+"""The bring-up: launch, classify, ask the search (:mod:`r1sup.search`) for the next flags, until start-up
+and the load probe pass.
 
 Used by ``r1sup tune`` (stop the server at the end, print a report) and by ``r1sup run`` (keep it).
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from r1sup import failure as F
@@ -80,7 +81,7 @@ class TuneResult:
     suggestions: list[str] = field(default_factory=list)
     profile_path: str | None = None
     live: Launch | None = None  # the running server, when asked to keep it
-    history: L.History | None = None  # what the ladder has tried, to continue from
+    history: Any = None  # the search (r1sup.search.Search) with its evidence, to continue from
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -162,31 +163,40 @@ def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[st
     )
 
 
-def plan_first(config: Config, know: ModelKnowledge, calibration: Any, log: Any) -> tuple[EngineFlags, str]:
-    """The first launch's flags: the user's, or the planner's when the user's are predicted not to fit.
+def new_search(
+    config: Config, know: ModelKnowledge, calibration: Any = None, suggestions: tuple[str, ...] = ()
+) -> Any:
+    """The search for this bring-up (r1sup.search.Search): the box, the model, the user's flags and
+    bounds, and the calibration of an earlier launch on this box (memmodel.Calibration, or None)."""
+    from r1sup import search as S
+    from r1sup.hardware import DeviceFacts
 
-    ``calibration``: a memmodel.Calibration from an earlier launch on this box, or None."""
+    user = EngineFlags.from_start(config.start)
+    return S.Search(
+        S.Facts(
+            arch=know.arch,
+            device=know.device or DeviceFacts(backend="cpu"),
+            user=user,
+            bounds=L.Bounds.from_config(config),
+            version=know.version(),
+            calibration=calibration,
+            ladder_facts=ladder_facts(know, user, suggestions),
+            suggestions=suggestions,
+        )
+    )
+
+
+def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
+    """The first launch's flags: the user's (``ladder.first_launch = "as_configured"``), or the search's
+    best candidate (the user's own when they are predicted to fit)."""
     flags = EngineFlags.from_start(config.start)
-    if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
+    if config.ladder.first_launch != "planned" or not search.usable:
         return flags, "as configured"
-    from r1sup import planner
-
-    plan = planner.plan(
-        know.arch,
-        know.device,
-        flags,
-        target_concurrency=config.target.concurrency,
-        target_context=config.target.context,
-        calibration=calibration,
-        bounds=planner.ladder_bounds(config.ladder),
-        version=know.version(),
-    )
-    log.info(
-        "plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens, max_context=plan.max_context
-    )
-    if plan.fits or plan.recommended is None:
-        return flags, "as configured" + ("" if plan.fits else " (the planner found nothing that fits)")
-    return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
+    first = search.first()
+    log.info("plan_made", flags=first.to_dict(), changed=flags.describe_change(first))
+    if first == flags:
+        return flags, "as configured"
+    return first, "planned: " + flags.describe_change(first)
 
 
 # --- what the search reports, as it happens (the daemon turns each into its state, status and metrics)
@@ -349,25 +359,26 @@ class Tuner:
         *,
         keep_running: bool = False,
         observations: dict[str, float] | None = None,
-        history: L.History | None = None,
+        history: Any = None,
         why: str = "",
         calibration: Any = None,
     ) -> TuneResult:
+        """``history``: the search of an earlier run to continue (its evidence), or None for a new one."""
+        from r1sup import search as S
+
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
         obs: dict[str, float] = dict(observations or {})
+        search = history if isinstance(history, S.Search) else new_search(self.config, self.know, calibration)
         if start is None:
-            start, why = plan_first(self.config, self.know, calibration, self.log)
+            start, why = plan_first(self.config, self.know, search, self.log)
             why = explain_first(why, self.know)
             self.log.info("first_flags", flags=start.to_dict(), reason=why)
         flags = start
-        history = history or L.History()
         attempt = 0
         while True:
-            result.history = history
+            result.history = search
             attempt += 1
             self.runner.check_signals()
-            if attempt > 1:
-                self.refresh_device()
             t0 = time.monotonic()
             self.publish(Launching(attempt, flags))
             launch = self.runner.launch(flags, attempt=attempt)
@@ -420,9 +431,16 @@ class Tuner:
             suggestions = (
                 planner_suggestions(self.config, self.know, flags, calibration) if failure.memory else ()
             )
-            facts = ladder_facts(self.know, flags, suggestions)
-            decision = L.next_step(flags, failure, history, self.bounds, facts, obs)
-            if isinstance(decision, L.GiveUp):
+            search.facts = replace(
+                search.facts,
+                ladder_facts=ladder_facts(self.know, flags, suggestions),
+                suggestions=suggestions,
+                bounds=self.bounds,
+            )
+            self.refresh_device()  # what is free now that this launch is gone (another tenant may have moved)
+            outcome = S.Outcome(flags, failure, dict(launch.observations), self.know.device)
+            decision = search.after(outcome)
+            if isinstance(decision, S.GiveUp):
                 record.change = f"give up: {decision.reason}"
                 result.exit_code = decision.exit_code
                 result.reason = decision.reason
@@ -436,7 +454,6 @@ class Tuner:
                 )
                 self._record(record, result)
                 return result
-            history = decision.history
             record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
             self.log.info(
                 "ladder_step",

@@ -1,0 +1,643 @@
+"""The search: one pure search over all levers, scored by the memory model. No I/O, no clock.
+
+``Search(facts).first()`` gives the first flags to launch; ``Search.after(outcome)`` the next ones, or
+:class:`GiveUp` with the bound that blocks and the ways out. Every candidate is a set of flags over all the
+levers at once (utilization, KV dtype, eager, ``max_num_seqs``, ``max_num_batched_tokens``, tensor
+parallel, a pinned KV size, fp8 weights; the context is then the longest that fits), evaluated by
+:mod:`r1sup.memmodel` calibrated with every figure vLLM printed so far on this box, and ranked by one
+lexicographic objective (the README's "The search"):
+
+1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
+   nor ``ladder.min_max_model_len`` (a hard bound);
+2. the longest context, up to the one asked for;
+3. the cheapest set of changes against the user's flags, by :data:`COSTS`;
+4. the most KV capacity.
+
+A failure adds evidence rather than a rule: the figures calibrate the model (``kv_insufficient``,
+``no_kv_memory``: what is left for the KV cache, negative too), or add a constraint the model does not
+hold (``free_mem_below_util``: utilization at most what is free; ``oom_profile``: the profile's peak needs
+the bytes it missed; ``oom_cudagraph``, ``oom_runtime``: the memory outside vLLM's budget must grow by
+what the allocation missed; ``oom_kv_alloc``: the budget shrinks by it; ``oom_weights``: weights of that
+size per GPU do not load; ``fp8_unsupported``: that fp8 format is excluded on this box; a
+``config_error`` over the model's context limit: the context is capped at it). A lever that was pulled
+against a failure and left its figures where they were is marked ineffective for that failure and
+credited with nothing afterwards; a configuration that failed is never launched again. The search gives
+up only when no candidate within the bounds is predicted to fit even without the margin kept for the
+model's error, or for fatal classes; transient classes get one retry of the same flags.
+
+Without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable config.json) the
+search has nothing to score candidates with and falls back to the ladder's per-class steps
+(:mod:`r1sup.ladder`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from r1sup import failure as F
+from r1sup import ladder as L
+from r1sup import memmodel as M
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.failure import Failure
+from r1sup.flags import FP8_KV_DTYPES, EngineFlags
+from r1sup.hardware import DeviceFacts, GpuInfo
+
+GIB = 1024**3
+MIB = 1024**2
+
+# What each change to the user's flags costs (objective 3; lower is better; a candidate's cost is the sum
+# over the flags it changes). Lowering max_num_seqs to no fewer than the requests the KV cache holds at
+# once costs nothing (those sequences could never run together); below that it costs throughput.
+COSTS = {
+    "max_num_seqs": 3,
+    "max_num_batched_tokens": 1,  # prefill in smaller chunks
+    "gpu_memory_utilization": 1,  # more of the card (or less, when something else needs it)
+    "kv_cache_memory_bytes": 1,
+    "kv_cache_dtype": 2,  # fp8 KV: small accuracy cost
+    "enforce_eager": 4,  # no CUDA graphs: slower decoding
+    "tensor_parallel_size": 5,  # more GPUs
+    "quantization": 8,  # fp8 weights, only where ladder.allow_weight_quantization
+}
+FREE_SEQS_COST = 0
+
+# The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
+# (not yet measured) overheads, at most 4% of the budget (planner._margin). Against real GPU logs the
+# calibrated model's KV memory is within 0.2 GiB (bench_planner_truth.py, worst |error| 0.203 GiB over 34
+# records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
+# below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
+MEASURED_KV_ERROR_GIB = 0.2
+UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
+MIN_SEQS_FLOOR = 16  # fewest sequences the search sets on its own (vLLM captures graphs in steps of 8)
+MIN_BATCHED_TOKENS = 256
+FREE_MARGIN_GIB = L.FREE_MARGIN_GIB
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the search knows before the first launch (plain data)."""
+
+    arch: M.ModelArch | None
+    device: DeviceFacts
+    user: EngineFlags  # the user's [start]
+    bounds: L.Bounds = field(default_factory=L.Bounds)
+    version: M.Version = M.NEWEST_KNOWN
+    calibration: M.Calibration | None = None  # from an earlier launch on this box (a saved profile)
+    ladder_facts: L.Facts | None = None  # for the fallback without an architecture
+    suggestions: tuple[str, ...] = ()  # the planner's ways out, added to a give-up
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One launch as r1sup saw it: its flags, the failure (class, phase, every figure vLLM printed) and
+    the other figures of the launch (the log reader's observations); the box as probed after it."""
+
+    flags: EngineFlags
+    failure: Failure
+    figures: Mapping[str, float] = field(default_factory=dict)
+    device: DeviceFacts | None = None
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+    ways_out: tuple[str, ...] = ()
+    exit_code: int = EXIT_NO_WORKING_CONFIG
+    bound: str = ""  # the bound that blocks (a [ladder] or [target] setting), when one does
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        return self.ways_out
+
+
+@dataclass(frozen=True)
+class Next:
+    flags: EngineFlags
+    reason: str
+    retry: bool = False
+
+
+Decision = Next | GiveUp
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the launches so far proved (each field is explained in the module doc)."""
+
+    tried: frozenset[EngineFlags] = frozenset()
+    retried: frozenset[str] = frozenset()
+    banned_kv: frozenset[str] = frozenset()  # KV dtypes that failed here
+    no_fp8_weights: bool = False
+    util_cap: float | None = None
+    context_cap: int | None = None
+    weights_fail_bytes: int | None = None  # weights per GPU this large did not load
+    profile_need: float = 0.0  # fraction the profile peak needs above the model's activation
+    outside_need: dict[str, int] = field(default_factory=dict)  # oom_cudagraph/oom_runtime: bytes outside
+    budget_cap: int | None = None  # oom_kv_alloc: the budget that does not fit physically
+    ineffective: frozenset[tuple[str, str]] = frozenset()  # (failure class, lever)
+    last: dict[str, tuple[EngineFlags, tuple[float, ...]]] = field(default_factory=dict)
+    calibration: M.Calibration | None = None
+    calibrated: int = 0  # launches whose figures calibrated the model
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    flags: EngineFlags  # with the context set
+    context: int
+    meets_target: bool
+    cost: int
+    kv_tokens: int
+    est: M.Estimate
+    changes: tuple[str, ...]
+
+    def key(self) -> tuple[int, int, int, int]:
+        return (0 if self.meets_target else 1, -self.context, self.cost, -self.kv_tokens)
+
+
+class Search:
+    """The search over one bring-up (``r1sup tune``, ``r1sup run``'s start and its recovery)."""
+
+    def __init__(self, facts: Facts, evidence: Evidence | None = None) -> None:
+        self.facts = facts
+        self.evidence = evidence or Evidence(
+            calibration=facts.calibration, calibrated=int(bool(facts.calibration))
+        )
+        self._history = L.History()  # the fallback's own state (no architecture, naive)
+
+    # --- the two questions -----------------------------------------------------------------------
+
+    def first(self) -> EngineFlags:
+        """The first launch: the best candidate, or the user's flags when nothing is predicted to fit
+        (the launch then measures what the model could not)."""
+        if not self.usable:
+            return self.facts.user
+        best = self.best(margin=True) or self.best(margin=False)
+        return best.flags if best is not None else self.facts.user
+
+    def first_reason(self) -> str:
+        flags = self.first()
+        if flags == self.facts.user:
+            return "as configured"
+        return "planned: " + self.facts.user.describe_change(flags)
+
+    def after(self, outcome: Outcome) -> Decision:
+        """What to launch after ``outcome`` (which failed), or why to stop."""
+        failure, flags = outcome.failure, outcome.flags
+        ev = self.evidence
+        ev = replace(ev, tried=ev.tried | {flags}, attempts=ev.attempts + 1)
+        if outcome.device is not None:
+            self.facts = replace(self.facts, device=outcome.device)
+        b = self.facts.bounds
+        if failure.cls == F.NONE:
+            return self._stop(ev, GiveUp("nothing failed", exit_code=EXIT_FATAL_FAILURE))
+        if (
+            failure.cls == F.INTERNAL_ERROR
+            or failure.cls in L.FATAL
+            and not self._context_error(flags, failure)
+        ):
+            return self._fallback(ev, outcome)
+        if failure.cls in L.TRANSIENT:
+            return self._fallback(ev, outcome)
+        if ev.attempts >= b.max_attempts:
+            return self._stop(
+                ev,
+                GiveUp(
+                    f"ladder.max_attempts ({b.max_attempts}) reached",
+                    self.facts.suggestions,
+                    bound="ladder.max_attempts",
+                ),
+            )
+        if b.strategy == "naive" or not self.usable or failure.cls == F.HOST_OOM:
+            return self._fallback(ev, outcome)
+        ev, note = self._learn(ev, outcome)
+        self.evidence = ev
+        best = self.best(margin=True) or self.best(margin=False)
+        if best is None:
+            return self._stop(ev, self._give_up(failure))
+        why = f"{failure.cls}: {note}; " if note else f"{failure.cls}: "
+        return Next(best.flags, why + self._explain(best))
+
+    # --- candidates ------------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        d = self.facts.device
+        return self.facts.arch is not None and d.backend != "cpu" and bool(d.gpus) and d.total_bytes > 0
+
+    def asked_context(self) -> int:
+        """The context the user asked for (the model's own limit when unset), within evidence."""
+        arch = self.facts.arch
+        assert arch is not None
+        asked = self.facts.user.max_model_len
+        if asked in (None, -1):
+            asked = arch.max_position_embeddings
+            target = self.facts.bounds.target_context
+            if target and target > asked:
+                asked = target
+        cap = self.evidence.context_cap
+        return min(asked, cap) if cap else asked
+
+    def min_context(self) -> int:
+        b = self.facts.bounds
+        return min(b.min_context, self.asked_context()) if not b.target_context else b.min_context
+
+    def candidates(self) -> Iterable[EngineFlags]:
+        arch, user, b, ev = self.facts.arch, self.facts.user, self.facts.bounds, self.evidence
+        assert arch is not None
+        device = self.facts.device
+        cc = device.compute_capability
+        # tensor parallel: the user's size when vLLM accepts it, larger ones when allowed and present
+        valid = M.valid_tp_sizes(arch, max(device.count, user.tensor_parallel_size))
+        tps = [t for t in valid if t == user.tensor_parallel_size]
+        if not tps:
+            tps = [max(t for t in valid if t <= user.tensor_parallel_size)]
+        if b.allow_tensor_parallel and device.count > tps[0]:
+            tps += [t for t in valid if t > tps[0] and t <= device.count]
+        quants: list[str | None] = [user.quantization]
+        if (
+            b.allow_weight_quantization
+            and not ev.no_fp8_weights
+            and M.weight_method(arch, user) is None
+            and (cc is None or cc >= (8, 0))
+        ):
+            quants.append("fp8")
+        if user.quantization == "fp8" and ev.no_fp8_weights:
+            quants = [None]
+        kvs = [k for k in self._kv_dtypes() if k not in ev.banned_kv]
+        eagers = [user.enforce_eager] + ([True] if b.allow_eager and not user.enforce_eager else [])
+        for tp, quant, kv, eager in itertools.product(tps, quants, kvs, eagers):
+            base = user.replace(
+                tensor_parallel_size=tp, quantization=quant, kv_cache_dtype=kv, enforce_eager=eager
+            )
+            for util in self._utils(base):
+                for seqs, batched in self._batches(base.replace(gpu_memory_utilization=util)):
+                    f = base.replace(
+                        gpu_memory_utilization=util, max_num_seqs=seqs, max_num_batched_tokens=batched
+                    )
+                    yield from self._pinned(f)
+
+    def _kv_dtypes(self) -> list[str]:
+        user, b, device = self.facts.user, self.facts.bounds, self.facts.device
+        cc = device.compute_capability
+        e4m3 = cc is None or cc >= (8, 9)
+        out = [user.kv_cache_dtype]
+        if user.kv_cache_dtype in ("fp8", "fp8_e4m3") and not e4m3:
+            out = ["fp8_e5m2"]  # vLLM refuses e4m3 below compute capability 8.9
+        if b.allow_fp8_kv and device.fp8_kv_supported is not False:
+            out += ["fp8" if e4m3 else "fp8_e5m2", "fp8_e5m2"]
+        if user.kv_cache_dtype in FP8_KV_DTYPES:
+            out.append("auto")  # when fp8 fails here
+        return list(dict.fromkeys(out))
+
+    def _util_cap(self, tp: int) -> float:
+        b, device, ev = self.facts.bounds, self.facts.device, self.evidence
+        cap = b.max_gpu_memory_utilization
+        total = device.total_bytes
+        if device.free_bytes and total:
+            room = device.free_bytes - M.context_bytes(device, tp, self.facts.version) - FREE_MARGIN_GIB * GIB
+            cap = min(cap, math.floor(room / total * 100) / 100)
+        if ev.util_cap is not None:
+            cap = min(cap, ev.util_cap)
+        return cap
+
+    def _utils(self, f: EngineFlags) -> list[float]:
+        b = self.facts.bounds
+        cap = self._util_cap(f.tensor_parallel_size)
+        out = [u for u in (f.gpu_memory_utilization, cap) if b.min_gpu_memory_utilization <= u <= cap]
+        if f.kv_cache_memory_bytes is not None:
+            out = [min(f.gpu_memory_utilization, cap)] if out else []
+        return list(dict.fromkeys(out))
+
+    def _batches(self, f: EngineFlags) -> list[tuple[int | None, int | None]]:
+        """(max_num_seqs, max_num_batched_tokens): the user's, the target's sequences, and less of both
+        after an out-of-memory profile run (scaled by what it missed)."""
+        arch, b = self.facts.arch, self.facts.bounds
+        assert arch is not None
+        batch = M.resolve_batch(arch, self.facts.device, f, self.facts.version)
+        seqs, tokens = batch.max_num_seqs, batch.max_num_batched_tokens
+        floor_seqs = b.min_seqs
+        out: list[tuple[int | None, int | None]] = [(f.max_num_seqs, f.max_num_batched_tokens)]
+        want = max(MIN_SEQS_FLOOR, M.cdiv(b.target_concurrency or 1, 8) * 8, floor_seqs)
+        for s in (want, want * 4, want * 16):
+            if s < seqs:
+                out.append((s, f.max_num_batched_tokens))
+        if self.evidence.profile_need > 0 or tokens > 4 * 8192:
+            for t in (tokens // 2, tokens // 4, 2048):
+                if MIN_BATCHED_TOKENS <= t < tokens:
+                    out += [(min(s or seqs, t), t) for s, _ in list(out[: 1 + 3])]
+        return list(dict.fromkeys((s if s is None or s >= floor_seqs else floor_seqs, t) for s, t in out))
+
+    def _pinned(self, f: EngineFlags) -> Iterable[EngineFlags]:
+        yield f
+        if f.kv_cache_memory_bytes is not None:
+            yield f.replace(kv_cache_memory_bytes=None)
+
+    # --- scoring ---------------------------------------------------------------------------------
+
+    def margin(self, est: M.Estimate) -> int:
+        """Bytes of KV kept spare for the model's error (see MEASURED_KV_ERROR_GIB)."""
+        ev = self.evidence
+        if est.flags.kv_cache_memory_bytes is not None or est.non_torch.source == M.REST:
+            return 0
+        estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
+        if est.cudagraph_estimate.source == M.ESTIMATE:
+            estimated += est.cudagraph_charged
+        if not estimated:
+            return 0
+        base = min(2 / 3 * estimated, 0.04 * est.budget)
+        floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
+        return int(max(floor, base / (1 + ev.calibrated)))
+
+    def score(self, flags: EngineFlags, margin: bool) -> Candidate | None:
+        """``flags`` with the longest context that fits, or None when they cannot run within the bounds."""
+        arch, device, b, ev = self.facts.arch, self.facts.device, self.facts.bounds, self.evidence
+        assert arch is not None
+        asked = self.asked_context()
+        f = flags.replace(max_model_len=asked)
+        if M.tp_refusal(arch, f.tensor_parallel_size):
+            return None
+        est = M.evaluate(arch, device, f, self.facts.version, ev.calibration)
+        if est.startup_problem is not None:
+            return None
+        if ev.weights_fail_bytes is not None and est.weights.bytes >= ev.weights_fail_bytes:
+            return None
+        tp = f.tensor_parallel_size
+        free = (device.free_bytes or device.total_bytes) - est.context.bytes
+        # the profile run's peak must fit physically (before the KV cache exists)
+        peak = est.weights.bytes + est.non_torch.bytes + int(est.activation.bytes * (1 + ev.profile_need))
+        if peak > free:
+            return None
+        budget = est.budget
+        if ev.budget_cap is not None and budget > ev.budget_cap and f.kv_cache_memory_bytes is None:
+            return None
+        outside = free - budget
+        for cls, need in ev.outside_need.items():
+            if cls == F.OOM_CUDAGRAPH and f.enforce_eager:
+                continue
+            if outside < self._scaled_need(cls, need, est):
+                return None
+        kv = est.kv.bytes - (self.margin(est) if margin else 0)
+        if f.kv_cache_memory_bytes is not None and kv > free - (budget - est.kv.bytes):
+            return None
+        blocks = M.num_blocks(kv, est.kv_bytes_per_token, est.block_size) if kv > 0 else 0
+        usable = M.usable_blocks(blocks, est.version)
+        if usable <= 0:
+            return None
+        context = min(asked, usable * est.block_size)
+        if context < self.min_context():
+            return None
+        if est.batch.max_num_seqs < b.min_seqs:
+            return None
+        meets = True
+        if b.target_concurrency:
+            each = b.target_context or context
+            meets = usable >= b.target_concurrency * M.cdiv(each, est.block_size)
+        final = f.replace(max_model_len=context)
+        if final in ev.tried:
+            return None
+        changes, cost = self._cost(final, usable * est.block_size, context)
+        del tp
+        return Candidate(final, context, meets, cost, usable * est.block_size, est, changes)
+
+    def _scaled_need(self, cls: str, need: int, est: M.Estimate) -> int:
+        """Memory outside the budget a failure showed is needed, for this candidate. A runtime allocation
+        is taken to scale with max_num_seqs until a launch shows it does not (then it is fixed)."""
+        if cls != F.OOM_RUNTIME or (cls, "max_num_seqs") in self.evidence.ineffective:
+            return need
+        last = self.evidence.last.get(cls)
+        if last is None:
+            return need
+        arch = self.facts.arch
+        assert arch is not None
+        then = M.resolve_batch(arch, self.facts.device, last[0], self.facts.version).max_num_seqs
+        now = est.batch.max_num_seqs
+        return int(need * min(1.0, now / then)) if then else need
+
+    def _cost(self, f: EngineFlags, kv_tokens: int, context: int) -> tuple[tuple[str, ...], int]:
+        user = self.facts.user.replace(max_model_len=f.max_model_len)
+        changes = tuple(name for name in COSTS if getattr(f, name) != getattr(user, name))
+        cost = 0
+        for name in changes:
+            if name == "max_num_seqs" and f.max_num_seqs is not None:
+                each = self.facts.bounds.target_context or context
+                held = max(1, kv_tokens // max(1, each))
+                cost += FREE_SEQS_COST if f.max_num_seqs >= held else COSTS[name]
+            else:
+                cost += COSTS[name]
+        return changes, cost
+
+    def ranked(self, margin: bool) -> list[Candidate]:
+        scored = (self.score(f, margin) for f in dict.fromkeys(self.candidates()))
+        return sorted((c for c in scored if c is not None), key=Candidate.key)
+
+    def best(self, margin: bool) -> Candidate | None:
+        ranked = self.ranked(margin)
+        return ranked[0] if ranked else None
+
+    # --- evidence --------------------------------------------------------------------------------
+
+    def _learn(self, ev: Evidence, outcome: Outcome) -> tuple[Evidence, str]:
+        """The constraint or calibration ``outcome`` adds, and a note for the log."""
+        failure, flags = outcome.failure, outcome.flags
+        arch, device = self.facts.arch, self.facts.device
+        assert arch is not None
+        n = failure.numbers
+        figures = {**{k: v for k, v in outcome.figures.items() if isinstance(v, (int, float))}}
+        for key in ("kv_cache_gib", "weights_gib", "requested_gib", "total_gib", "gpu_memory_utilization"):
+            if key not in figures and isinstance(n.get(key), (int, float)):
+                figures[key] = float(n[key])
+        if "kv_cache_gib" not in figures and isinstance(n.get("kv_available_gib"), (int, float)):
+            figures["kv_cache_gib"] = float(n["kv_available_gib"])
+        note = ""
+        if any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
+            if failure.cls in (F.KV_INSUFFICIENT, F.NO_KV_MEMORY) or "kv_cache_gib" in figures:
+                cal = M.Calibration(flags=flags, figures=figures, version=self.facts.version)
+                ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1)
+                if "kv_cache_gib" in figures:
+                    note = f"vLLM measured {figures['kv_cache_gib']:.2f} GiB for the KV cache"
+        tried = n.get("tried_to_allocate_mib")
+        free_mib = n.get("device_free_mib")
+        need = int(max(0.0, (tried or 0) - (free_mib or 0)) * MIB) if tried else 0
+        prior = M.evaluate(arch, device, flags, self.facts.version, ev.calibration)
+        here = (device.free_bytes or device.total_bytes) - prior.context.bytes
+        cls = failure.cls
+        ev = self._mark_ineffective(ev, cls, flags, (float(tried or 0), float(free_mib or 0)))
+        if cls == F.FREE_MEM_BELOW_UTIL:
+            free_gib, total_gib = n.get("free_gib"), n.get("total_gib")
+            if free_gib and total_gib:
+                cap = math.floor((free_gib - FREE_MARGIN_GIB) / total_gib * 100) / 100
+                ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
+                note = f"{free_gib:.2f} of {total_gib:.2f} GiB free: utilization at most {cap:g}"
+        elif cls == F.OOM_WEIGHTS:
+            ev = replace(ev, weights_fail_bytes=min(prior.weights.bytes, ev.weights_fail_bytes or 1 << 62))
+            note = f"{prior.weights.gib:.2f} GiB of weights per GPU do not load"
+        elif cls == F.OOM_PROFILE:
+            act = max(1, prior.activation.bytes)
+            missing = need or act // 2
+            ev = replace(ev, profile_need=max(ev.profile_need, (missing + act) / act - 1 + 0.05))
+            note = f"the profile run missed {missing / GIB:.2f} GiB"
+        elif cls in (F.OOM_CUDAGRAPH, F.OOM_RUNTIME):
+            missing = need or int(0.05 * device.total_bytes)
+            outside = max(0, here - prior.budget)
+            total_need = outside + missing + int(FREE_MARGIN_GIB * GIB)
+            ev = replace(
+                ev, outside_need={**ev.outside_need, cls: max(total_need, ev.outside_need.get(cls, 0))}
+            )
+            note = f"{missing / GIB:.2f} GiB missing outside vLLM's budget"
+        elif cls == F.OOM_KV_ALLOC:
+            missing = need or int(0.05 * device.total_bytes)
+            cap = prior.budget - missing - int(FREE_MARGIN_GIB * GIB)
+            ev = replace(ev, budget_cap=min(cap, ev.budget_cap or 1 << 62))
+            if flags.kv_cache_memory_bytes is not None:
+                self.facts = replace(
+                    self.facts,
+                    user=self.facts.user.replace(
+                        kv_cache_memory_bytes=max(
+                            0, flags.kv_cache_memory_bytes - missing - int(FREE_MARGIN_GIB * GIB)
+                        )
+                    ),
+                )
+            note = f"the KV allocation missed {missing / GIB:.2f} GiB"
+        elif cls == F.FP8_UNSUPPORTED:
+            if flags.fp8_kv:
+                banned = {flags.kv_cache_dtype} | (
+                    {"fp8", "fp8_e4m3"} if flags.kv_cache_dtype in ("fp8", "fp8_e4m3") else set()
+                )
+                if flags.kv_cache_dtype == "fp8_e5m2":
+                    banned |= FP8_KV_DTYPES
+                ev = replace(ev, banned_kv=ev.banned_kv | banned)
+                note = f"{flags.kv_cache_dtype} KV is not supported here"
+            elif flags.quantization == "fp8":
+                ev = replace(ev, no_fp8_weights=True)
+                note = "fp8 weights are not supported here"
+        elif cls == F.CONFIG_ERROR:
+            limit = int(n.get("derived_max_model_len") or arch.max_position_embeddings)
+            ev = replace(ev, context_cap=limit)
+            note = f"the model's context limit is {limit}"
+        last = dict(ev.last)
+        last[cls] = (flags, (float(tried or 0), float(free_mib or 0)))
+        return replace(ev, last=last), note
+
+    def _mark_ineffective(
+        self, ev: Evidence, cls: str, flags: EngineFlags, figures: tuple[float, ...]
+    ) -> Evidence:
+        """The levers changed since the last failure of this class did not move its figures: ineffective."""
+        last = ev.last.get(cls)
+        if last is None or not any(figures):
+            return ev
+        before, then = last
+        moved = any(
+            abs(a - b) > UNCHANGED * max(abs(a), abs(b), 1.0) for a, b in zip(figures, then, strict=True)
+        )
+        if moved:
+            return ev
+        levers = {name for name in COSTS if getattr(flags, name) != getattr(before, name)}
+        return replace(ev, ineffective=ev.ineffective | {(cls, lever) for lever in levers})
+
+    def _context_error(self, flags: EngineFlags, failure: Failure) -> bool:
+        """A config error vLLM raised because the context is above the model's limit (that has a fix)."""
+        if failure.cls != F.CONFIG_ERROR or self.facts.arch is None:
+            return False
+        text = (failure.evidence + " " + failure.detail).lower()
+        limit = failure.numbers.get("derived_max_model_len") or self.facts.arch.max_position_embeddings
+        return "max_model_len" in text.replace("-", "_") and (flags.max_model_len or 0) > limit
+
+    # --- stopping --------------------------------------------------------------------------------
+
+    def _give_up(self, failure: Failure) -> GiveUp:
+        """Nothing within the bounds fits even without the margin: name the bound and the ways out."""
+        b = self.facts.bounds
+        ways: list[str] = []
+        bound = ""
+        relaxed = Search(
+            replace(
+                self.facts,
+                bounds=replace(b, min_max_model_len=16, target_context=None, target_concurrency=None),
+            ),
+            self.evidence,
+        )
+        best = relaxed.best(margin=False)
+        if best is not None:
+            bound = (
+                "target.context"
+                if b.target_context and best.context < b.target_context
+                else "ladder.min_max_model_len"
+            )
+            if b.target_concurrency and best.context >= b.min_context:
+                bound = "target.concurrency"
+            ways.append(
+                f"the longest context that fits is {best.context} tokens with {self.facts.user.describe_change(best.flags)} "
+                f"(KV cache {best.kv_tokens} tokens); lower {bound} to accept it"
+            )
+        else:
+            for name, allowed, change in (
+                (
+                    "ladder.allow_weight_quantization",
+                    b.allow_weight_quantization,
+                    {"allow_weight_quantization": True},
+                ),
+                (
+                    "ladder.max_gpu_memory_utilization",
+                    b.max_gpu_memory_utilization >= 0.98,
+                    {"max_gpu_memory_utilization": 0.98},
+                ),
+            ):
+                if allowed:
+                    continue
+                wider = Search(replace(self.facts, bounds=replace(b, **change)), self.evidence).best(
+                    margin=False
+                )
+                if wider is not None:
+                    bound = bound or name
+                    ways.append(
+                        f"{name} = {list(change.values())[0]}: context {wider.context} with {self.facts.user.describe_change(wider.flags)}"
+                    )
+            bound = bound or "the device"
+            ways.append(
+                "more GPU memory (a larger card, or more GPUs with tensor parallel), or a smaller model"
+            )
+        ways += list(self.facts.suggestions)
+        reason = (
+            f"after {failure.cls}, no configuration within the bounds is predicted to fit "
+            f"(calibrated by {self.evidence.calibrated} launch(es)); blocked by {bound}"
+        )
+        return GiveUp(reason, tuple(dict.fromkeys(ways)), EXIT_NO_WORKING_CONFIG, bound)
+
+    def _stop(self, ev: Evidence, give_up: GiveUp) -> GiveUp:
+        self.evidence = ev
+        return give_up
+
+    def _fallback(self, ev: Evidence, outcome: Outcome) -> Decision:
+        """The ladder's per-class step (fatal and transient classes, naive, no architecture)."""
+        self.evidence = ev
+        lf = self.facts.ladder_facts or L.Facts()
+        decision = L.next_step(
+            outcome.flags, outcome.failure, self._history, self.facts.bounds, lf, outcome.figures
+        )
+        if isinstance(decision, L.GiveUp):
+            return GiveUp(decision.reason, decision.suggestions, decision.exit_code)
+        self._history = decision.history
+        if decision.flags in ev.tried and not decision.retry:
+            return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
+        return Next(decision.flags, decision.reason, decision.retry)
+
+    def _explain(self, c: Candidate) -> str:
+        est = c.est
+        parts = [
+            f"{self.facts.user.describe_change(c.flags) or 'the flags as given'}",
+            f"predicted KV {est.kv.gib:.2f} GiB = {c.kv_tokens} tokens",
+        ]
+        if not c.meets_target:
+            parts.append("the target is not met by any candidate")
+        return "; ".join(parts)
+
+
+def device_from_ladder_facts(facts: L.Facts) -> DeviceFacts:
+    """A DeviceFacts for a diagnosis without a probe (one GPU of the log's total)."""
+    total = int((facts.total_gib or 0) * GIB)
+    free = int((facts.free_gib if facts.free_gib is not None else facts.total_gib or 0) * GIB)
+    gpu = GpuInfo(0, facts.gpu_name or "", total, free, facts.compute_capability)
+    return DeviceFacts(backend=facts.backend, gpus=(gpu,) * max(1, facts.gpu_count))
