@@ -70,7 +70,7 @@ from fakevllm.scenario import load_scenario  # noqa: E402
 from r1sup import planner  # noqa: E402
 from r1sup.flags import EngineFlags  # noqa: E402
 from r1sup_proc import write_config  # noqa: E402
-from scenarios import QUICK, SCENARIOS, BenchScenario, by_id  # noqa: E402
+from scenarios import QUICK, QUICK_ADVERSARIAL, SCENARIOS, BenchScenario, by_id  # noqa: E402
 
 TIME_SCALE = 0.001
 TUNE_TIMEOUT_S = 240.0
@@ -79,7 +79,8 @@ BLOCK = 16
 TARGET_MEDIAN_LAUNCHES = 1.5
 TARGET_MAX_LAUNCHES = 3
 TARGET_CONTEXT_RATIO = 0.95
-TARGET_FIRST_RIGHT = 0.80
+TARGET_WITHIN_SHARE = 0.97
+TARGET_CONTEXT_RATIO_AS_CONFIGURED = 0.90
 EXIT_INFEASIBLE = (3, 4)
 
 
@@ -394,6 +395,8 @@ def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
 
 def find_optimum(bs: BenchScenario) -> dict[str, Any] | None:
     scenario = load_scenario(bs.scenario())
+    if bs.others_schedule:  # the box as it stays once the other tenant settled
+        scenario = scenario.with_others(bs.others_schedule[-1])
     bounds = OptBounds.from_any(ladder_bounds(bs))
     return optimum(
         scenario,
@@ -543,32 +546,26 @@ class Target:
     passed: bool
 
 
-def summarize(results: Sequence[Result]) -> list[Target]:
+def summarize(results: Sequence[Result], first_launch: str = "planned") -> list[Target]:
+    """The targets of the smart runs (issue 15): from the planned first launch, and from the user's flags."""
+    planned = first_launch == "planned"
     launches = [r.smart.launches for r in results]
     median = statistics.median(launches) if launches else 0.0
     feasible = [r for r in results if r.feasible]
     ratios = [(r.context_ratio(r.smart) or 0.0, r.scenario.id) for r in feasible]
-    below = [f"{sid} {ratio:.0%}" for ratio, sid in ratios if ratio < TARGET_CONTEXT_RATIO]
     worst = min(ratios) if ratios else (1.0, "-")
-    wrong_infeasible = [r.scenario.id for r in feasible if not r.smart.ok]
-    first = [r for r in feasible if r.smart.first_right]
-    first_all = [r for r in results if r.smart.first_right]
-    share = len(first) / len(feasible) if feasible else 1.0
+    wrong_infeasible = [r.scenario.id for r in feasible if r.smart.infeasible]
     med_ratio = statistics.median(x for x, _ in ratios) if ratios else 1.0
-    return [
+    naive = (
+        f" (naive: median {statistics.median([r.naive.launches for r in results]) if results else 0:g}, "
+        f"max {max((r.naive.launches for r in results), default=0)})"
+    )
+    max_median, max_launches = (TARGET_MEDIAN_LAUNCHES, TARGET_MAX_LAUNCHES) if planned else (2, 4)
+    out = [
         Target(
-            f"launches: median <= {TARGET_MEDIAN_LAUNCHES:g}, max <= {TARGET_MAX_LAUNCHES}",
-            f"median {median:g}, max {max(launches, default=0)} (naive: median "
-            f"{statistics.median([r.naive.launches for r in results]) if results else 0:g}, max "
-            f"{max((r.naive.launches for r in results), default=0)})",
-            median <= TARGET_MEDIAN_LAUNCHES and max(launches, default=0) <= TARGET_MAX_LAUNCHES,
-        ),
-        Target(
-            f"context >= {TARGET_CONTEXT_RATIO:.0%} of the optimum's "
-            f"(each of {len(feasible)} feasible scenarios)",
-            f"lowest {worst[0]:.1%} ({worst[1]}), median {med_ratio:.1%}"
-            + (f"; below: {', '.join(below)}" if below else ""),
-            not below,
+            f"launches: median <= {max_median:g}, max <= {max_launches}",
+            f"median {median:g}, max {max(launches, default=0)}" + naive,
+            median <= max_median and max(launches, default=0) <= max_launches,
         ),
         Target(
             "no feasible scenario declared infeasible",
@@ -576,13 +573,36 @@ def summarize(results: Sequence[Result]) -> list[Target]:
             + (f": {', '.join(wrong_infeasible)}" if wrong_infeasible else ""),
             not wrong_infeasible,
         ),
-        Target(
-            f">= {TARGET_FIRST_RIGHT:.0%} right on the first launch",
-            f"{len(first)} of {len(feasible)} feasible scenarios = {share:.0%} "
-            f"({len(first_all)} of all {len(results)})",
-            share >= TARGET_FIRST_RIGHT,
-        ),
     ]
+    if planned:
+        good = [r for r in feasible if (r.context_ratio(r.smart) or 0) >= TARGET_CONTEXT_RATIO and r.smart.met]
+        bad = [
+            f"{r.scenario.id} {r.context_ratio(r.smart) or 0:.0%}{'' if r.smart.met else ' MISS'}"
+            for r in feasible
+            if r not in good
+        ]
+        share = len(good) / len(feasible) if feasible else 1.0
+        out.append(
+            Target(
+                f">= {TARGET_WITHIN_SHARE:.0%} of feasible scenarios within {TARGET_CONTEXT_RATIO:.0%} of the "
+                "optimum's context and meeting the target",
+                f"{len(good)} of {len(feasible)} = {share:.0%}; lowest {worst[0]:.1%} ({worst[1]}), median "
+                f"{med_ratio:.1%}" + (f"; not: {', '.join(bad)}" if bad else ""),
+                share >= TARGET_WITHIN_SHARE,
+            )
+        )
+    else:
+        below = [f"{sid} {ratio:.0%}" for ratio, sid in ratios if ratio < TARGET_CONTEXT_RATIO_AS_CONFIGURED]
+        out.append(
+            Target(
+                f"context >= {TARGET_CONTEXT_RATIO_AS_CONFIGURED:.0%} of the optimum's (each of {len(feasible)} "
+                "feasible scenarios)",
+                f"lowest {worst[0]:.1%} ({worst[1]}), median {med_ratio:.1%}"
+                + (f"; below: {', '.join(below)}" if below else ""),
+                not below,
+            )
+        )
+    return out
 
 
 def side_counts(results: Sequence[Result]) -> list[str]:
@@ -617,9 +637,9 @@ LEGEND = (
 )
 
 
-def report(results: Sequence[Result]) -> tuple[str, bool]:
-    targets = summarize(results)
-    lines = [table(results), "", LEGEND, "", *side_counts(results), "", "targets (smart):"]
+def report(results: Sequence[Result], first_launch: str = "planned") -> tuple[str, bool]:
+    targets = summarize(results, first_launch)
+    lines = [table(results), "", LEGEND, "", *side_counts(results), "", f"targets (smart, {first_launch}):"]
     for t in targets:
         lines.append(f"  {'PASS' if t.passed else 'FAIL'}  {t.name}: {t.measured}")
     return "\n".join(lines), all(t.passed for t in targets)
@@ -627,7 +647,8 @@ def report(results: Sequence[Result]) -> tuple[str, bool]:
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK + QUICK_ADVERSARIAL)}")
+    parser.add_argument("--family", metavar="NAME", help="only the scenarios of one family (matrix, ...)")
     parser.add_argument("--only", metavar="IDS", help="comma-separated scenario ids")
     parser.add_argument("--json", metavar="OUT", help="write every figure as JSON here")
     parser.add_argument("--workdir", metavar="DIR", help="keep each run's config, logs and state files here")
@@ -642,7 +663,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     if args.only:
         chosen = by_id([i.strip() for i in args.only.split(",") if i.strip()])
     elif args.quick:
-        chosen = by_id(QUICK)
+        chosen = by_id(QUICK + QUICK_ADVERSARIAL)
+    elif args.family:
+        chosen = [s for s in SCENARIOS if s.family == args.family]
     else:
         chosen = list(SCENARIOS)
     tmp = None
@@ -668,7 +691,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     finally:
         if tmp is not None:
             tmp.cleanup()
-    text, ok = report(results)
+    text, ok = report(results, args.first_launch)
     print(text)
     print(
         f"\n{len(results)} scenarios in {time.monotonic() - t0:.0f}s (time_scale {args.time_scale:g}, "
@@ -678,7 +701,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         payload = {
             "time_scale": args.time_scale,
             "first_launch": args.first_launch,
-            "targets": [asdict(t) for t in summarize(results)],
+            "targets": [asdict(t) for t in summarize(results, args.first_launch)],
             "passed": ok,
             "scenarios": [r.to_dict() for r in results],
         }

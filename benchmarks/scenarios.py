@@ -51,6 +51,12 @@ class BenchScenario:
     ladder: Mapping[str, Any] = field(default_factory=dict)  # [ladder] beyond the defaults
     why: str = ""
     graph_estimate_ratio: float = GRAPH_ESTIMATE_RATIOS[0]  # set per scenario below
+    family: str = "matrix"  # the adversarial family (issue 15) or "matrix" (GPU x model x target)
+    total_gib: float | None = None  # a card outside the catalog: its memory (torch's total)
+    compute_capability: tuple[int, int] | None = None  # with total_gib
+    spike_gib: float = 0.0  # activation every request needs while serving (no max_num_seqs moves it)
+    others_schedule: tuple[float, ...] = ()  # GiB other processes hold at each launch (then the last)
+    fixed_ratio: bool = False  # keep graph_estimate_ratio (a family about the estimate)
 
     @property
     def model_id(self) -> str:
@@ -68,9 +74,17 @@ class BenchScenario:
     def scenario(self) -> dict[str, Any]:
         """The fake engine's scenario (without time_scale and the per-run paths)."""
         gpu: dict[str, Any] = {"name": self.gpu, "count": self.count}
+        if self.total_gib is not None:
+            gpu["total_gib"] = self.total_gib
+            gpu["compute_capability"] = list(self.compute_capability or (8, 9))
         if self.others_gib:
             gpu["other_process_gib"] = self.others_gib
-        return {"gpu": gpu, "cudagraph_estimate_factor": self.graph_estimate_ratio}
+        out: dict[str, Any] = {"gpu": gpu, "cudagraph_estimate_factor": self.graph_estimate_ratio}
+        if self.spike_gib:
+            out["runtime"] = {"activation_spike_gib": self.spike_gib}
+        if self.others_schedule:
+            out["other_process_schedule"] = list(self.others_schedule)
+        return out
 
 
 def _s(id: str, gpu: str, model: str, conc: int, ctx: int, **kw: Any) -> BenchScenario:
@@ -288,12 +302,76 @@ SCENARIOS: tuple[BenchScenario, ...] = (
     ),
 )
 
+# fmt: off
+# The adversarial families of issue 15: each breaks one assumption a per-class rule would make.
+def _a(family: str, id: str, gpu: str, model: str, conc: int, ctx: int, **kw: Any) -> BenchScenario:
+    return BenchScenario(id=id, gpu=gpu, model=model, concurrency=conc, context=ctx, family=family, **kw)
+
+
+ADVERSARIAL: tuple[BenchScenario, ...] = (
+    # weights fill 90-98% of the card: the KV cache lives in the last few GiB
+    _a("weights-fill", "wf-q7-15g", "RTX 4090", "Qwen-7B", 1, 4096, total_gib=15.5,
+       compute_capability=(8, 9), start=CTX16, why="14.2 GiB of weights on a 15.5 GiB card (92%)"),
+    _a("weights-fill", "wf-l8-16g", "RTX 4090", "Llama-8B", 1, 2048, total_gib=16.0,
+       compute_capability=(8, 6), why="15.0 GiB of weights on 16 GiB (94%), cc 8.6, no max_model_len"),
+    _a("weights-fill", "wf-q32-65g", "A100 80GB", "Qwen-32B", 1, 4096, total_gib=65.0,
+       compute_capability=(8, 0), start=CTX32, why="61 GiB of weights on 65 GiB (94%)"),
+    _a("weights-fill", "wf-h200-l70", "H200", "Llama-70B", 1, 2048, start=CTX32,
+       why="131 GiB of bf16 weights on 139.7 GiB (94%), no weight quantization"),
+    _a("weights-fill", "wf-q14-29g", "L40S", "Qwen-14B", 1, 2048, total_gib=29.0,
+       compute_capability=(8, 9), start=CTX32, why="27.5 GiB of weights on 29 GiB (95%)"),
+    # user flags far past sense
+    _a("past-sense", "ps-seqs4096", "RTX 4090", "Qwen-7B", 4, 16384,
+       start={"max_num_seqs": 4096}, why="max_num_seqs 4096 on a 24 GB card: the sampler warm-up fails"),
+    _a("past-sense", "ps-batched64k", "L40S", "Llama-8B", 4, 16384,
+       start={**CTX32, "max_num_batched_tokens": 65536}, why="max_num_batched_tokens 65536"),
+    _a("past-sense", "ps-util099", "RTX 4090", "Qwen-7B", 2, 16384,
+       start={**CTX32, "gpu_memory_utilization": 0.99}, why="utilization 0.99: above what is free"),
+    _a("past-sense", "ps-ctx262k", "H100", "Llama-8B", 4, 32768,
+       start={"max_model_len": 262144}, why="a context twice the model's limit"),
+    # OOM while serving that no max_num_seqs change affects
+    _a("serving-oom", "so-4090-q7", "RTX 4090", "Qwen-7B", 2, 8192, spike_gib=1.5, start=CTX16,
+       why="every request needs 1.5 GiB more than the profile saw"),
+    _a("serving-oom", "so-a100-q14", "A100 80GB", "Qwen-14B", 4, 16384, spike_gib=3.0, start=CTX32,
+       why="3 GiB per-request spike on an A100 80GB"),
+    # other tenants whose memory changes between launches
+    _a("tenants", "tn-grows", "L40S", "Qwen-7B", 4, 16384, others_schedule=(0.0, 10.0),
+       start={**CTX32, "max_num_seqs": 4096}, why="a 10 GiB job arrives after the first launch"),
+    _a("tenants", "tn-leaves", "RTX 4090", "Qwen-7B", 2, 8192, others_schedule=(8.0, 0.0),
+       start=CTX32, why="an 8 GiB job holds the card at the first launch, then leaves"),
+    # vLLM's CUDA-graph estimate far above the captured pool (charged to the KV budget from 0.20)
+    _a("graph-estimate", "ge-3090-l8", "RTX 3090", "Llama-8B", 2, 16384, start=CTX32,
+       graph_estimate_ratio=3.0, fixed_ratio=True, why="graph estimate 3x the pool"),
+    _a("graph-estimate", "ge-l4-q7", "L4", "Qwen-7B", 4, 8192, start=CTX32, graph_estimate_ratio=2.5,
+       fixed_ratio=True, why="graph estimate 2.5x the pool"),
+    # fp8 (e4m3) in the user's flags on cards without it
+    _a("fp8-user", "f8-3090-l8", "RTX 3090", "Llama-8B", 4, 16384,
+       start={**CTX32, "kv_cache_dtype": "fp8"}, why="user asks fp8 KV on cc 8.6 (e5m2 only)"),
+    _a("fp8-user", "f8-a100-q14", "A100 40GB", "Qwen-14B", 4, 16384,
+       start={**CTX32, "kv_cache_dtype": "fp8"}, why="user asks fp8 KV on cc 8.0 (e5m2 only)"),
+    # tensor parallel where the communication memory decides
+    _a("tp-comm", "tp-2xh100-l70", "H100", "Llama-70B", 4, 32768, count=2,
+       start={**CTX32, "tensor_parallel_size": 2}, why="70B over 2x H100: NCCL buffers eat the KV room"),
+    _a("tp-comm", "tp-4x4090-q32", "RTX 4090", "Qwen-32B", 2, 16384, count=4, start=CTX32,
+       why="32B over 4x 4090 needs tp 4; user left tp at 1"),
+    # a pinned KV size
+    _a("pinned-kv", "pk-4090-q7", "RTX 4090", "Qwen-7B", 2, 16384,
+       start={**CTX32, "kv_cache_memory_bytes": 12 * 1024**3}, why="12 GiB pinned KV next to 14 GiB of weights"),
+    _a("pinned-kv", "pk-h100-l8", "H100", "Llama-8B", 8, 32768,
+       start={**CTX32, "kv_cache_memory_bytes": 8 * 1024**3}, why="8 GiB pinned KV: too small for the target"),
+    # concurrency targets
+    _a("concurrency", "cc-h100-l8", "H100", "Llama-8B", 64, 8192, start=CTX32, why="64 requests of 8k"),
+    _a("concurrency", "cc-a100-q14", "A100 80GB", "Qwen-14B", 32, 8192, why="32 requests of 8k"),
+)
+# fmt: on
+
 SCENARIOS = tuple(
-    replace(s, graph_estimate_ratio=GRAPH_ESTIMATE_RATIOS[i % len(GRAPH_ESTIMATE_RATIOS)])
-    for i, s in enumerate(SCENARIOS)
+    s if s.fixed_ratio else replace(s, graph_estimate_ratio=GRAPH_ESTIMATE_RATIOS[i % len(GRAPH_ESTIMATE_RATIOS)])
+    for i, s in enumerate(SCENARIOS + ADVERSARIAL)
 )
 
 QUICK = ("4090-q7", "3090-l8", "l4-l70-fp8w")
+QUICK_ADVERSARIAL = ("wf-q7-15g", "ps-seqs4096", "so-4090-q7", "tn-leaves", "pk-4090-q7")
 
 
 def by_id(ids: list[str] | tuple[str, ...]) -> list[BenchScenario]:

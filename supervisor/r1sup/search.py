@@ -10,7 +10,7 @@ lexicographic objective (the README's "The search"):
 1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
    nor ``ladder.min_max_model_len`` (a hard bound);
 2. the longest context, up to the one asked for;
-3. the cheapest set of changes against the user's flags, by :data:`COSTS`;
+3. the cheapest set of changes against the user's flags, by :data:`COSTS` (then the fewest);
 4. the most KV capacity.
 
 A failure adds evidence rather than a rule: the figures calibrate the model (``kv_insufficient``,
@@ -153,8 +153,8 @@ class Candidate:
     est: M.Estimate
     changes: tuple[str, ...]
 
-    def key(self) -> tuple[int, int, int, int]:
-        return (0 if self.meets_target else 1, -self.context, self.cost, -self.kv_tokens)
+    def key(self) -> tuple[int, int, int, int, int]:
+        return (0 if self.meets_target else 1, -self.context, self.cost, len(self.changes), -self.kv_tokens)
 
 
 class Search:
@@ -304,12 +304,21 @@ class Search:
         return cap
 
     def _utils(self, f: EngineFlags) -> list[float]:
-        b = self.facts.bounds
+        """The user's utilization, the highest allowed, and the highest that leaves outside vLLM's budget
+        what a failure showed is needed there (or keeps the budget below what failed to allocate)."""
+        b, device, ev = self.facts.bounds, self.facts.device, self.evidence
         cap = self._util_cap(f.tensor_parallel_size)
-        out = [u for u in (f.gpu_memory_utilization, cap) if b.min_gpu_memory_utilization <= u <= cap]
+        total = device.total_bytes
+        room = (device.free_bytes or total) - M.context_bytes(device, f.tensor_parallel_size, self.facts.version)
+        wanted = [f.gpu_memory_utilization, cap]
+        for need in ev.outside_need.values():
+            wanted.append(math.floor((room - need) / total * 100) / 100)
+        if ev.budget_cap is not None:
+            wanted.append(math.floor(ev.budget_cap / total * 100) / 100)
+        out = [u for u in wanted if b.min_gpu_memory_utilization <= u <= cap]
         if f.kv_cache_memory_bytes is not None:
             out = [min(f.gpu_memory_utilization, cap)] if out else []
-        return list(dict.fromkeys(out))
+        return sorted(set(out), reverse=True)
 
     def _batches(self, f: EngineFlags) -> list[tuple[int | None, int | None]]:
         """(max_num_seqs, max_num_batched_tokens): the user's, the target's sequences, and less of both
@@ -466,11 +475,14 @@ class Search:
         cls = failure.cls
         ev = self._mark_ineffective(ev, cls, flags, (float(tried or 0), float(free_mib or 0)))
         if cls == F.FREE_MEM_BELOW_UTIL:
+            # what is free is a condition of the moment, not of the box: the probe after the launch says
+            # what is free now; only without one does the printed figure cap utilization
             free_gib, total_gib = n.get("free_gib"), n.get("total_gib")
-            if free_gib and total_gib:
+            if free_gib and total_gib and outcome.device is None:
                 cap = math.floor((free_gib - FREE_MARGIN_GIB) / total_gib * 100) / 100
                 ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
-                note = f"{free_gib:.2f} of {total_gib:.2f} GiB free: utilization at most {cap:g}"
+            if free_gib and total_gib:
+                note = f"{free_gib:.2f} of {total_gib:.2f} GiB were free"
         elif cls == F.OOM_WEIGHTS:
             ev = replace(ev, weights_fail_bytes=min(prior.weights.bytes, ev.weights_fail_bytes or 1 << 62))
             note = f"{prior.weights.gib:.2f} GiB of weights per GPU do not load"

@@ -219,6 +219,9 @@ class Scenario:
     orphan_child: bool = False
     orphan_linger_s: float = 30.0
     gpu_lock_dir: str | None = None
+    # GiB other processes hold on every GPU at each launch (the n-th value at the n-th launch counted in
+    # state_file, the last one from then on): a tenant that comes or goes between launches
+    other_process_schedule: tuple[float, ...] = ()
 
     def effective_model(self, cli_model: str | None = None) -> ModelSpec:
         """The architecture to simulate: the scenario's, else the catalog entry named by ``--model``."""
@@ -471,6 +474,13 @@ def load_scenario(data: Mapping[str, Any] | None) -> Scenario:
     for key in ("engine_core_name", "vllm_version", "site_packages"):
         if key in data:
             changes[key] = _str(key, data[key])
+    if "other_process_schedule" in data:
+        raw = data["other_process_schedule"]
+        if not isinstance(raw, (list, tuple)) or not raw:
+            raise ScenarioError(f"other_process_schedule: expected a non-empty list of GiB, got {raw!r}")
+        changes["other_process_schedule"] = tuple(
+            float(_num("other_process_schedule", v, minimum=0.0)) for v in raw
+        )
     for key in ("ignore_sigterm", "orphan_child", "ready_line"):
         if key in data:
             changes[key] = _bool(key, data[key])
@@ -498,7 +508,25 @@ def scenario_from_env(environ: Mapping[str, str]) -> Scenario:
         raise ScenarioError(f"{source}: not valid JSON: {exc}") from None
     if not isinstance(data, Mapping):
         raise ScenarioError(f"{source}: expected a JSON object")
-    return load_scenario(data)
+    return at_launch(load_scenario(data))
+
+
+def launches_recorded(scenario: Scenario) -> int:
+    """Launches the state file holds (0 without one)."""
+    if not scenario.state_file or not os.path.exists(scenario.state_file):
+        return 0
+    with open(scenario.state_file, encoding="utf-8") as fh:
+        return sum(1 for line in fh if '"event": "launch"' in line)
+
+
+def at_launch(scenario: Scenario) -> Scenario:
+    """The scenario as the next launch (and the NVML probe before it) sees it: the other processes'
+    memory of ``other_process_schedule`` at that launch."""
+    if not scenario.other_process_schedule:
+        return scenario
+    n = launches_recorded(scenario)
+    schedule = scenario.other_process_schedule
+    return scenario.with_others(schedule[min(n, len(schedule) - 1)])
 
 
 def scenario_to_json(scenario: Scenario) -> str:

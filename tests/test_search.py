@@ -1,0 +1,221 @@
+"""The search's decisions: candidates over all levers, the objective, and the evidence rules.
+
+Each case plays a failure as vLLM reports it (class, phase, the figures of its message) and checks what
+the search launches next, or why it stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from r1sup import catalog, memmodel
+from r1sup import failure as F
+from r1sup import ladder as L
+from r1sup import search as S
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.failure import Failure
+from r1sup.flags import EngineFlags
+from r1sup.hardware import GIB, DeviceFacts, GpuInfo
+
+Q7 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"])
+Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
+L8 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Llama-8B"])
+
+
+def gpu(total_gib: float, free_gib: float | None = None, cc: tuple[int, int] = (8, 9), count: int = 1):
+    free = free_gib if free_gib is not None else total_gib - 0.4
+    one = GpuInfo(0, "NVIDIA GeForce RTX 4090", int(total_gib * GIB), int(free * GIB), cc)
+    return DeviceFacts(backend="cuda", gpus=(one,) * count)
+
+
+def search(arch, device, user: EngineFlags, **bounds) -> S.Search:
+    return S.Search(S.Facts(arch=arch, device=device, user=user, bounds=L.Bounds(**bounds)))
+
+
+def oom(cls: str, tried_gib: float, free_gib: float, phase: str = F.PHASE_SERVING) -> Failure:
+    return Failure(
+        cls,
+        phase,
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_gib:.2f} GiB",
+        {"tried_to_allocate_mib": tried_gib * 1024, "device_free_mib": free_gib * 1024},
+    )
+
+
+def test_first_keeps_the_users_flags_when_they_fit() -> None:
+    user = EngineFlags(max_model_len=32768)
+    s = search(Q7, gpu(23.99), user, target_concurrency=4, target_context=16384)
+    assert s.first() == user
+
+
+def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
+    # 14.2 GiB of weights on a 16.5 GiB card: no single lever gives a context; all of them together do
+    user = EngineFlags(max_model_len=16384)
+    device = gpu(16.5)
+    s = search(Q7, device, user, target_concurrency=1, target_context=4096)
+    first = s.first()
+    assert first != user
+    assert first.gpu_memory_utilization == s._util_cap(1) > user.gpu_memory_utilization
+    assert first.fp8_kv and first.enforce_eager
+    assert 4096 <= (first.max_model_len or 0) < 16384
+
+
+def test_first_lowers_a_users_max_num_seqs_far_beyond_what_the_kv_cache_holds() -> None:
+    user = EngineFlags(max_num_seqs=4096)
+    s = search(Q7, gpu(23.99), user, target_concurrency=4, target_context=16384)
+    first = s.first()
+    assert first.max_num_seqs is not None and 4 <= first.max_num_seqs < 4096
+    # the context is not the price of the sampler: it stays at the longest the KV cache holds
+    plain = search(Q7, gpu(23.99), EngineFlags(), target_concurrency=4, target_context=16384).first()
+    assert (first.max_model_len or 0) >= 0.9 * (plain.max_model_len or 0)
+
+
+def test_runtime_oom_whose_figures_do_not_move_marks_the_lever_ineffective() -> None:
+    user = EngineFlags(max_model_len=16384, max_num_seqs=256)
+    device = gpu(23.99)
+    s = search(Q7, device, user, target_concurrency=2, target_context=8192)
+    first = s.first()
+    d1 = s.after(S.Outcome(first, oom(F.OOM_RUNTIME, 2.0, 1.6), {}, device))
+    assert isinstance(d1, S.Next)
+    seen = [first, d1.flags]
+    if d1.flags.max_num_seqs != first.max_num_seqs:
+        # the same allocation fails with the same memory free: fewer sequences changed nothing
+        d2 = s.after(S.Outcome(d1.flags, oom(F.OOM_RUNTIME, 2.0, 1.6), {}, device))
+        assert isinstance(d2, S.Next)
+        assert (F.OOM_RUNTIME, "max_num_seqs") in s.evidence.ineffective
+        seen.append(d2.flags)
+    last = seen[-1]
+    # the fix that works: 0.4 GiB (and a margin) more outside vLLM's budget
+    assert last.gpu_memory_utilization <= first.gpu_memory_utilization - 0.4 / 23.99
+    assert len(set(seen)) == len(seen)  # never the same configuration twice
+    assert len(seen) <= 3
+
+
+def test_a_failed_configuration_is_never_relaunched() -> None:
+    user = EngineFlags(max_model_len=32768)
+    device = gpu(23.99)
+    s = search(Q14, device, user, target_concurrency=1, target_context=8192)
+    flags = s.first()
+    tried = {flags}
+    for _ in range(4):
+        d = s.after(S.Outcome(flags, oom(F.OOM_RUNTIME, 0.5, 0.1), {}, device))
+        if isinstance(d, S.GiveUp):
+            break
+        assert d.flags not in tried
+        tried.add(d.flags)
+        flags = d.flags
+
+
+def test_kv_insufficient_calibrates_the_model_with_vllms_figure() -> None:
+    user = EngineFlags(max_model_len=131072)
+    device = gpu(23.99)
+    s = search(Q7, device, user, target_concurrency=1, target_context=8192, allow_fp8_kv=False)
+    est = memmodel.evaluate(Q7, device, user)
+    # vLLM measured 1 GiB less for the KV cache than the model predicts
+    measured = est.kv.gib - 1.0
+    failure = Failure(
+        F.KV_INSUFFICIENT,
+        F.PHASE_KV_CACHE,
+        "ValueError: To serve at least one request ...",
+        {"max_model_len": 131072, "kv_available_gib": measured},
+    )
+    figures = {"kv_cache_gib": measured, "requested_gib": 0.9 * 23.99, "weights_gib": est.weights.gib}
+    d = s.after(S.Outcome(user, failure, figures, device))
+    assert isinstance(d, S.Next)
+    assert s.evidence.calibrated == 1
+    again = memmodel.evaluate(Q7, device, user, calibration=s.evidence.calibration)
+    assert again.kv.gib == pytest.approx(measured, abs=0.01)
+
+
+def test_free_memory_is_read_again_after_each_launch() -> None:
+    # a tenant held 8 GiB at the first launch and is gone now: utilization goes back up
+    user = EngineFlags(max_model_len=32768)
+    busy, idle = gpu(23.99, free_gib=20.0), gpu(23.99)
+    s = search(Q7, busy, user, target_concurrency=2, target_context=8192)
+    failure = Failure(
+        F.FREE_MEM_BELOW_UTIL,
+        F.PHASE_STARTUP,
+        "ValueError: Free memory on device (20.0/23.99 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 21.59 GiB).",
+        {"free_gib": 20.0, "total_gib": 23.99, "gpu_memory_utilization": 0.9, "requested_gib": 21.59},
+    )
+    d = s.after(S.Outcome(user, failure, {}, idle))
+    assert isinstance(d, S.Next)
+    assert d.flags.gpu_memory_utilization >= 0.9
+    assert s.evidence.util_cap is None
+    still = search(Q7, busy, user, target_concurrency=2, target_context=8192)
+    d2 = still.after(S.Outcome(user, failure, {}, busy))
+    assert isinstance(d2, S.Next)
+    assert d2.flags.gpu_memory_utilization <= (20.0 - 0.25) / 23.99
+
+
+def test_fp8_unsupported_excludes_e4m3_on_this_box() -> None:
+    user = EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
+    device = gpu(23.69, cc=(8, 6))
+    s = search(L8, device, user, target_concurrency=4, target_context=16384)
+    assert s.first().kv_cache_dtype != "fp8"  # vLLM refuses e4m3 below 8.9: never launched
+    failure = Failure(F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "fp8e4nv data type is not supported on CUDA arch < 89")
+    d = s.after(S.Outcome(user.replace(kv_cache_dtype="fp8_e5m2"), failure, {}, device))
+    assert isinstance(d, S.Next)
+    assert not d.flags.fp8_kv
+
+
+def test_gives_up_only_when_nothing_fits_and_names_the_bound() -> None:
+    user = EngineFlags(max_model_len=8192)
+    device = gpu(23.99)
+    s = search(Q14, device, user, target_concurrency=1, target_context=8192)
+    failure = oom(F.OOM_WEIGHTS, 0.5, 0.2, F.PHASE_LOAD_WEIGHTS)
+    d = s.after(S.Outcome(user, failure, {}, device))
+    assert isinstance(d, S.GiveUp)
+    assert d.exit_code == EXIT_NO_WORKING_CONFIG
+    assert d.bound == "ladder.allow_weight_quantization"
+    assert any("allow_weight_quantization" in w for w in d.ways_out)
+    allowed = search(Q14, device, user, target_concurrency=1, target_context=8192, allow_weight_quantization=True)
+    d2 = allowed.after(S.Outcome(user, failure, {}, device))
+    assert isinstance(d2, S.Next) and d2.flags.quantization == "fp8"
+
+
+def test_a_context_above_the_models_limit_is_capped_not_fatal() -> None:
+    user = EngineFlags(max_model_len=262144)
+    device = gpu(79.11, cc=(9, 0))
+    s = search(L8, device, user, target_concurrency=4, target_context=32768)
+    failure = Failure(
+        F.CONFIG_ERROR,
+        F.PHASE_STARTUP,
+        "ValueError: User-specified max_model_len (262144) is greater than the derived max_model_len "
+        "(max_position_embeddings=131072 or model_max_length=None in model's config.json).",
+        {"derived_max_model_len": 131072},
+    )
+    d = s.after(S.Outcome(user, failure, {}, device))
+    assert isinstance(d, S.Next)
+    assert d.flags.max_model_len is not None and d.flags.max_model_len <= 131072
+
+
+@pytest.mark.parametrize("cls", [F.PORT_IN_USE, F.MODEL_NOT_FOUND])
+def test_fatal_classes_stop_at_once(cls: str) -> None:
+    user = EngineFlags(max_model_len=8192)
+    s = search(Q7, gpu(23.99), user)
+    d = s.after(S.Outcome(user, Failure(cls, F.PHASE_STARTUP, "boom"), {}, None))
+    assert isinstance(d, S.GiveUp) and d.exit_code == EXIT_FATAL_FAILURE
+
+
+def test_margin_shrinks_as_this_box_calibrates_the_model() -> None:
+    user = EngineFlags(max_model_len=32768)
+    device = gpu(23.99)
+    s = search(Q7, device, user)
+    est = memmodel.evaluate(Q7, device, user)
+    fresh = s.margin(est)
+    later = S.Search(s.facts, replace(s.evidence, calibrated=3)).margin(est)
+    assert 0 < later < fresh
+    assert later >= min(fresh, S.MEASURED_KV_ERROR_GIB * GIB)
+
+
+def test_objective_prefers_free_changes_over_costly_ones() -> None:
+    # the same context either way: lowering max_num_seqs (free) beats eager mode (costs decode speed)
+    user = EngineFlags(max_model_len=16384)
+    s = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192)
+    ranked = s.ranked(margin=True)
+    assert ranked[0].key() <= ranked[-1].key()
+    same_context = [c for c in ranked if c.context == ranked[0].context and c.meets_target]
+    assert same_context[0].cost == min(c.cost for c in same_context)
