@@ -153,9 +153,11 @@ def test_free_memory_is_read_again_after_each_launch() -> None:
 def test_fp8_unsupported_excludes_e4m3_on_this_box() -> None:
     user = EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
     device = gpu(23.69, cc=(8, 6))
-    s = search(L8, device, user, target_concurrency=4, target_context=16384)
+    s = search(L8, device, user, target_concurrency=2, target_context=16384)
     assert s.first().kv_cache_dtype != "fp8"  # vLLM refuses e4m3 below 8.9: never launched
-    failure = Failure(F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "fp8e4nv data type is not supported on CUDA arch < 89")
+    failure = Failure(
+        F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "fp8e4nv data type is not supported on CUDA arch < 89"
+    )
     d = s.after(S.Outcome(user.replace(kv_cache_dtype="fp8_e5m2"), failure, {}, device))
     assert isinstance(d, S.Next)
     assert not d.flags.fp8_kv
@@ -171,7 +173,9 @@ def test_gives_up_only_when_nothing_fits_and_names_the_bound() -> None:
     assert d.exit_code == EXIT_NO_WORKING_CONFIG
     assert d.bound == "ladder.allow_weight_quantization"
     assert any("allow_weight_quantization" in w for w in d.ways_out)
-    allowed = search(Q14, device, user, target_concurrency=1, target_context=8192, allow_weight_quantization=True)
+    allowed = search(
+        Q14, device, user, target_concurrency=1, target_context=8192, allow_weight_quantization=True
+    )
     d2 = allowed.after(S.Outcome(user, failure, {}, device))
     assert isinstance(d2, S.Next) and d2.flags.quantization == "fp8"
 

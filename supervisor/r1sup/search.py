@@ -287,7 +287,8 @@ class Search:
         if user.kv_cache_dtype in ("fp8", "fp8_e4m3") and not e4m3:
             out = ["fp8_e5m2"]  # vLLM refuses e4m3 below compute capability 8.9
         if b.allow_fp8_kv and device.fp8_kv_supported is not False:
-            out += ["fp8" if e4m3 else "fp8_e5m2", "fp8_e5m2"]
+            # one fp8 format (the same bytes): e4m3 where the card has it, e5m2 once e4m3 failed here
+            out.append("fp8" if e4m3 and "fp8" not in self.evidence.banned_kv else "fp8_e5m2")
         if user.kv_cache_dtype in FP8_KV_DTYPES:
             out.append("auto")  # when fp8 fails here
         return list(dict.fromkeys(out))
@@ -309,7 +310,9 @@ class Search:
         b, device, ev = self.facts.bounds, self.facts.device, self.evidence
         cap = self._util_cap(f.tensor_parallel_size)
         total = device.total_bytes
-        room = (device.free_bytes or total) - M.context_bytes(device, f.tensor_parallel_size, self.facts.version)
+        room = (device.free_bytes or total) - M.context_bytes(
+            device, f.tensor_parallel_size, self.facts.version
+        )
         wanted = [f.gpu_memory_utilization, cap]
         for need in ev.outside_need.values():
             wanted.append(math.floor((room - need) / total * 100) / 100)
@@ -396,6 +399,8 @@ class Search:
         if usable <= 0:
             return None
         context = min(asked, usable * est.block_size)
+        if b.target_concurrency and not b.target_context:  # requests of the full context, all at once
+            context = min(asked, usable // b.target_concurrency * est.block_size)
         if context < self.min_context():
             return None
         if est.batch.max_num_seqs < b.min_seqs:
@@ -404,6 +409,8 @@ class Search:
         if b.target_concurrency:
             each = b.target_context or context
             meets = usable >= b.target_concurrency * M.cdiv(each, est.block_size)
+            if not meets:  # r1sup's probe fails a launch that does not hold the target (kv_insufficient)
+                return None
         final = f.replace(max_model_len=context)
         if final in ev.tried:
             return None
@@ -653,3 +660,75 @@ def device_from_ladder_facts(facts: L.Facts) -> DeviceFacts:
     free = int((facts.free_gib if facts.free_gib is not None else facts.total_gib or 0) * GIB)
     gpu = GpuInfo(0, facts.gpu_name or "", total, free, facts.compute_capability)
     return DeviceFacts(backend=facts.backend, gpus=(gpu,) * max(1, facts.gpu_count))
+
+
+# --- what r1sup would do with a log (``r1sup diagnose``) ------------------------------------------
+
+
+def advise(
+    failure: Failure,
+    engine_args: Mapping[str, object] | None = None,
+    engine_version: str | None = None,
+    device: str | None = None,
+    observations: Mapping[str, float] | None = None,
+) -> str:
+    """What r1sup's search does next after this failure, from what the log shows.
+
+    The search decides with the default ``[ladder]`` bounds, the box as the log printed it (one GPU of its
+    total and free memory) and the model when the log names one r1sup's catalog knows; without the model
+    it falls back to the ladder's per-class steps. The advice is the change r1sup would make, or its reason
+    to stop, never another one.
+    """
+    from r1sup import catalog
+
+    n = failure.numbers
+    flags = L.flags_from_log(engine_args or {}, n)
+    total = n.get("total_gib") or n.get("device_total_gib") or n.get("node_total_gib")
+    backend = "cpu" if device == "cpu" else "cuda"
+    lf = L.Facts(
+        backend=backend,
+        total_gib=total,
+        free_gib=n.get("free_gib"),
+        model_max_len=int(n["derived_max_model_len"]) if n.get("derived_max_model_len") else None,
+        block_size=M.block_size(backend),
+        vllm_version=engine_version,
+    )
+    if failure.cls == F.NONE:
+        tokens, conc = n.get("kv_cache_tokens"), n.get("max_concurrency")
+        held = f" The KV cache holds {int(tokens)} tokens" if tokens else ""
+        held += (
+            f" ({conc:g}x requests of the full context at once)."
+            if tokens and conc
+            else "."
+            if tokens
+            else ""
+        )
+        return "Nothing failed: r1sup would keep these flags, run its load probe and save them." + held
+    model = (engine_args or {}).get("model")
+    arch = None
+    if isinstance(model, str) and model in catalog.MODELS and total and backend == "cuda":
+        arch = M.arch_from_config(catalog.MODELS[model])
+    search = Search(
+        Facts(
+            arch=arch,
+            device=device_from_ladder_facts(lf),
+            user=flags,
+            version=lf.version(),
+            ladder_facts=lf,
+        )
+    )
+    decision = search.after(Outcome(flags, failure, dict(observations or {}), None))
+    if isinstance(decision, GiveUp):
+        why = f"r1sup would stop (exit {decision.exit_code}): {decision.reason}."
+        if decision.ways_out:
+            why += " Ways out: " + "; ".join(decision.ways_out) + "."
+        return why
+    if decision.retry:
+        return f"r1sup would relaunch with the same flags once: {decision.reason}."
+    changed = [a for a in decision.flags.to_argv() if a not in flags.to_argv()]
+    change = flags.describe_change(decision.flags)
+    return (
+        f"r1sup would relaunch with {change} ({decision.reason})"
+        + (f"; vLLM flags now: {' '.join(decision.flags.to_argv())}" if changed else "")
+        + "."
+    )

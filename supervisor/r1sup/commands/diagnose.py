@@ -17,8 +17,8 @@ from typing import IO, Any
 
 from r1sup.errors import InputError, NotAVllmLog
 from r1sup.failure import Failure
-from r1sup.ladder import advise
 from r1sup.logparse import Diagnosis, LogReader
+from r1sup.search import advise
 
 # Small enough that a chunk and the lines split from it stay in the CPU cache (a 1 MiB chunk of text
 # with any non-ASCII character decodes to 2-4 MiB, and reading a large log took half as long again).
