@@ -310,16 +310,18 @@ def _a(family: str, id: str, gpu: str, model: str, conc: int, ctx: int, **kw: An
 
 ADVERSARIAL: tuple[BenchScenario, ...] = (
     # weights fill 90-98% of the card: the KV cache lives in the last few GiB
-    _a("weights-fill", "wf-q7-15g", "RTX 4090", "Qwen-7B", 1, 4096, total_gib=15.5,
-       compute_capability=(8, 9), start=CTX16, why="14.2 GiB of weights on a 15.5 GiB card (92%)"),
-    _a("weights-fill", "wf-l8-16g", "RTX 4090", "Llama-8B", 1, 2048, total_gib=16.0,
-       compute_capability=(8, 6), why="15.0 GiB of weights on 16 GiB (94%), cc 8.6, no max_model_len"),
-    _a("weights-fill", "wf-q32-65g", "A100 80GB", "Qwen-32B", 1, 4096, total_gib=65.0,
-       compute_capability=(8, 0), start=CTX32, why="61 GiB of weights on 65 GiB (94%)"),
+    _a("weights-fill", "wf-q7-16g", "RTX 4090", "Qwen-7B", 1, 4096, total_gib=16.0,
+       compute_capability=(8, 9), start=CTX16, why="14.2 GiB of weights on a 16 GiB card (89%)"),
+    _a("weights-fill", "wf-l8-16g", "RTX 4090", "Llama-8B", 1, 2048, total_gib=16.5,
+       compute_capability=(8, 6), why="15.0 GiB of weights on 16.5 GiB (91%), cc 8.6: nothing fits"),
+    _a("weights-fill", "wf-q32-66g", "A100 80GB", "Qwen-32B", 1, 4096, total_gib=66.0,
+       compute_capability=(8, 0), start=CTX32, why="61 GiB of weights on 66 GiB (92%)"),
     _a("weights-fill", "wf-h200-l70", "H200", "Llama-70B", 1, 2048, start=CTX32,
-       why="131 GiB of bf16 weights on 139.7 GiB (94%), no weight quantization"),
-    _a("weights-fill", "wf-q14-29g", "L40S", "Qwen-14B", 1, 2048, total_gib=29.0,
-       compute_capability=(8, 9), start=CTX32, why="27.5 GiB of weights on 29 GiB (95%)"),
+       why="131 GiB of bf16 weights on 139.7 GiB (94%), no weight quantization: nothing fits"),
+    _a("weights-fill", "wf-h200-l70-fp8w", "H200", "Llama-70B", 2, 16384, start=CTX32, ladder=FP8_WEIGHTS,
+       why="131 GiB of bf16 weights on 139.7 GiB (94%); fp8 weights allowed"),
+    _a("weights-fill", "wf-q14-30g", "L40S", "Qwen-14B", 1, 4096, total_gib=30.5,
+       compute_capability=(8, 9), start=CTX32, why="27.5 GiB of weights on 30.5 GiB (90%)"),
     # user flags far past sense
     _a("past-sense", "ps-seqs4096", "RTX 4090", "Qwen-7B", 4, 16384,
        start={"max_num_seqs": 4096}, why="max_num_seqs 4096 on a 24 GB card: the sampler warm-up fails"),
@@ -330,10 +332,10 @@ ADVERSARIAL: tuple[BenchScenario, ...] = (
     _a("past-sense", "ps-ctx262k", "H100", "Llama-8B", 4, 32768,
        start={"max_model_len": 262144}, why="a context twice the model's limit"),
     # OOM while serving that no max_num_seqs change affects
-    _a("serving-oom", "so-4090-q7", "RTX 4090", "Qwen-7B", 2, 8192, spike_gib=1.5, start=CTX16,
-       why="every request needs 1.5 GiB more than the profile saw"),
-    _a("serving-oom", "so-a100-q14", "A100 80GB", "Qwen-14B", 4, 16384, spike_gib=3.0, start=CTX32,
-       why="3 GiB per-request spike on an A100 80GB"),
+    _a("serving-oom", "so-4090-q7", "RTX 4090", "Qwen-7B", 2, 8192, spike_gib=3.0, start=CTX16,
+       why="every request needs 3 GiB more than the profile saw"),
+    _a("serving-oom", "so-a100-q14", "A100 80GB", "Qwen-14B", 4, 16384, spike_gib=9.0, start=CTX32,
+       why="9 GiB per-request spike on an A100 80GB"),
     # other tenants whose memory changes between launches
     _a("tenants", "tn-grows", "L40S", "Qwen-7B", 4, 16384, others_schedule=(0.0, 10.0),
        start={**CTX32, "max_num_seqs": 4096}, why="a 10 GiB job arrives after the first launch"),
@@ -371,7 +373,7 @@ SCENARIOS = tuple(
 )
 
 QUICK = ("4090-q7", "3090-l8", "l4-l70-fp8w")
-QUICK_ADVERSARIAL = ("wf-q7-15g", "ps-seqs4096", "so-4090-q7", "tn-leaves", "pk-4090-q7")
+QUICK_ADVERSARIAL = ("wf-q7-16g", "ps-seqs4096", "so-4090-q7", "tn-leaves", "pk-4090-q7")
 
 
 def by_id(ids: list[str] | tuple[str, ...]) -> list[BenchScenario]:

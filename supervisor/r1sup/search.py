@@ -237,6 +237,7 @@ class Search:
             target = self.facts.bounds.target_context
             if target and target > asked:
                 asked = target
+        asked = min(asked, arch.max_position_embeddings)  # vLLM refuses more (a config error)
         cap = self.evidence.context_cap
         return min(asked, cap) if cap else asked
 
@@ -374,6 +375,8 @@ class Search:
         est = M.evaluate(arch, device, f, self.facts.version, ev.calibration)
         if est.startup_problem is not None:
             return None
+        if est.batch.max_num_seqs > est.batch.max_num_batched_tokens:
+            return None  # vLLM's SchedulerConfig refuses it (max_num_batched_tokens >= max_num_seqs)
         if ev.weights_fail_bytes is not None and est.weights.bytes >= ev.weights_fail_bytes:
             return None
         tp = f.tensor_parallel_size
@@ -532,10 +535,12 @@ class Search:
             elif flags.quantization == "fp8":
                 ev = replace(ev, no_fp8_weights=True)
                 note = "fp8 weights are not supported here"
-        elif cls == F.CONFIG_ERROR:
+        elif cls == F.CONFIG_ERROR and (flags.max_model_len or 0) > arch.max_position_embeddings:
             limit = int(n.get("derived_max_model_len") or arch.max_position_embeddings)
             ev = replace(ev, context_cap=limit)
             note = f"the model's context limit is {limit}"
+        elif cls == F.CONFIG_ERROR:
+            note = "vLLM needs max_num_batched_tokens >= max_num_seqs"
         last = dict(ev.last)
         last[cls] = (flags, (float(tried or 0), float(free_mib or 0)))
         return replace(ev, last=last), note
@@ -557,12 +562,15 @@ class Search:
         return replace(ev, ineffective=ev.ineffective | {(cls, lever) for lever in levers})
 
     def _context_error(self, flags: EngineFlags, failure: Failure) -> bool:
-        """A config error vLLM raised because the context is above the model's limit (that has a fix)."""
+        """A config error with a fix: the context above the model's limit, or more sequences than batched
+        tokens (vLLM's SchedulerConfig refuses both; the candidates never break the second rule)."""
         if failure.cls != F.CONFIG_ERROR or self.facts.arch is None:
             return False
-        text = (failure.evidence + " " + failure.detail).lower()
+        text = (failure.evidence + " " + failure.detail).lower().replace("-", "_")
+        if "max_num_batched_tokens" in text and "max_num_seqs" in text:
+            return True
         limit = failure.numbers.get("derived_max_model_len") or self.facts.arch.max_position_embeddings
-        return "max_model_len" in text.replace("-", "_") and (flags.max_model_len or 0) > limit
+        return "max_model_len" in text and (flags.max_model_len or 0) > limit
 
     # --- stopping --------------------------------------------------------------------------------
 
