@@ -423,7 +423,8 @@ class Search:
 
     def _scaled_need(self, cls: str, need: int, est: M.Estimate) -> int:
         """Memory outside the budget a failure showed is needed, for this candidate. A runtime allocation
-        is taken to scale with max_num_seqs until a launch shows it does not (then it is fixed)."""
+        no larger than the sampler's for the failed launch's sequences is taken to scale with max_num_seqs
+        until a launch shows it does not (then it is fixed); a larger one never does."""
         if cls != F.OOM_RUNTIME or (cls, "max_num_seqs") in self.evidence.ineffective:
             return need
         last = self.evidence.last.get(cls)
@@ -431,7 +432,13 @@ class Search:
             return need
         arch = self.facts.arch
         assert arch is not None
-        then = M.resolve_batch(arch, self.facts.device, last[0], self.facts.version).max_num_seqs
+        batch = M.resolve_batch(arch, self.facts.device, last[0], self.facts.version)
+        then = batch.max_num_seqs
+        sampler = M.sampler_bytes(
+            arch, self.facts.device, then, batch.max_num_batched_tokens, self.facts.version
+        )
+        if last[1][0] * MIB > sampler:
+            return need
         now = est.batch.max_num_seqs
         return int(need * min(1.0, now / then)) if then else need
 
@@ -470,6 +477,11 @@ class Search:
                 figures[key] = float(n[key])
         if "kv_cache_gib" not in figures and isinstance(n.get("kv_available_gib"), (int, float)):
             figures["kv_cache_gib"] = float(n["kv_available_gib"])
+        budget_known = "requested_gib" in figures or {"gpu_memory_utilization", "total_gib"} <= set(figures)
+        if "kv_cache_gib" in figures and not budget_known and flags.kv_cache_memory_bytes is None:
+            # what vLLM requested: ceil(utilization x total) (its request_memory), so the KV figure
+            # calibrates the whole non-KV share
+            figures["requested_gib"] = M.requested_bytes(device, flags.gpu_memory_utilization) / GIB
         note = ""
         if any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
             if failure.cls in (F.KV_INSUFFICIENT, F.NO_KV_MEMORY) or "kv_cache_gib" in figures:
@@ -569,6 +581,9 @@ class Search:
         text = (failure.evidence + " " + failure.detail).lower().replace("-", "_")
         if "max_num_batched_tokens" in text and "max_num_seqs" in text:
             return True
+        if "schedulerconfig" in text:  # its message can sit on a line the evidence does not hold
+            batch = M.resolve_batch(self.facts.arch, self.facts.device, flags, self.facts.version)
+            return batch.max_num_seqs > batch.max_num_batched_tokens
         limit = failure.numbers.get("derived_max_model_len") or self.facts.arch.max_position_embeddings
         return "max_model_len" in text and (flags.max_model_len or 0) > limit
 
