@@ -19,7 +19,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from r1sup.tuner import (
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
+MEMORY_CHECK_S = 30.0  # serving a degraded profile: how often to look whether the memory is back
 EXTEND_EVERY_S = 10.0
 PROGRESS_STATUS_S = 2.0  # systemd's STATUS= shows the loading progress at most this often
 PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and at most this often
@@ -100,11 +101,13 @@ class IllegalTransition(RuntimeError):
 
 @dataclass
 class ServeEnd:
-    """Why serving ended: a failure, or a reload with changed flags."""
+    """Why serving ended: a failure, a reload with changed flags, or the memory other processes held
+    is back (a planned re-tune to the best profile)."""
 
     failure: Failure | None
     served_s: float
     reload: Config | None = None
+    back_to_best: bool = False
 
 
 class Daemon:
@@ -124,6 +127,10 @@ class Daemon:
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self.ready_sent = False
         self.history: Any = None  # the search (r1sup.search.Search) and its evidence, across restarts
+        # serving a profile degraded by other processes' memory: the best profile's key, why, and whether
+        # a re-tune back to it is planned (shown in status.json)
+        self.degraded: dict[str, Any] | None = None
+        self.next_memory_check = 0.0
         self.metrics: Any = None
         self.know: Any = None
         self.fingerprint: dict[str, Any] | None = None
@@ -177,6 +184,7 @@ class Daemon:
             "child_pid": current.engine.pid if current and current.engine.alive() else None,
             "launches": self.runner.launches,
             "profile_source": self.profile_source,
+            "degraded": self.degraded,
             "flags": self.flags.to_dict() if self.flags else None,
             "since": self.since,
             "updated_at": now_iso(),
@@ -337,6 +345,11 @@ class Daemon:
             if end.reload is not None:
                 result = self._reload(live, end.reload)
                 continue
+            if end.back_to_best:
+                self.runner.stop(live, reason="planned re-tune: the memory other processes held is back")
+                self.history = None
+                result = self._bring_up()
+                continue
             result = self._recover(live, end)
 
     def _fail(self, code: int, reason: str) -> int:
@@ -406,7 +419,13 @@ class Daemon:
         shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
         saved = saved or shared.profile
         self.runner.proven = None
-        if saved is not None:
+        saved = self._fitting_profile(saved, store, key) if saved is not None else None
+        if saved is not None and self.degraded is not None:
+            start = EngineFlags.from_dict(saved.flags)
+            self.runner.proven = (start.to_dict(), dict(saved.probe))
+            why = f"degraded profile {saved.key}: {self.degraded['reason']}"
+            self.log.info("profile_found", key=saved.key, flags=saved.flags, degraded=True)
+        elif saved is not None:
             start = EngineFlags.from_dict(saved.flags)
             self.runner.proven = (start.to_dict(), dict(saved.probe))
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
@@ -424,10 +443,80 @@ class Daemon:
             persisted = saved is not None and result.launches == 1
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
             if not persisted:
-                result.profile_path = save_profile(self.s, result, self.fingerprint)
+                result.profile_path = save_profile(
+                    self.s, result, self.fingerprint, self._conditions(result, key)
+                )
             self._served(result)
         shared.release()  # after the publish: the replicas waiting on this key find the profile
         return result
+
+    def _fitting_profile(self, saved: Any, store: Any, key: str) -> Any:
+        """The saved profile when it fits what is free now; else the degraded one kept beside it when that
+        fits (self.degraded says so); else None (the search sizes a configuration for what is free)."""
+        from r1sup import profiles, search
+
+        self.degraded = None
+        check = new_search(self.config, self.know)
+        if check.fits_now(EngineFlags.from_dict(saved.flags)):
+            return saved
+        now = search.conditions(self.know.device)
+        self.log.warning("profile_does_not_fit_now", key=key, flags=saved.flags, **now)
+        self.note("profile_does_not_fit_now", key=key, others_gib=now.get("others_gib"))
+        spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
+        reason = f"the best profile {key} does not fit what is free now ({now.get('free_gib')} GiB)"
+        if spare is not None and check.fits_now(EngineFlags.from_dict(spare.flags)):
+            self.degraded = {"best_key": key, "reason": reason, "since": now_iso(), "retune_planned": False}
+            return spare
+        return None
+
+    def _conditions(self, result: TuneResult, key: str) -> dict[str, Any]:
+        """The conditions a tuned profile was found under; degraded (kept beside the best, and the daemon
+        watches for the memory to come back) when other processes' memory made it worse."""
+        from r1sup import search
+
+        found: dict[str, Any] = dict(search.conditions(self.know.device if self.know else None))
+        engine = result.history
+        why = engine.degraded_by_others(result.flags, found) if engine is not None and result.flags else None
+        self.degraded = None
+        if why:
+            found.update(degraded=True, reason=why)
+            self.degraded = {"best_key": key, "reason": why, "since": now_iso(), "retune_planned": False}
+            self.log.warning("profile_degraded", key=key, reason=why)
+            self.note("profile_degraded", reason=why)
+        return found
+
+    def _memory_back(self, launch: Launch) -> bool:
+        """Serving a degraded profile: whether the best configuration fits once this engine is stopped
+        (the other processes released their memory). Checked every MEMORY_CHECK_S."""
+        from r1sup import devices, profiles, search
+
+        now = time.monotonic()
+        if self.degraded is None or now < self.next_memory_check:
+            return False
+        self.next_memory_check = now + MEMORY_CHECK_S
+        try:
+            device = devices.probe()
+        except Exception as exc:  # noqa: BLE001 - a probe that fails only delays the return
+            self.log.debug("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        own = frozenset(launch.engine.all_pids())
+        mine = sum(p.used_bytes for p in device.processes if p.pid in own)
+        idle = search.idle_device(device, mine)
+        idle = replace(idle, processes=tuple(p for p in device.processes if p.pid not in own))
+        check = new_search(self.config, self.know)
+        check.facts = replace(check.facts, device=idle)
+        store = profiles.ProfileStore(self.config.state.dir)
+        best = store.load(self.degraded["best_key"])
+        if best is not None:
+            fits = check.fits_now(EngineFlags.from_dict(best.flags))
+        else:  # no best profile yet: what the search would plan on the box as it is without this engine
+            fits = self.flags is not None and check.better_than(self.flags) is not None
+        if fits:
+            self.degraded["retune_planned"] = True
+            self.log.info("retune_planned", best_key=self.degraded["best_key"], reason="memory is back")
+            self.note("retune_planned", best_key=self.degraded["best_key"])
+            self.write_status()
+        return fits
 
     def _waiting(self, text: str) -> None:
         self.notifier.status(text)
@@ -543,6 +632,8 @@ class Daemon:
                 self.runner.run_check("liveness", launch, probe)
             if healthy or verdict.evidence == liveness.EVIDENCE_PROGRESS:
                 self._watchdog(now)
+            if healthy and self._memory_back(launch):
+                return ServeEnd(None, time.monotonic() - start, back_to_best=True)
 
     def _log_verdict(
         self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
@@ -703,8 +794,13 @@ class Daemon:
             )
             self.history = result.history or self.history
             if result.ok:
+                from r1sup import profiles
+
                 self.profile_source = "tuned"
-                result.profile_path = save_profile(self.s, result, self.fingerprint or {})
+                key = profiles.fingerprint_key(self.fingerprint or {})
+                result.profile_path = save_profile(
+                    self.s, result, self.fingerprint or {}, self._conditions(result, key)
+                )
                 self._served(result)
             return result
         if failure.cls not in L.TRANSIENT:

@@ -87,6 +87,9 @@ class Profile:
     r1sup_version: str = __version__
     schema_version: int = SCHEMA_VERSION
     imported: dict[str, Any] | None = None  # set by a forced import: origin and differences
+    # what the box looked like when this profile was found (search.conditions): free memory, other
+    # processes holding GPU memory, and whether the profile is degraded by them (kept beside the best)
+    conditions: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", mask_command(list(self.command)))
@@ -140,6 +143,8 @@ class Profile:
         }
         if self.imported is not None:
             out["imported"] = self.imported
+        if self.conditions:
+            out["conditions"] = self.conditions
         return out
 
     @classmethod
@@ -185,6 +190,9 @@ class Profile:
         imported = data.get("imported")
         if imported is not None and not isinstance(imported, dict):
             raise ValueError("imported must be an object")
+        conditions = data.get("conditions", {})
+        if not isinstance(conditions, dict):
+            raise ValueError("conditions must be an object")
         return cls(
             key=key,
             fingerprint=fp,
@@ -200,6 +208,7 @@ class Profile:
             r1sup_version=version,
             schema_version=schema,
             imported=imported,
+            conditions=conditions,
         )
 
 
@@ -305,6 +314,15 @@ def fingerprint_key(fp: dict[str, Any]) -> str:
     """16 hex digits of the SHA-256 of the fingerprint's canonical JSON."""
     canonical = json.dumps(fp, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+DEGRADED_MARK = "degraded_by_other_processes"
+
+
+def degraded_fingerprint(fp: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint a profile degraded by other processes is kept under, beside the best one (its
+    own key: it never overwrites the best profile, and the fleet's store never sees it)."""
+    return {**fp, DEGRADED_MARK: True}
 
 
 def diff_fingerprints(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -36,6 +36,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from r1sup import failure as F
 from r1sup import ladder as L
@@ -69,10 +70,13 @@ FREE_SEQS_COST = 0
 # records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
 # below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
 MEASURED_KV_ERROR_GIB = 0.2
+PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
 UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
 MIN_SEQS_FLOOR = 16  # fewest sequences the search sets on its own (vLLM captures graphs in steps of 8)
 MIN_BATCHED_TOKENS = 256
 FREE_MARGIN_GIB = L.FREE_MARGIN_GIB
+OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
+DEGRADED_KV_RATIO = 1.05  # without them, 5% more KV tokens (or a longer context) makes it degraded
 
 
 @dataclass(frozen=True)
@@ -353,8 +357,10 @@ class Search:
     def margin(self, est: M.Estimate) -> int:
         """Bytes of KV kept spare for the model's error (see MEASURED_KV_ERROR_GIB)."""
         ev = self.evidence
-        if est.flags.kv_cache_memory_bytes is not None or est.non_torch.source == M.REST:
+        if est.flags.kv_cache_memory_bytes is not None:
             return 0
+        if est.non_torch.source == M.REST:  # the KV budget was measured: vLLM prints it to 0.01 GiB
+            return int(PRINTED_GIB_STEP * GIB)
         estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
         if est.cudagraph_estimate.source == M.ESTIMATE:
             estimated += est.cudagraph_charged
@@ -477,18 +483,26 @@ class Search:
                 figures[key] = float(n[key])
         if "kv_cache_gib" not in figures and isinstance(n.get("kv_available_gib"), (int, float)):
             figures["kv_cache_gib"] = float(n["kv_available_gib"])
+        estimate = n.get("estimated_max_model_len")
+        if estimate and flags.kv_cache_memory_bytes is None:
+            # vLLM's estimated maximum model length is exact to a block where "Available KV cache memory"
+            # is rounded to 0.01 GiB: the budget holds (estimate / block + 1) blocks (the null block)
+            block = M.block_size(device.backend)
+            bpt = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
+            figures["kv_cache_gib"] = (int(estimate) // block + 1) * block * bpt / GIB
         budget_known = "requested_gib" in figures or {"gpu_memory_utilization", "total_gib"} <= set(figures)
         if "kv_cache_gib" in figures and not budget_known and flags.kv_cache_memory_bytes is None:
             # what vLLM requested: ceil(utilization x total) (its request_memory), so the KV figure
             # calibrates the whole non-KV share
             figures["requested_gib"] = M.requested_bytes(device, flags.gpu_memory_utilization) / GIB
         note = ""
-        if any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
-            if failure.cls in (F.KV_INSUFFICIENT, F.NO_KV_MEMORY) or "kv_cache_gib" in figures:
-                cal = M.Calibration(flags=flags, figures=figures, version=self.facts.version)
-                ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1)
-                if "kv_cache_gib" in figures:
-                    note = f"vLLM measured {figures['kv_cache_gib']:.2f} GiB for the KV cache"
+        # a launch that printed the KV memory calibrates the whole budget; one that printed only some
+        # terms (the weights before a failed profile run) calibrates when nothing better is known
+        if "kv_cache_gib" in figures or ("weights_gib" in figures and ev.calibration is None):
+            cal = M.Calibration(flags=flags, figures=figures, version=self.facts.version)
+            ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1)
+            if "kv_cache_gib" in figures:
+                note = f"vLLM measured {figures['kv_cache_gib']:.2f} GiB for the KV cache"
         tried = n.get("tried_to_allocate_mib")
         free_mib = n.get("device_free_mib")
         need = int(max(0.0, (tried or 0) - (free_mib or 0)) * MIB) if tried else 0
@@ -610,12 +624,13 @@ class Search:
             )
             if b.target_concurrency and best.context >= b.min_context:
                 bound = "target.concurrency"
+            changed = self.facts.user.describe_change(best.flags)
             ways.append(
-                f"the longest context that fits is {best.context} tokens with {self.facts.user.describe_change(best.flags)} "
+                f"the longest context that fits is {best.context} tokens with {changed} "
                 f"(KV cache {best.kv_tokens} tokens); lower {bound} to accept it"
             )
         else:
-            for name, allowed, change in (
+            wider_bounds: tuple[tuple[str, bool, dict[str, Any]], ...] = (
                 (
                     "ladder.allow_weight_quantization",
                     b.allow_weight_quantization,
@@ -626,7 +641,8 @@ class Search:
                     b.max_gpu_memory_utilization >= 0.98,
                     {"max_gpu_memory_utilization": 0.98},
                 ),
-            ):
+            )
+            for name, allowed, change in wider_bounds:
                 if allowed:
                     continue
                 wider = Search(replace(self.facts, bounds=replace(b, **change)), self.evidence).best(
@@ -634,9 +650,8 @@ class Search:
                 )
                 if wider is not None:
                     bound = bound or name
-                    ways.append(
-                        f"{name} = {list(change.values())[0]}: context {wider.context} with {self.facts.user.describe_change(wider.flags)}"
-                    )
+                    what = self.facts.user.describe_change(wider.flags)
+                    ways.append(f"{name} = {list(change.values())[0]}: context {wider.context} with {what}")
             bound = bound or "the device"
             ways.append(
                 "more GPU memory (a larger card, or more GPUs with tensor parallel), or a smaller model"
@@ -666,6 +681,59 @@ class Search:
             return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
         return Next(decision.flags, decision.reason, decision.retry)
 
+    # --- transient conditions ----------------------------------------------------------------------
+
+    def fits_now(self, flags: EngineFlags) -> bool:
+        """Whether ``flags`` (a saved profile's) is predicted to start on the box as it is now: vLLM's
+        free-memory check, and one request of its context in the KV cache (no margin: it worked before)."""
+        device = self.facts.device
+        if device.backend == "cpu" or not device.gpus or not device.total_bytes:
+            return True
+        if self.facts.arch is None:
+            need = M.requested_bytes(device, flags.gpu_memory_utilization)
+            return (device.free_bytes or device.total_bytes) >= need + FREE_MARGIN_GIB * GIB
+        est = M.evaluate(self.facts.arch, device, flags, self.facts.version, self.evidence.calibration)
+        if est.startup_problem is not None or est.kv.bytes <= 0:
+            return False
+        blocks = M.usable_blocks(
+            M.num_blocks(est.kv.bytes, est.kv_bytes_per_token, est.block_size), est.version
+        )
+        return blocks >= M.cdiv(est.batch.max_model_len, est.block_size)
+
+    def degraded_by_others(self, flags: EngineFlags, found: Mapping[str, object]) -> str | None:
+        """Why ``flags``, found while other processes held GPU memory (``found``: :func:`conditions`), is
+        worse than what the box gives without them; None when it is not (or nothing else held memory)."""
+        others = float(found.get("others_gib") or 0.0)  # type: ignore[arg-type]
+        if others < OTHERS_NOTICED_GIB or not self.usable:
+            return None
+        idle = Search(
+            replace(self.facts, device=idle_device(self.facts.device, int(others * GIB))),
+            Evidence(calibration=self.evidence.calibration, calibrated=self.evidence.calibrated),
+        )
+        best = idle.better_than(flags)
+        if best is None:
+            return None
+        return (
+            f"other processes held {others:.1f} GiB: without them the box gives context {best.context} "
+            f"and {best.kv_tokens} KV tokens ({self.facts.user.describe_change(best.flags)})"
+        )
+
+    def better_than(self, flags: EngineFlags) -> Candidate | None:
+        """The best candidate on this box when it gives a longer context than ``flags`` or
+        DEGRADED_KV_RATIO more KV tokens; else None."""
+        best = self.best(margin=True)
+        if best is None or self.facts.arch is None:
+            return None
+        mine = M.evaluate(
+            self.facts.arch, self.facts.device, flags, self.facts.version, self.evidence.calibration
+        )
+        tokens = (
+            M.num_blocks(max(0, mine.kv.bytes), mine.kv_bytes_per_token, mine.block_size) * mine.block_size
+        )
+        if best.context > (flags.max_model_len or 0) or best.kv_tokens > DEGRADED_KV_RATIO * tokens:
+            return best
+        return None
+
     def _explain(self, c: Candidate) -> str:
         est = c.est
         parts = [
@@ -675,6 +743,32 @@ class Search:
         if not c.meets_target:
             parts.append("the target is not met by any candidate")
         return "; ".join(parts)
+
+
+def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, object]:
+    """What the box looked like (kept with a profile): free and total memory of the most loaded GPU, the
+    memory other processes (not ``own_pids``) held on it, and who they were."""
+    if device is None or not device.gpus:
+        return {}
+    per_gpu: dict[int, int] = {}
+    holders = []
+    for p in device.processes:
+        if p.pid in own_pids:
+            continue
+        per_gpu[p.gpu_index] = per_gpu.get(p.gpu_index, 0) + p.used_bytes
+        holders.append(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)")
+    return {
+        "free_gib": round(device.free_bytes / GIB, 2),
+        "total_gib": round(device.total_bytes / GIB, 2),
+        "others_gib": round(max(per_gpu.values(), default=0) / GIB, 2),
+        "holders": holders[:5],
+    }
+
+
+def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
+    """The box with ``others`` bytes more free on every GPU (up to its total): as it is without them."""
+    gpus = tuple(replace(g, free_bytes=min(g.total_bytes, g.free_bytes + others)) for g in device.gpus)
+    return replace(device, gpus=gpus, processes=())
 
 
 def device_from_ladder_facts(facts: L.Facts) -> DeviceFacts:

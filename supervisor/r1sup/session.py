@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -80,13 +80,22 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def save_profile(session: Session, result: Any, fingerprint: dict[str, Any]) -> str | None:
+def save_profile(
+    session: Session,
+    result: Any,
+    fingerprint: dict[str, Any],
+    conditions: dict[str, Any] | None = None,
+) -> str | None:
     """Persist a passed configuration (and publish it to the fleet's store, if there is one); returns
-    the local path, or None when saving failed (logged)."""
+    the local path, or None when saving failed (logged). ``conditions`` (search.conditions) are saved
+    with it; a profile they mark ``degraded`` is kept beside the best one under its own key
+    (profiles.degraded_fingerprint) and never published."""
     from r1sup import profiles
 
+    degraded = bool(conditions and conditions.get("degraded"))
+    fp = profiles.degraded_fingerprint(fingerprint) if degraded else fingerprint
     profile = profiles.Profile.create(
-        fingerprint=fingerprint,
+        fingerprint=fp,
         model=session.config.model.name,
         served_name=session.config.served_name,
         flags=result.flags,
@@ -95,8 +104,10 @@ def save_profile(session: Session, result: Any, fingerprint: dict[str, Any]) -> 
         observations=dict(result.observations),
         attempts=[a.to_dict() for a in result.attempts],
     )
+    if conditions:
+        profile = replace(profile, conditions=dict(conditions))
     path = profiles.ProfileStore(session.config.state.dir).save(profile)
-    if session.config.state.profile_store:
+    if session.config.state.profile_store and not degraded:
         from r1sup import fleet
 
         fleet.publish(session.config, profile)
