@@ -379,3 +379,42 @@ def test_ready_is_sent_only_after_the_probe_passed(tmp_path: Path):
             assert any("STOPPING=1" in m for m in notify.messages[ready[0] :])
     finally:
         notify.close()
+
+
+# --- (7) transient conditions ----------------------------------------------------------------------
+
+
+def test_a_profile_degraded_by_another_tenant_is_kept_beside_and_the_best_returns(tmp_path: Path):
+    # another job holds 5 GiB at the first launch and is gone after it: the first profile is degraded
+    # (kept beside the best, never over it); once the memory is back the daemon plans a re-tune
+    locks = tmp_path / "gpu-locks"
+    locks.mkdir()
+    scenario = fake_scenario(tmp_path, other_process_schedule=[5.0, 0.0], gpu_lock_dir=str(locks))
+    body = daemon_body(
+        tmp_path,
+        start={"max_model_len": 32768},
+        ladder={"first_launch": "planned"},
+        target={"concurrency": 2, "context": 8192},
+        daemon={"memory_check_s": 0.5},
+    )
+    with running(tmp_path, body, scenario) as (proc, config):
+        proc.wait_event("serving", START_S)
+        degraded = proc.wait_event("profile_degraded", 10)
+        assert "5.0 GiB" in degraded["reason"]
+        planned = proc.wait_event("retune_planned", 30)
+        proc.wait_event("serving", START_S, count=2)
+        st = status(tmp_path)
+        assert st["state"] == "serving" and st["launches"] == 2 and st["degraded"] is None
+        launches = engine_records(tmp_path)
+        assert [r["outcome"] for r in launches] == ["ready", "ready"]
+        first, second = (r["flags"]["gpu_memory_utilization"] for r in launches)
+        assert first < second  # sized for what was free, then for the whole card
+        files = sorted((tmp_path / "state" / "profiles").glob("*.json"))
+        saved = [json.loads(f.read_text(encoding="utf-8")) for f in files]
+        assert len(saved) == 2  # the degraded one beside the best, under its own key
+        marked = [p for p in saved if p["conditions"].get("degraded")]
+        best = [p for p in saved if not p["conditions"].get("degraded")]
+        assert len(marked) == 1 and len(best) == 1 and planned["best_key"] == best[0]["key"]
+        assert marked[0]["conditions"]["others_gib"] == 5.0 and best[0]["conditions"]["others_gib"] == 0
+        assert best[0]["flags"]["gpu_memory_utilization"] == second
+        stop_cleanly(proc, config, tmp_path)

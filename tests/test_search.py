@@ -44,9 +44,15 @@ def oom(cls: str, tried_gib: float, free_gib: float, phase: str = F.PHASE_SERVIN
 
 
 def test_first_keeps_the_users_flags_when_they_fit() -> None:
+    # only a free change: max_num_seqs from vLLM's 256 to 16, more than the 4 requests the target runs
+    # and than the KV cache holds at once (fewer CUDA graphs, more KV)
     user = EngineFlags(max_model_len=32768)
     s = search(Q7, gpu(23.99), user, target_concurrency=4, target_context=16384)
-    assert s.first() == user
+    first = s.first()
+    assert first.replace(max_num_seqs=None) == user
+    assert first.max_num_seqs is None or first.max_num_seqs >= 16
+    set_seqs = EngineFlags(max_model_len=32768, max_num_seqs=16)
+    assert search(Q7, gpu(23.99), set_seqs, target_concurrency=4, target_context=16384).first() == set_seqs
 
 
 def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
@@ -223,3 +229,42 @@ def test_objective_prefers_free_changes_over_costly_ones() -> None:
     assert ranked[0].key() <= ranked[-1].key()
     same_context = [c for c in ranked if c.context == ranked[0].context and c.meets_target]
     assert same_context[0].cost == min(c.cost for c in same_context)
+
+
+# --- transient conditions --------------------------------------------------------------------------
+
+
+def busy_gpu(total_gib: float, others_gib: float) -> DeviceFacts:
+    from r1sup.hardware import ProcessUse
+
+    one = GpuInfo(
+        0, "NVIDIA GeForce RTX 4090", int(total_gib * GIB), int((total_gib - others_gib - 0.4) * GIB), (8, 9)
+    )
+    holder = ProcessUse(pid=4242, name="other-job", used_bytes=int(others_gib * GIB), gpu_index=0)
+    return DeviceFacts(backend="cuda", gpus=(one,), processes=(holder,))
+
+
+def test_conditions_name_the_memory_other_processes_hold() -> None:
+    found = S.conditions(busy_gpu(23.99, 5.0))
+    assert found["others_gib"] == 5.0 and found["total_gib"] == 23.99
+    assert found["holders"] == ["pid 4242 other-job (5.0 GiB)"]
+    assert S.conditions(busy_gpu(23.99, 5.0), own_pids=frozenset({4242}))["others_gib"] == 0
+
+
+def test_a_profile_found_beside_another_tenant_is_degraded_and_the_idle_box_is_not() -> None:
+    user = EngineFlags(max_model_len=32768)
+    busy = busy_gpu(23.99, 5.0)
+    s = search(Q7, busy, user, target_concurrency=2, target_context=8192)
+    found_busy = s.first()
+    assert found_busy != user and found_busy.gpu_memory_utilization < 0.9
+    why = s.degraded_by_others(found_busy, S.conditions(busy))
+    assert why is not None and "5.0 GiB" in why
+    idle = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192)
+    assert idle.degraded_by_others(idle.first(), S.conditions(gpu(23.99))) is None
+
+
+def test_a_saved_profile_is_checked_against_what_is_free_now() -> None:
+    user = EngineFlags(max_model_len=32768)
+    best = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192).first()
+    assert search(Q7, gpu(23.99), user).fits_now(best)
+    assert not search(Q7, busy_gpu(23.99, 5.0), user).fits_now(best)

@@ -220,6 +220,11 @@ class DaemonSection:
     stable_after_s: float = setting(600.0, "serving this long resets the restart budget", exclusive_minimum=0)
     metrics_host: str = setting("127.0.0.1", "address of the Prometheus endpoint", validate=_check_host)
     metrics_port: int = setting(0, "Prometheus metrics port; 0 disables", minimum=0, maximum=65535)
+    memory_check_s: float = setting(
+        30.0,
+        "serving a profile degraded by other processes' memory: seconds between checks whether it is back",
+        exclusive_minimum=0,
+    )
 
 
 def _check_store(value: str) -> None:

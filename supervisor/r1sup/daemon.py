@@ -57,7 +57,6 @@ from r1sup.tuner import (
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
-MEMORY_CHECK_S = 30.0  # serving a degraded profile: how often to look whether the memory is back
 EXTEND_EVERY_S = 10.0
 PROGRESS_STATUS_S = 2.0  # systemd's STATUS= shows the loading progress at most this often
 PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and at most this often
@@ -487,13 +486,13 @@ class Daemon:
 
     def _memory_back(self, launch: Launch) -> bool:
         """Serving a degraded profile: whether the best configuration fits once this engine is stopped
-        (the other processes released their memory). Checked every MEMORY_CHECK_S."""
+        (the other processes released their memory). Checked every ``daemon.memory_check_s``."""
         from r1sup import devices, profiles, search
 
         now = time.monotonic()
         if self.degraded is None or now < self.next_memory_check:
             return False
-        self.next_memory_check = now + MEMORY_CHECK_S
+        self.next_memory_check = now + self.config.daemon.memory_check_s
         try:
             device = devices.probe()
         except Exception as exc:  # noqa: BLE001 - a probe that fails only delays the return

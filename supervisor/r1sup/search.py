@@ -10,7 +10,8 @@ lexicographic objective (the README's "The search"):
 1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
    nor ``ladder.min_max_model_len`` (a hard bound);
 2. the longest context, up to the one asked for;
-3. the cheapest set of changes against the user's flags, by :data:`COSTS` (then the fewest);
+3. the cheapest set of changes against the user's flags, by :data:`COSTS` (then the fewest that cost
+   something);
 4. the most KV capacity.
 
 A failure adds evidence rather than a rule: the figures calibrate the model (``kv_insufficient``,
@@ -157,8 +158,10 @@ class Candidate:
     est: M.Estimate
     changes: tuple[str, ...]
 
+    costed: int = 0  # changes that cost something (a free one does not count against a candidate)
+
     def key(self) -> tuple[int, int, int, int, int]:
-        return (0 if self.meets_target else 1, -self.context, self.cost, len(self.changes), -self.kv_tokens)
+        return (0 if self.meets_target else 1, -self.context, self.cost, self.costed, -self.kv_tokens)
 
 
 class Search:
@@ -423,9 +426,9 @@ class Search:
         final = f.replace(max_model_len=context)
         if final in ev.tried:
             return None
-        changes, cost = self._cost(final, usable * est.block_size, context)
+        changes, cost, costed = self._cost(final, usable * est.block_size, context)
         del tp
-        return Candidate(final, context, meets, cost, usable * est.block_size, est, changes)
+        return Candidate(final, context, meets, cost, usable * est.block_size, est, changes, costed)
 
     def _scaled_need(self, cls: str, need: int, est: M.Estimate) -> int:
         """Memory outside the budget a failure showed is needed, for this candidate. A runtime allocation
@@ -448,18 +451,19 @@ class Search:
         now = est.batch.max_num_seqs
         return int(need * min(1.0, now / then)) if then else need
 
-    def _cost(self, f: EngineFlags, kv_tokens: int, context: int) -> tuple[tuple[str, ...], int]:
+    def _cost(self, f: EngineFlags, kv_tokens: int, context: int) -> tuple[tuple[str, ...], int, int]:
+        """The changes to the user's flags, their cost, and how many of them cost something."""
         user = self.facts.user.replace(max_model_len=f.max_model_len)
         changes = tuple(name for name in COSTS if getattr(f, name) != getattr(user, name))
-        cost = 0
+        cost = costed = 0
         for name in changes:
+            each = COSTS[name]
             if name == "max_num_seqs" and f.max_num_seqs is not None:
-                each = self.facts.bounds.target_context or context
-                held = max(1, kv_tokens // max(1, each))
-                cost += FREE_SEQS_COST if f.max_num_seqs >= held else COSTS[name]
-            else:
-                cost += COSTS[name]
-        return changes, cost
+                held = max(1, kv_tokens // max(1, self.facts.bounds.target_context or context))
+                each = FREE_SEQS_COST if f.max_num_seqs >= held else COSTS[name]
+            cost += each
+            costed += 1 if each else 0
+        return changes, cost, costed
 
     def ranked(self, margin: bool) -> list[Candidate]:
         scored = (self.score(f, margin) for f in dict.fromkeys(self.candidates()))
@@ -526,7 +530,9 @@ class Search:
             act = max(1, prior.activation.bytes)
             missing = need or act // 2
             ev = replace(ev, profile_need=max(ev.profile_need, (missing + act) / act - 1 + 0.05))
-            note = f"the profile run missed {missing / GIB:.2f} GiB"
+            text = failure.evidence.lower()
+            what = "the sampler warm-up" if "sampler" in text or "dummy requests" in text else "the profile run"
+            note = f"{what} missed {missing / GIB:.2f} GiB"
         elif cls in (F.OOM_CUDAGRAPH, F.OOM_RUNTIME):
             missing = need or int(0.05 * device.total_bytes)
             outside = max(0, here - prior.budget)
