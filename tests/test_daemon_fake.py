@@ -117,10 +117,13 @@ def test_runtime_oom_steps_down_saves_the_profile_and_serves_again(tmp_path: Pat
         assert "CUDA out of memory" in failed["evidence"]
         step = proc.wait_event("ladder_step", 30)
         assert step["failure_class"] == "oom_runtime"
-        assert step["old"]["max_num_seqs"] is None and step["new"]["max_num_seqs"] == 128  # vLLM's 256 halved
+        # a 64 MiB allocation, within what the sampler takes for vLLM's 256 sequences: fewer sequences
+        # (more than the KV cache holds at once, so free) are tried first
+        assert step["old"]["max_num_seqs"] is None and 16 <= step["new"]["max_num_seqs"] < 256
         assert {k: v for k, v in step["new"].items() if k != "max_num_seqs"} == {
             k: v for k, v in step["old"].items() if k != "max_num_seqs"
         }
+        seqs = step["new"]["max_num_seqs"]
         proc.wait_event("serving", START_S, count=2)
         st = status(tmp_path)
         assert st["state"] == "serving" and st["launches"] == 2 and st["profile_source"] == "tuned"
@@ -133,10 +136,10 @@ def test_runtime_oom_steps_down_saves_the_profile_and_serves_again(tmp_path: Pat
         assert profile["flags"] == step["new"]
         profiles = sorted(p.name for p in (tmp_path / "state" / "profiles").glob("*.json"))
         assert profiles == [Path(saved["path"]).name]
-        # the engine saw it the same way: one runtime OOM, then a start with --max-num-seqs 128
+        # the engine saw it the same way: one runtime OOM, then a start with fewer sequences
         assert [r["outcome"] for r in engine_records(tmp_path, "runtime_failure")] == ["oom_runtime"]
         launches = engine_records(tmp_path)
-        assert [r["flags"]["max_num_seqs"] for r in launches] == [None, 128]
+        assert [r["flags"]["max_num_seqs"] for r in launches] == [None, seqs]
         assert served_model(port) == 200
         stop_cleanly(proc, config, tmp_path)
     # vLLM's lines: the runtime OOM's traceback is relayed at error; what vLLM prints while r1sup stops

@@ -64,6 +64,7 @@ COSTS = {
     "quantization": 8,  # fp8 weights, only where ladder.allow_weight_quantization
 }
 FREE_SEQS_COST = 0
+UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cache_memory_bytes')
 
 # The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
 # (not yet measured) overheads, at most 4% of the budget (planner._margin). Against real GPU logs the
@@ -141,6 +142,7 @@ class Evidence:
     profile_need: float = 0.0  # fraction the profile peak needs above the model's activation
     outside_need: dict[str, int] = field(default_factory=dict)  # oom_cudagraph/oom_runtime: bytes outside
     budget_cap: int | None = None  # oom_kv_alloc: the budget that does not fit physically
+    pinned_cap: int | None = None  # oom_kv_alloc with a pinned KV size: the largest that may fit
     ineffective: frozenset[tuple[str, str]] = frozenset()  # (failure class, lever)
     last: dict[str, tuple[EngineFlags, tuple[float, ...]]] = field(default_factory=dict)
     calibration: M.Calibration | None = None
@@ -351,7 +353,13 @@ class Search:
         return list(dict.fromkeys((s if s is None or s >= floor_seqs else floor_seqs, t) for s, t in out))
 
     def _pinned(self, f: EngineFlags) -> Iterable[EngineFlags]:
-        yield f
+        """A pinned KV size as given (or shrunk to what a failed allocation left), or not pinned."""
+        cap = self.evidence.pinned_cap
+        if f.kv_cache_memory_bytes is not None and cap is not None and f.kv_cache_memory_bytes > cap:
+            if cap > 0:
+                yield f.replace(kv_cache_memory_bytes=cap)
+        else:
+            yield f
         if f.kv_cache_memory_bytes is not None:
             yield f.replace(kv_cache_memory_bytes=None)
 
@@ -458,6 +466,8 @@ class Search:
         cost = costed = 0
         for name in changes:
             each = COSTS[name]
+            if name == "kv_cache_memory_bytes" and f.kv_cache_memory_bytes is None:
+                each = UNPIN_COST  # the user's pinned KV size dropped for utilization's
             if name == "max_num_seqs" and f.max_num_seqs is not None:
                 held = max(1, kv_tokens // max(1, self.facts.bounds.target_context or context))
                 each = FREE_SEQS_COST if f.max_num_seqs >= held else COSTS[name]
@@ -523,6 +533,9 @@ class Search:
                 ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
             if free_gib and total_gib:
                 note = f"{free_gib:.2f} of {total_gib:.2f} GiB were free"
+            holders = conditions(device).get("holders")
+            if holders:
+                note += f" (held: {', '.join(holders)})"
         elif cls == F.OOM_WEIGHTS:
             ev = replace(ev, weights_fail_bytes=min(prior.weights.bytes, ev.weights_fail_bytes or 1 << 62))
             note = f"{prior.weights.gib:.2f} GiB of weights per GPU do not load"
@@ -531,7 +544,9 @@ class Search:
             missing = need or act // 2
             ev = replace(ev, profile_need=max(ev.profile_need, (missing + act) / act - 1 + 0.05))
             text = failure.evidence.lower()
-            what = "the sampler warm-up" if "sampler" in text or "dummy requests" in text else "the profile run"
+            what = (
+                "the sampler warm-up" if "sampler" in text or "dummy requests" in text else "the profile run"
+            )
             note = f"{what} missed {missing / GIB:.2f} GiB"
         elif cls in (F.OOM_CUDAGRAPH, F.OOM_RUNTIME):
             missing = need or int(0.05 * device.total_bytes)
@@ -546,14 +561,11 @@ class Search:
             cap = prior.budget - missing - int(FREE_MARGIN_GIB * GIB)
             ev = replace(ev, budget_cap=min(cap, ev.budget_cap or 1 << 62))
             if flags.kv_cache_memory_bytes is not None:
-                self.facts = replace(
-                    self.facts,
-                    user=self.facts.user.replace(
-                        kv_cache_memory_bytes=max(
-                            0, flags.kv_cache_memory_bytes - missing - int(FREE_MARGIN_GIB * GIB)
-                        )
-                    ),
-                )
+                # vLLM takes a pinned size as given: only a smaller one fits (what was free, less a reserve
+                # for the graphs and the sampler that allocate after it)
+                room = flags.kv_cache_memory_bytes - missing
+                shrunk = int(room - max(L.PINNED_RESERVE_GIB * GIB, L.PINNED_RESERVE_FRACTION * room))
+                ev = replace(ev, pinned_cap=min(shrunk, ev.pinned_cap or 1 << 62))
             note = f"the KV allocation missed {missing / GIB:.2f} GiB"
         elif cls == F.FP8_UNSUPPORTED:
             if flags.fp8_kv:
@@ -614,6 +626,21 @@ class Search:
         b = self.facts.bounds
         ways: list[str] = []
         bound = ""
+        cap = self._util_cap(self.facts.user.tensor_parallel_size)
+        if cap < b.min_gpu_memory_utilization:
+            found = conditions(self.facts.device)
+            held = ", ".join(found.get("holders") or []) or "nothing r1sup can name"
+            ways.append(
+                f"free GPU memory: {found.get('free_gib')} of {found.get('total_gib')} GiB (held: {held}); "
+                f"utilization {cap:g} would be below ladder.min_gpu_memory_utilization "
+                f"{b.min_gpu_memory_utilization:g}"
+            )
+            reason = (
+                f"after {failure.cls}, what is free allows utilization {cap:g}, below "
+                f"ladder.min_gpu_memory_utilization {b.min_gpu_memory_utilization:g} (held: {held})"
+            )
+            bound = "ladder.min_gpu_memory_utilization"
+            return GiveUp(reason, tuple(ways + list(self.facts.suggestions)), EXIT_NO_WORKING_CONFIG, bound)
         relaxed = Search(
             replace(
                 self.facts,
@@ -706,10 +733,10 @@ class Search:
         )
         return blocks >= M.cdiv(est.batch.max_model_len, est.block_size)
 
-    def degraded_by_others(self, flags: EngineFlags, found: Mapping[str, object]) -> str | None:
+    def degraded_by_others(self, flags: EngineFlags, found: Mapping[str, Any]) -> str | None:
         """Why ``flags``, found while other processes held GPU memory (``found``: :func:`conditions`), is
         worse than what the box gives without them; None when it is not (or nothing else held memory)."""
-        others = float(found.get("others_gib") or 0.0)  # type: ignore[arg-type]
+        others = float(found.get("others_gib") or 0.0)
         if others < OTHERS_NOTICED_GIB or not self.usable:
             return None
         idle = Search(
@@ -751,7 +778,7 @@ class Search:
         return "; ".join(parts)
 
 
-def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, object]:
+def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
     """What the box looked like (kept with a profile): free and total memory of the most loaded GPU, the
     memory other processes (not ``own_pids``) held on it, and who they were."""
     if device is None or not device.gpus:
