@@ -108,7 +108,16 @@ class Tune:
         return self.proc.named("ladder_step")
 
     def step_changes(self) -> list[dict[str, tuple[Any, Any]]]:
-        return [changes(s["old"], s["new"]) for s in self.steps]
+        """Each step's changes, without the free one: max_num_seqs set where the user left vLLM's default
+        (the search lowers it to what the target and the KV cache can use at once: no cost)."""
+        out = []
+        for s in self.steps:
+            change = changes(s["old"], s["new"])
+            seqs = change.get("max_num_seqs")
+            if seqs is not None and seqs[0] is None and (seqs[1] or 0) >= 16:
+                del change["max_num_seqs"]
+            out.append(change)
+        return out
 
     def explain(self) -> str:
         return (

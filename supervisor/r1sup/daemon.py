@@ -402,6 +402,8 @@ class Daemon:
         if self.know is None:
             checked = self.s.preflight()  # once per process; again after a reload that changed it
             self.know = gather_knowledge(self.config, self.log, engine=checked.engine)
+        else:
+            self._tuner().refresh_device()  # what is free now (another tenant may have come or gone)
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
         base = footing(self.config, self.know, self.runner)

@@ -370,8 +370,13 @@ class Search:
         ev = self.evidence
         if est.flags.kv_cache_memory_bytes is not None:
             return 0
-        if est.non_torch.source == M.REST:  # the KV budget was measured: vLLM prints it to 0.01 GiB
-            return int(PRINTED_GIB_STEP * GIB)
+        if est.non_torch.source == M.REST:
+            # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
+            # flags to these keep the calibrated model's error on real logs, shrinking with launches
+            moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
+            if not moved:
+                return int(PRINTED_GIB_STEP * GIB)
+            return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, ev.calibrated)) * GIB)
         estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
         if est.cudagraph_estimate.source == M.ESTIMATE:
             estimated += est.cudagraph_charged
