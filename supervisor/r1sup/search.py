@@ -74,6 +74,7 @@ UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cach
 MEASURED_KV_ERROR_GIB = 0.2
 PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
 UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
+REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
 MIN_SEQS_FLOOR = 16  # fewest sequences the search sets on its own (vLLM captures graphs in steps of 8)
 MIN_BATCHED_TOKENS = 256
 FREE_MARGIN_GIB = L.FREE_MARGIN_GIB
@@ -229,6 +230,24 @@ class Search:
         why = f"{failure.cls}: {note}; " if note else f"{failure.cls}: "
         return Next(best.flags, why + self._explain(best))
 
+    def refine(self, flags: EngineFlags, figures: Mapping[str, float]) -> EngineFlags | None:
+        """After a launch that passed: the flags once more with what it printed when the calibrated model
+        says a context REFINE_GAIN longer (up to the one asked for) fits; else None. The margin kept for
+        the first launch is the model's error, and this launch measured it away."""
+        if not self.usable or self.facts.bounds.strategy == "naive" or "kv_cache_gib" not in figures:
+            return None
+        context = flags.max_model_len or 0
+        if not context or context >= self.asked_context():
+            return None
+        ok = Outcome(flags, Failure(F.NONE), figures)
+        ev, _ = self._learn(replace(self.evidence, tried=self.evidence.tried | {flags}), ok)
+        trial = Search(self.facts, ev)
+        best = trial.best(margin=True)
+        if best is None or best.context < REFINE_GAIN * context:
+            return None
+        self.evidence = ev
+        return best.flags
+
     # --- candidates ------------------------------------------------------------------------------
 
     @property
@@ -343,7 +362,7 @@ class Search:
         floor_seqs = b.min_seqs
         out: list[tuple[int | None, int | None]] = [(f.max_num_seqs, f.max_num_batched_tokens)]
         want = max(MIN_SEQS_FLOOR, M.cdiv(b.target_concurrency or 1, 8) * 8, floor_seqs)
-        for s in (want, want * 4, want * 16):
+        for s in (floor_seqs, want, want * 4, want * 16):  # the target's own concurrency too
             if s < seqs:
                 out.append((s, f.max_num_batched_tokens))
         if self.evidence.profile_need > 0 or tokens > 4 * 8192:
@@ -503,7 +522,13 @@ class Search:
         if "kv_cache_gib" not in figures and isinstance(n.get("kv_available_gib"), (int, float)):
             figures["kv_cache_gib"] = float(n["kv_available_gib"])
         estimate = n.get("estimated_max_model_len")
-        if estimate and flags.kv_cache_memory_bytes is None:
+        tokens = figures.get("kv_cache_tokens")
+        if tokens and flags.kv_cache_memory_bytes is None and failure.cls == F.NONE:
+            # "GPU KV cache size: N tokens" is the block count times the block: exact where "Available KV
+            # cache memory" is rounded to 0.01 GiB
+            bpt = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
+            figures["kv_cache_gib"] = float(tokens) * bpt / GIB
+        elif estimate and flags.kv_cache_memory_bytes is None:
             # vLLM's estimated maximum model length is exact to a block where "Available KV cache memory"
             # is rounded to 0.01 GiB: the budget holds (estimate / block + 1) blocks (the null block)
             block = M.block_size(device.backend)

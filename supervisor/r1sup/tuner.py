@@ -374,6 +374,7 @@ class Tuner:
             why = explain_first(why, self.know)
             self.log.info("first_flags", flags=start.to_dict(), reason=why)
         flags = start
+        good: EngineFlags | None = None  # flags that passed before a refined launch
         attempt = 0
         while True:
             result.history = search
@@ -413,6 +414,31 @@ class Tuner:
                 memory=self._memory(flags, launch.observations),
             )
             result.attempts.append(record)
+            better = (
+                search.refine(flags, dict(launch.observations))
+                if failure.cls == F.NONE and good is None
+                else None
+            )
+            if better is not None:
+                # it passed, and what it printed says a longer context fits: once more with that, and
+                # back to these flags should that fail
+                good = flags
+                record.change = (
+                    f"{flags.describe_change(better)} (this launch's figures: a longer context fits)"
+                )
+                self._record(record, None)
+                self.runner.stop(launch, reason="refined by its own figures")
+                self.log.info("search_refined", old=flags.to_dict(), new=better.to_dict())
+                why = f"attempt {attempt} passed; its figures say a longer context fits"
+                flags = better
+                continue
+            if failure.cls != F.NONE and good is not None and flags != good:
+                record.change = f"back to the flags that passed ({flags.describe_change(good)})"
+                self._record(record, None)
+                self.runner.stop(launch, reason=f"failed: {failure.cls}")
+                why = f"attempt {attempt} failed ({failure.cls}): back to the flags that passed"
+                flags = good
+                continue
             if failure.cls == F.NONE:
                 result.ok, result.exit_code, result.flags = True, EXIT_OK, flags
                 result.probe = launch.probe
