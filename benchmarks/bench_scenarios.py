@@ -575,7 +575,9 @@ def summarize(results: Sequence[Result], first_launch: str = "planned") -> list[
         ),
     ]
     if planned:
-        good = [r for r in feasible if (r.context_ratio(r.smart) or 0) >= TARGET_CONTEXT_RATIO and r.smart.met]
+        good = [
+            r for r in feasible if (r.context_ratio(r.smart) or 0) >= TARGET_CONTEXT_RATIO and r.smart.met
+        ]
         bad = [
             f"{r.scenario.id} {r.context_ratio(r.smart) or 0:.0%}{'' if r.smart.met else ' MISS'}"
             for r in feasible
@@ -584,8 +586,8 @@ def summarize(results: Sequence[Result], first_launch: str = "planned") -> list[
         share = len(good) / len(feasible) if feasible else 1.0
         out.append(
             Target(
-                f">= {TARGET_WITHIN_SHARE:.0%} of feasible scenarios within {TARGET_CONTEXT_RATIO:.0%} of the "
-                "optimum's context and meeting the target",
+                f">= {TARGET_WITHIN_SHARE:.0%} of feasible scenarios within {TARGET_CONTEXT_RATIO:.0%} "
+                "of the optimum's context and meeting the target",
                 f"{len(good)} of {len(feasible)} = {share:.0%}; lowest {worst[0]:.1%} ({worst[1]}), median "
                 f"{med_ratio:.1%}" + (f"; not: {', '.join(bad)}" if bad else ""),
                 share >= TARGET_WITHIN_SHARE,
@@ -595,8 +597,8 @@ def summarize(results: Sequence[Result], first_launch: str = "planned") -> list[
         below = [f"{sid} {ratio:.0%}" for ratio, sid in ratios if ratio < TARGET_CONTEXT_RATIO_AS_CONFIGURED]
         out.append(
             Target(
-                f"context >= {TARGET_CONTEXT_RATIO_AS_CONFIGURED:.0%} of the optimum's (each of {len(feasible)} "
-                "feasible scenarios)",
+                f"context >= {TARGET_CONTEXT_RATIO_AS_CONFIGURED:.0%} of the optimum's "
+                f"(each of {len(feasible)} feasible scenarios)",
                 f"lowest {worst[0]:.1%} ({worst[1]}), median {med_ratio:.1%}"
                 + (f"; below: {', '.join(below)}" if below else ""),
                 not below,

@@ -302,6 +302,7 @@ SCENARIOS: tuple[BenchScenario, ...] = (
     ),
 )
 
+
 # fmt: off
 # The adversarial families of issue 15: each breaks one assumption a per-class rule would make.
 def _a(family: str, id: str, gpu: str, model: str, conc: int, ctx: int, **kw: Any) -> BenchScenario:
@@ -358,17 +359,20 @@ ADVERSARIAL: tuple[BenchScenario, ...] = (
        why="32B over 4x 4090 needs tp 4; user left tp at 1"),
     # a pinned KV size
     _a("pinned-kv", "pk-4090-q7", "RTX 4090", "Qwen-7B", 2, 16384,
-       start={**CTX32, "kv_cache_memory_bytes": 12 * 1024**3}, why="12 GiB pinned KV next to 14 GiB of weights"),
+       start={**CTX32, "kv_cache_memory_bytes": 12 * 1024**3},
+       why="12 GiB pinned KV next to 14 GiB of weights"),
     _a("pinned-kv", "pk-h100-l8", "H100", "Llama-8B", 8, 32768,
-       start={**CTX32, "kv_cache_memory_bytes": 8 * 1024**3}, why="8 GiB pinned KV: too small for the target"),
+       start={**CTX32, "kv_cache_memory_bytes": 8 * 1024**3},
+       why="8 GiB pinned KV: too small for the target"),
     # concurrency targets
     _a("concurrency", "cc-h100-l8", "H100", "Llama-8B", 64, 8192, start=CTX32, why="64 requests of 8k"),
     _a("concurrency", "cc-a100-q14", "A100 80GB", "Qwen-14B", 32, 8192, why="32 requests of 8k"),
 )
 # fmt: on
 
+_RATIOS = GRAPH_ESTIMATE_RATIOS
 SCENARIOS = tuple(
-    s if s.fixed_ratio else replace(s, graph_estimate_ratio=GRAPH_ESTIMATE_RATIOS[i % len(GRAPH_ESTIMATE_RATIOS)])
+    s if s.fixed_ratio else replace(s, graph_estimate_ratio=_RATIOS[i % len(_RATIOS)])
     for i, s in enumerate(SCENARIOS + ADVERSARIAL)
 )
 

@@ -345,9 +345,7 @@ class Daemon:
                 result = self._reload(live, end.reload)
                 continue
             if end.back_to_best:
-                self.runner.stop(live, reason="planned re-tune: the memory other processes held is back")
-                self.history = None
-                result = self._bring_up()
+                result = self._back_to_best(live)
                 continue
             result = self._recover(live, end)
 
@@ -854,6 +852,15 @@ class Daemon:
             self.runner.config = new
             self.notifier.status("serving; config reloaded, flags unchanged")
         return new
+
+    def _back_to_best(self, launch: Launch) -> TuneResult:
+        """The planned re-tune: the memory other processes held is back, so drain, stop and bring the best
+        configuration up (the saved best profile when there is one, else a new search)."""
+        self._drain(launch, self.config.daemon.drain_timeout_s, "planned re-tune")
+        self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
+        self.history = None
+        self.transition(State.PLANNING, "re-tune: the memory other processes held is back")
+        return self._bring_up()
 
     def _reload(self, launch: Launch, new: Config) -> TuneResult:
         self._drain(launch, new.daemon.drain_timeout_s, "config reloaded")
