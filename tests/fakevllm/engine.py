@@ -64,6 +64,9 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     (false: not printed, an engine whose readiness line the supervisor does not know).
 ``orphan_child`` (false): the engine-core child ignores SIGTERM and its parent's death and lingers
     ``orphan_linger_s`` (30) real seconds, like an orphaned ``VLLM::EngineCore``.
+``other_process_schedule`` ([]): GiB other processes hold on every GPU at each launch, the n-th value at
+    the n-th launch counted in ``state_file`` (the last one from then on; the fake NVML reads the same
+    before each launch): a tenant that comes or goes between launches.
 ``gpu_lock_dir`` (None): the engine core records the GPU memory it holds in ``<dir>/<pid>.json``;
     a launch counts the memory of every live recorded process as held by other processes, so a
     leftover engine makes the next launch fail the free-memory check until it is gone.
