@@ -188,10 +188,28 @@ def new_search(
 
 def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
     """The first launch's flags: the user's (``ladder.first_launch = "as_configured"``), or the search's
-    best candidate (the user's own when they are predicted to fit)."""
+    best candidate (the user's own when they are predicted to fit); on the CPU backend, where the search
+    has no candidates, the planner's recommendation."""
     flags = EngineFlags.from_start(config.start)
-    if config.ladder.first_launch != "planned" or not search.usable:
+    if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
         return flags, "as configured"
+    if not search.usable:  # the CPU backend: the planner's recommendation, as the search has no candidates
+        from r1sup import planner
+
+        plan = planner.plan(
+            know.arch,
+            know.device,
+            flags,
+            target_concurrency=config.target.concurrency,
+            target_context=config.target.context,
+            calibration=search.facts.calibration,
+            bounds=planner.ladder_bounds(config.ladder),
+            version=know.version(),
+        )
+        log.info("plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens)
+        if plan.fits or plan.recommended is None:
+            return flags, "as configured" + ("" if plan.fits else " (the planner found nothing that fits)")
+        return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
     first = search.first()
     log.info("plan_made", flags=first.to_dict(), changed=flags.describe_change(first))
     if first == flags:
