@@ -148,6 +148,7 @@ class Evidence:
     last: dict[str, tuple[EngineFlags, tuple[float, ...]]] = field(default_factory=dict)
     calibration: M.Calibration | None = None
     calibrated: int = 0  # launches whose figures calibrated the model
+    exact_kv: bool = False  # the KV budget of the calibration came from a token count, not 0.01 GiB
     attempts: int = 0
 
 
@@ -393,8 +394,8 @@ class Search:
             # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
             # flags to these keep the calibrated model's error on real logs, shrinking with launches
             moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
-            if not moved:
-                return int(PRINTED_GIB_STEP * GIB)
+            if not moved:  # the same flags as measured: exact when vLLM's token count measured it
+                return 0 if ev.exact_kv else int(PRINTED_GIB_STEP * GIB)
             return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, ev.calibrated)) * GIB)
         estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
         if est.cudagraph_estimate.source == M.ESTIMATE:
@@ -544,7 +545,10 @@ class Search:
         # terms (the weights before a failed profile run) calibrates when nothing better is known
         if "kv_cache_gib" in figures or ("weights_gib" in figures and ev.calibration is None):
             cal = M.Calibration(flags=flags, figures=figures, version=self.facts.version)
-            ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1)
+            exact = bool(
+                flags.kv_cache_memory_bytes is None and (estimate or (tokens and failure.cls == F.NONE))
+            )
+            ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1, exact_kv=exact)
             if "kv_cache_gib" in figures:
                 note = f"vLLM measured {figures['kv_cache_gib']:.2f} GiB for the KV cache"
         tried = n.get("tried_to_allocate_mib")
