@@ -476,8 +476,8 @@ def load_scenario(data: Mapping[str, Any] | None) -> Scenario:
             changes[key] = _str(key, data[key])
     if "other_process_schedule" in data:
         raw = data["other_process_schedule"]
-        if not isinstance(raw, (list, tuple)) or not raw:
-            raise ScenarioError(f"other_process_schedule: expected a non-empty list of GiB, got {raw!r}")
+        if not isinstance(raw, (list, tuple)):
+            raise ScenarioError(f"other_process_schedule: expected a list of GiB, got {raw!r}")
         changes["other_process_schedule"] = tuple(
             float(_num("other_process_schedule", v, minimum=0.0)) for v in raw
         )
