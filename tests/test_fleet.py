@@ -435,7 +435,7 @@ def test_three_replicas_tune_once_and_share_the_profile(tmp_path: Path):
         assert len(tuned) == 1, [proc.tail() for *_, proc in replicas]
         counts = {name: len(launches(home)) for name, _, home, _ in replicas}
         holder = tuned[0]
-        assert counts[holder] == 2, counts  # kv_insufficient, then fp8 KV
+        assert counts[holder] == 2, counts  # kv_insufficient, then the search's step
         final = launches(dict((n, h) for n, _, h, _ in replicas)[holder])[-1]["flags"]
         for name, _, home, proc in replicas:
             if name == holder:
@@ -450,7 +450,11 @@ def test_three_replicas_tune_once_and_share_the_profile(tmp_path: Path):
         profiles, leases = store_files(store)
         assert len(profiles) == 1 and leases == []
         published = Profile.from_dict(json.loads((store / "profiles" / profiles[0]).read_text()))
-        assert published.flags["kv_cache_dtype"] == "fp8" and published.flags["max_model_len"] == 131072
+        # the holder's working flags (the full context kept by the search's step), not its first launch's
+        keys = ("max_model_len", "gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs")
+        first = launches(dict((n, h) for n, _, h, _ in replicas)[holder])[0]["flags"]
+        assert published.flags["max_model_len"] == 131072
+        assert [published.flags[k] for k in keys] == [final[k] for k in keys] != [first[k] for k in keys]
         for *_, proc in replicas:
             proc.signal(signal.SIGTERM)
         for _, config, _, proc in replicas:
