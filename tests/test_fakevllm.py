@@ -1459,7 +1459,13 @@ def test_sigterm_to_the_whole_group_stops_the_engine_core_and_the_drain_fails(
     )
     fake.wait_ready()
     threads, statuses = in_background(fake, 2)
-    wait_until(lambda: vllm_figures(fake)["running"] == 1, 10, what="a request running")
+    # both requests inside the server before the stop (a request sent after it gets the 500 of a closed
+    # server, another case: see the test above)
+    wait_until(
+        lambda: (lambda f: (f["running"], f["waiting"]))(vllm_figures(fake)) == (1, 1),
+        10,
+        what="one running, one waiting",
+    )
     os.killpg(fake.proc.pid, signal.SIGTERM)
     for t in threads:
         t.join(10)
