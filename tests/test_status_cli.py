@@ -487,6 +487,9 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path, sleepers: list[subprocess.Po
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Ctrl-C as a terminal delivers it: an ignored SIGINT left in this test process by an earlier
+        # in-process test would be inherited and make the watch deaf to it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stdout is not None
