@@ -1,8 +1,9 @@
 """The imperative shell around one vLLM launch: start, watch, probe, stop.
 
-One loop reads one queue of typed events (child output, child EOF, finished checks); signals only
-append to a deque the loop looks at. Checks that block (readiness, the probe) run on threads and
-report back as events, so vLLM's output is drained all the time.
+Its waits are phases of the one loop (:mod:`r1sup.loop`): :class:`Starting` until vLLM is ready or has
+failed, :class:`ProbeWait` until the probe returns, :class:`Flushing` for the output that follows an
+exit or a stop. Checks that block (readiness, the probe) run on threads and report back as events, so
+vLLM's output is drained all the time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from r1sup.flags import EngineFlags
 from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_leftovers, port_holder
 from r1sup.logparse import LogLine, LogReader, Progress
 from r1sup.logs import get_logger
+from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, StopRequested, Waiting
+
+__all__ = ["StopRequested", "Runner", "Launch", "Hooks"]
 
 if TYPE_CHECKING:
     from r1sup.probe import ProbeProcess
@@ -34,14 +38,6 @@ READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readines
 READY_RETRY_S = 0.05
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
 DESCENDANTS_EVERY_S = 2.0  # the engine's processes are recorded this often (a scan of every process)
-
-
-class StopRequested(Exception):
-    """A signal arrived while waiting; the caller stops the child and exits."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(f"signal {signum}")
 
 
 @dataclass
@@ -131,31 +127,29 @@ class Runner:
         # (flags, probe record) of a saved profile that passed the full probe on a box of the same
         # fingerprint: a launch with those flags gets the short probe (probe.probe_requests)
         self.proven: tuple[dict[str, Any], dict[str, Any]] | None = None
+        self.clock: Callable[[], float] = time.monotonic  # the loop's clock (a replay test's fake one)
+        self.loop = Loop(
+            events, clock=lambda: self.clock(), tick=lambda: self.hooks.on_tick(), fault=self._fault
+        )
 
     # --- waiting -------------------------------------------------------------------------------
 
     def check_signals(self) -> None:
-        """Raise what ends a wait: a signal (StopRequested), else a fault of r1sup's own (InternalError,
-        from a check thread). Every waiting loop calls this on each turn."""
+        """Between waits (before a launch, inside the preflight's import): a pending stop signal ends
+        the work as StopRequested, as the loop's phases do."""
         signum = self.events.pending_signal()
         if signum is not None:
             raise StopRequested(signum)
-        if self.fault is not None:
-            fault, self.fault = self.fault, None
-            raise fault
+
+    def _fault(self) -> InternalError | None:
+        """A fault of r1sup's own from a check thread, taken once (the loop raises it)."""
+        fault, self.fault = self.fault, None
+        return fault
 
     def sleep(self, seconds: float, launch: Launch | None = None) -> None:
-        """An interruptible wait that keeps draining the child's output."""
-        deadline = time.monotonic() + seconds
-        while True:
-            self.check_signals()
-            self.hooks.on_tick()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            event = self.events.get(min(remaining, 0.2))
-            if event is not None and launch is not None:
-                self.handle_output(launch, event)
+        """An interruptible wait (a stop signal ends it) that keeps taking the child's output."""
+        output = (lambda event: self.handle_output(launch, event)) if launch is not None else None
+        self.loop.run(Waiting(self.clock() + seconds, output))
 
     def run_check(self, kind: str, launch: Launch, fn: Callable[[], tuple[bool, str, Any]]) -> None:
         def work() -> None:
@@ -177,7 +171,7 @@ class Runner:
                     self.hooks.on_line(launch, item)
                 else:
                     if launch.progress is not None:
-                        step = launch.progress.observe(item.kind, item.numbers, time.monotonic())
+                        step = launch.progress.observe(item.kind, item.numbers, self.clock())
                         if step is not None:
                             self._progress_step(launch, step)
                     self.hooks.on_progress(launch, item)
@@ -199,7 +193,7 @@ class Runner:
         """Redraw the terminal line (at most twice a second unless ``force``)."""
         if self.display is None or launch.progress is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         if force or now - self._shown_at >= 0.5:
             self._shown_at = now
             self.display.set(f"attempt {launch.attempt}: {launch.progress.snapshot(now).text()}")
@@ -210,7 +204,7 @@ class Runner:
         launch = self.current
         if launch is None or launch.progress is None or launch.progress.ended:
             return None
-        snap = launch.progress.snapshot(time.monotonic())
+        snap = launch.progress.snapshot(self.clock())
         return snap.phase, f"attempt {launch.attempt}: {snap.text()}"
 
     def live_status(self) -> dict[str, Any]:
@@ -230,7 +224,7 @@ class Runner:
         if launch.progress is not None and not launch.progress.ended:
             from datetime import datetime, timedelta, timezone
 
-            snap = launch.progress.snapshot(time.monotonic())
+            snap = launch.progress.snapshot(self.clock())
             now = datetime.now(timezone.utc)
             progress = snap.to_dict()
             progress["launch_started_at"] = (now - timedelta(seconds=snap.elapsed_s)).isoformat(
@@ -249,7 +243,7 @@ class Runner:
         returns the numbers read since the last progress event."""
         if self.display is not None:
             self.display.clear()
-        return launch.progress.finish(time.monotonic()) if launch.progress is not None else {}
+        return launch.progress.finish(self.clock()) if launch.progress is not None else {}
 
     def _relay(self, launch: Launch, item: LogLine) -> None:
         """One vLLM line as a ``vllm`` event at vLLM's own level (warnings and errors stand out).
@@ -314,7 +308,7 @@ class Runner:
         self._ids += 1
         spec = build_spec(self.config, flags, api_key=self.api_key, managed=self.managed_args)
         engine = Engine(spec, self.events, self._ids)
-        launch = Launch(self._ids, flags, spec, engine, LogReader(), time.monotonic(), attempt=attempt)
+        launch = Launch(self._ids, flags, spec, engine, LogReader(), self.clock(), attempt=attempt)
         launch.progress = P.LoadProgress(launch.started, self.expected_phases)
         self.current = launch
         blocked = self.preflight(spec)
@@ -343,71 +337,12 @@ class Runner:
         return launch
 
     def _wait_ready(self, launch: Launch) -> None:
-        server = self.config.server
-        start_deadline = launch.started + server.startup_timeout_s
-        last_activity = time.monotonic()
-        check_running = False
-        next_check = time.monotonic() + self.ready_poll_s
-        line_seen = False  # vLLM printed its readiness line: check now, not at the next poll
-        while True:
-            self.check_signals()
-            self.hooks.on_tick()
-            self.show_progress(launch)
-            now = time.monotonic()
-            # no longer than until the next check is due (once the child exited, none is started)
-            due = 0.2 if check_running or launch.exited_at is not None else next_check - now
-            event = self.events.get(min(0.2, due))
-            if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
-                check_running = False
-                if event.ok and launch.engine.alive():
-                    launch.ready = True
-                    launch.ready_after_s = round(time.monotonic() - launch.started, 2)
-                    launch.reader.mark_ready()
-                    self._ready(launch)
-                    return
-                if line_seen:
-                    next_check = min(next_check, time.monotonic() + READY_RETRY_S)
-            elif event is not None:
-                if isinstance(event, ChildOutput) and event.launch == launch.number:
-                    last_activity = now
-                self.handle_output(launch, event)
-                if not line_seen and launch.reader.ready_seen:
-                    line_seen = True
-                    next_check = now
-            self.record_descendants(launch, now)
-            if launch.engine.poll() is not None:
-                ended = self.exit_failure(launch, now, F.PHASE_STARTUP, " before it was ready")
-                if ended is not None:
-                    launch.failure = ended
-                    return
-                continue
-            now = time.monotonic()
-            if not check_running and now >= next_check:
-                check_running = True
-                next_check = now + self.ready_poll_s
-                self.run_check(
-                    "ready",
-                    launch,
-                    lambda: (*health.check_ready(self.endpoint, launch.spec.served_name), None),
-                )
-            stalled = now - last_activity > server.stall_timeout_s
-            if stalled or now > start_deadline:
-                seen = launch.reader.verdict(exit_code=None)
-                if seen.cls != F.NONE:
-                    launch.failure = seen
-                else:
-                    what = (
-                        f"no output for {server.stall_timeout_s:.0f}s"
-                        if stalled
-                        else f"not ready after {server.startup_timeout_s:.0f}s (server.startup_timeout_s)"
-                    )
-                    launch.failure = Failure(F.HANG, launch.reader.startup_phase, detail=what, evidence=what)
-                return
+        self.loop.run(Starting(self, launch))
 
     def _ready(self, launch: Launch) -> None:
         """``engine_ready`` with what vLLM printed since the last phase; the probe's phase begins."""
         assert launch.progress is not None
-        now = time.monotonic()
+        now = self.clock()
         if self.config.probe.enabled:
             step = launch.progress.enter(P.PROBE, now)
             fields = progress_fields(launch, step) if step is not None else {}
@@ -420,14 +355,7 @@ class Runner:
     def drain(self, launch: Launch, limit_s: float = 0.5, *, until_quiet: bool = False) -> None:
         """Take what output is still queued for this launch: until its end (EOF) or ``limit_s``, or
         with ``until_quiet`` as soon as nothing more came for 50 ms (an engine still running)."""
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            event = self.events.get(0.05)
-            if event is None:
-                if launch.engine.eof or until_quiet:
-                    return
-                continue
-            self.handle_output(launch, event)
+        self.loop.run(Flushing(self, launch, self.clock() + limit_s, until_quiet))
 
     def record_descendants(self, launch: Launch, now: float) -> None:
         """Record the engine's processes (to kill them even if they leave the group), at most every
@@ -511,19 +439,7 @@ class Runner:
         child = self._take_probe_process(launch)
         self._probe_proc = child
         self.run_check("probe", launch, lambda: _probe_call(child.run, spec))
-        deadline = time.monotonic() + p.timeout_s + 30
-        result: dict[str, Any] | None = None
-        while result is None:
-            self.check_signals()
-            self.hooks.on_tick()
-            self.show_progress(launch)
-            event = self.events.get(0.2)
-            if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
-                result = event.payload or {"ok": False, "errors": [event.detail]}
-            elif event is not None:
-                self.handle_output(launch, event)
-            if time.monotonic() > deadline:
-                result = {"ok": False, "errors": ["the probe did not return"], "timed_out": True}
+        result: dict[str, Any] = self.loop.run(ProbeWait(self, launch, self.clock() + p.timeout_s + 30))
         launch.probe = result
         internal = result.get("internal")
         if internal:  # the probe child crashed or could not import: r1sup's fault, never the engine's
@@ -590,10 +506,8 @@ class Runner:
     def stop(self, launch: Launch, *, reason: str) -> StopReport:
         self._kill_probe()
         self.finish_progress(launch)
-        for _ in range(self.events.queued()):  # what vLLM printed before the stop is relayed as it came
-            event = self.events.get(0)
-            if event is not None:
-                self.handle_output(launch, event)
+        # what vLLM printed before the stop is relayed as it came
+        self.loop.run(Flushing(self, launch, self.clock(), until_quiet=True, at_most=self.events.queued()))
         launch.stopping = True
         server = self.config.server
         report = launch.engine.stop(
@@ -618,6 +532,137 @@ class Runner:
             seconds=round(report.seconds, 2),
         )
         return report
+
+
+class Starting(Phase):
+    """From the launch until vLLM answers as ready (``launch.ready``) or has failed (``launch.failure``).
+
+    Readiness is checked the moment vLLM prints its readiness line, polled every ``ready_poll_s``
+    until then; the start-up fails when the engine exits, prints nothing for
+    ``server.stall_timeout_s`` or is not ready within ``server.startup_timeout_s``."""
+
+    def __init__(self, runner: Runner, launch: Launch) -> None:
+        self.runner = runner
+        self.launch = launch
+        now = runner.clock()
+        server = runner.config.server
+        self.stall_s = server.stall_timeout_s
+        self.startup_s = server.startup_timeout_s
+        self.deadline = launch.started + server.startup_timeout_s
+        self.last_activity = now
+        self.checking = False  # a readiness check is in flight
+        self.next_check = now + runner.ready_poll_s
+        self.line_seen = False  # vLLM printed its readiness line: check now, not at the next poll
+
+    def due(self, now: float) -> float:
+        # no longer than until the next check is due (once the child exited, none is started)
+        if self.checking or self.launch.exited_at is not None:
+            return TURN_S
+        return self.next_check - now
+
+    def on(self, event: Any, now: float) -> Any:
+        runner, launch = self.runner, self.launch
+        runner.show_progress(launch)
+        if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "ready":
+            self.checking = False
+            if event.ok and launch.engine.alive():
+                launch.ready = True
+                launch.ready_after_s = round(now - launch.started, 2)
+                launch.reader.mark_ready()
+                runner._ready(launch)
+                return Done()
+            if self.line_seen:
+                self.next_check = min(self.next_check, now + READY_RETRY_S)
+        elif event is not None:
+            if isinstance(event, ChildOutput) and event.launch == launch.number:
+                self.last_activity = now
+            runner.handle_output(launch, event)
+            if not self.line_seen and launch.reader.ready_seen:
+                self.line_seen = True
+                self.next_check = now
+        runner.record_descendants(launch, now)
+        if launch.engine.poll() is not None:
+            ended = runner.exit_failure(launch, now, F.PHASE_STARTUP, " before it was ready")
+            if ended is None:
+                return None
+            launch.failure = ended
+            return Done()
+        if not self.checking and now >= self.next_check:
+            self.checking = True
+            self.next_check = now + runner.ready_poll_s
+            runner.run_check(
+                "ready", launch, lambda: (*health.check_ready(runner.endpoint, launch.spec.served_name), None)
+            )
+        stalled = now - self.last_activity > self.stall_s
+        if stalled or now > self.deadline:
+            seen = launch.reader.verdict(exit_code=None)
+            if seen.cls != F.NONE:
+                launch.failure = seen
+            else:
+                what = (
+                    f"no output for {self.stall_s:.0f}s"
+                    if stalled
+                    else f"not ready after {self.startup_s:.0f}s (server.startup_timeout_s)"
+                )
+                launch.failure = Failure(F.HANG, launch.reader.startup_phase, detail=what, evidence=what)
+            return Done()
+        return None
+
+
+class ProbeWait(Phase):
+    """Until the probe's check returns (its result dict), or ``deadline`` (a probe that did not return)."""
+
+    def __init__(self, runner: Runner, launch: Launch, deadline: float) -> None:
+        self.runner = runner
+        self.launch = launch
+        self.deadline = deadline
+
+    def on(self, event: Any, now: float) -> Any:
+        launch = self.launch
+        self.runner.show_progress(launch)
+        if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
+            return Done(event.payload or {"ok": False, "errors": [event.detail]})
+        if event is not None:
+            self.runner.handle_output(launch, event)
+        if now > self.deadline:
+            return Done({"ok": False, "errors": ["the probe did not return"], "timed_out": True})
+        return None
+
+
+class Flushing(Phase):
+    """The output still queued for a launch: until its end (EOF) or ``until``; with ``until_quiet``
+    until nothing more came for 50 ms. Signals and faults wait for the next phase: the caller is
+    already stopping or deciding."""
+
+    ticks = False
+    faults = False
+    QUIET_S = 0.05
+
+    def __init__(
+        self, runner: Runner, launch: Launch, until: float, until_quiet: bool, at_most: int | None = None
+    ) -> None:
+        self.runner = runner
+        self.launch = launch
+        self.until = until
+        self.until_quiet = until_quiet
+        self.left = at_most  # events to take at most (what was queued when the flush began)
+
+    def due(self, now: float) -> float:
+        return min(self.QUIET_S, self.until - now)
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        return None
+
+    def on(self, event: Any, now: float) -> Any:
+        if event is None:
+            if self.launch.engine.eof or self.until_quiet or now >= self.until:
+                return Done()
+            return None
+        self.runner.handle_output(self.launch, event)
+        if self.left is not None:
+            self.left -= 1
+            return Done() if self.left <= 0 else None
+        return Done() if now >= self.until else None
 
 
 def launch_verdict(launch: Launch, code: int | None, phase: str, when: str = "") -> Failure:

@@ -1,0 +1,158 @@
+"""The one loop: the only reader of the event queue.
+
+Every wait of r1sup (a launch starting, the probe, serving, a drain, a backoff, the output that follows
+an exit) is a :class:`Phase`. :meth:`Loop.run` turns the loop for it::
+
+    event = queue.get(timeout)
+    outcome = phase.on(event, now)
+
+``on`` returns None to go on, another phase to hand over to, or :class:`Done` with the phase's outcome.
+Before each read the loop hands the phase what the signal handlers queued (:class:`Signalled`, and
+:class:`ReloadRequested` to a phase that takes reloads) and, for phases that want it, calls the tick
+(watchdog, start timeout, the progress line). A stop signal a phase does not take ends the loop as
+:class:`StopRequested`, raised here and nowhere else; a fault of r1sup's own (an exception in a check
+thread) is raised here too.
+
+The clock is the loop's: a replay test gives it a fake one and a scripted queue, and the same phases
+run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from r1sup.events import EventQueue
+
+TURN_S = 0.2  # the longest a turn waits for an event: signals and timers are looked at this often
+
+
+class StopRequested(Exception):
+    """A stop signal arrived while a phase waited; the caller stops the child and exits."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"signal {signum}")
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """SIGTERM/SIGINT queued by the handler: the first one's number and how many came so far."""
+
+    signum: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP queued by the handler (given only to a phase with ``reloads = True``)."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a phase ended in."""
+
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A phase's answer to a stop signal it does not wait through."""
+
+    signum: int
+
+
+class Phase:
+    """One way of waiting. Subclasses implement :meth:`on`; the class attributes say what the loop
+    gives them."""
+
+    ticks = True  # the loop's tick runs on each turn (watchdog, start timeout, progress line)
+    faults = True  # a fault of r1sup's own from a check thread ends the wait (raised by the loop)
+    reloads = False  # SIGHUP is handed over as ReloadRequested (else it stays queued)
+
+    def due(self, now: float) -> float:
+        """Seconds until this phase needs a turn without an event (a timer); the loop caps it."""
+        return TURN_S
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        """A stop signal is pending: by default the wait ends and the caller stops."""
+        return Stop(signal.signum)
+
+    def on(self, event: Any, now: float) -> Any:
+        """One turn: ``event`` is what the queue gave (None when nothing came in time)."""
+        raise NotImplementedError
+
+
+Fault = Callable[[], BaseException | None]
+
+
+class Loop:
+    """Runs phases against one :class:`EventQueue` and one clock."""
+
+    def __init__(
+        self,
+        events: EventQueue,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        tick: Callable[[], None] = lambda: None,
+        fault: Fault = lambda: None,
+    ) -> None:
+        self.events = events
+        self.clock = clock
+        self.tick = tick
+        self.fault = fault
+
+    def run(self, phase: Phase) -> Any:
+        """Turn until ``phase`` (or the phase it handed over to) is done; returns its outcome."""
+        while True:
+            outcome = self._turn(phase)
+            if isinstance(outcome, Phase):
+                phase = outcome
+            elif isinstance(outcome, Done):
+                return outcome.value
+            elif isinstance(outcome, Stop):
+                raise StopRequested(outcome.signum)
+
+    def _turn(self, phase: Phase) -> Any:
+        if phase.faults:
+            fault = self.fault()
+            if fault is not None:
+                raise fault
+        events = self.events
+        if events.signals:
+            outcome = phase.on_signal(Signalled(events.signals[0], len(events.signals)), self.clock())
+            if outcome is not None:
+                return outcome
+        if phase.reloads and events.reloads:
+            events.reloads.clear()
+            outcome = phase.on(ReloadRequested(), self.clock())
+            if outcome is not None:
+                return outcome
+        if phase.ticks:
+            self.tick()
+        wait = min(TURN_S, max(0.0, phase.due(self.clock())))
+        event = events.get(wait)
+        return phase.on(event, self.clock())
+
+    def sleep(self, seconds: float) -> None:
+        """An interruptible wait (a stop signal ends it with StopRequested)."""
+        self.run(Waiting(self.clock() + seconds))
+
+
+class Waiting(Phase):
+    """Wait until a moment (a backoff, a poll of the fleet's store); ``output`` takes what the queue
+    brings meanwhile (a running engine's lines)."""
+
+    def __init__(self, until: float, output: Callable[[Any], None] | None = None) -> None:
+        self.until = until
+        self.output = output
+
+    def due(self, now: float) -> float:
+        return self.until - now
+
+    def on(self, event: Any, now: float) -> Any:
+        if event is not None and self.output is not None:
+            self.output(event)
+        return Done() if now >= self.until else None
