@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import functools
 import os
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -39,14 +38,16 @@ from r1sup.errors import (
 from r1sup.events import CheckDone, ChildEOF, ChildOutput
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
+from r1sup.loop import Done, Phase, ReloadRequested, Signalled, Stop, StopRequested
 from r1sup.notify import Notifier
-from r1sup.runner import EXIT_DRAIN_S, Launch, StopRequested
+from r1sup.runner import EXIT_DRAIN_S, Launch
 from r1sup.session import Session, now_iso, save_profile
 from r1sup.tuner import (
     AttemptFailed,
     LadderStepped,
     Launching,
     Probing,
+    Retrying,
     SearchEvent,
     Tuner,
     TuneResult,
@@ -139,7 +140,8 @@ class Daemon:
         self.started_at = now_iso()
         self.record: Any = None  # r1sup.runrecord.RunLog of this run, for `r1sup report`
         self._progress_shown: tuple[str, float, float] = ("", 0.0, 0.0)  # phase, STATUS= sent, written
-        self.heartbeat = time.monotonic()  # the loop's last turn, for /livez
+        self.clock: Callable[[], float] = lambda: self.runner.clock()
+        self.heartbeat = self.clock()  # the loop's last turn, for /livez
         self.status_doc: dict[str, Any] | None = None  # what status.json holds, for /status
         self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
         self.runner.hooks.on_tick = self._on_tick
@@ -214,7 +216,7 @@ class Daemon:
     def _on_tick(self) -> None:
         """Each turn of the loop while a launch, a probe or a wait runs: the loop is alive and vLLM is
         making progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
-        now = time.monotonic()
+        now = self.clock()
         self.heartbeat = now
         self._watchdog(now)
         if self.state in _EXTENDING and now - self._last_extend >= EXTEND_EVERY_S:
@@ -261,6 +263,8 @@ class Daemon:
                 evidence=failure.evidence[:200],
             )
             self.write_status()
+        elif isinstance(event, Retrying):
+            self.transition(State.BACKOFF, event.status)
         elif isinstance(event, LadderStepped):
             if self.metrics:
                 self.metrics.ladder_steps.labels(failure_class=event.failure_class).inc()
@@ -278,10 +282,11 @@ class Daemon:
             self._start_metrics()
             self._clean_state_dir()
             self.transition(State.PLANNING, "planning")
-            return self._run()
-        except StopRequested as stop:
-            self.log.info("stop_requested", signal=stop.signum)
-            return self._shutdown(EXIT_OK)
+            try:
+                return self._run()
+            except StopRequested as stop:
+                self.log.info("stop_requested", signal=stop.signum)
+            return self._shutdown(EXIT_OK)  # a failure of the stop itself is handled below
         except InternalError as exc:
             self._internal(exc)
             raise
@@ -329,7 +334,7 @@ class Daemon:
         server = self.config.server
         return View(
             state=self.state.value,
-            loop_age_s=time.monotonic() - self.heartbeat,
+            loop_age_s=self.clock() - self.heartbeat,
             loop_limit_s=loop_limit_s(server.stop_timeout_s, server.memory_release_timeout_s),
             status=self.status_doc,
         )
@@ -489,7 +494,7 @@ class Daemon:
         (the other processes released their memory). Checked every ``daemon.memory_check_s``."""
         from r1sup import devices, profiles, search
 
-        now = time.monotonic()
+        now = self.clock()
         if self.degraded is None or now < self.next_memory_check:
             return False
         self.next_memory_check = now + self.config.daemon.memory_check_s
@@ -552,87 +557,8 @@ class Daemon:
     # --- serving -------------------------------------------------------------------------------
 
     def _serve(self, launch: Launch) -> ServeEnd:
-        d = self.config.daemon
-        start = time.monotonic()
-        ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
-        policy = liveness.Policy.from_config(d)
-        track = liveness.start(start)
-        procs = watch.ProcessWatch(launch.engine.pid) if launch.engine.pid else None
-        read = functools.partial(watch.read_metrics, ep, d.health_timeout_s)
-        # the completion may wait as long as a stall is tolerated: its answer, however late, is progress
-        name, timeout = self.config.served_name, d.progress_timeout_s
-        probe = _check(lambda: watch.send_probe(ep, name, timeout))
-        last: liveness.Verdict | None = None
-        next_health = start + d.health_interval_s
-        next_sample = start  # the first figures at once: the baseline progress is measured against
-        next_record = start
-        busy: set[str] = set()  # checks in flight
-        healthy = True
-        while True:
-            self.heartbeat = time.monotonic()
-            self.runner.check_signals()
-            if self.events.reloads:
-                self.events.reloads.clear()
-                new = self._load_new_config()
-                if new is not None and _implied_change(self.config, new):
-                    return ServeEnd(None, time.monotonic() - start, reload=new)
-            event = self.events.get(0.2)
-            now = time.monotonic()
-            sampled = False
-            if isinstance(event, CheckDone) and event.launch == launch.number:
-                busy.discard(event.kind)
-                sampled = event.kind == "metrics"
-                if event.kind == "health":
-                    healthy = event.ok
-                    track = liveness.observe(track, liveness.HealthResult(now, event.ok, event.detail))
-                    if event.ok and self.metrics:
-                        self.metrics.success()
-                elif isinstance(event.payload, (liveness.MetricsSample, liveness.ProbeResult)):
-                    track = liveness.observe(track, event.payload)
-                elif event.kind == "metrics":  # the read itself raised: no figures this time
-                    track = liveness.observe(track, liveness.MetricsSample(now, None, event.detail))
-                elif event.kind == "liveness":
-                    track = liveness.observe(track, liveness.ProbeResult(now, False, detail=event.detail))
-            elif isinstance(event, (ChildOutput, ChildEOF)):
-                self.runner.handle_output(launch, event)
-                stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
-                if stats is not None:
-                    track = liveness.observe(track, liveness.StatsSeen(now, stats))
-            if launch.engine.poll() is not None:
-                ended = self.runner.exit_failure(launch, now, F.PHASE_SERVING)
-                if ended is not None:
-                    return self._serve_failure(launch, start, ended)
-                continue
-            self.runner.record_descendants(launch, now)
-            if now >= next_record:
-                gone = procs.check() if procs else None
-                if gone:
-                    track = liveness.observe(track, liveness.CoreGone(now, gone))
-                next_record = now + 1.0
-            if "health" not in busy and now >= next_health:
-                busy.add("health")
-                next_health = now + d.health_interval_s
-                self.runner.run_check(
-                    "health", launch, lambda: (*health.check_health(ep, d.health_timeout_s), None)
-                )
-            if "metrics" not in busy and now >= next_sample:
-                busy.add("metrics")
-                due, next_sample = next_sample, next_sample + d.liveness_interval_s
-                if next_sample <= now:  # fell behind (a slow read): a new grid from now
-                    due, next_sample = now, now + d.liveness_interval_s
-                self.runner.run_check("metrics", launch, _check(functools.partial(read, at=due)))
-            verdict = liveness.decide(track, now, policy)
-            last = self._log_verdict(launch, verdict, last, sampled)
-            if verdict.hung:
-                return self._serve_failure(launch, start, self._hung_failure(launch, verdict))
-            if verdict.probe and "liveness" not in busy:
-                busy.add("liveness")
-                track = liveness.observe(track, liveness.ProbeSent(now))
-                self.runner.run_check("liveness", launch, probe)
-            if healthy or verdict.evidence == liveness.EVIDENCE_PROGRESS:
-                self._watchdog(now)
-            if healthy and self._memory_back(launch):
-                return ServeEnd(None, time.monotonic() - start, back_to_best=True)
+        end: ServeEnd = self.runner.loop.run(Serving(self, launch))
+        return end
 
     def _log_verdict(
         self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
@@ -692,7 +618,7 @@ class Daemon:
             self.log.info("drain_skipped", reason=reason, figures=first.to_dict() if first else None)
             return
         itself = liveness.drains_itself(launch.spec.argv)
-        t0 = time.monotonic()
+        t0 = self.clock()
         deadline = t0 + budget_s
         self.transition(State.DRAINING, liveness.drain_status(first))
         self.log.info(
@@ -701,42 +627,19 @@ class Daemon:
         if itself:
             launch.stopping = True  # what vLLM prints from now on is its teardown (relayed as such)
             launch.engine.terminate_leader()
-        figures: liveness.Figures | None = first
-        next_read = t0 + 1.0
-        done = False
-        while time.monotonic() < deadline:
-            if for_shutdown:
-                if len(self.events.signals) >= 2:
-                    break  # a second SIGTERM forces the stop
-            else:
-                self.runner.check_signals()  # a SIGTERM during a reload's drain: the shutdown takes over
-            self._on_tick()
-            event = self.events.get(0.2)
-            if event is not None:
-                self.runner.handle_output(launch, event)
-            if not launch.engine.alive():
-                done = itself  # vLLM finished its drain and exited (without being asked to: it crashed)
-                break
-            if time.monotonic() >= next_read:
-                next_read = time.monotonic() + 1.0
-                read = watch.read_metrics(ep, 2.0).figures
-                if read is not None:
-                    figures = read
-                    self.set_status(liveness.drain_status(figures))
-                    if figures.pending == 0 and not itself:
-                        done = True
-                        break
+        phase = Draining(self, launch, ep, first, deadline, itself=itself, for_shutdown=for_shutdown)
+        self.runner.loop.run(phase)
         self.log.info(
             "drain_finished",
             reason=reason,
-            seconds=round(time.monotonic() - t0, 1),
-            complete=done,
-            **(figures.to_dict() if figures else {}),
+            seconds=round(self.clock() - t0, 1),
+            complete=phase.complete,
+            **(phase.figures.to_dict() if phase.figures else {}),
         )
 
     def _serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
         self.last_failure = failure
-        served = time.monotonic() - start
+        served = self.clock() - start
         self.log.error(
             "serving_failed",
             served_s=round(served, 1),
@@ -906,3 +809,166 @@ def backoff_delay(restart: int, initial: float, maximum: float) -> float:
     state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
     state.attempt_number = restart
     return float(wait(state))
+
+
+class Serving(Phase):
+    """The engine serves: ``/health`` every ``daemon.health_interval_s``, vLLM's progress figures every
+    ``daemon.liveness_interval_s``, its processes; :mod:`r1sup.liveness` decides from them. Ends (a
+    :class:`ServeEnd`) in a failure, a reload that changes the flags, or the memory being back for a
+    degraded profile. Its own tick: the watchdog is fed only while the engine is healthy."""
+
+    ticks = False
+    reloads = True
+
+    def __init__(self, daemon: Daemon, launch: Launch) -> None:
+        self.d = daemon
+        self.launch = launch
+        d = daemon.config.daemon
+        self.cfg = d
+        self.start = start = daemon.clock()
+        ep = health.Endpoint(daemon.config.server.host, daemon.config.server.port, daemon.s.api_key)
+        self.ep = ep
+        self.policy = liveness.Policy.from_config(d)
+        self.track = liveness.start(start)
+        self.procs = watch.ProcessWatch(launch.engine.pid) if launch.engine.pid else None
+        self.read = functools.partial(watch.read_metrics, ep, d.health_timeout_s)
+        # the completion may wait as long as a stall is tolerated: its answer, however late, is progress
+        name, timeout = daemon.config.served_name, d.progress_timeout_s
+        self.probe = _check(lambda: watch.send_probe(ep, name, timeout))
+        self.last: liveness.Verdict | None = None
+        self.next_health = start + d.health_interval_s
+        self.next_sample = start  # the first figures at once: the baseline progress is measured against
+        self.next_record = start
+        self.busy: set[str] = set()  # checks in flight
+        self.healthy = True
+
+    def on(self, event: Any, now: float) -> Any:
+        daemon, launch, d, runner = self.d, self.launch, self.cfg, self.d.runner
+        daemon.heartbeat = now
+        if isinstance(event, ReloadRequested):
+            new = daemon._load_new_config()
+            if new is not None and _implied_change(daemon.config, new):
+                return Done(ServeEnd(None, now - self.start, reload=new))
+            return None
+        sampled = False
+        track = self.track
+        if isinstance(event, CheckDone) and event.launch == launch.number:
+            self.busy.discard(event.kind)
+            sampled = event.kind == "metrics"
+            if event.kind == "health":
+                self.healthy = event.ok
+                track = liveness.observe(track, liveness.HealthResult(now, event.ok, event.detail))
+                if event.ok and daemon.metrics:
+                    daemon.metrics.success()
+            elif isinstance(event.payload, (liveness.MetricsSample, liveness.ProbeResult)):
+                track = liveness.observe(track, event.payload)
+            elif event.kind == "metrics":  # the read itself raised: no figures this time
+                track = liveness.observe(track, liveness.MetricsSample(now, None, event.detail))
+            elif event.kind == "liveness":
+                track = liveness.observe(track, liveness.ProbeResult(now, False, detail=event.detail))
+        elif isinstance(event, (ChildOutput, ChildEOF)):
+            runner.handle_output(launch, event)
+            stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
+            if stats is not None:
+                track = liveness.observe(track, liveness.StatsSeen(now, stats))
+        self.track = track
+        if launch.engine.poll() is not None:
+            ended = runner.exit_failure(launch, now, F.PHASE_SERVING)
+            if ended is not None:
+                return Done(daemon._serve_failure(launch, self.start, ended))
+            return None
+        runner.record_descendants(launch, now)
+        if now >= self.next_record:
+            gone = self.procs.check() if self.procs else None
+            if gone:
+                self.track = liveness.observe(self.track, liveness.CoreGone(now, gone))
+            self.next_record = now + 1.0
+        if "health" not in self.busy and now >= self.next_health:
+            self.busy.add("health")
+            self.next_health = now + d.health_interval_s
+            ep, timeout = self.ep, d.health_timeout_s
+            runner.run_check("health", launch, lambda: (*health.check_health(ep, timeout), None))
+        if "metrics" not in self.busy and now >= self.next_sample:
+            self.busy.add("metrics")
+            due, self.next_sample = self.next_sample, self.next_sample + d.liveness_interval_s
+            if self.next_sample <= now:  # fell behind (a slow read): a new grid from now
+                due, self.next_sample = now, now + d.liveness_interval_s
+            runner.run_check("metrics", launch, _check(functools.partial(self.read, at=due)))
+        verdict = liveness.decide(self.track, now, self.policy)
+        self.last = daemon._log_verdict(launch, verdict, self.last, sampled)
+        if verdict.hung:
+            return Done(daemon._serve_failure(launch, self.start, daemon._hung_failure(launch, verdict)))
+        if verdict.probe and "liveness" not in self.busy:
+            self.busy.add("liveness")
+            self.track = liveness.observe(self.track, liveness.ProbeSent(now))
+            runner.run_check("liveness", launch, self.probe)
+        if self.healthy or verdict.evidence == liveness.EVIDENCE_PROGRESS:
+            daemon._watchdog(now)
+        if self.healthy and daemon._memory_back(launch):
+            return Done(ServeEnd(None, now - self.start, back_to_best=True))
+        return None
+
+
+class Draining(Phase):
+    """A stop r1sup chose waits for the requests in flight (see :meth:`Daemon._drain`): until vLLM,
+    draining itself, exits, or (an older vLLM) ``/metrics`` shows none pending, or ``deadline``. For a
+    shutdown a second stop signal ends it; during a reload's drain a stop signal hands over to the
+    shutdown."""
+
+    READ_EVERY_S = 1.0
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        launch: Launch,
+        ep: health.Endpoint,
+        first: liveness.Figures,
+        deadline: float,
+        *,
+        itself: bool,
+        for_shutdown: bool,
+    ) -> None:
+        self.d = daemon
+        self.launch = launch
+        self.ep = ep
+        self.figures: liveness.Figures | None = first
+        self.deadline = deadline
+        self.itself = itself
+        self.for_shutdown = for_shutdown
+        self.next_read = daemon.clock() + self.READ_EVERY_S
+        self.reading = False
+        self.complete = False
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        if not self.for_shutdown:
+            return Stop(signal.signum)
+        return Done() if signal.count >= 2 else None  # a second SIGTERM forces the stop
+
+    def due(self, now: float) -> float:
+        return self.deadline - now
+
+    def on(self, event: Any, now: float) -> Any:
+        launch, runner = self.launch, self.d.runner
+        if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "drain":
+            self.reading = False
+            read = event.payload
+            if read is not None and read.figures is not None:
+                self.figures = read.figures
+                self.d.set_status(liveness.drain_status(read.figures))
+                if read.figures.pending == 0 and not self.itself:
+                    self.complete = True
+                    return Done()
+        elif event is not None:
+            runner.handle_output(launch, event)
+        if not launch.engine.alive():
+            # vLLM finished its drain and exited (or, not asked to drain, it crashed)
+            self.complete = self.itself
+            return Done()
+        if now >= self.deadline:
+            return Done()
+        if not self.reading and now >= self.next_read:
+            self.reading = True
+            self.next_read = now + self.READ_EVERY_S
+            ep = self.ep
+            runner.run_check("drain", launch, lambda: (True, "", watch.read_metrics(ep, 2.0)))
+        return None

@@ -252,7 +252,20 @@ class LadderStepped:
         return status_line(self.attempt, self.old, self.new, self.failure_class)
 
 
-SearchEvent = Launching | Probing | AttemptFailed | LadderStepped
+@dataclass(frozen=True)
+class Retrying:
+    """A transient failure: the same flags again after ``seconds`` (launch ``attempt``)."""
+
+    attempt: int
+    seconds: float
+    failure_class: str
+
+    @property
+    def status(self) -> str:
+        return f"attempt {self.attempt}: retry in {self.seconds:.1f}s ({self.failure_class})"
+
+
+SearchEvent = Launching | Probing | AttemptFailed | LadderStepped | Retrying
 
 
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
@@ -515,6 +528,7 @@ class Tuner:
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
                 self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
+                self.publish(Retrying(attempt + 1, delay, failure.cls))
                 self.runner.sleep(delay)
             flags = decision.flags
 
