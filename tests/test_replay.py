@@ -1,0 +1,471 @@
+"""The daemon's state table, replayed: every transition it allows is driven in process by a scripted
+history on a fake clock (tests/replay.py: vLLM's output from the log fixtures, scripted checks,
+scheduled signals). Each test names the transitions it drives (``covers``) and fails unless the daemon
+took them; the last test fails when a transition of the table has no replay."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from r1sup import errors
+from r1sup import failure as F
+from r1sup.daemon import LEGAL, State, backoff_delay
+from r1sup.errors import InternalError, PreflightError
+from r1sup.liveness import Figures
+from replay import IDLE, RUNTIME_OOM, STARTUP, Replay, Script, log_lines
+
+S = State
+Pair = tuple[State, State]
+COVERS: dict[Pair, list[str]] = {}
+_made: list[Replay] = []
+
+
+def covers(*pairs: Pair) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The transitions a test drives; it fails unless each of them happened in its replays."""
+
+    def mark(test: Callable[..., Any]) -> Callable[..., Any]:
+        for pair in pairs:
+            COVERS.setdefault(pair, []).append(test.__name__)
+        return pytest.mark.covers(*pairs)(test)
+
+    return mark
+
+
+@pytest.fixture(autouse=True)
+def _check_covers(request: pytest.FixtureRequest) -> Any:
+    _made.clear()
+    yield
+    marker = request.node.get_closest_marker("covers")
+    if marker is None:
+        return
+    seen = {pair for r in _made for pair in r.transitions}
+    missing = [f"{a.value} -> {b.value}" for a, b in marker.args if (a, b) not in seen]
+    assert not missing, f"declared but not taken: {missing}; taken: {sorted(seen, key=str)}"
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def replay(tmp_path: Path, monkeypatch: Any, *scripts: Script, **sections: dict[str, Any]) -> Replay:
+    r = Replay(tmp_path, monkeypatch, list(scripts) or [Script()], **sections)
+    _made.append(r)
+    return r
+
+
+def stop_after_serving(r: Replay, seconds: float = 30.0, count: int = 1) -> None:
+    r.at_serving(count, lambda: r.signal(seconds, signal.SIGTERM))
+
+
+BUSY = Figures(running=2, waiting=1, prompt_tokens=100, generation_tokens=50, finished=3)
+
+
+def busy_then_done(done_after_s: float) -> Callable[[float], Figures]:
+    """Requests in flight, progressing, until ``done_after_s`` seconds after the engine's start."""
+
+    def figures(s: float) -> Figures:
+        if s >= done_after_s:
+            return IDLE
+        return Figures(running=2, waiting=1, prompt_tokens=100 + s, generation_tokens=50 + 10 * s, finished=3)
+
+    return figures
+
+
+def crashing(after_s: float, code: int = 1) -> Script:
+    """Starts, then exits while serving ``after_s`` seconds after its start, saying nothing."""
+    return Script(exit_at=len(STARTUP) * 0.5 + after_s, exit_code=code)
+
+
+# --- bring-up ----------------------------------------------------------------------------------------
+
+
+@covers(
+    (S.PLANNING, S.LAUNCHING),
+    (S.LAUNCHING, S.PROBING),
+    (S.PROBING, S.SERVING),
+    (S.SERVING, S.STOPPING),
+    (S.STOPPING, S.STOPPED),
+)
+def test_a_search_brings_the_engine_up_and_sigterm_stops_it(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch)
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    assert r.states() == ["planning", "launching", "probing", "serving", "stopping", "stopped"]
+    # READY=1 once, after the probe; STOPPING=1 at the stop; the engine stopped by r1sup
+    ready = [i for i, line in enumerate(r.notifier.sent) if line == "READY=1"]
+    assert len(ready) == 1 and "STOPPING=1" in r.notifier.sent[ready[0] :]
+    assert r.engine(1).stopped_by == "stop"
+    doc = r.status_json()
+    assert doc["state"] == "stopped" and doc["launches"] == 1 and doc["profile_source"] == "tuned"
+    assert r.log.names("probe_passed", "tune_succeeded", "serving", "drain_skipped", "engine_stopped") == [
+        "probe_passed",
+        "tune_succeeded",
+        "serving",
+        "drain_skipped",
+        "engine_stopped",
+    ]
+
+
+@covers((S.LAUNCHING, S.LAUNCHING))
+def test_an_oom_at_start_up_steps_to_new_flags_and_launches_again(tmp_path: Path, monkeypatch: Any) -> None:
+    oom = log_lines("gpu/oom-cudagraph-capture-frames-v1.log")
+    r = replay(tmp_path, monkeypatch, Script(lines=oom, exit_at=len(oom) * 0.5 + 1), Script())
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("failure_classified")[0]
+    assert failed["failure_class"] == F.OOM_CUDAGRAPH
+    first, second = r.engine(1).spec, r.engine(2).spec
+    assert first.argv != second.argv  # the search changed a flag
+    assert any(line.startswith("STATUS=attempt 2: ") and "oom_cudagraph" in line for line in r.notifier.sent)
+    assert r.status_json()["last_failure"]["class"] == F.OOM_CUDAGRAPH
+
+
+@covers((S.LAUNCHING, S.SERVING))
+def test_without_a_probe_a_ready_engine_is_serving(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, probe={"enabled": False})
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    assert "probing" not in r.states() and not r.log.named("probe_started")
+
+
+@covers((S.LAUNCHING, S.BACKOFF), (S.BACKOFF, S.LAUNCHING))
+def test_an_engine_that_dies_at_start_up_without_a_cause_is_retried_after_a_backoff(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    r = replay(tmp_path, monkeypatch, Script(lines=STARTUP[:6], exit_at=4.0), Script())
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    assert r.states()[:4] == ["planning", "launching", "backoff", "launching"]
+    retry = r.log.named("retry_backoff")[0]
+    assert retry["failure_class"] == F.ENGINE_DEAD
+    assert f"STATUS=attempt 2: retry in {retry['seconds']:.1f}s (engine_dead)" in r.notifier.sent
+    # the same flags again: a transient failure says nothing about them
+    assert r.engine(1).spec.argv == r.engine(2).spec.argv
+
+
+@covers((S.LAUNCHING, S.STOPPING))
+def test_sigterm_while_vllm_loads_stops_it_and_exits_0(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch)
+    r.on_entering(S.LAUNCHING, lambda: r.signal(3.0, signal.SIGTERM))
+    assert r.run() == errors.EXIT_OK
+    assert r.states()[-2:] == ["stopping", "stopped"] and r.engine(1).stopped_by == "stop"
+    assert not r.log.named("engine_ready")
+
+
+@covers((S.LAUNCHING, S.FAILED))
+def test_a_model_that_is_nowhere_fails_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+    missing = log_lines("gpu/model-not-found-gated-k8s.log")
+    r = replay(tmp_path, monkeypatch, Script(lines=missing, exit_at=len(missing) * 0.5 + 1))
+    assert r.run() == errors.EXIT_FATAL_FAILURE
+    assert len(r.engines) == 1 and r.states()[-1] == "failed"
+    assert r.status_json()["last_failure"]["class"] == F.MODEL_NOT_FOUND
+
+
+# --- the probe ---------------------------------------------------------------------------------------
+
+
+def _probe_oom() -> Script:
+    """Ready, then out of memory under the probe's requests: the traceback, then the exit."""
+    out = (len(STARTUP) + 1) * 0.5
+    later = [(out + 1.0 + i * 0.01, line) for i, line in enumerate(RUNTIME_OOM)]
+    return Script(probe_ok=False, probe_s=4.0, later=later, exit_at=out + 2.0)
+
+
+@covers((S.PROBING, S.LAUNCHING))
+def test_an_oom_under_the_probe_steps_down_and_launches_again(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, _probe_oom(), Script())
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("probe_failed")[0]
+    assert failed["failure_class"] == F.OOM_RUNTIME and failed["phase"] == F.PHASE_SERVING
+    assert r.states()[:5] == ["planning", "launching", "probing", "launching", "probing"]
+
+
+@covers((S.PROBING, S.BACKOFF))
+def test_probe_requests_that_fail_on_a_live_engine_are_retried(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, Script(probe_ok=False), Script())
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    assert r.log.named("probe_failed")[0]["failure_class"] == F.ENGINE_DEAD
+    assert r.states()[:5] == ["planning", "launching", "probing", "backoff", "launching"]
+
+
+@covers((S.PROBING, S.STOPPING))
+def test_sigterm_during_the_probe_stops_the_engine(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, Script(probe_s=20.0))
+    r.on_entering(S.PROBING, lambda: r.signal(2.0, signal.SIGTERM))
+    assert r.run() == errors.EXIT_OK
+    assert r.states()[-3:] == ["probing", "stopping", "stopped"]
+    assert not r.log.named("probe_passed") and r.engine(1).stopped_by == "stop"
+
+
+@covers((S.PROBING, S.FAILED))
+def test_a_probe_child_that_cannot_run_is_r1sups_failure_not_the_engines(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    r = replay(tmp_path, monkeypatch, Script(probe_internal=True))
+    with pytest.raises(InternalError):
+        r.run()
+    assert r.states()[-1] == "failed" and len(r.engines) == 1 and r.engine(1).stopped_by == "stop"
+    assert r.status_json()["last_failure"]["class"] == F.INTERNAL_ERROR
+
+
+# --- serving -----------------------------------------------------------------------------------------
+
+
+@covers((S.SERVING, S.LAUNCHING))
+def test_an_oom_while_serving_steps_down_saves_the_profile_and_serves_again(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    out = (len(STARTUP) + 1) * 0.5
+    oom = Script(later=[(out + 40 + i * 0.01, line) for i, line in enumerate(RUNTIME_OOM)], exit_at=out + 41)
+    r = replay(tmp_path, monkeypatch, oom, Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("serving_failed")[0]
+    assert failed["failure_class"] == F.OOM_RUNTIME
+    step = r.log.named("ladder_step")[0]
+    assert step["old"] != step["new"]
+    doc = r.status_json()
+    assert (
+        doc["launches"] == 2 and doc["flags"] == step["new"] and doc["last_failure"]["class"] == F.OOM_RUNTIME
+    )
+    assert r.states().count("serving") == 2 and not r.log.named("restart_backoff")
+    # the new flags are the saved profile now
+    profiles = sorted((tmp_path / "state" / "profiles").glob("*.json"))
+    assert len(profiles) == 1 and step["new"] == _json(profiles[0])["flags"]
+
+
+@covers((S.SERVING, S.BACKOFF), (S.BACKOFF, S.LAUNCHING))
+def test_an_engine_that_crashes_while_serving_is_restarted_after_a_backoff(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    r = replay(tmp_path, monkeypatch, crashing(after_s=20), Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("serving_failed")[0]
+    assert failed["failure_class"] == F.ENGINE_DEAD
+    backoff = r.log.named("restart_backoff")[0]
+    assert backoff["restart"] == 1 and 1.0 <= backoff["seconds"] <= 2.0  # initial x 2^0 + U(0, initial)
+    assert r.engine(1).spec.argv == r.engine(2).spec.argv
+
+
+@covers((S.SERVING, S.FAILED))
+def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, crashing(after_s=5), daemon={"restart_budget": 2})
+    assert r.run() == errors.EXIT_RESTART_BUDGET
+    assert len(r.engines) == 3 and [e["restart"] for e in r.log.named("restart_backoff")] == [1, 2]
+    seconds = [e["seconds"] for e in r.log.named("restart_backoff")]
+    assert 1.0 <= seconds[0] <= 2.0 and 2.0 <= seconds[1] <= 3.0  # exponential, with jitter
+    assert r.states()[-1] == "failed" and r.status_json()["state"] == "failed"
+    assert r.log.named("daemon_failed")[0]["exit_code"] == errors.EXIT_RESTART_BUDGET
+
+
+def test_a_stable_period_resets_the_restart_budget(tmp_path: Path, monkeypatch: Any) -> None:
+    # each engine serves 400 s (> stable_after_s 300) before crashing: the budget of 1 never runs out
+    scripts = [crashing(after_s=400)] * 3 + [Script()]
+    r = replay(tmp_path, monkeypatch, *scripts, daemon={"restart_budget": 1})
+    stop_after_serving(r, count=4)
+    assert r.run() == errors.EXIT_OK
+    assert [e["restart"] for e in r.log.named("restart_backoff")] == [1, 1, 1]
+
+
+@covers((S.SERVING, S.BACKOFF))
+def test_an_engine_dead_behind_a_healthy_health_check_is_restarted_within_one_liveness_interval(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # from 30 s after its start: /health still answers 200, the processes live, requests get vLLM's
+    # engine-dead reply (the trap the liveness completion exists for)
+    dead_from = (len(STARTUP) + 1) * 0.5 + 30
+
+    def completion(s: float) -> tuple[int, str]:
+        return (
+            (500, '{"error": "EngineDeadError: EngineCore encountered an issue"}')
+            if s >= dead_from
+            else (200, "")
+        )
+
+    r = replay(tmp_path, monkeypatch, Script(completion=completion), Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("serving_failed")[0]
+    assert failed["failure_class"] == F.ENGINE_DEAD and "engine-dead reply" in failed["evidence"]
+    verdicts = [e["verdict"] for e in r.log.named("liveness") if e["t"] <= failed["t"]]
+    assert verdicts[-1] == "hung" and "hung" not in verdicts[:-1]  # alive (or idle) until then
+    died_at = r.engine(1).started_at + dead_from
+    interval = r.daemon.config.daemon.liveness_interval_s
+    assert failed["t"] - died_at <= interval, (failed["t"], died_at)
+    assert r.log.named("restart_backoff") and len(r.engines) == 2
+
+
+# --- reload and drain --------------------------------------------------------------------------------
+
+
+def _reload_with_new_context(r: Replay, after_s: float = 10.0) -> Callable[[], None]:
+    def edit_and_hup() -> None:
+        r.edit_config(start={"max_model_len": 4096})
+        r.signal(after_s, signal.SIGHUP)
+
+    return edit_and_hup
+
+
+@covers((S.SERVING, S.PLANNING))
+def test_sighup_after_editing_the_context_replans_and_relaunches(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch)
+    r.at_serving(1, _reload_with_new_context(r))
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    assert r.states()[:6] == ["planning", "launching", "probing", "serving", "planning", "launching"]
+    assert "--max-model-len" in r.engine(2).spec.argv
+    assert r.engine(2).spec.argv[r.engine(2).spec.argv.index("--max-model-len") + 1] == "4096"
+    assert "RELOADING=1" in r.notifier.sent
+
+
+def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch)
+
+    def hup() -> None:
+        r.edit_config(daemon={"health_interval_s": 7.0})
+        r.signal(5.0, signal.SIGHUP)
+
+    r.at_serving(1, hup)
+    stop_after_serving(r, seconds=20)
+    assert r.run() == errors.EXIT_OK
+    assert len(r.engines) == 1 and r.log.named("config_reloaded")[0]["changed"] is False
+    assert "STATUS=serving; config reloaded, flags unchanged" in r.notifier.sent
+
+
+@covers((S.SERVING, S.DRAINING), (S.DRAINING, S.STOPPING))
+def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, Script(figures=lambda s: BUSY, drain_s=6.0))
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    finished = r.log.named("drain_finished")[0]
+    assert finished["complete"] is True and 5.9 <= finished["seconds"] <= 6.5
+    assert r.states()[-3:] == ["draining", "stopping", "stopped"]
+
+
+def test_a_second_sigterm_ends_the_drain(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, Script(figures=lambda s: BUSY, drain_s=100.0))
+
+    def twice() -> None:
+        r.signal(10, signal.SIGTERM)
+        r.signal(13, signal.SIGTERM)
+
+    r.at_serving(1, twice)
+    assert r.run() == errors.EXIT_OK
+    finished = r.log.named("drain_finished")[0]
+    assert finished["complete"] is False and finished["seconds"] <= 3.5
+    assert r.states()[-2:] == ["stopping", "stopped"]
+
+
+@covers((S.DRAINING, S.PLANNING))
+def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch, Script(figures=busy_then_done(60.0)), Script())
+    r.at_serving(1, _reload_with_new_context(r))
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    assert r.states()[:7] == [
+        "planning",
+        "launching",
+        "probing",
+        "serving",
+        "draining",
+        "planning",
+        "launching",
+    ]
+    started = r.log.named("drain_started")[0]
+    assert started["reason"] == "config reloaded"
+
+
+# --- stops and failures in any state -----------------------------------------------------------------
+
+
+@covers((S.PLANNING, S.STOPPING))
+def test_a_sigterm_that_came_while_planning_stops_before_any_launch(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch)
+    r.queue.signals.append(signal.SIGTERM)
+    assert r.run() == errors.EXIT_OK
+    assert r.engines == [] and r.states() == ["planning", "stopping", "stopped"]
+
+
+@covers((S.BACKOFF, S.STOPPING))
+def test_sigterm_during_a_backoff_stops_without_relaunching(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(
+        tmp_path, monkeypatch, crashing(after_s=5), daemon={"backoff_initial_s": 30.0, "backoff_max_s": 60.0}
+    )
+    r.on_entering(S.BACKOFF, lambda: r.signal(1.0, signal.SIGTERM))
+    assert r.run() == errors.EXIT_OK
+    assert len(r.engines) == 1 and r.states()[-3:] == ["backoff", "stopping", "stopped"]
+
+
+@covers((S.PLANNING, S.FAILED))
+def test_a_preflight_that_fails_says_failed_and_launches_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    r = replay(tmp_path, monkeypatch)
+
+    def refuse(self: Any) -> Any:
+        raise PreflightError("server.python", "No module named 'vllm'", exit_code=errors.EXIT_FATAL_FAILURE)
+
+    monkeypatch.setattr("r1sup.session.Session.preflight", refuse)
+    with pytest.raises(PreflightError):
+        r.run()
+    assert r.engines == [] and r.states() == ["planning", "failed"]
+    assert r.status_json()["status"] == "failed: server.python: No module named 'vllm'"
+
+
+def _failing_in(state: State, *scripts: Script) -> Any:
+    COVERS.setdefault((state, S.FAILED), []).append("test_r1sups_own_failure_in_any_state_...")
+    return pytest.param(state, list(scripts), marks=pytest.mark.covers((state, S.FAILED)), id=state.value)
+
+
+@pytest.mark.parametrize(
+    "state, scripts",
+    [
+        _failing_in(S.LAUNCHING, Script()),
+        _failing_in(S.PROBING, Script()),
+        _failing_in(S.SERVING, Script()),
+        _failing_in(S.DRAINING, Script(figures=lambda s: BUSY, drain_s=60.0)),
+        _failing_in(S.BACKOFF, crashing(after_s=5), Script()),
+        _failing_in(S.STOPPING, Script()),
+    ],
+)
+def test_r1sups_own_failure_in_any_state_stops_vllm_and_says_failed(
+    tmp_path: Path, monkeypatch: Any, state: State, scripts: list[Script]
+) -> None:
+    r = replay(tmp_path, monkeypatch, *scripts)
+    stop_after_serving(r, seconds=5)
+
+    def bug() -> None:
+        raise KeyError("a bug of r1sup's own")
+
+    r.on_entering(state, bug)
+    with pytest.raises(InternalError) as raised:
+        r.run()
+    assert "KeyError" in str(raised.value)
+    assert r.transitions[-1] == (state, S.FAILED)
+    assert all(not e.alive() for e in r.engines)
+    assert r.status_json()["last_failure"]["class"] == F.INTERNAL_ERROR
+
+
+def test_backoff_grows_exponentially_with_jitter_and_is_capped() -> None:
+    delays = [backoff_delay(n, 1.0, 8.0) for n in range(1, 7)]
+    assert 1.0 <= delays[0] <= 2.0 and 2.0 <= delays[1] <= 3.0 and 4.0 <= delays[2] <= 5.0
+    assert all(d <= 8.0 for d in delays[3:])
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+
+def test_every_transition_of_the_state_table_has_a_replay() -> None:
+    table = {(a, b) for a, targets in LEGAL.items() for b in targets if a is not b}
+    table |= {(a, a) for a, targets in LEGAL.items() if a in targets}
+    missing = sorted(f"{a.value} -> {b.value}" for a, b in table - set(COVERS))
+    assert not missing, f"transitions of daemon.LEGAL without a replay test: {missing}"
+    unknown = sorted(f"{a.value} -> {b.value}" for a, b in set(COVERS) - table)
+    assert not unknown, f"replays of transitions the table forbids: {unknown}"
