@@ -16,15 +16,14 @@ from __future__ import annotations
 import enum
 import functools
 import os
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import tenacity
 
 from r1sup import __version__, fleet, health, liveness, logs, watch
+from r1sup import bus as B
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup.config import Config
@@ -42,6 +41,7 @@ from r1sup.loop import Done, Phase, ReloadRequested, Signalled, Stop, StopReques
 from r1sup.notify import Notifier
 from r1sup.runner import EXIT_DRAIN_S, Launch
 from r1sup.session import Session, now_iso, save_profile
+from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
 from r1sup.tuner import (
     AttemptFailed,
     LadderStepped,
@@ -55,12 +55,6 @@ from r1sup.tuner import (
     launch_calibration,
     new_search,
 )
-
-STATUS_FILE = "status.json"
-RECENT_EVENTS = 20
-EXTEND_EVERY_S = 10.0
-PROGRESS_STATUS_S = 2.0  # systemd's STATUS= shows the loading progress at most this often
-PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and at most this often
 
 
 class State(enum.Enum):
@@ -124,27 +118,35 @@ class Daemon:
         self.flags: EngineFlags | None = None
         self.profile_source: str | None = None
         self.last_failure: Failure | None = None
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
-        self.ready_sent = False
         self.history: Any = None  # the search (r1sup.search.Search) and its evidence, across restarts
         # serving a profile degraded by other processes' memory: the best profile's key, why, and whether
         # a re-tune back to it is planned (shown in status.json)
         self.degraded: dict[str, Any] | None = None
         self.next_memory_check = 0.0
-        self.metrics: Any = None
         self.know: Any = None
         self.fingerprint: dict[str, Any] | None = None
-        self._last_extend = 0.0
         self._restarts = 0
-        self._next_watchdog = 0.0
         self.started_at = now_iso()
         self.record: Any = None  # r1sup.runrecord.RunLog of this run, for `r1sup report`
-        self._progress_shown: tuple[str, float, float] = ("", 0.0, 0.0)  # phase, STATUS= sent, written
         self.clock: Callable[[], float] = lambda: self.runner.clock()
         self.heartbeat = self.clock()  # the loop's last turn, for /livez
-        self.status_doc: dict[str, Any] | None = None  # what status.json holds, for /status
         self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
         self.runner.hooks.on_tick = self._on_tick
+        # each fact is published once; the subscribers write the sinks (metrics first, the log line
+        # last: when it appears, status.json, /metrics and systemd already say so)
+        self.bus = B.Bus(self.log)
+        self.publish = self.bus.publish
+        self.metrics_sink: MetricsSink | None = None
+        if self.config.daemon.metrics_port:
+            from r1sup.metrics import Metrics
+
+            self.metrics_sink = MetricsSink(Metrics())
+            self.bus.subscribe(self.metrics_sink)
+        self.systemd = SystemdSink(self.notifier)
+        self.status_file = StatusFile(self, self.log)
+        self.bus.subscribe(self.systemd)
+        self.bus.subscribe(self.status_file)
+        self.bus.subscribe(LogSink(self.log))
 
     # --- state and status ----------------------------------------------------------------------
 
@@ -154,30 +156,26 @@ class Daemon:
         old, self.state = self.state, new
         if old is not new:
             self.since = now_iso()
-        self.log.info("state_changed", old=old.value, new=new.value, status=status)
-        self.note("state_changed", old=old.value, new=new.value)
-        if self.metrics:
-            self.metrics.set_state(new.value)
         if status:
             self.status_text = status
-            self.notifier.status(status)
-        self.write_status()
+        self.publish(B.StateChanged(old.value, new.value, status))
 
     def set_status(self, text: str) -> None:
         """A new STATUS= line within the same state (e.g. the drain's figures)."""
         if text != self.status_text:
             self.status_text = text
-            self.notifier.status(text)
-            self.write_status()
+            self.publish(B.StatusText(text))
 
-    def note(self, event: str, **fields: Any) -> None:
-        self.recent.append({"ts": now_iso(), "event": event, **fields})
+    @property
+    def state_dir(self) -> str:
+        return self.config.state.dir
 
-    def write_status(self) -> None:
+    def status_fields(self, recent: list[dict[str, Any]]) -> dict[str, Any]:
+        """status.json's document now, with the recent events the status file kept."""
         from r1sup import statefiles
 
         current = self.runner.current
-        payload = {
+        return {
             "schema_version": statefiles.SCHEMA_VERSION,
             "state": self.state.value,
             "status": self.status_text,
@@ -196,80 +194,41 @@ class Daemon:
             "url": self.record.data["url"] if self.record is not None else None,
             "started_at": self.started_at,
             "r1sup_version": __version__,
-            "recent_events": list(self.recent),
+            "recent_events": recent,
             **self.runner.live_status(),
         }
-        self.status_doc = payload
-        try:
-            statefiles.ensure_state_dir(self.config.state.dir)
-            statefiles.atomic_write_json(Path(self.config.state.dir) / STATUS_FILE, payload, mode=0o600)
-        except R1supError as exc:
-            self.log.warning("status_write_failed", error=str(exc))
 
     def _watchdog(self, now: float) -> None:
-        """WATCHDOG=1 from the main loop, at half systemd's interval; callers ping only while healthy."""
-        interval = self.notifier.watchdog_interval_s
-        if interval and now >= self._next_watchdog:
-            self.notifier.watchdog()
-            self._next_watchdog = now + interval
+        """The loop turned with the engine healthy: WATCHDOG=1 when due (the systemd sink keeps the pace,
+        half systemd's interval); callers publish it only while healthy."""
+        self.publish(B.Heartbeat(now))
 
     def _on_tick(self) -> None:
         """Each turn of the loop while a launch, a probe or a wait runs: the loop is alive and vLLM is
         making progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
         now = self.clock()
         self.heartbeat = now
-        self._watchdog(now)
-        if self.state in _EXTENDING and now - self._last_extend >= EXTEND_EVERY_S:
-            self._last_extend = now
-            self.notifier.extend_timeout(3 * EXTEND_EVERY_S)
+        self.publish(B.Heartbeat(now, starting=self.state in _EXTENDING))
         self._show_progress(now)
 
     def _show_progress(self, now: float) -> None:
-        """The loading phase, vLLM's percent, elapsed time and ETA in STATUS= and status.json."""
+        """The loading phase, vLLM's percent, elapsed time and ETA (STATUS= and status.json pace it)."""
         shown = self.runner.progress_text() if self.state in (State.LAUNCHING, State.PROBING) else None
-        if shown is None:
-            return
-        phase, text = shown
-        last_phase, sent, written = self._progress_shown
-        if phase != last_phase or now - sent >= PROGRESS_STATUS_S:
-            self.notifier.status(text)
-            sent = now
-        if phase != last_phase or now - written >= PROGRESS_WRITE_S:
-            self.write_status()
-            written = now
-        self._progress_shown = (phase, sent, written)
+        if shown is not None:
+            self.publish(B.LoadingProgress(now, *shown))
 
     def _on_search(self, event: SearchEvent) -> None:
-        """What the search reports, as the daemon's state, status, metrics and recent events."""
+        """What the search reports: the daemon's state follows it, then it goes on the bus."""
         if isinstance(event, Launching):
             self.flags = event.flags
-            if self.metrics:
-                self.metrics.launches.inc()
-                if event.flags.max_model_len:
-                    self.metrics.context.set(event.flags.max_model_len)
             self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
-            self.note("launch_started", attempt=event.attempt, flags=event.flags.to_dict())
         elif isinstance(event, Probing):
             self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
         elif isinstance(event, AttemptFailed):
-            failure = event.failure
-            self.last_failure = failure
-            if self.metrics:
-                self.metrics.failures.labels(failure_class=failure.cls).inc()
-            self.note(
-                "failure_classified",
-                failure_class=failure.cls,
-                phase=failure.phase,
-                evidence=failure.evidence[:200],
-            )
-            self.write_status()
+            self.last_failure = event.failure
         elif isinstance(event, Retrying):
             self.transition(State.BACKOFF, event.status)
-        elif isinstance(event, LadderStepped):
-            if self.metrics:
-                self.metrics.ladder_steps.labels(failure_class=event.failure_class).inc()
-            self.note("ladder_step", status=event.status)
-            self.notifier.status(event.status)
+        self.publish(event)
 
     # --- main ----------------------------------------------------------------------------------
 
@@ -285,7 +244,7 @@ class Daemon:
             try:
                 return self._run()
             except StopRequested as stop:
-                self.log.info("stop_requested", signal=stop.signum)
+                self.publish(B.StopSignalled(stop.signum))
             return self._shutdown(EXIT_OK)  # a failure of the stop itself is handled below
         except InternalError as exc:
             self._internal(exc)
@@ -300,8 +259,8 @@ class Daemon:
         finally:
             self.shared.release()
             self.events.restore_signal_handlers()
-            if self.metrics:
-                self.metrics.close()
+            if self.metrics_sink is not None:
+                self.metrics_sink.close()
 
     def _clean_state_dir(self) -> None:
         """Temp files of a write that crashed (status.json of a killed daemon) are removed."""
@@ -310,22 +269,19 @@ class Daemon:
         try:
             directory = statefiles.ensure_state_dir(self.config.state.dir)
         except R1supError as exc:
-            self.log.warning("state_dir_unusable", error=str(exc))
+            self.publish(B.StateDirUnusable(str(exc)))
             return
         statefiles.remove_stale_temp_files(directory)
 
     def _start_metrics(self) -> None:
         d = self.config.daemon
-        if not d.metrics_port:
+        if self.metrics_sink is None:
             return
-        from r1sup.metrics import Metrics
-
-        self.metrics = Metrics()
         try:
-            self.metrics.serve(d.metrics_host, d.metrics_port, view=self.endpoint_view, mask=logs.mask)
-            self.log.info("metrics_listening", host=d.metrics_host, port=d.metrics_port)
+            self.metrics_sink.serve(d.metrics_host, d.metrics_port, view=self.endpoint_view, mask=logs.mask)
+            self.publish(B.MetricsListening(d.metrics_host, d.metrics_port))
         except OSError as exc:
-            self.log.warning("metrics_unavailable", host=d.metrics_host, port=d.metrics_port, error=str(exc))
+            self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
 
     def endpoint_view(self) -> Any:
         """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
@@ -336,7 +292,7 @@ class Daemon:
             state=self.state.value,
             loop_age_s=self.clock() - self.heartbeat,
             loop_limit_s=loop_limit_s(server.stop_timeout_s, server.memory_release_timeout_s),
-            status=self.status_doc,
+            status=self.status_file.doc,
         )
 
     def _run(self) -> int:
@@ -355,8 +311,7 @@ class Daemon:
             result = self._recover(live, end)
 
     def _fail(self, code: int, reason: str) -> int:
-        self.log.error("daemon_failed", exit_code=code, reason=reason)
-        self.note("daemon_failed", exit_code=code, reason=reason)
+        self.publish(B.DaemonFailed(code, reason))
         self.runner.stop_current(reason="failed")
         if self.state not in (State.FAILED, State.STOPPED):
             self.transition(State.FAILED, f"failed: {reason[:200]}")
@@ -366,9 +321,7 @@ class Daemon:
 
     def _internal(self, fault: InternalError) -> None:
         """r1sup's own failure: vLLM stopped cleanly, status failed with ``internal_error``."""
-        self.log.error("internal_error", where=fault.where, error=fault.error)
-        if fault.trace:
-            self.log.debug("internal_error_traceback", traceback=fault.trace)
+        self.publish(B.InternalFault(fault.where, fault.error, fault.trace or ""))
         self.last_failure = Failure(F.INTERNAL_ERROR, evidence=fault.error, detail=fault.where)
         self.runner.stop_current(reason="internal error")
         self._fail(fault.exit_code, str(fault))
@@ -382,10 +335,8 @@ class Daemon:
         if self.state not in (State.FAILED, State.STOPPED):
             if self.state is not State.STOPPING:
                 self.transition(State.STOPPING, "stopping vLLM")
-            self.notifier.stopping()
+            self.publish(B.Stopping())
             self.runner.stop_current(reason="shutdown")
-            if self.metrics:
-                self.metrics.child_up.set(0)
             self.transition(State.STOPPED, "stopped")
         if self.record is not None:
             self.record.stopped(self.state.value)
@@ -428,17 +379,16 @@ class Daemon:
             start = EngineFlags.from_dict(saved.flags)
             self.runner.proven = (start.to_dict(), dict(saved.probe))
             why = f"degraded profile {saved.key}: {self.degraded['reason']}"
-            self.log.info("profile_found", key=saved.key, flags=saved.flags, degraded=True)
+            self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
         elif saved is not None:
             start = EngineFlags.from_dict(saved.flags)
             self.runner.proven = (start.to_dict(), dict(saved.probe))
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
             why = f"{where} {key} (tuned {saved.updated_at})"
-            self.log.info("profile_found", key=key, flags=saved.flags, updated_at=saved.updated_at)
-            self.note("profile_found", key=key)
+            self.publish(B.ProfileFound(key, saved.flags, updated_at=saved.updated_at))
         measured = None
         if saved is None and start is None:
-            self.log.info("profile_missing", key=key)
+            self.publish(B.ProfileMissing(key))
             measured = base.calibration(self.log)
         tuner = self._tuner()
         result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
@@ -464,8 +414,7 @@ class Daemon:
         if check.fits_now(EngineFlags.from_dict(saved.flags)):
             return saved
         now = search.conditions(self.know.device)
-        self.log.warning("profile_does_not_fit_now", key=key, flags=saved.flags, **now)
-        self.note("profile_does_not_fit_now", key=key, others_gib=now.get("others_gib"))
+        self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
         spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
         reason = f"the best profile {key} does not fit what is free now ({now.get('free_gib')} GiB)"
         if spare is not None and check.fits_now(EngineFlags.from_dict(spare.flags)):
@@ -485,8 +434,7 @@ class Daemon:
         if why:
             found.update(degraded=True, reason=why)
             self.degraded = {"best_key": key, "reason": why, "since": now_iso(), "retune_planned": False}
-            self.log.warning("profile_degraded", key=key, reason=why)
-            self.note("profile_degraded", reason=why)
+            self.publish(B.ProfileDegraded(key, why))
         return found
 
     def _memory_back(self, launch: Launch) -> bool:
@@ -501,7 +449,7 @@ class Daemon:
         try:
             device = devices.probe()
         except Exception as exc:  # noqa: BLE001 - a probe that fails only delays the return
-            self.log.debug("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+            self.publish(B.DeviceProbeFailed(f"{type(exc).__name__}: {exc}"))
             return False
         own = frozenset(launch.engine.all_pids())
         mine = sum(p.used_bytes for p in device.processes if p.pid in own)
@@ -517,15 +465,11 @@ class Daemon:
             fits = self.flags is not None and check.better_than(self.flags) is not None
         if fits:
             self.degraded["retune_planned"] = True
-            self.log.info("retune_planned", best_key=self.degraded["best_key"], reason="memory is back")
-            self.note("retune_planned", best_key=self.degraded["best_key"])
-            self.write_status()
+            self.publish(B.RetunePlanned(self.degraded["best_key"]))
         return fits
 
     def _waiting(self, text: str) -> None:
-        self.notifier.status(text)
-        self.note("profile_store_waiting", status=text)
-        self.write_status()
+        self.publish(B.ProfileStoreWaiting(text))
 
     def _consult_fleet(self, key: str, store: Any) -> fleet.Consulted:
         """No profile here: ask the fleet's store, waiting while another replica tunes this key. The
@@ -535,24 +479,17 @@ class Daemon:
         self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
         if self.shared.profile is not None:
             store.save(self.shared.profile)  # a local copy: the next start needs no store
-            self.note("profile_store_hit", key=key)
+            self.publish(B.ProfileStoreHit(key))
         return self.shared
 
     def _served(self, result: TuneResult) -> None:
         self.flags = result.flags
-        if self.metrics:
-            self.metrics.probe(result.probe)
-            self.metrics.child_up.set(1)
         ctx = result.flags.max_model_len if result.flags else None
         text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
             f" (context {ctx})" if ctx else ""
         )
         self.transition(State.SERVING, text)
-        if not self.ready_sent:
-            self.ready_sent = self.notifier.ready(text) or not self.notifier.enabled
-        self.log.info(
-            "serving", flags=result.flags.to_dict() if result.flags else None, source=self.profile_source
-        )
+        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text))
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -568,20 +505,7 @@ class Daemon:
         changed = last is None or (verdict.state, verdict.evidence) != (last.state, last.evidence)
         if not (changed or sampled or verdict.probe):
             return verdict
-        level = "error" if verdict.hung else "info" if changed else "debug"
-        getattr(self.log, level)(
-            "liveness",
-            launch=launch.number,
-            verdict=verdict.state,
-            evidence=verdict.evidence,
-            reason=verdict.reason,
-            probe=verdict.probe,
-            **dict(verdict.figures),
-        )
-        if changed and verdict.evidence in (liveness.EVIDENCE_WAITING, liveness.EVIDENCE_STALL):
-            self.note(
-                "liveness", verdict=verdict.state, evidence=verdict.evidence, reason=verdict.reason[:200]
-            )
+        self.publish(B.LivenessJudged(launch.number, verdict, changed))
         return verdict
 
     def _hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure:
@@ -615,43 +539,25 @@ class Daemon:
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
         first = watch.read_metrics(ep, min(2.0, budget_s)).figures
         if first is None or first.pending == 0:
-            self.log.info("drain_skipped", reason=reason, figures=first.to_dict() if first else None)
+            self.publish(B.DrainSkipped(reason, first.to_dict() if first else None))
             return
         itself = liveness.drains_itself(launch.spec.argv)
         t0 = self.clock()
         deadline = t0 + budget_s
         self.transition(State.DRAINING, liveness.drain_status(first))
-        self.log.info(
-            "drain_started", reason=reason, budget_s=budget_s, vllm_drains=itself, **first.to_dict()
-        )
+        self.publish(B.DrainStarted(reason, budget_s, itself, first.to_dict()))
         if itself:
             launch.stopping = True  # what vLLM prints from now on is its teardown (relayed as such)
             launch.engine.terminate_leader()
         phase = Draining(self, launch, ep, first, deadline, itself=itself, for_shutdown=for_shutdown)
         self.runner.loop.run(phase)
-        self.log.info(
-            "drain_finished",
-            reason=reason,
-            seconds=round(self.clock() - t0, 1),
-            complete=phase.complete,
-            **(phase.figures.to_dict() if phase.figures else {}),
-        )
+        figures = phase.figures.to_dict() if phase.figures else {}
+        self.publish(B.DrainFinished(reason, self.clock() - t0, phase.complete, figures))
 
     def _serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
         self.last_failure = failure
         served = self.clock() - start
-        self.log.error(
-            "serving_failed",
-            served_s=round(served, 1),
-            failure_class=failure.cls,
-            phase=failure.phase,
-            evidence=failure.evidence[:300],
-            detail=failure.detail,
-        )
-        self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
-        if self.metrics:
-            self.metrics.failures.labels(failure_class=failure.cls).inc()
-            self.metrics.child_up.set(0)
+        self.publish(B.ServingFailed(failure, served))
         return ServeEnd(failure, served)
 
     # --- recovering ----------------------------------------------------------------------------
@@ -679,15 +585,8 @@ class Daemon:
                     suggestions=list(decision.ways_out),
                 )
             self.history = search
-            self.log.info(
-                "ladder_step",
-                failure_class=failure.cls,
-                evidence=failure.evidence[:300],
-                old=flags.to_dict(),
-                new=decision.flags.to_dict(),
-                reason=decision.reason,
-            )
-            self._on_search(LadderStepped(self.runner.launches + 1, flags, decision.flags, failure.cls))
+            step = LadderStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
+            self.publish(B.StepAfterServing(step, failure.evidence, decision.reason))
             result = self._tuner().run(
                 decision.flags,
                 keep_running=True,
@@ -721,11 +620,7 @@ class Daemon:
             return TuneResult(ok=False, exit_code=EXIT_RESTART_BUDGET, reason=reason)
         delay = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
         self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
-        if self.metrics:
-            self.metrics.restarts.inc()
-        self.log.info(
-            "restart_backoff", restart=self._restarts, budget=d.restart_budget, seconds=round(delay, 2)
-        )
+        self.publish(B.RestartScheduled(self._restarts, d.restart_budget, delay))
         self.runner.sleep(delay)
         result = self._tuner().run(
             flags,
@@ -742,18 +637,17 @@ class Daemon:
     def _load_new_config(self) -> Config | None:
         from r1sup import config as cfg
 
-        self.notifier.reloading()
+        self.publish(B.Reloading())
         try:
             new = cfg.load(self.config.source, overrides=self.s.overrides) if self.config.source else None
         except R1supError as exc:
-            self.log.error("reload_failed", error=str(exc))
-            self.notifier.status(f"serving; reload failed: {exc}")
+            self.publish(B.ReloadFailed(str(exc)))
             return None
-        self.log.info("config_reloaded", changed=_implied_change(self.config, new) if new else False)
-        if new is not None and not _implied_change(self.config, new):
+        changed = _implied_change(self.config, new) if new else False
+        if new is not None and not changed:
             self.config = new
             self.runner.config = new
-            self.notifier.status("serving; config reloaded, flags unchanged")
+        self.publish(B.ConfigReloaded(changed, applied=new is not None and not changed))
         return new
 
     def _back_to_best(self, launch: Launch) -> TuneResult:
@@ -858,8 +752,8 @@ class Serving(Phase):
             if event.kind == "health":
                 self.healthy = event.ok
                 track = liveness.observe(track, liveness.HealthResult(now, event.ok, event.detail))
-                if event.ok and daemon.metrics:
-                    daemon.metrics.success()
+                if event.ok:
+                    daemon.publish(B.HealthPassed())
             elif isinstance(event.payload, (liveness.MetricsSample, liveness.ProbeResult)):
                 track = liveness.observe(track, event.payload)
             elif event.kind == "metrics":  # the read itself raised: no figures this time

@@ -1,0 +1,340 @@
+"""The bus's subscribers: each turns the daemon's events (:mod:`r1sup.bus`) into one sink's form.
+
+- :class:`LogSink`: the structlog line (the event names and fields the README documents);
+- :class:`StatusFile`: ``status.json`` (and the same document for r1sup's ``/status``), with the
+  recent events it lists;
+- :class:`MetricsSink`: the Prometheus metrics (subscribed only when ``daemon.metrics_port`` is set);
+- :class:`SystemdSink`: sd_notify's STATUS=, READY=1 (once), WATCHDOG=1, EXTEND_TIMEOUT_USEC,
+  RELOADING=1 and STOPPING=1.
+
+The daemon subscribes them in the order metrics, systemd, status.json, log: when an event's log line
+appears, the other sinks already show it (a test or an operator waiting on ``serving`` in the log
+finds status.json and ``/metrics`` saying so).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any, Protocol
+
+from r1sup import liveness
+from r1sup.bus import (
+    ConfigReloaded,
+    DaemonEvent,
+    DaemonFailed,
+    DeviceProbeFailed,
+    DrainFinished,
+    DrainSkipped,
+    DrainStarted,
+    HealthPassed,
+    Heartbeat,
+    InternalFault,
+    LivenessJudged,
+    LoadingProgress,
+    MetricsListening,
+    MetricsUnavailable,
+    ProfileDegraded,
+    ProfileDoesNotFit,
+    ProfileFound,
+    ProfileMissing,
+    ProfileStoreHit,
+    ProfileStoreWaiting,
+    ReloadFailed,
+    Reloading,
+    RestartScheduled,
+    RetunePlanned,
+    Serving,
+    ServingFailed,
+    StateChanged,
+    StateDirUnusable,
+    StatusText,
+    StepAfterServing,
+    Stopping,
+    StopSignalled,
+)
+from r1sup.errors import R1supError
+from r1sup.notify import Notifier
+from r1sup.session import now_iso
+from r1sup.tuner import AttemptFailed, LadderStepped, Launching
+
+STATUS_FILE = "status.json"
+RECENT_EVENTS = 20
+EXTEND_EVERY_S = 10.0  # systemd's start timeout is extended this often, by three times as much
+PROGRESS_STATUS_S = 2.0  # systemd's STATUS= shows the loading progress at most this often
+PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and at most this often
+
+
+class LogSink:
+    """Each fact as one structlog event, named and shaped as before the bus."""
+
+    def __init__(self, log: Any) -> None:
+        self.log = log
+
+    def __call__(self, event: DaemonEvent) -> None:
+        log = self.log
+        match event:
+            case StateChanged(old, new, status):
+                log.info("state_changed", old=old, new=new, status=status)
+            case Serving(flags, source, _, _):
+                log.info("serving", flags=flags.to_dict() if flags else None, source=source)
+            case ServingFailed(failure, served_s):
+                log.error(
+                    "serving_failed",
+                    served_s=round(served_s, 1),
+                    failure_class=failure.cls,
+                    phase=failure.phase,
+                    evidence=failure.evidence[:300],
+                    detail=failure.detail,
+                )
+            case LivenessJudged(launch, verdict, changed):
+                level = "error" if verdict.hung else "info" if changed else "debug"
+                getattr(log, level)(
+                    "liveness",
+                    launch=launch,
+                    verdict=verdict.state,
+                    evidence=verdict.evidence,
+                    reason=verdict.reason,
+                    probe=verdict.probe,
+                    **dict(verdict.figures),
+                )
+            case StepAfterServing(step, evidence, reason):
+                log.info(
+                    "ladder_step",
+                    failure_class=step.failure_class,
+                    evidence=evidence[:300],
+                    old=step.old.to_dict(),
+                    new=step.new.to_dict(),
+                    reason=reason,
+                )
+            case RestartScheduled(restart, budget, seconds):
+                log.info("restart_backoff", restart=restart, budget=budget, seconds=round(seconds, 2))
+            case DrainSkipped(reason, figures):
+                log.info(
+                    "drain_skipped", reason=reason, figures=dict(figures) if figures is not None else None
+                )
+            case DrainStarted(reason, budget_s, vllm_drains, figures):
+                log.info(
+                    "drain_started", reason=reason, budget_s=budget_s, vllm_drains=vllm_drains, **figures
+                )
+            case DrainFinished(reason, seconds, complete, figures):
+                log.info(
+                    "drain_finished", reason=reason, seconds=round(seconds, 1), complete=complete, **figures
+                )
+            case ReloadFailed(error):
+                log.error("reload_failed", error=error)
+            case ConfigReloaded(changed, _):
+                log.info("config_reloaded", changed=changed)
+            case StopSignalled(signum):
+                log.info("stop_requested", signal=signum)
+            case DaemonFailed(exit_code, reason):
+                log.error("daemon_failed", exit_code=exit_code, reason=reason)
+            case InternalFault(where, error, trace):
+                log.error("internal_error", where=where, error=error)
+                if trace:
+                    log.debug("internal_error_traceback", traceback=trace)
+            case ProfileFound(key, flags, updated_at, degraded):
+                if degraded:
+                    log.info("profile_found", key=key, flags=dict(flags), degraded=True)
+                else:
+                    log.info("profile_found", key=key, flags=dict(flags), updated_at=updated_at)
+            case ProfileMissing(key):
+                log.info("profile_missing", key=key)
+            case ProfileDoesNotFit(key, flags, conditions):
+                log.warning("profile_does_not_fit_now", key=key, flags=dict(flags), **conditions)
+            case ProfileDegraded(key, reason):
+                log.warning("profile_degraded", key=key, reason=reason)
+            case RetunePlanned(best_key):
+                log.info("retune_planned", best_key=best_key, reason="memory is back")
+            case DeviceProbeFailed(error):
+                log.debug("device_probe_failed", error=error)
+            case MetricsListening(host, port):
+                log.info("metrics_listening", host=host, port=port)
+            case MetricsUnavailable(host, port, error):
+                log.warning("metrics_unavailable", host=host, port=port, error=error)
+            case StateDirUnusable(error):
+                log.warning("state_dir_unusable", error=error)
+
+
+class StatusSource(Protocol):
+    """What status.json is made of: the daemon's state, read at each write."""
+
+    @property
+    def state_dir(self) -> str: ...
+
+    def status_fields(self, recent: list[dict[str, Any]]) -> dict[str, Any]: ...
+
+
+class StatusFile:
+    """``status.json``, rewritten atomically at each change of state or status (while vLLM loads: at
+    each phase and at most every ``PROGRESS_WRITE_S``), and the last document for ``/status``. The
+    recent events it lists (the last ``RECENT_EVENTS``) are kept here."""
+
+    def __init__(self, source: StatusSource, log: Any) -> None:
+        self.source = source
+        self.log = log
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        self.doc: dict[str, Any] | None = None  # what status.json holds (read from the endpoint's thread)
+        self._progress: tuple[str, float] = ("", 0.0)  # the phase last written, when
+
+    def __call__(self, event: DaemonEvent) -> None:
+        match event:
+            case StateChanged(old, new, _):
+                self.note("state_changed", old=old, new=new)
+                self.write()
+            case StatusText():
+                self.write()
+            case LoadingProgress(now, phase, _):
+                last_phase, written = self._progress
+                if phase != last_phase or now - written >= PROGRESS_WRITE_S:
+                    self.write()
+                    self._progress = (phase, now)
+            case Launching(attempt, flags):
+                self.note("launch_started", attempt=attempt, flags=flags.to_dict())
+            case AttemptFailed(_, failure):
+                self.note(
+                    "failure_classified",
+                    failure_class=failure.cls,
+                    phase=failure.phase,
+                    evidence=failure.evidence[:200],
+                )
+                self.write()
+            case LadderStepped() | StepAfterServing():
+                step = event.step if isinstance(event, StepAfterServing) else event
+                self.note("ladder_step", status=step.status)
+            case ServingFailed(failure, _):
+                self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
+            case LivenessJudged(_, verdict, changed):
+                if changed and verdict.evidence in (liveness.EVIDENCE_WAITING, liveness.EVIDENCE_STALL):
+                    self.note(
+                        "liveness",
+                        verdict=verdict.state,
+                        evidence=verdict.evidence,
+                        reason=verdict.reason[:200],
+                    )
+            case DaemonFailed(exit_code, reason):
+                self.note("daemon_failed", exit_code=exit_code, reason=reason)
+            case ProfileFound(key, _, _, degraded):
+                if not degraded:
+                    self.note("profile_found", key=key)
+            case ProfileDoesNotFit(key, _, conditions):
+                self.note("profile_does_not_fit_now", key=key, others_gib=conditions.get("others_gib"))
+            case ProfileDegraded(_, reason):
+                self.note("profile_degraded", reason=reason)
+            case RetunePlanned(best_key):
+                self.note("retune_planned", best_key=best_key)
+                self.write()
+            case ProfileStoreWaiting(text):
+                self.note("profile_store_waiting", status=text)
+                self.write()
+            case ProfileStoreHit(key):
+                self.note("profile_store_hit", key=key)
+
+    def note(self, event: str, **fields: Any) -> None:
+        self.recent.append({"ts": now_iso(), "event": event, **fields})
+
+    def write(self) -> None:
+        from r1sup import statefiles
+
+        payload = self.source.status_fields(list(self.recent))
+        self.doc = payload
+        try:
+            statefiles.ensure_state_dir(self.source.state_dir)
+            statefiles.atomic_write_json(Path(self.source.state_dir) / STATUS_FILE, payload, mode=0o600)
+        except R1supError as exc:
+            self.log.warning("status_write_failed", error=str(exc))
+
+
+class MetricsSink:
+    """The Prometheus metrics (:class:`r1sup.metrics.Metrics`), and the listener that serves them."""
+
+    def __init__(self, metrics: Any) -> None:
+        self.metrics = metrics
+
+    def __call__(self, event: DaemonEvent) -> None:
+        m = self.metrics
+        match event:
+            case StateChanged(_, new, _):
+                m.set_state(new)
+            case Launching(_, flags):
+                m.launches.inc()
+                if flags.max_model_len:
+                    m.context.set(flags.max_model_len)
+            case AttemptFailed(_, failure):
+                m.failures.labels(failure_class=failure.cls).inc()
+            case LadderStepped() | StepAfterServing():
+                step = event.step if isinstance(event, StepAfterServing) else event
+                m.ladder_steps.labels(failure_class=step.failure_class).inc()
+            case Serving(_, _, probe, _):
+                m.probe(dict(probe) if probe is not None else None)
+                m.child_up.set(1)
+            case HealthPassed():
+                m.success()
+            case ServingFailed(failure, _):
+                m.failures.labels(failure_class=failure.cls).inc()
+                m.child_up.set(0)
+            case RestartScheduled():
+                m.restarts.inc()
+            case Stopping():
+                m.child_up.set(0)
+
+    def serve(self, host: str, port: int, view: Any, mask: Any) -> None:
+        """Listen on ``host:port`` (OSError when the address cannot be bound)."""
+        self.metrics.serve(host, port, view=view, mask=mask)
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+class SystemdSink:
+    """sd_notify, one STATUS= line per fact. READY=1 goes once (again only if it could not be sent);
+    WATCHDOG=1 at half systemd's interval while the loop turns healthy; the start timeout is extended
+    every ``EXTEND_EVERY_S`` while starting; the loading progress at most every ``PROGRESS_STATUS_S``
+    (and at each new phase)."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self.notifier = notifier
+        self.ready_sent = False
+        self._next_watchdog = 0.0
+        self._last_extend: float | None = None
+        self._progress: tuple[str, float] = ("", 0.0)  # the phase last shown, when
+
+    def __call__(self, event: DaemonEvent) -> None:
+        n = self.notifier
+        match event:
+            case StateChanged(_, _, status):
+                if status:
+                    n.status(status)
+            case StatusText(text) | ProfileStoreWaiting(text):
+                n.status(text)
+            case LoadingProgress(now, phase, text):
+                last_phase, sent = self._progress
+                if phase != last_phase or now - sent >= PROGRESS_STATUS_S:
+                    n.status(text)
+                    self._progress = (phase, now)
+            case LadderStepped() | StepAfterServing():
+                step = event.step if isinstance(event, StepAfterServing) else event
+                n.status(step.status)
+            case Heartbeat(now, starting):
+                self._heartbeat(now, starting)
+            case Serving(_, _, _, text):
+                if not self.ready_sent:
+                    self.ready_sent = n.ready(text) or not n.enabled
+            case Reloading():
+                n.reloading()
+            case ReloadFailed(error):
+                n.status(f"serving; reload failed: {error}")
+            case ConfigReloaded(_, applied):
+                if applied:
+                    n.status("serving; config reloaded, flags unchanged")
+            case Stopping():
+                n.stopping()
+
+    def _heartbeat(self, now: float, starting: bool) -> None:
+        interval = self.notifier.watchdog_interval_s
+        if interval and now >= self._next_watchdog:
+            self.notifier.watchdog()
+            self._next_watchdog = now + interval
+        if starting and (self._last_extend is None or now - self._last_extend >= EXTEND_EVERY_S):
+            self._last_extend = now
+            self.notifier.extend_timeout(3 * EXTEND_EVERY_S)
