@@ -1,0 +1,392 @@
+"""The bus and its subscribers, in process: delivery, a failing subscriber, each sink's form of the
+daemon's events, and daemon.py writing to no sink itself. No process is started."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+from structlog.testing import capture_logs
+
+from r1sup import bus as B
+from r1sup import config as cfg
+from r1sup import daemon as daemon_module
+from r1sup import failure as F
+from r1sup import liveness
+from r1sup.daemon import Daemon
+from r1sup.events import EventQueue
+from r1sup.flags import EngineFlags
+from r1sup.metrics import Metrics
+from r1sup.notify import Notifier
+from r1sup.runner import Runner
+from r1sup.session import Session
+from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
+from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing, TuneResult
+from r1sup_proc import write_config
+from test_daemon_events import Recorded
+
+OOM = F.Failure(F.OOM_RUNTIME, F.PHASE_SERVING, evidence="CUDA out of memory. Tried to allocate 2.00 GiB")
+FIRST, SECOND = EngineFlags(max_model_len=8192), EngineFlags(max_model_len=4096)
+
+
+class Calls:
+    """A logger that keeps its calls: (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: self.calls.append((level, event, fields))
+
+
+# --- the bus -----------------------------------------------------------------------------------
+
+
+def test_each_subscriber_gets_each_event_once_in_the_order_they_subscribed():
+    bus = B.Bus(Calls())
+    seen: list[tuple[str, object]] = []
+    for name in ("first", "second", "third"):
+        bus.subscribe(lambda event, name=name: seen.append((name, event)))
+    one, two = B.StatusText("one"), B.ProfileMissing("k")
+    bus.publish(one)
+    bus.publish(two)
+    assert seen == [
+        ("first", one),
+        ("second", one),
+        ("third", one),
+        ("first", two),
+        ("second", two),
+        ("third", two),
+    ]
+
+
+def test_a_subscriber_that_raises_is_logged_and_the_others_still_get_the_event():
+    log = Calls()
+    bus = B.Bus(log)
+    seen: list[str] = []
+
+    class Broken:
+        def __call__(self, event: object) -> None:
+            raise OSError("disk full")
+
+    bus.subscribe(lambda event: seen.append("before"))
+    bus.subscribe(Broken())
+    bus.subscribe(lambda event: seen.append("after"))
+    bus.publish(B.Stopping())
+    bus.publish(B.Stopping())
+    assert seen == ["before", "after", "before", "after"]
+    failed = [fields for level, event, fields in log.calls if event == "subscriber_failed"]
+    assert len(failed) == 2 and {level for level, _, _ in log.calls} == {"error"}
+    assert failed[0]["subscriber"] == "Broken" and failed[0]["published"] == "Stopping"
+    assert failed[0]["error"] == "OSError: disk full" and "raise OSError" in failed[0]["traceback"]
+
+
+# --- daemon.py writes to no sink itself -----------------------------------------------------------
+
+SINKS = frozenset({"log", "notifier", "metrics"})
+SINK_CALLS = frozenset({"write_status", "note", "atomic_write_json"})
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """``self.log.info`` -> ["self", "log", "info"]; [] for anything but names and attributes."""
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return []
+    return [node.id, *reversed(names)]
+
+
+def sink_writes(source: str) -> list[str]:
+    """Calls that write to a sink directly: a method of a logger, notifier or metrics object (also
+    through getattr), writing status.json or its recent events, or structlog itself."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [(node.lineno, f"import {m}") for m in modules if m.split(".")[0] == "structlog"]
+        if not isinstance(node, ast.Call):
+            continue
+        chain = _chain(node.func)
+        if isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args:
+            chain = [*_chain(node.args[0]), "?"]
+        if SINKS & set(chain[:-1]) or (chain and chain[-1] in SINK_CALLS):
+            found.append((node.lineno, ".".join(chain)))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_the_check_finds_each_kind_of_direct_write():
+    source = """
+import structlog
+def f(self, level):
+    self.log.info("serving")
+    getattr(self.log, level)("liveness")
+    self.s.notifier.status("x")
+    self.metrics.child_up.set(1)
+    self.write_status()
+    self.note("ladder_step")
+    statefiles.atomic_write_json(path, {})
+    Tuner(self.config, self.runner, self.log)   # handing the logger on is no write
+    self.publish(B.Stopping())
+"""
+    assert sink_writes(source) == [
+        "line 2: import structlog",
+        "line 4: self.log.info",
+        "line 5: self.log.?",
+        "line 6: self.s.notifier.status",
+        "line 7: self.metrics.child_up.set",
+        "line 8: self.write_status",
+        "line 9: self.note",
+        "line 10: statefiles.atomic_write_json",
+    ]
+
+
+def test_daemon_py_writes_to_no_sink_outside_the_subscribers():
+    source = Path(daemon_module.__file__).read_text(encoding="utf-8")
+    assert sink_writes(source) == []
+
+
+# --- each subscriber's form ---------------------------------------------------------------------
+
+
+def test_log_lines_keep_their_documented_names_and_fields():
+    verdict = liveness.Verdict(
+        liveness.HUNG, liveness.EVIDENCE_STALL, "no progress for 300 s", figures={"running": 2}
+    )
+    step = LadderStepped(3, FIRST, SECOND, OOM.cls)
+    with capture_logs() as logs:
+        sink = LogSink(structlog.get_logger())
+        sink(B.StateChanged("probing", "serving", "serving tiny"))
+        sink(B.ServingFailed(OOM, 12.345))
+        sink(B.StepAfterServing(step, OOM.evidence, "context halved"))
+        sink(B.LivenessJudged(1, verdict, changed=True))
+        sink(
+            B.LivenessJudged(1, liveness.Verdict(liveness.ALIVE, liveness.EVIDENCE_PROGRESS, "moved"), False)
+        )
+        sink(B.RestartScheduled(2, 5, 4.4567))
+        sink(B.ProfileFound("abc", {"max_model_len": 4096}, degraded=True))
+        sink(B.HealthPassed())  # no line: a metric only
+    assert [(e["log_level"], e["event"]) for e in logs] == [
+        ("info", "state_changed"),
+        ("error", "serving_failed"),
+        ("info", "ladder_step"),
+        ("error", "liveness"),
+        ("debug", "liveness"),
+        ("info", "restart_backoff"),
+        ("info", "profile_found"),
+    ]
+    assert logs[0] == {
+        "event": "state_changed",
+        "log_level": "info",
+        "old": "probing",
+        "new": "serving",
+        "status": "serving tiny",
+    }
+    assert (
+        logs[1]["served_s"] == 12.3
+        and logs[1]["failure_class"] == "oom_runtime"
+        and logs[1]["phase"] == "serving"
+    )
+    assert logs[2]["old"] == FIRST.to_dict() and logs[2]["new"] == SECOND.to_dict()
+    assert logs[2]["reason"] == "context halved" and "attempt" not in logs[2]
+    assert logs[3]["running"] == 2 and logs[3]["launch"] == 1 and logs[3]["verdict"] == "hung"
+    assert logs[5]["seconds"] == 4.46 and logs[5]["restart"] == 2 and logs[5]["budget"] == 5
+    assert logs[6]["degraded"] is True and "updated_at" not in logs[6]
+
+
+class Source:
+    """status.json's fields as a daemon would give them."""
+
+    def __init__(self, directory: Path) -> None:
+        self.state_dir = str(directory)
+        self.state = "planning"
+
+    def status_fields(self, recent: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"state": self.state, "recent_events": recent}
+
+
+def on_disk(directory: Path) -> dict[str, Any]:
+    return dict(json.loads((directory / "status.json").read_text(encoding="utf-8")))
+
+
+def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Path):
+    source = Source(tmp_path)
+    sink = StatusFile(source, Calls())
+    sink(Launching(1, FIRST))  # noted, not written yet
+    assert not (tmp_path / "status.json").exists() and sink.doc is None
+    source.state = "launching"
+    sink(B.StateChanged("planning", "launching", "attempt 1: launching vLLM"))
+    sink(AttemptFailed(1, OOM))
+    sink(LadderStepped(2, FIRST, SECOND, OOM.cls))
+    sink(B.ProfileFound("k", {}, degraded=True))  # the degraded variant is not a recent event
+    doc = on_disk(tmp_path)
+    assert doc == sink.doc and doc["state"] == "launching"
+    events = [
+        (e["event"], {k: v for k, v in e.items() if k not in ("ts", "event")}) for e in doc["recent_events"]
+    ]
+    assert events == [
+        ("launch_started", {"attempt": 1, "flags": FIRST.to_dict()}),
+        ("state_changed", {"old": "planning", "new": "launching"}),
+        (
+            "failure_classified",
+            {"failure_class": "oom_runtime", "phase": "serving", "evidence": OOM.evidence},
+        ),
+    ]  # the ladder step is noted and shown at the next write
+    sink(B.StatusText("x"))
+    assert on_disk(tmp_path)["recent_events"][-1] == {
+        **sink.recent[-1],
+        "event": "ladder_step",
+        "status": "attempt 2: context 8192 -> 4096 (oom_runtime)",
+    }
+
+
+def test_status_file_keeps_the_last_twenty_events(tmp_path: Path):
+    sink = StatusFile(Source(tmp_path), Calls())
+    for n in range(25):
+        sink(B.ProfileStoreHit(f"k{n}"))
+    sink(B.StatusText("x"))
+    assert [e["key"] for e in on_disk(tmp_path)["recent_events"]] == [f"k{n}" for n in range(5, 25)]
+
+
+def test_loading_progress_paces_status_json_and_status_lines_each_its_own_way(tmp_path: Path):
+    writes: list[float] = []
+    source = Source(tmp_path)
+    fields = source.status_fields
+    source.status_fields = lambda recent: (writes.append(now), fields(recent))[1]  # type: ignore[method-assign]
+    notifier = Recorded()
+    files, systemd = StatusFile(source, Calls()), SystemdSink(notifier)
+    shown: list[float] = []
+    for tick in range(0, 70):  # 0.1 s per turn of the loop: weights from 0 s, a new phase at 5.5 s
+        now = 100.0 + tick / 10
+        phase = "weights" if now < 105.5 else "kv_cache"
+        event = B.LoadingProgress(now, phase, f"{phase} at {now:.1f}")
+        files(event)
+        sent = len(notifier.sent)
+        systemd(event)
+        if len(notifier.sent) > sent:
+            shown.append(now)
+    assert writes == [100.0, 105.0, 105.5]  # each phase at once, else every 5 s
+    assert shown == [100.0, 102.0, 104.0, 105.5]  # each phase at once, else every 2 s
+    assert notifier.sent[-1] == "STATUS=kv_cache at 105.5"
+
+
+def test_status_write_failure_is_a_log_line_not_an_error(tmp_path: Path):
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    log = Calls()
+    sink = StatusFile(Source(tmp_path / "file" / "state"), log)
+    sink(B.StatusText("x"))
+    assert [(level, event) for level, event, _ in log.calls] == [("warning", "status_write_failed")]
+    assert sink.doc is not None  # /status still answers with what the file would hold
+
+
+def test_metrics_follow_the_events():
+    sink = MetricsSink(Metrics())
+    value = sink.metrics.registry.get_sample_value
+    sink(B.StateChanged("planning", "launching"))
+    sink(Launching(1, FIRST))
+    sink(AttemptFailed(1, OOM))
+    sink(LadderStepped(2, FIRST, SECOND, OOM.cls))
+    sink(Launching(2, SECOND))
+    sink(B.StateChanged("probing", "serving", "serving"))
+    sink(
+        B.Serving(SECOND, "tuned", {"ok": True, "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "duration_s": 3.0}, "s")
+    )
+    assert (
+        value("r1sup_state", {"state": "serving"}) == 1.0
+        and value("r1sup_state", {"state": "launching"}) == 0.0
+    )
+    assert value("r1sup_launches_total") == 2.0 and value("r1sup_max_model_len") == 4096.0
+    assert value("r1sup_failures_total", {"failure_class": "oom_runtime"}) == 1.0
+    assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 1.0
+    assert value("r1sup_child_up") == 1.0 and value("r1sup_probe_ttft_seconds", {"quantile": "0.95"}) == 0.4
+    sink(B.ServingFailed(F.Failure(F.ENGINE_DEAD, F.PHASE_SERVING), 30.0))
+    sink(B.RestartScheduled(1, 5, 2.0))
+    assert value("r1sup_child_up") == 0.0 and value("r1sup_restarts_total") == 1.0
+    assert value("r1sup_failures_total", {"failure_class": "engine_dead"}) == 1.0
+    sink(B.StepAfterServing(LadderStepped(3, SECOND, FIRST, OOM.cls), "", ""))
+    assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 2.0
+
+
+def test_systemd_lines_one_status_per_fact_ready_once():
+    notifier = Recorded()
+    sink = SystemdSink(notifier)
+    sink(B.StateChanged("planning", "planning", "planning"))
+    sink(B.StateChanged("probing", "serving", None))  # no status: no line
+    sink(B.Serving(FIRST, "persisted", None, "serving tiny on port 8000"))
+    sink(B.ConfigReloaded(changed=False, applied=True))
+    sink(B.ConfigReloaded(changed=True, applied=False))
+    sink(B.ReloadFailed("r1sup.toml: bad"))
+    sink(B.Serving(FIRST, "tuned", None, "serving again"))  # READY=1 only the first time
+    sink(B.Stopping())
+    assert notifier.sent == [
+        "STATUS=planning",
+        "READY=1",
+        "STATUS=serving tiny on port 8000",
+        notifier.sent[3],  # MAINPID=
+        "STATUS=serving; config reloaded, flags unchanged",
+        "STATUS=serving; reload failed: r1sup.toml: bad",
+        "STOPPING=1",
+        "STATUS=stopping",
+    ]
+    assert notifier.sent[3].startswith("MAINPID=")
+
+
+def test_systemd_watchdog_at_half_the_interval_and_the_start_timeout_extended_while_starting():
+    class Timed(Recorded):
+        def __init__(self) -> None:
+            Notifier.__init__(self, {"WATCHDOG_USEC": "4000000"})  # pings every 2 s
+            self.sent = []
+
+    notifier = Timed()
+    sink = SystemdSink(notifier)
+    pings: list[tuple[float, str]] = []
+    for tick in range(0, 250):  # 25 s, a turn every 0.1 s; starting for the first 15 s
+        now = 1000.0 + tick / 10
+        sent = len(notifier.sent)
+        sink(B.Heartbeat(now, starting=now < 1015.0))
+        pings += [(round(now - 1000.0, 1), line) for line in notifier.sent[sent:]]
+    assert [t for t, line in pings if line == "WATCHDOG=1"] == [float(t) for t in range(0, 25, 2)]
+    assert [(t, line) for t, line in pings if line != "WATCHDOG=1"] == [
+        (0.0, "EXTEND_TIMEOUT_USEC=30000000"),
+        (10.0, "EXTEND_TIMEOUT_USEC=30000000"),
+    ]
+
+
+# --- the daemon on the bus ----------------------------------------------------------------------
+
+
+def test_serving_reaches_every_sink_before_its_log_line(tmp_path: Path):
+    """The daemon's own wiring: when ``serving`` is logged, status.json, /metrics and systemd say so."""
+    seen_at_log: dict[str, Any] = {}
+
+    class Peek(Calls):
+        def __getattr__(self, level: str) -> Any:
+            def log(event: str, **fields: Any) -> None:
+                if event == "serving":
+                    seen_at_log["state"] = on_disk(tmp_path)["state"]
+                    seen_at_log["up"] = metrics.registry.get_sample_value("r1sup_child_up")
+                    seen_at_log["ready"] = "READY=1" in notifier.sent
+                self.calls.append((level, event, fields))
+
+            return log
+
+    body = {
+        "model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"},
+        "state": {"dir": str(tmp_path)},
+        "daemon": {"metrics_port": 9},  # never served: run() is not called
+    }
+    config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})
+    events, notifier, log = EventQueue(), Recorded(), Peek()
+    d = Daemon(Session(config, None, log, events, Runner(config, events, log=Calls()), {}), notifier=notifier)
+    assert d.metrics_sink is not None
+    metrics = d.metrics_sink.metrics
+    d._on_search(Launching(1, FIRST))
+    d._on_search(Probing(1, FIRST))
+    d._served(TuneResult(ok=True, exit_code=0, flags=FIRST, probe={"ok": True}))
+    assert seen_at_log == {"state": "serving", "up": 1.0, "ready": True}
+    assert [event for _, event, _ in log.calls] == ["state_changed"] * 3 + ["serving"]
+    assert d.endpoint_view().status == d.status_file.doc == on_disk(tmp_path)
