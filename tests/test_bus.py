@@ -253,23 +253,31 @@ def test_status_file_keeps_the_last_twenty_events(tmp_path: Path):
 
 
 def test_loading_progress_paces_status_json_and_status_lines_each_its_own_way(tmp_path: Path):
-    writes: list[float] = []
-    source = Source(tmp_path)
-    fields = source.status_fields
-    source.status_fields = lambda recent: (writes.append(now), fields(recent))[1]  # type: ignore[method-assign]
+    class Counted(Source):
+        """Keeps the moment of each write (the loop's clock, set below)."""
+
+        now = 0.0
+        writes: list[float] = []
+
+        def status_fields(self, recent: list[dict[str, Any]]) -> dict[str, Any]:
+            self.writes.append(self.now)
+            return super().status_fields(recent)
+
+    source = Counted(tmp_path)
     notifier = Recorded()
     files, systemd = StatusFile(source, Calls()), SystemdSink(notifier)
     shown: list[float] = []
     for tick in range(0, 70):  # 0.1 s per turn of the loop: weights from 0 s, a new phase at 5.5 s
         now = 100.0 + tick / 10
         phase = "weights" if now < 105.5 else "kv_cache"
+        source.now = now
         event = B.LoadingProgress(now, phase, f"{phase} at {now:.1f}")
         files(event)
         sent = len(notifier.sent)
         systemd(event)
         if len(notifier.sent) > sent:
             shown.append(now)
-    assert writes == [100.0, 105.0, 105.5]  # each phase at once, else every 5 s
+    assert source.writes == [100.0, 105.0, 105.5]  # each phase at once, else every 5 s
     assert shown == [100.0, 102.0, 104.0, 105.5]  # each phase at once, else every 2 s
     assert notifier.sent[-1] == "STATUS=kv_cache at 105.5"
 
