@@ -6,8 +6,9 @@ by that timeout. Each launch is a :class:`FakeEngine` that replays vLLM's output
 ``tests/fixtures/logs``: GPU start-ups and failures in vLLM's own message formats) and exits when its
 script says; the checks the runner would run on threads
 (readiness, the probe, ``/health``, ``/metrics``, the liveness completion, the drain's reads) are answered
-by the script at the moment they are asked, a little later on the timeline. What the daemon does is then
-read from what it wrote: its log events, sd_notify's lines, status.json.
+by the script at the moment they are asked, a little later on the timeline (the liveness completion as late
+as its script says, or never). What the daemon does is then read from what it wrote: its log events,
+sd_notify's lines, status.json.
 """
 
 from __future__ import annotations
@@ -95,13 +96,18 @@ class ScriptedQueue(EventQueue):
             if isinstance(item, Signal):
                 (self.reloads if item.reload else self.signals).append(item.signum)
                 return None
+            if isinstance(item, Action):
+                item.run()
+                return None
             return item
         self.clock.t = limit
         return None
 
     def queued(self) -> int:
         now = self.clock()
-        return sum(1 for when, _, item in self._timeline if when <= now and not isinstance(item, Signal))
+        return sum(
+            1 for when, _, item in self._timeline if when <= now and not isinstance(item, (Signal, Action))
+        )
 
     def install_signal_handlers(self, signums: tuple[int, ...] = ()) -> None:
         pass
@@ -114,6 +120,13 @@ class ScriptedQueue(EventQueue):
 class Signal:
     signum: int
     reload: bool = False
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something the test does at a moment of the timeline (edit the config, read status.json)."""
+
+    run: Callable[[], None]
 
 
 @dataclass
@@ -132,7 +145,11 @@ class Script:
     health: Callable[[float], bool] = lambda s: True  # /health at s seconds after the start
     figures: Callable[[float], liveness.Figures | None] = lambda s: IDLE
     completion: Callable[[float], tuple[int, str]] = lambda s: (200, "")  # the liveness completion
+    # how long the completion asked at s takes to come back; None: not within the request's own timeout
+    # (progress_timeout_s), which then ends it unanswered (status 0), as a stopped engine core leaves it
+    completion_s: Callable[[float], float | None] = lambda s: CHECK_LATENCY_S
     drain_s: float | None = None  # asked to drain (SIGTERM to its leader): exits this much later
+    # (None: once its figures show nothing pending)
 
 
 class FakeEngine:
@@ -192,8 +209,18 @@ class FakeEngine:
         return [self.pid] if self.pid else []
 
     def terminate_leader(self) -> None:
-        if self.script.drain_s is not None:
-            self._exit(self.h.clock() + self.script.drain_s, 0)
+        """Asked to drain (vLLM's own drain, ``--shutdown-timeout``): it exits ``drain_s`` later where the
+        script says, else once its figures show nothing pending (looked at every 0.5 s, for an hour)."""
+        s, now = self.script, self.h.clock()
+        if s.drain_s is not None:
+            self._exit(now + s.drain_s, 0)
+            return
+        for step in range(1, 7201):
+            at = now + step * 0.5
+            figures = s.figures(at - self.started_at)
+            if figures is not None and figures.pending == 0:
+                self._exit(at, 0)
+                return
 
     def stop(self, timeout: float, **kwargs: Any) -> StopReport:
         self.stopped_by = "stop"
@@ -331,6 +358,10 @@ class Replay:
         """A signal ``after`` seconds from now (SIGHUP joins the reloads, the others the stops)."""
         self.queue.at(self.clock() + after, Signal(signum, reload=signum == 1))
 
+    def after(self, seconds: float, action: Callable[[], None]) -> None:
+        """Run ``action`` (in the daemon's thread) ``seconds`` from now."""
+        self.queue.at(self.clock() + seconds, Action(action))
+
     def edit_config(self, **sections: dict[str, Any]) -> None:
         """Change sections of the config file (for a reload), keeping the rest."""
         import tomllib
@@ -379,26 +410,33 @@ class Replay:
         elif kind == "health":
             ok = engine.alive() and s.health(since)
             detail = "" if ok else "connection refused"
-        elif kind == "metrics":
-            figures = s.figures(since) if engine.alive() else None
-            payload = liveness.MetricsSample(now, figures, "" if figures is not None else "unreachable")
+        elif kind == "metrics":  # the daemon's own read (watch.read_metrics: _read_metrics here)
+            ok, detail, payload = fn()
         elif kind == "liveness":
+            latency = s.completion_s(since)
             status, body = s.completion(since) if engine.alive() else (0, "")
-            payload = liveness.ProbeResult(now, status == 200, status, body)
+            if latency is None:  # the request's timeout ends it, unanswered
+                latency, status, body = self.daemon.config.daemon.progress_timeout_s, 0, ""
             ok = status == 200
+            payload = liveness.ProbeResult(now + latency, ok, status, body)
+            self.queue.at(now + latency, CheckDone(kind, launch.number, ok, detail, payload))
+            return
         elif kind == "drain":
             payload = SimpleNamespace(figures=s.figures(since) if engine.alive() else None)
         else:
             raise AssertionError(f"unexpected check {kind}")
         self.queue.at(now + CHECK_LATENCY_S, CheckDone(kind, launch.number, ok, detail, payload))
 
-    def _read_metrics(self, endpoint: Any, timeout: float, at: float | None = None) -> Any:
-        """The drain's first read, made in the loop's thread: the running engine's figures now."""
+    def _read_metrics(self, endpoint: Any, timeout: float, at: float | None = None) -> liveness.MetricsSample:
+        """``/metrics`` of the running engine now, stamped as watch.read_metrics stamps it (``at``: the
+        time the sample was due). The serving phase's samples and the drain's first read."""
+        now = self.clock()
+        at = now if at is None else at
         live = [e for e in self.engines if e.alive()]
         if not live:
-            return SimpleNamespace(figures=None)
+            return liveness.MetricsSample(at, None, "/metrics unanswered")
         engine = live[-1]
-        return SimpleNamespace(figures=engine.script.figures(self.clock() - engine.started_at))
+        return liveness.MetricsSample(at, engine.script.figures(now - engine.started_at))
 
     # --- running and reading ----------------------------------------------------------------------
 
