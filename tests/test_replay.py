@@ -263,8 +263,16 @@ def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path, monkeypatch: A
     assert len(r.engines) == 3 and [e["restart"] for e in r.log.named("restart_backoff")] == [1, 2]
     seconds = [e["seconds"] for e in r.log.named("restart_backoff")]
     assert 1.0 <= seconds[0] <= 2.0 and 2.0 <= seconds[1] <= 3.0  # exponential, with jitter
-    assert r.states()[-1] == "failed" and r.status_json()["state"] == "failed"
-    assert r.log.named("daemon_failed")[0]["exit_code"] == errors.EXIT_RESTART_BUDGET
+    assert (
+        r.states()[-1] == "failed"
+        and r.log.named("daemon_failed")[0]["exit_code"] == errors.EXIT_RESTART_BUDGET
+    )
+    failures = r.log.named("serving_failed")
+    assert len(failures) == 3 and {f["failure_class"] for f in failures} == {F.ENGINE_DEAD}
+    # a crash is not a memory problem: the same flags each time
+    assert not r.log.named("ladder_step") and len({tuple(e.spec.argv) for e in r.engines}) == 1
+    doc = r.status_json()
+    assert doc["state"] == "failed" and doc["launches"] == 3 and doc["child_pid"] is None
 
 
 def test_a_stable_period_resets_the_restart_budget(tmp_path: Path, monkeypatch: Any) -> None:
@@ -304,6 +312,100 @@ def test_an_engine_dead_behind_a_healthy_health_check_is_restarted_within_one_li
     assert r.log.named("restart_backoff") and len(r.engines) == 2
 
 
+# --- liveness: a long queue, a stopped engine core -----------------------------------------------------
+
+OUT_S = (len(STARTUP) + 1) * 0.5  # the start-up lines are out this long after a launch
+
+
+def one_slot_queue(count: int, each_s: float, from_s: float) -> Callable[[float], Figures]:
+    """``count`` requests through one sequence slot from ``from_s`` seconds after the start, each
+    ``each_s`` seconds long, tokens flowing all along (the counters move at every sample)."""
+
+    def figures(s: float) -> Figures:
+        if s < from_s:
+            return IDLE
+        done = min(count, int((s - from_s) // each_s))
+        tokens = 4.0 * min(s - from_s, count * each_s)
+        running = 0 if done == count else 1
+        return Figures(running, count - done - running, 100.0 * count, tokens, done)
+
+    return figures
+
+
+def liveness_with_work(r: Replay) -> list[dict[str, Any]]:
+    return [e for e in r.log.named("liveness") if (e.get("running") or 0) + (e.get("waiting") or 0) > 0]
+
+
+def test_a_queue_longer_than_every_timeout_is_served_without_a_restart(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # 24 requests of 25 s each through one slot: the last waits 575 s in the queue, ten times the
+    # progress timeout (60 s); the counters move at every sample
+    queue = one_slot_queue(24, 25.0, from_s=OUT_S + 20)
+    r = replay(tmp_path, monkeypatch, Script(figures=queue))
+    stop_after_serving(r, seconds=20 + 24 * 25 + 60)
+    assert r.run() == errors.EXIT_OK
+    assert not r.log.named("serving_failed") and len(r.engines) == 1
+    verdicts = liveness_with_work(r)
+    assert {e["verdict"] for e in verdicts} == {"alive"}
+    assert any(e["waiting"] >= 10 for e in verdicts)
+    # no one-token completion queued behind work that made progress
+    assert not [e for e in verdicts if e["probe"]]
+    interval = r.daemon.config.daemon.liveness_interval_s
+    assert len(verdicts) >= 24 * 25 / interval - 2  # a verdict per sample
+    before_stop = [e for e in r.log.named("liveness") if e["t"] < r.log.named("drain_skipped")[0]["t"]]
+    assert before_stop[-1]["verdict"] == "idle"  # once the queue is served
+
+
+def test_a_stopped_engine_core_under_load_is_restarted_within_the_progress_timeout(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # 40 s into serving the engine core is stopped (SIGSTOP): /health and /metrics go on answering,
+    # the figures freeze with work pending, a completion sent from then on is never answered
+    stopped = OUT_S + 40
+    moving = busy_then_done(10_000.0)
+    script = Script(
+        figures=lambda s: moving(min(s, stopped)),
+        completion_s=lambda s: None if s >= stopped else 0.05,
+    )
+    r = replay(tmp_path, monkeypatch, script, Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("serving_failed")[0]
+    assert failed["failure_class"] == F.HANG and "no progress" in failed["evidence"]
+    d = r.daemon.config.daemon
+    detected = failed["t"] - (r.engine(1).started_at + stopped)
+    # the target: the progress timeout + one interval (the progress made until the stop shows at the
+    # next sample)
+    assert d.progress_timeout_s <= detected <= d.progress_timeout_s + d.liveness_interval_s, detected
+    hung = [e for e in r.log.named("liveness") if e["verdict"] == "hung"]
+    assert hung and hung[-1]["evidence"] == "stall" and hung[-1]["running"] == 2
+    assert not [e for e in r.log.named("liveness") if e.get("health_failures")]  # /health kept answering
+    assert r.states().count("serving") == 2 and len(r.engines) == 2
+
+
+def test_an_idle_engine_that_stops_answering_is_restarted(tmp_path: Path, monkeypatch: Any) -> None:
+    # idle, then the engine core is stopped: the figures say nothing is pending, /health answers; only
+    # r1sup's own one-token completion, sent while idle, goes unanswered
+    stopped = OUT_S + 40
+    script = Script(completion_s=lambda s: None if s >= stopped else 0.05)
+    r = replay(tmp_path, monkeypatch, script, Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("serving_failed")[0]
+    assert failed["failure_class"] == F.HANG
+    d = r.daemon.config.daemon
+    detected = failed["t"] - (r.engine(1).started_at + stopped)
+    # the completion is due within an interval, unanswered for the progress timeout, seen at a sample
+    interval = d.liveness_interval_s
+    assert d.progress_timeout_s <= detected <= interval + d.progress_timeout_s + interval, detected
+    before = {e["verdict"] for e in r.log.named("liveness") if e["t"] < r.engine(1).started_at + stopped}
+    assert "idle" in before and "hung" not in before  # its completions were answered until then
+    hung = [e for e in r.log.named("liveness") if e["verdict"] == "hung"][-1]
+    assert hung["own_completion_unanswered_s"] >= d.progress_timeout_s
+    assert r.states().count("serving") == 2 and len(r.engines) == 2
+
+
 # --- reload and drain --------------------------------------------------------------------------------
 
 
@@ -329,16 +431,28 @@ def test_sighup_after_editing_the_context_replans_and_relaunches(tmp_path: Path,
 
 def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path, monkeypatch: Any) -> None:
     r = replay(tmp_path, monkeypatch)
+    seen: list[dict[str, Any]] = []
 
-    def hup() -> None:
-        r.edit_config(daemon={"health_interval_s": 7.0})
-        r.signal(5.0, signal.SIGHUP)
+    def hups() -> None:
+        served = r.status_json()
+        r.signal(5.0, signal.SIGHUP)  # the file as it was
+        r.after(8.0, lambda: r.edit_config(daemon={"health_interval_s": 7.0}))  # implies no vLLM flag
+        r.signal(10.0, signal.SIGHUP)
+        r.after(15.0, lambda: seen.extend([served, r.status_json()]))
 
-    r.at_serving(1, hup)
+    r.at_serving(1, hups)
     stop_after_serving(r, seconds=20)
     assert r.run() == errors.EXIT_OK
-    assert len(r.engines) == 1 and r.log.named("config_reloaded")[0]["changed"] is False
-    assert "STATUS=serving; config reloaded, flags unchanged" in r.notifier.sent
+    assert [e["changed"] for e in r.log.named("config_reloaded")] == [False, False]
+    assert len(r.engines) == 1 and "STATUS=serving; config reloaded, flags unchanged" in r.notifier.sent
+    # between the reloads and the stop nothing was stopped or launched
+    names = r.log.names("config_reloaded", "engine_stopped", "launch_started")
+    assert names == ["launch_started", "config_reloaded", "config_reloaded", "engine_stopped"]
+    assert r.daemon.config.daemon.health_interval_s == 7.0  # the reloaded config is the one in use
+    before, after = seen
+    assert (
+        after["state"] == "serving" and after["launches"] == 1 and after["child_pid"] == before["child_pid"]
+    )
 
 
 @covers((S.SERVING, S.DRAINING), (S.DRAINING, S.STOPPING))
@@ -382,6 +496,13 @@ def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path, 
     ]
     started = r.log.named("drain_started")[0]
     assert started["reason"] == "config reloaded"
+    # the drain waited for the work in flight (done 60 s after the first start), then the relaunch
+    finished = r.log.named("drain_finished")[0]
+    assert finished["complete"] is True and finished["t"] >= r.engine(1).started_at + 60.0
+    order = r.log.names("drain_started", "drain_finished", "engine_stopped", "launch_started")
+    assert order[1:5] == ["drain_started", "drain_finished", "engine_stopped", "launch_started"]
+    argv = r.engine(2).spec.argv
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
 
 
 # --- stops and failures in any state -----------------------------------------------------------------
