@@ -332,12 +332,15 @@ class Replay:
         monkeypatch.setattr(Session, "preflight", lambda self: SimpleNamespace(engine=None))
         self.daemon = Daemon(session, notifier=self.notifier)
         self.hooks: list[tuple[State, int, Callable[[], None]]] = []
+        self.watchers: list[Callable[[State, State], None]] = []
         original = self.daemon.transition
 
         def transition(new: State, status: str | None = None) -> None:
             old = self.daemon.state
             original(new, status)
             self.transitions.append((old, new))
+            for watcher in self.watchers:
+                watcher(old, new)
             if old is not new:
                 entered = sum(1 for a, b in self.transitions if b is new and a is not b)
                 for state, count, action in self.hooks:
@@ -374,6 +377,10 @@ class Replay:
     def on_entering(self, state: State, action: Callable[[], None], count: int = 1) -> None:
         """Run ``action`` (in the daemon's thread) right after its ``count``-th transition into ``state``."""
         self.hooks.append((state, count, action))
+
+    def on_transition(self, action: Callable[[State, State], None]) -> None:
+        """Call ``action(old, new)`` (in the daemon's thread) right after every transition."""
+        self.watchers.append(action)
 
     def at_serving(self, count: int, action: Callable[[], None]) -> None:
         """Run ``action`` the moment the daemon reaches serving for the ``count``-th time."""
