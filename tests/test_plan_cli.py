@@ -266,14 +266,18 @@ def test_plan_never_proposes_a_tensor_parallel_size_vllm_refuses(capsys: pytest.
 
 
 def test_a_saved_launch_calibrates_the_plan_on_the_same_box(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from r1sup import config as cfg
     from r1sup import devices, profiles
     from r1sup.flags import EngineFlags
     from r1sup_proc import write_config
 
+    # the engine of the box is the fake one (its versions are asked of it as of any engine, in a child
+    # that imports it in a moment where vLLM takes seconds: three times here, the save and two plans)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     body = {
+        "server": {"launch": ["-m", "fakevllm"]},
         "model": {"name": str(tiny_model)},
         "start": {"max_model_len": 4096, "kv_cache_memory_bytes": 4_000_000},
         "state": {"dir": str(tmp_path / "state")},
