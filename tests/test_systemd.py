@@ -141,10 +141,14 @@ def test_the_cache_variables_are_the_ones_the_engine_reads():
 
     if not engine_available():
         pytest.skip("vLLM is not installed here")
+    # vllm/envs.py itself, loaded from its file: it needs only the standard library, where importing it
+    # as vllm.envs runs vllm/__init__.py first (torch and the rest: seconds)
     code = (
-        "import os, sys; os.environ.update(XDG_CACHE_HOME='/x/cache', HOME='/x'); "
-        "os.environ.pop('VLLM_CACHE_ROOT', None); import vllm.envs as e; "
-        "print(e.VLLM_CACHE_ROOT, e.VLLM_CONFIG_ROOT)"
+        "import os, importlib.util as u; os.environ.update(XDG_CACHE_HOME='/x/cache', HOME='/x'); "
+        "os.environ.pop('VLLM_CACHE_ROOT', None); "
+        "path = os.path.join(u.find_spec('vllm').submodule_search_locations[0], 'envs.py'); "
+        "spec = u.spec_from_file_location('vllm_envs', path); e = u.module_from_spec(spec); "
+        "spec.loader.exec_module(e); print(e.VLLM_CACHE_ROOT, e.VLLM_CONFIG_ROOT)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
