@@ -5,8 +5,8 @@ engine-dead reply over HTTP while ``/health`` says 200, requests in flight throu
 The fake engine queues requests behind ``max_num_seqs``, moves vLLM's counters as it generates, and
 generates only while its ``VLLM::EngineCore`` child steps. Short timeouts (progress timeout 3 s,
 sampling every 0.5 s) keep each scenario to seconds. The verdicts on a long queue, a stopped engine
-core, an idle engine that stops answering, the second SIGTERM of a drain and a reload's drain are
-replayed in process (tests/test_replay.py).
+core, an idle engine that stops answering, the second SIGTERM of a drain, a reload's drain and a stop
+without a drain are replayed in process (tests/test_replay.py).
 """
 
 from __future__ import annotations
@@ -250,20 +250,3 @@ def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path):
         assert status(tmp_path)["state"] == "stopped"
         states = [e["new"] for e in proc.named("state_changed")]
         assert states[-3:] == ["draining", "stopping", "stopped"]
-
-
-def test_without_a_drain_sigterm_cuts_the_requests_in_flight(tmp_path: Path):
-    body = body_for(tmp_path, drain_timeout_s=0.0)
-    port = body["server"]["port"]
-    with running(tmp_path, body) as (proc, config):
-        proc.wait_event("serving", START_S)
-        assert not drains_itself(proc)
-        flood = Flood(port, count=4, concurrency=4)
-        wait_until(
-            lambda: any((e.get("waiting") or 0) >= 3 for e in liveness_events(proc)), 20, what="a queue of 3"
-        )
-        proc.signal(signal.SIGTERM)
-        statuses = flood.join(60)
-        assert proc.wait(60) == 0, proc.tail()
-        assert statuses.count(200) <= 1 and len(statuses) == 4  # the queue is lost
-        assert not proc.named("drain_started")

@@ -465,6 +465,16 @@ def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path, monkeypatch:
     assert r.states()[-3:] == ["draining", "stopping", "stopped"]
 
 
+def test_without_a_drain_sigterm_stops_the_engine_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+    # drain_timeout_s 0: vLLM is not asked to drain itself, and requests in flight do not hold the stop
+    r = replay(tmp_path, monkeypatch, Script(figures=lambda s: BUSY), daemon={"drain_timeout_s": 0.0})
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    assert "--shutdown-timeout" not in r.engine(1).spec.argv
+    assert not r.log.named("drain_started") and "draining" not in r.states()
+    assert r.states()[-3:] == ["serving", "stopping", "stopped"] and r.engine(1).stopped_by == "stop"
+
+
 def test_a_second_sigterm_ends_the_drain(tmp_path: Path, monkeypatch: Any) -> None:
     r = replay(tmp_path, monkeypatch, Script(figures=lambda s: BUSY, drain_s=100.0))
 
