@@ -6,6 +6,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.r1sup-installed
 PYTEST_ARGS ?=
+# make test-fast's worker processes (pytest-xdist); FAST_WORKERS=0 runs the tests in one process.
+# make test (CI) always runs them in one.
+FAST_WORKERS ?= 4
 # bench_time_to_serve.py's options, e.g. `make bench TTS_ARGS="--runs 1 --no-tune"`
 TTS_ARGS ?=
 
@@ -50,7 +53,7 @@ test: venv
 	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not image" $(PYTEST_ARGS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not engine and not image" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not engine and not image" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-wheel:
 	test -n "$(OPENAI_LOWEST)"
