@@ -236,7 +236,12 @@ def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path):
             lambda: any((e.get("waiting") or 0) >= 3 for e in liveness_events(proc)), 20, what="a queue of 3"
         )
         proc.signal(signal.SIGTERM)
-        proc.wait_event("state_changed", 10, where=lambda e: e["new"] == "draining")
+        changed = proc.wait_event("state_changed", 10, where=lambda e: e["new"] == "draining")
+        assert changed["status"].startswith("draining: 1 running")
+        # status.json is written just after the log line: read it once it is
+        wait_until(
+            lambda: status(tmp_path).get("state") == "draining", 10, what="status.json to say draining"
+        )
         assert status(tmp_path)["status"].startswith("draining: 1 running")
         started = proc.named("drain_started")[0]
         assert started["reason"] == "shutdown" and started["running"] == 1 and started["waiting"] == 3
