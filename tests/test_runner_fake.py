@@ -24,7 +24,16 @@ from r1sup import failure as F
 from r1sup.events import EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.logs import get_logger
-from r1sup.probe import ProbeProcess, ProbeSpec, probe_requests
+from r1sup.probe import (
+    ProbeProcess,
+    ProbeSpec,
+    Prompt,
+    probe_requests,
+    prompt_text,
+    recorded_prompt,
+    sizing_record,
+    text_digest,
+)
 from r1sup.runner import Launch, Runner
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
@@ -59,6 +68,45 @@ def test_the_short_probe_keeps_the_target_concurrency() -> None:
     assert probe_requests(8, 2, 8000, proven) == (2, True)
     assert probe_requests(8, 4, 8000, proven) == (8, False)  # never proven at 4 at once
     assert probe_requests(2, 2, 8000, proven) == (2, False)  # already one wave
+
+
+# --- the prompts' sizing record: pure -----------------------------------------------------------------
+
+SIZED = Prompt(prompt_text(0, 100, 40), 90, 40)
+RECORD = sizing_record("r1", 100, [SIZED])
+
+
+def test_a_sizing_record_gives_back_the_prompt_it_was_made_from() -> None:
+    assert recorded_prompt(RECORD, "r1", 100, 0) == SIZED
+    assert RECORD["prompts"] == [{"words": 40, "tokens": 90, "sha256": text_digest(SIZED.text)}]
+    # the text is cut from the seed's own words, so another seed's record cannot stand for it
+    assert prompt_text(1, 100, 40) != SIZED.text
+
+
+def _entry(**changes: Any) -> dict[str, Any]:
+    return {**RECORD, "prompts": [{**RECORD["prompts"][0], **changes}]}
+
+
+@pytest.mark.parametrize(
+    ("record", "model", "target", "seed"),
+    [
+        (None, "r1", 100, 0),  # no record (a profile saved before the sizing was recorded)
+        (RECORD, "other", 100, 0),  # made for another served model
+        (RECORD, "r1", 120, 0),  # made for another prompt size (the context or output changed)
+        (RECORD, "r1", 100, 1),  # holds no prompt for this seed
+        (_entry(sha256="0" * 16), "r1", 100, 0),  # the rebuilt text differs from the one counted
+        (_entry(words=41), "r1", 100, 0),  # so does a text cut elsewhere
+        (_entry(tokens=101), "r1", 100, 0),  # longer than the size asked for
+        (_entry(tokens=True), "r1", 100, 0),  # unreadable entries
+        (_entry(words="40"), "r1", 100, 0),
+        ({**RECORD, "prompts": ["40"]}, "r1", 100, 0),
+        ({**RECORD, "prompts": {"0": {}}}, "r1", 100, 0),
+    ],
+)
+def test_a_sizing_record_that_does_not_hold_the_prompt_gives_none(
+    record: dict[str, Any] | None, model: str, target: int, seed: int
+) -> None:
+    assert recorded_prompt(record, model, target, seed) is None
 
 
 # --- the probe's child: real processes ---------------------------------------------------------------
@@ -199,6 +247,41 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         runner.proven = (flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tmp_path: Path) -> None:
+    runner, path = make_runner(tmp_path)
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        flags = launch.flags.to_dict()
+        assert runner.probe(launch) == F.NO_FAILURE  # the full probe sizes its prompts with /tokenize
+        full = launch.probe
+        assert full is not None and not full["sizing_reused"] and full["tokenize_calls"] > 4
+        assert full["sizing"]["model"] == "r1" and len(full["sizing"]["prompts"]) == 4
+
+        runner.proven = (flags, full)  # the saved profile's flags: its record stands in for the sizing
+        assert runner.probe(launch) == F.NO_FAILURE
+        short = launch.probe
+        assert short["requests"] == 1 and short["sizing_reused"]
+        assert short["tokenize_calls"] == 1  # the check that the server counts the first prompt alike
+        assert short["prompt_tokens"] == full["sizing"]["prompts"][0]["tokens"]
+
+        # a record this server does not count alike (another template or tokenizer): sized again
+        entry = {**full["sizing"]["prompts"][0], "tokens": full["sizing"]["prompts"][0]["tokens"] - 1}
+        runner.proven = (flags, {**full, "sizing": {**full["sizing"], "prompts": [entry]}})
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
+        assert launch.probe["prompt_tokens"] == short["prompt_tokens"]
+
+        # another profile's flags: no record is passed, the prompts are sized
+        runner.proven = ({**flags, "max_model_len": 4096}, full)
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 4
     finally:
         cleanup(runner, launch, path)
 

@@ -426,6 +426,7 @@ class Runner:
             request_timeout_s=p.request_timeout_s,
             timeout_s=p.timeout_s,
             api_key=self.api_key,
+            sizing=_sizing(proven),
         )
         self.log.info(
             "probe_started",
@@ -435,6 +436,7 @@ class Runner:
             prompt_tokens=prompt_tokens,
             output_tokens=spec.output_tokens,
             **({"short": "the profile passed the full probe"} if short else {}),
+            **({"sizing": "the profile's record"} if spec.sizing else {}),
         )
         child = self._take_probe_process(launch)
         self._probe_proc = child
@@ -696,6 +698,12 @@ def _probe_call(run: Callable[[Any], Any], spec: Any) -> tuple[bool, str, Any]:
     return result.ok, result.summary(), result.to_dict()
 
 
+def _sizing(proven: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The prompt sizing a proven profile's probe recorded (its flags are this launch's), else None."""
+    sizing = proven.get("sizing") if proven else None
+    return dict(sizing) if isinstance(sizing, Mapping) else None
+
+
 def _first(result: Mapping[str, Any]) -> str:
     errors = result.get("errors") or []
     return str(errors[0]) if errors else ""
@@ -749,5 +757,6 @@ def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
         "peak_kv_usage",
         "preemptions",
         "duration_s",
+        "tokenize_calls",
     )
     return {k: result.get(k) for k in keys}
