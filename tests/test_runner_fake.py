@@ -25,6 +25,7 @@ from r1sup.events import EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.logs import get_logger
 from r1sup.probe import (
+    Connection,
     ProbeProcess,
     ProbeSpec,
     Prompt,
@@ -72,7 +73,7 @@ def test_the_short_probe_keeps_the_target_concurrency() -> None:
 
 # --- the prompts' sizing record: pure -----------------------------------------------------------------
 
-SIZED = Prompt(prompt_text(0, 100, 40), 90, 40)
+SIZED = Prompt(prompt_text(0, 40), 90, 40)
 RECORD = sizing_record("r1", 100, [SIZED])
 
 
@@ -80,7 +81,7 @@ def test_a_sizing_record_gives_back_the_prompt_it_was_made_from() -> None:
     assert recorded_prompt(RECORD, "r1", 100, 0) == SIZED
     assert RECORD["prompts"] == [{"words": 40, "tokens": 90, "sha256": text_digest(SIZED.text)}]
     # the text is cut from the seed's own words, so another seed's record cannot stand for it
-    assert prompt_text(1, 100, 40) != SIZED.text
+    assert prompt_text(1, 40) != SIZED.text
 
 
 def _entry(**changes: Any) -> dict[str, Any]:
@@ -282,6 +283,11 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
         runner.proven = ({**flags, "max_model_len": 4096}, full)
         assert runner.probe(launch) == F.NO_FAILURE
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 4
+
+        # a child whose clients were built for another connection builds them for the spec's
+        spec = ProbeSpec(runner.endpoint.base, "r1", 1, 1, 200, 8, 30.0, 60.0, api_key=runner.api_key)
+        elsewhere = ProbeProcess(connection=Connection("http://127.0.0.1:9", 30.0, "another-key"))
+        assert elsewhere.run(spec).ok
     finally:
         cleanup(runner, launch, path)
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
 import re
 import subprocess
@@ -175,15 +176,16 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def _pool(seed: int, target: int) -> list[str]:
-    """The words prompt ``seed`` is cut from (its first word is its own, so no two share a prefix)."""
+def _pool(seed: int, words: int) -> list[str]:
+    """The first ``words`` words of prompt ``seed`` (the first is its own, so no two share a prefix);
+    a longer pool of the same seed starts with the same words."""
     rng = random.Random(seed)
-    return [f"r{seed}"] + [rng.choice(WORDS) for _ in range(max(16, target * 2))]
+    return [f"r{seed}"] + [rng.choice(WORDS) for _ in range(words - 1)]
 
 
-def prompt_text(seed: int, target: int, words: int) -> str:
-    """The text of prompt ``seed`` (of a probe sized for ``target`` tokens) cut at ``words`` words."""
-    return " ".join(_pool(seed, target)[:words])
+def prompt_text(seed: int, words: int) -> str:
+    """The text of prompt ``seed`` cut at ``words`` words."""
+    return " ".join(_pool(seed, words))
 
 
 def text_digest(text: str) -> str:
@@ -217,7 +219,7 @@ def recorded_prompt(sizing: Mapping[str, Any] | None, model: str, target: int, s
     words, tokens, digest = entry.get("words"), entry.get("tokens"), entry.get("sha256")
     if not (_count(words) and _count(tokens) and isinstance(digest, str)) or tokens > target:
         return None
-    text = prompt_text(seed, target, words)
+    text = prompt_text(seed, words)
     return Prompt(text, tokens, words) if text_digest(text) == digest else None
 
 
@@ -250,7 +252,7 @@ class _Prompts:
 
     async def build(self, seed: int, target: int) -> Prompt:
         """A prompt of at most ``target`` tokens (within a few percent), distinct per seed."""
-        pool = _pool(seed, target)
+        pool = _pool(seed, 1 + max(16, target * 2))
         n = max(1, target // 2)
         best = Prompt(pool[0], 1, 1)
         for _ in range(8):
@@ -285,22 +287,50 @@ class _Prompts:
         return [await self.build(i, spec.prompt_tokens) for i in range(spec.requests)], False
 
 
-async def _run(spec: ProbeSpec) -> ProbeResult:
-    import httpx
-    import openai
+@dataclass(frozen=True)
+class Connection:
+    """What the probe's clients are built from; known at the launch, before the spec."""
 
+    base_url: str  # http://host:port (no /v1)
+    request_timeout_s: float
+    api_key: str | None = None
+
+    @classmethod
+    def of(cls, spec: ProbeSpec) -> Connection:
+        return cls(spec.base_url, spec.request_timeout_s, spec.api_key)
+
+
+class Clients:
+    """The probe's two clients (httpx for /tokenize and /metrics, openai for the requests). Building
+    them costs a fifth of a second on the 2-core test box (each loads the CA bundle, though vLLM is
+    reached over plain HTTP), so the child builds them while vLLM loads when it is told the
+    connection at its start; they are bound to no event loop until their first request."""
+
+    def __init__(self, conn: Connection) -> None:
+        import httpx
+        import openai
+
+        self.conn = conn
+        headers = {"Authorization": f"Bearer {conn.api_key}"} if conn.api_key else {}
+        timeout = httpx.Timeout(conn.request_timeout_s)
+        self.http = httpx.AsyncClient(base_url=conn.base_url, headers=headers, timeout=timeout)
+        self.openai = openai.AsyncOpenAI(
+            base_url=conn.base_url + "/v1",
+            api_key=conn.api_key or "r1sup-no-key",
+            timeout=conn.request_timeout_s,
+            max_retries=0,
+        )
+
+
+async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
     result = ProbeResult(
         ok=False, requests=spec.requests, concurrency=spec.concurrency, output_tokens=spec.output_tokens
     )
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    timeout = httpx.Timeout(spec.request_timeout_s)
-    async with httpx.AsyncClient(base_url=spec.base_url, headers=headers, timeout=timeout) as http:
-        client = openai.AsyncOpenAI(
-            base_url=spec.base_url + "/v1",
-            api_key=spec.api_key or "r1sup-no-key",
-            timeout=spec.request_timeout_s,
-            max_retries=0,
-        )
+    clients = (
+        ready if ready is not None and ready.conn == Connection.of(spec) else Clients(Connection.of(spec))
+    )
+    client = clients.openai
+    async with clients.http as http:
         prompts = _Prompts(http, spec)
         metrics: dict[str, float] = {}
         baseline = await _scrape(http)
@@ -422,17 +452,18 @@ async def _poll_metrics(http: httpx.AsyncClient, metrics: dict[str, float], stop
             continue
 
 
-def run_probe(spec: ProbeSpec) -> ProbeResult:
-    """Run the probe to completion in this process (its own event loop)."""
-    return asyncio.run(_run(spec))
+def run_probe(spec: ProbeSpec, clients: Clients | None = None) -> ProbeResult:
+    """Run the probe to completion in this process (its own event loop), with ``clients`` when they
+    were built for the spec's connection."""
+    return asyncio.run(_run(spec, clients))
 
 
 class ProbeProcess:
-    """A probe child, started before it is needed: it imports the openai client, then waits for its
-    spec on stdin. :meth:`run` hands it the spec and reads the result (once); :meth:`kill` ends it,
-    run or not."""
+    """A probe child, started before it is needed: it imports the openai client (and builds its
+    clients when ``connection`` is given), then waits for its spec on stdin. :meth:`run` hands it the
+    spec and reads the result (once); :meth:`kill` ends it, run or not."""
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, connection: Connection | None = None) -> None:
         self.proc = subprocess.Popen(  # noqa: S603 - an argument list
             [python, "-m", "r1sup.probe"],
             stdin=subprocess.PIPE,
@@ -440,6 +471,10 @@ class ProbeProcess:
             stderr=subprocess.PIPE,
         )
         self.used = False
+        if connection is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):  # a child already dead says so when it is run
+                self.proc.stdin.write(json.dumps({"connection": asdict(connection)}).encode() + b"\n")
+                self.proc.stdin.flush()
 
     @property
     def pid(self) -> int:
@@ -524,14 +559,20 @@ def child_failure(stderr: str, returncode: int) -> tuple[str, str]:
 def main() -> int:
     """``python -m r1sup.probe``: a ProbeSpec as JSON on stdin, the ProbeResult as JSON on stdout.
 
-    The client is imported before the spec is read (the runner starts this child with vLLM); stdin
-    closed without a spec ends it quietly."""
+    The client is imported before the spec is read (the runner starts this child with vLLM); a first
+    line ``{"connection": ...}`` has the clients built then too. stdin closed without a spec ends it
+    quietly."""
     _import_client()
-    text = sys.stdin.read()
+    first = sys.stdin.readline()
+    clients = None
+    if first.startswith('{"connection"'):
+        clients = Clients(Connection(**json.loads(first)["connection"]))
+        first = ""
+    text = first + sys.stdin.read()
     if not text.strip():
         return 0
     spec = ProbeSpec(**json.loads(text))
-    sys.stdout.write(json.dumps(run_probe(spec).to_dict()))
+    sys.stdout.write(json.dumps(run_probe(spec, clients).to_dict()))
     return 0
 
 
@@ -540,5 +581,15 @@ def _import_client() -> None:
     import openai  # noqa: F401
 
 
+def _exit(code: int) -> None:
+    """End the child once its result is out, without the interpreter's teardown: with the openai
+    client's modules loaded that took 0.7 s after the result on the 2-core test box, and the parent
+    waits for the child's end. Nothing is left to clean up (``_run`` closed its clients, ``asyncio.run``
+    its loop)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -30,6 +30,7 @@ from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, StopRequested, Wait
 __all__ = ["StopRequested", "Runner", "Launch", "Hooks"]
 
 if TYPE_CHECKING:
+    from r1sup.probe import Connection as ProbeConnection
     from r1sup.probe import ProbeProcess
 
 READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readiness line (the fallback)
@@ -483,7 +484,7 @@ class Runner:
         from r1sup.probe import ProbeProcess
 
         self._kill_probe()
-        self._probe_next = (launch.number, ProbeProcess())
+        self._probe_next = (launch.number, ProbeProcess(connection=self._probe_connection()))
 
     def _take_probe_process(self, launch: Launch) -> ProbeProcess:
         """The child started with this launch, else (a second probe of it) a new one."""
@@ -494,7 +495,14 @@ class Runner:
             return ahead[1]
         if ahead is not None:
             ahead[1].kill()
-        return ProbeProcess()
+        return ProbeProcess(connection=self._probe_connection())
+
+    def _probe_connection(self) -> ProbeConnection:
+        """What the probe's child builds its clients from while vLLM loads (the spec repeats it; a
+        child told another connection builds its clients again)."""
+        from r1sup.probe import Connection
+
+        return Connection(self.endpoint.base, self.config.probe.request_timeout_s, self.api_key)
 
     def _kill_probe(self) -> None:
         """End the probe's children: the one running (its thread then returns) and the one waiting."""
