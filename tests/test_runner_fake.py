@@ -248,6 +248,8 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         runner.proven = (flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
+        # a record saved without the sizing (an older profile): the prompt is sized with /tokenize
+        assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
     finally:
         cleanup(runner, launch, path)
 
