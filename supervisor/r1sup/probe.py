@@ -9,8 +9,10 @@ The probe runs in a child process (``python -m r1sup.probe``: the spec as JSON o
 JSON on stdout), so that the openai client, httpx and their pools never stay resident in the
 long-running supervisor, and a wedged client can be killed. The API key travels on stdin, never argv.
 The child imports the client before it reads its spec, so the runner starts it together with vLLM
-(:class:`ProbeProcess`): the import (seconds on a small machine) overlaps the engine's start-up. A
-child whose stdin closes without a spec (r1sup stopped the launch, or died) exits at once.
+(:class:`ProbeProcess`): the import (seconds on a small machine) overlaps the engine's start-up, and so
+does building its clients (:class:`Clients`) when it is told the connection at its start. A child whose
+stdin closes without a spec (r1sup stopped the launch, or died) exits at once; one that wrote its result
+exits without the interpreter's teardown.
 
 A launch with the flags of a saved profile that passed the full probe on a box of the same
 fingerprint gets the short probe (:func:`probe_requests`): one wave of ``concurrency`` requests of the
