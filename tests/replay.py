@@ -230,7 +230,7 @@ class FakeEngine:
 
 
 class FakeProbeProcess:
-    def __init__(self) -> None:
+    def __init__(self, connection: Any = None) -> None:  # the runner tells the real one its connection
         self.proc = SimpleNamespace(poll=lambda: 0, kill=lambda: None)
 
     def kill(self) -> None:
