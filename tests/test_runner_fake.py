@@ -25,6 +25,7 @@ from r1sup.events import EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.logs import get_logger
 from r1sup.probe import (
+    SHORT_PROMPT_TOKENS,
     Connection,
     ProbeProcess,
     ProbeSpec,
@@ -32,6 +33,7 @@ from r1sup.probe import (
     probe_requests,
     prompt_text,
     recorded_prompt,
+    short_prompt_tokens,
     sizing_record,
     text_digest,
 )
@@ -250,8 +252,38 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
         # a record saved without the sizing (an older profile): the prompt is sized with /tokenize
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
+        full_size = launch.probe["prompt_tokens"]
+        # vLLM allocated this launch the KV cache the full probe passed with: short prompts
+        kv = launch.observations["kv_cache_tokens"]
+        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, {"kv_cache_tokens": kv})
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] <= SHORT_PROMPT_TOKENS
+        # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
+        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, {"kv_cache_tokens": kv + 1})
+        assert runner.probe(launch) == F.NO_FAILURE
+        assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] > SHORT_PROMPT_TOKENS
     finally:
         cleanup(runner, launch, path)
+
+
+@pytest.mark.parametrize(
+    ("proven_kv", "kv_now", "expected"),
+    [
+        (50_000, 50_000, SHORT_PROMPT_TOKENS),  # the same cache as when the full probe passed
+        (50_000, 61_000, SHORT_PROMPT_TOKENS),  # more (more memory free now)
+        (50_000, 49_999, None),  # less: another process holds memory, the full prompts prove it again
+        (None, 50_000, None),  # a profile saved without vLLM's figure
+        (50_000, None, None),  # vLLM printed none this launch
+    ],
+)
+def test_short_prompts_only_when_vllms_kv_figure_matches_the_proven_launch(
+    proven_kv: float | None, kv_now: float | None, expected: int | None
+) -> None:
+    assert short_prompt_tokens(8000, proven_kv, kv_now) == expected
+
+
+def test_a_short_prompt_is_never_longer_than_the_full_one() -> None:
+    assert short_prompt_tokens(20, 1.0, 1.0) == 20
 
 
 @pytest.mark.slow

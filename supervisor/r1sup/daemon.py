@@ -373,16 +373,16 @@ class Daemon:
         why = ""
         shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
         saved = saved or shared.profile
-        self.runner.proven = None
+        self.runner.prove_with(None)
         saved = self._fitting_profile(saved, store, key) if saved is not None else None
         if saved is not None and self.degraded is not None:
             start = EngineFlags.from_dict(saved.flags)
-            self.runner.proven = (start.to_dict(), dict(saved.probe))
+            self.runner.prove_with(start, saved.probe, saved.observations)
             why = f"degraded profile {saved.key}: {self.degraded['reason']}"
             self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
         elif saved is not None:
             start = EngineFlags.from_dict(saved.flags)
-            self.runner.proven = (start.to_dict(), dict(saved.probe))
+            self.runner.prove_with(start, saved.probe, saved.observations)
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
             why = f"{where} {key} (tuned {saved.updated_at})"
             self.publish(B.ProfileFound(key, saved.flags, updated_at=saved.updated_at))

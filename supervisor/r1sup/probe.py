@@ -55,6 +55,7 @@ WORDS = (
 PROMPT_MARGIN_FRACTION = 0.02
 PROMPT_MARGIN_TOKENS = 8
 PROMPT_FILL = 0.97  # a built prompt holds at least this fraction of the tokens asked for
+SHORT_PROMPT_TOKENS = 64  # a short probe's prompts once vLLM's KV figure matches the proven launch's
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,12 @@ def probe_requests(
 
     The short probe is one wave of ``concurrency`` requests. It is given only when that record passed
     every request of a probe at least as large as this one (as many requests, as many at once,
-    prompts as long, within what a built prompt may fall short). It still sends full-size prompts at the
+    prompts as long, within what a built prompt may fall short). It still sends its prompts at the
     target concurrency through the openai client and streams their tokens, so an engine that cannot
-    take a request (dead behind a /health that answers, failing at its first real request, out of
-    memory for a full context) fails it as it fails the full probe; what it leaves out is the repeat
-    waves that the same engine on the same box has already passed.
+    take a request (dead behind a /health that answers, failing at its first real request) fails it
+    as it fails the full probe; what it leaves out is the repeat waves that the same engine on the
+    same box has already passed. Its prompts are full-size unless vLLM's KV figure shows the capacity
+    they proved (:func:`short_prompt_tokens`).
     """
     if not proven or not proven.get("ok") or concurrency >= requests:
         return requests, False
@@ -141,6 +143,20 @@ def probe_requests(
     if not isinstance(size, int) or size < prompt_tokens * PROMPT_FILL:
         return requests, False
     return concurrency, True
+
+
+def short_prompt_tokens(full: int, proven_kv_tokens: float | None, kv_tokens: float | None) -> int | None:
+    """The prompt size of a short probe whose full-length prompts may be left out, or None.
+
+    A full probe of the same flags passed on this box with a KV cache of ``proven_kv_tokens`` (vLLM's
+    own figure then); when vLLM allocated at least as much this launch (``kv_tokens``), the capacity
+    those prompts proved is shown again by vLLM's figure, and the prompts only need to prove that the
+    engine serves: ``SHORT_PROMPT_TOKENS`` each, still at the target concurrency through the openai
+    client. A smaller cache (another process holds memory now), or a figure vLLM did not print, keeps
+    the full-length prompts."""
+    if proven_kv_tokens is None or kv_tokens is None or kv_tokens < proven_kv_tokens:
+        return None
+    return min(full, SHORT_PROMPT_TOKENS)
 
 
 def default_prompt_tokens(context: int, output_tokens: int) -> int:

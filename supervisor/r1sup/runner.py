@@ -128,6 +128,8 @@ class Runner:
         # (flags, probe record) of a saved profile that passed the full probe on a box of the same
         # fingerprint: a launch with those flags gets the short probe (probe.probe_requests)
         self.proven: tuple[dict[str, Any], dict[str, Any]] | None = None
+        # the KV cache (tokens, vLLM's figure) of the launch whose full probe that record is
+        self.proven_kv_tokens: float | None = None
         self.clock: Callable[[], float] = time.monotonic  # the loop's clock (a replay test's fake one)
         self.loop = Loop(
             events, clock=lambda: self.clock(), tick=lambda: self.hooks.on_tick(), fault=self._fault
@@ -381,6 +383,20 @@ class Runner:
 
     # --- probing -------------------------------------------------------------------------------
 
+    def prove_with(
+        self,
+        flags: EngineFlags | None,
+        probe: Mapping[str, Any] | None = None,
+        observations: Mapping[str, float] | None = None,
+    ) -> None:
+        """A saved profile's flags, the record of its full probe and the figures vLLM printed when it
+        passed (its KV cache): a launch with those flags gets the short probe; None forgets it."""
+        if flags is None or probe is None:
+            self.proven, self.proven_kv_tokens = None, None
+            return
+        self.proven = (flags.to_dict(), dict(probe))
+        self.proven_kv_tokens = (observations or {}).get("kv_cache_tokens")
+
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
         tgt = self.config.target
@@ -401,7 +417,7 @@ class Runner:
 
     def probe(self, launch: Launch) -> Failure:
         """Run the load probe against the launched server; NONE when it passed."""
-        from r1sup.probe import ProbeSpec, default_prompt_tokens, probe_requests
+        from r1sup.probe import ProbeSpec, default_prompt_tokens, probe_requests, short_prompt_tokens
 
         p = self.config.probe
         tgt = self.config.target
@@ -417,6 +433,15 @@ class Runner:
         if self.proven is not None and self.proven[0] == launch.flags.to_dict():
             proven = self.proven[1]
         requests, short = probe_requests(p.requests, concurrency, prompt_tokens, proven)
+        brief = (
+            short_prompt_tokens(
+                prompt_tokens, self.proven_kv_tokens, launch.observations.get("kv_cache_tokens")
+            )
+            if short and not p.prompt_tokens
+            else None
+        )
+        if brief is not None:
+            prompt_tokens = brief
         spec = ProbeSpec(
             base_url=self.endpoint.base,
             model=launch.spec.served_name,
@@ -437,6 +462,7 @@ class Runner:
             prompt_tokens=prompt_tokens,
             output_tokens=spec.output_tokens,
             **({"short": "the profile passed the full probe"} if short else {}),
+            **({"prompts": "short: vLLM allocated the KV cache the full probe passed with"} if brief else {}),
             **({"sizing": "the profile's record"} if spec.sizing else {}),
         )
         child = self._take_probe_process(launch)
