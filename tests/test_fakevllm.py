@@ -810,8 +810,13 @@ def test_successful_start_serves_and_stops_on_sigterm(launch: Callable[..., Fake
     assert 'num_gpu_blocks="6341"' in metrics
     # the engine core child: named like vLLM's, a child of the API server
     child = fake.core_pid()
-    with open(f"/proc/{child}/comm", encoding="utf-8") as fh:
-        assert fh.read().strip() == "VLLM::EngineCor"
+
+    def comm() -> str:
+        with open(f"/proc/{child}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+
+    # the child names itself once its interpreter is up: under load that follows the pid line
+    wait_until(lambda: comm() == "VLLM::EngineCor", 10, what="the core's VLLM:: process name")
     with open(f"/proc/{child}/stat", encoding="utf-8") as fh:
         assert int(fh.read().rsplit(")", 1)[1].split()[1]) == fake.proc.pid
     started = time.monotonic()
