@@ -14,23 +14,11 @@ from r1sup import failure as F
 from r1sup.daemon import Daemon, IllegalTransition, State
 from r1sup.events import EventQueue
 from r1sup.flags import EngineFlags
-from r1sup.notify import Notifier
 from r1sup.runner import Runner
 from r1sup.session import Session
 from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing
 from r1sup_proc import write_config
-
-
-class Recorded(Notifier):
-    """sd_notify's lines, kept instead of sent."""
-
-    def __init__(self) -> None:
-        super().__init__({})
-        self.sent: list[str] = []
-
-    def send(self, *lines: str) -> bool:
-        self.sent.extend(lines)
-        return True
+from replay import Recorded
 
 
 class Quiet:
