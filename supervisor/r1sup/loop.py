@@ -19,6 +19,7 @@ run in milliseconds.
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ class Stop:
     signum: int
 
 
-class Phase:
+class Phase(abc.ABC):
     """One way of waiting. Subclasses implement :meth:`on`; the class attributes say what the loop
     gives them."""
 
@@ -80,9 +81,9 @@ class Phase:
         """A stop signal is pending: by default the wait ends and the caller stops."""
         return Stop(signal.signum)
 
+    @abc.abstractmethod
     def on(self, event: Any, now: float) -> Any:
         """One turn: ``event`` is what the queue gave (None when nothing came in time)."""
-        raise NotImplementedError
 
 
 Fault = Callable[[], BaseException | None]
@@ -135,10 +136,6 @@ class Loop:
         wait = min(TURN_S, max(0.0, phase.due(self.clock())))
         event = events.get(wait)
         return phase.on(event, self.clock())
-
-    def sleep(self, seconds: float) -> None:
-        """An interruptible wait (a stop signal ends it with StopRequested)."""
-        self.run(Waiting(self.clock() + seconds))
 
 
 class Waiting(Phase):
