@@ -635,6 +635,9 @@ class Daemon:
     # --- reloading -----------------------------------------------------------------------------
 
     def _load_new_config(self) -> Config | None:
+        """SIGHUP: the config read again. One that implies the same flags and server is applied at
+        once; one that implies others is returned, for the caller to drain, stop and re-plan with;
+        None when there is nothing to relaunch (applied, unreadable, or no file to read)."""
         from r1sup import config as cfg
 
         self.publish(B.Reloading())
@@ -648,7 +651,7 @@ class Daemon:
             self.config = new
             self.runner.config = new
         self.publish(B.ConfigReloaded(changed, applied=new is not None and not changed))
-        return new
+        return new if changed else None
 
     def _back_to_best(self, launch: Launch) -> TuneResult:
         """The planned re-tune: the memory other processes held is back, so drain, stop and bring the best
@@ -741,9 +744,7 @@ class Serving(Phase):
         daemon.heartbeat = now
         if isinstance(event, ReloadRequested):
             new = daemon._load_new_config()
-            if new is not None and _implied_change(daemon.config, new):
-                return Done(ServeEnd(None, now - self.start, reload=new))
-            return None
+            return Done(ServeEnd(None, now - self.start, reload=new)) if new is not None else None
         sampled = False
         track = self.track
         if isinstance(event, CheckDone) and event.launch == launch.number:
