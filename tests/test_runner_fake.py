@@ -244,10 +244,10 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
     try:
         launch = launch_ready(runner)
         flags = launch.flags.to_dict()
-        runner.proven = ({**flags, "max_model_len": 4096}, PROVEN)  # another profile's flags
+        runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), PROVEN)  # another's flags
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe["requests"] == 4
-        runner.proven = (flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
+        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
         # a record saved without the sizing (an older profile): the prompt is sized with /tokenize
@@ -299,7 +299,9 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
         assert full is not None and not full["sizing_reused"] and full["tokenize_calls"] > 4
         assert full["sizing"]["model"] == "r1" and len(full["sizing"]["prompts"]) == 4
 
-        runner.proven = (flags, full)  # the saved profile's flags: its record stands in for the sizing
+        runner.prove_with(
+            launch.flags, full
+        )  # the saved profile's flags: its record stands in for the sizing
         assert runner.probe(launch) == F.NO_FAILURE
         short = launch.probe
         assert short["requests"] == 1 and short["sizing_reused"]
@@ -308,13 +310,13 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
 
         # a record this server does not count alike (another template or tokenizer): sized again
         entry = {**full["sizing"]["prompts"][0], "tokens": full["sizing"]["prompts"][0]["tokens"] - 1}
-        runner.proven = (flags, {**full, "sizing": {**full["sizing"], "prompts": [entry]}})
+        runner.prove_with(launch.flags, {**full, "sizing": {**full["sizing"], "prompts": [entry]}})
         assert runner.probe(launch) == F.NO_FAILURE
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
         assert launch.probe["prompt_tokens"] == short["prompt_tokens"]
 
         # another profile's flags: no record is passed, the prompts are sized
-        runner.proven = ({**flags, "max_model_len": 4096}, full)
+        runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), full)
         assert runner.probe(launch) == F.NO_FAILURE
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 4
 
@@ -336,7 +338,7 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
     launch = None
     try:
         launch = launch_ready(runner)
-        runner.proven = (launch.flags.to_dict(), {**PROVEN, "prompt_tokens": 8100})
+        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": 8100})
         failure = runner.probe(launch)
         assert launch.probe is not None and launch.probe["requests"] == 1
         assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure

@@ -73,6 +73,16 @@ class Launch:
         return dict(self.reader.observations)
 
 
+@dataclass(frozen=True)
+class Proven:
+    """A saved profile whose full probe passed on a box of the same fingerprint: its flags, the record
+    of that probe, and the KV cache (tokens, vLLM's figure) of the launch that passed it."""
+
+    flags: dict[str, Any]
+    probe: dict[str, Any]
+    kv_cache_tokens: float | None = None
+
+
 @dataclass
 class Hooks:
     """Ways the runner touches the world beyond the child, swappable in tests."""
@@ -125,11 +135,9 @@ class Runner:
         self.ready_poll_s = READY_POLL_S
         # the probe child started with the engine (its imports overlap the start-up), with its launch
         self._probe_next: tuple[int, ProbeProcess] | None = None
-        # (flags, probe record) of a saved profile that passed the full probe on a box of the same
-        # fingerprint: a launch with those flags gets the short probe (probe.probe_requests)
-        self.proven: tuple[dict[str, Any], dict[str, Any]] | None = None
-        # the KV cache (tokens, vLLM's figure) of the launch whose full probe that record is
-        self.proven_kv_tokens: float | None = None
+        # a saved profile that passed the full probe on a box of the same fingerprint: a launch with
+        # its flags gets the short probe (probe.probe_requests); set by prove_with
+        self.proven: Proven | None = None
         self.clock: Callable[[], float] = time.monotonic  # the loop's clock (a replay test's fake one)
         self.loop = Loop(
             events, clock=lambda: self.clock(), tick=lambda: self.hooks.on_tick(), fault=self._fault
@@ -392,10 +400,9 @@ class Runner:
         """A saved profile's flags, the record of its full probe and the figures vLLM printed when it
         passed (its KV cache): a launch with those flags gets the short probe; None forgets it."""
         if flags is None or probe is None:
-            self.proven, self.proven_kv_tokens = None, None
+            self.proven = None
             return
-        self.proven = (flags.to_dict(), dict(probe))
-        self.proven_kv_tokens = (observations or {}).get("kv_cache_tokens")
+        self.proven = Proven(flags.to_dict(), dict(probe), (observations or {}).get("kv_cache_tokens"))
 
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
@@ -429,15 +436,16 @@ class Runner:
         )
         concurrency = p.concurrency or tgt.concurrency or 1
         prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
-        proven = None
-        if self.proven is not None and self.proven[0] == launch.flags.to_dict():
-            proven = self.proven[1]
+        same = (
+            self.proven if self.proven is not None and self.proven.flags == launch.flags.to_dict() else None
+        )
+        proven = same.probe if same is not None else None
         requests, short = probe_requests(p.requests, concurrency, prompt_tokens, proven)
         brief = (
             short_prompt_tokens(
-                prompt_tokens, self.proven_kv_tokens, launch.observations.get("kv_cache_tokens")
+                prompt_tokens, same.kv_cache_tokens, launch.observations.get("kv_cache_tokens")
             )
-            if short and not p.prompt_tokens
+            if same is not None and short and not p.prompt_tokens
             else None
         )
         if brief is not None:
