@@ -460,7 +460,8 @@ class Runner:
             request_timeout_s=p.request_timeout_s,
             timeout_s=p.timeout_s,
             api_key=self.api_key,
-            sizing=_sizing(proven),
+            # the record sizes prompts of the full probe's length: short prompts are sized anew
+            sizing=None if brief else _sizing(proven),
         )
         self.log.info(
             "probe_started",
