@@ -199,8 +199,7 @@ class StatusFile:
                     evidence=failure.evidence[:200],
                 )
                 self.write()
-            case LadderStepped() | StepAfterServing():
-                step = event.step if isinstance(event, StepAfterServing) else event
+            case (LadderStepped() as step) | StepAfterServing(step=step):
                 self.note("ladder_step", status=step.status)
             case ServingFailed(failure, _):
                 self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
@@ -262,8 +261,7 @@ class MetricsSink:
                     m.context.set(flags.max_model_len)
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
-            case LadderStepped() | StepAfterServing():
-                step = event.step if isinstance(event, StepAfterServing) else event
+            case (LadderStepped() as step) | StepAfterServing(step=step):
                 m.ladder_steps.labels(failure_class=step.failure_class).inc()
             case Serving(_, _, probe, _):
                 m.probe(dict(probe) if probe is not None else None)
@@ -312,8 +310,7 @@ class SystemdSink:
                 if phase != last_phase or now - sent >= PROGRESS_STATUS_S:
                     n.status(text)
                     self._progress = (phase, now)
-            case LadderStepped() | StepAfterServing():
-                step = event.step if isinstance(event, StepAfterServing) else event
+            case (LadderStepped() as step) | StepAfterServing(step=step):
                 n.status(step.status)
             case Heartbeat(now, starting):
                 self._heartbeat(now, starting)
