@@ -27,8 +27,6 @@ from r1sup.logparse import LogLine, LogReader, Progress
 from r1sup.logs import get_logger
 from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, StopRequested, Waiting
 
-__all__ = ["StopRequested", "Runner", "Launch", "Hooks"]
-
 if TYPE_CHECKING:
     from r1sup.probe import Connection as ProbeConnection
     from r1sup.probe import ProbeProcess

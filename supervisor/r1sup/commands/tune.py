@@ -14,7 +14,7 @@ from typing import Any
 from r1sup import logs
 from r1sup.cli import load_config
 from r1sup.errors import EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
-from r1sup.runner import StopRequested
+from r1sup.loop import StopRequested
 from r1sup.session import Session, open_session, save_profile
 from r1sup.tuner import Tuner, TuneResult
 
