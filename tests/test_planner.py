@@ -17,6 +17,7 @@ import pytest
 
 from r1sup import catalog, planner
 from r1sup import memmodel as M
+from r1sup import search as S
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.planner import Calibration, arch_from_config
@@ -460,17 +461,19 @@ def test_margin_is_kept_for_the_estimated_parts_only() -> None:
     ev = planner._evaluate(arch(Q7), gpu(24), flags, v)
     est = ev.est
     estimated = est.non_torch.bytes + est.activation.bytes + est.cudagraph_charged
-    assert ev.margin == int(min(planner.ESTIMATE_MARGIN * estimated, planner.MARGIN_FRACTION * est.budget))
+    assert ev.margin == int(min(S.ESTIMATE_MARGIN * estimated, S.MARGIN_FRACTION * est.budget))
     # a logged activation and graph estimate leave only the non-torch estimate uncertain
     cal = Calibration(flags, {"peak_activation_gib": 0.7, "cudagraph_estimated_gib": 0.4})
     seen = planner._evaluate(arch(Q7), gpu(24), flags, v, cal)
-    assert seen.margin == int(planner.ESTIMATE_MARGIN * seen.est.non_torch.bytes) < ev.margin
+    assert seen.margin == int(S.ESTIMATE_MARGIN * seen.est.non_torch.bytes) < ev.margin
     # a launch's budget and KV size make the prediction exact; a pinned KV size is exact too
     exact = planner._evaluate(
         arch(Q7), gpu(24), flags, v, Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
     )
     pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), v)
-    assert exact.margin == 0 and pinned.margin == 0
+    # (the search's margin, the one r1sup keeps: vLLM's print precision of the measured budget)
+    assert exact.margin == int(0.01 * GIB) and pinned.margin == 0
+    assert exact.margin == S.margin_bytes(exact.est, calibrated=1)
     # fewer sequences per batch: smaller estimates, a smaller margin
     few = planner._evaluate(arch(Q7), gpu(24), flags.replace(max_num_seqs=16), v)
     assert few.margin < ev.margin

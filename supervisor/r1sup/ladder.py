@@ -47,6 +47,7 @@ class Bounds:
 
     strategy: str = _LADDER.strategy
     min_max_model_len: int = _LADDER.min_max_model_len
+    min_max_num_seqs: int = _LADDER.min_max_num_seqs
     min_gpu_memory_utilization: float = _LADDER.min_gpu_memory_utilization
     max_gpu_memory_utilization: float = _LADDER.max_gpu_memory_utilization
     allow_fp8_kv: bool = _LADDER.allow_fp8_kv
@@ -63,6 +64,7 @@ class Bounds:
         return cls(
             strategy=lad.strategy,
             min_max_model_len=lad.min_max_model_len,
+            min_max_num_seqs=lad.min_max_num_seqs,
             min_gpu_memory_utilization=lad.min_gpu_memory_utilization,
             max_gpu_memory_utilization=lad.max_gpu_memory_utilization,
             allow_fp8_kv=lad.allow_fp8_kv,

@@ -45,6 +45,7 @@ from r1sup.memmodel import (
     estimated_max_model_len,
     weight_method,
 )
+from r1sup.search import margin_bytes, request_blocks
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -64,8 +65,6 @@ __all__ = [
     "predict_max_model_len",
 ]
 
-MARGIN_FRACTION = 0.04  # the most of the budget the recommended flags keep spare
-ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed: kept spare for estimate errors
 TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make room (vLLM captures 1..2x of it)
 
 # The [ladder] settings the planner honours; their defaults are the config's own declaration.
@@ -189,12 +188,9 @@ class _Eval:
     def max_num_seqs(self) -> int:
         return self.est.batch.max_num_seqs
 
-    def blocks_with_margin(self) -> int:
-        return M.num_blocks(self.kv - self.margin, self.kv_bpt, self.block)
-
     def usable_blocks(self, margin: bool) -> int:
-        """Blocks left for requests (V1 holds one back as the null block)."""
-        return M.usable_blocks(self.blocks_with_margin() if margin else self.num_blocks, self.est.version)
+        """Blocks left for requests (V1 holds one back as the null block): the search's arithmetic."""
+        return request_blocks(self.est, self.kv - self.margin if margin else self.kv)
 
     def context_for(self, concurrency: int, cap: int, margin: bool) -> int:
         """Largest block-aligned context where ``concurrency`` requests fit at once (0 if none)."""
@@ -228,24 +224,13 @@ def _evaluate(
     calibration: Calibration | None = None,
 ) -> _Eval:
     est = M.evaluate(arch, device, flags, version, calibration)
-    return _Eval(est, _margin(est))
+    return _Eval(est, _margin(est, calibration is not None))
 
 
-def _margin(est: M.Estimate) -> int:
-    """KV bytes the recommended flags keep spare: the room for errors of what was estimated.
-
-    Weights and the KV arithmetic are close to exact; the non-torch, activation and charged CUDA-graph
-    figures are estimates until a launch prints them (vLLM's own CUDA-graph estimate varies between
-    launches, issue 45178). Two thirds of the estimated parts are kept spare, at most
-    ``MARGIN_FRACTION`` of the budget. A pinned KV size, or one carried over from a launch's budget, needs
-    none.
-    """
-    if est.flags.kv_cache_memory_bytes is not None or est.non_torch.source == M.REST:
-        return 0
-    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE) + (
-        est.cudagraph_charged if est.cudagraph_estimate.source == M.ESTIMATE else 0
-    )
-    return int(min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget))
+def _margin(est: M.Estimate, calibrated: bool = False) -> int:
+    """KV bytes the recommended flags keep spare for the memory model's error: the search's margin
+    (:func:`r1sup.search.margin_bytes`), for a search that starts from ``calibration`` when one is given."""
+    return margin_bytes(est, calibrated=int(calibrated))
 
 
 # --- predictions ---------------------------------------------------------------------------------

@@ -82,6 +82,11 @@ class TuneResult:
     profile_path: str | None = None
     live: Launch | None = None  # the running server, when asked to keep it
     history: Any = None  # the search (r1sup.search.Search) with its evidence, to continue from
+    # what each change against the user's flags costs (search.Search.costs), and, when the flags give up
+    # more than half the asked context or serve fewer sequences than asked, why and the ways out
+    # (search.Search.reduction: reason, context, asked_context, max_num_seqs, wanted_max_num_seqs, ways_out)
+    costs: list[str] = field(default_factory=list)
+    reduced: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +102,8 @@ class TuneResult:
             "reason": self.reason,
             "suggestions": self.suggestions,
             "last_failure": self.failure.to_dict() if self.failure else None,
+            "costs": self.costs,
+            "reduced": self.reduced,
         }
 
 
@@ -472,6 +479,10 @@ class Tuner:
                 continue
             if failure.cls == F.NONE:
                 result.ok, result.exit_code, result.flags = True, EXIT_OK, flags
+                result.costs = search.costs(flags)
+                result.reduced = search.reduction(flags)
+                if result.reduced is not None:
+                    self.log.warning("config_reduced", **result.reduced)
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
                 result.observations = dict(launch.observations)
