@@ -377,3 +377,24 @@ def test_lowering_sequences_costs_in_proportion_to_the_concurrency_given_up() ->
     costs = [s._cost(f.replace(max_num_seqs=n), n, 32768)[1] for n in (1024, 768, 512, 16)]
     assert costs[0] == 0 and costs[0] < costs[1] < costs[2] < costs[3]
     assert costs[2] == pytest.approx(2 * costs[1])
+
+
+def test_a_passed_launch_below_the_asked_context_is_refined_to_what_its_kv_figure_allows() -> None:
+    # the 70B on a 141 GiB H200 beside 0.6 GiB of another process: a launch passed at 2656
+    # tokens and vLLM printed "GPU KV cache size: 9,184 tokens" (and no other memory figure)
+    one = GpuInfo(0, "NVIDIA H200", 141 * GIB, int(140.4 * GIB), (9, 0))
+    device = DeviceFacts(backend="cuda", gpus=(one,))
+    s = search(L70, device, EngineFlags(max_model_len=32768))
+    passed = EngineFlags(
+        max_model_len=2656,
+        gpu_memory_utilization=0.95,
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        max_num_seqs=16,
+    )
+    better = s.refine(passed, {"kv_cache_tokens": 9184.0})
+    assert better is not None
+    allowed = (9184 // 16 - 1) * 16  # one request of the usable blocks (V1 keeps one back)
+    assert 0.95 * allowed <= (better.max_model_len or 0) <= 32768
+    # once refined, a launch that passed at what its figure allows is not refined again
+    assert s.refine(better, {"kv_cache_tokens": float((better.max_model_len or 0) + 16)}) is None

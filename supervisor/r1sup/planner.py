@@ -70,6 +70,7 @@ TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make ro
 # The [ladder] settings the planner honours; their defaults are the config's own declaration.
 BOUND_KEYS = (
     "min_max_model_len",
+    "min_max_num_seqs",
     "min_gpu_memory_utilization",
     "max_gpu_memory_utilization",
     "allow_fp8_kv",
@@ -695,68 +696,100 @@ def plan(
             per_request=target_context,
         )
 
-    # Levers beyond the flags themselves, in the ladder's order: more of the GPUs present, then fp8 weights.
-    # A tensor-parallel size vLLM refuses is replaced by the sizes it accepts up to the same GPU count.
     tp = flags.tensor_parallel_size
-    variants = [flags] if not refused else []
-    if refused:
-        variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
-    if b["allow_tensor_parallel"] and device.source == "probe" and device.count > tp:
-        variants += [
-            flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
-        ]
-    if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
-        variants.append(flags.replace(quantization="fp8"))
-
-    # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
-    # then the earlier variant (fewer GPUs)
-    found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
-    choice: _Choice | None = min(
-        found, key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)), default=None
+    searched = _search_recommendation(
+        arch, device, flags, b, v, calibration, target_concurrency, target_context, len(stages), auto_fit
     )
-    target_missed = False
-    if choice is None and concurrency > 1:
-        for variant in variants:
-            choice = recommend(variant, 1)
-            if choice is not None:
-                target_missed = True
-                each = target_context or choice.context
-                served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
+    if searched is not None:
+        # the search answers "which flags" (the first launch of tune and run, the same code path)
+        recommended = searched.flags if searched.verdict != "does_not_fit" else None
+        choice: _Choice | None = None
+        if recommended is not None:
+            context = recommended.max_model_len or requested_context
+            choice = _Choice(_evaluate(arch, device, recommended, v, calibration), context)
+            if context < requested_context:
                 notes.append(
-                    f"the target of {concurrency} requests of {each} tokens at once is not met; the "
-                    f"recommended flags hold {served} of them at once"
+                    f"one request of {requested_context} tokens does not fit with "
+                    f"{choice.ev.margin / GIB:.2f} GiB kept spare; recommended --max-model-len {context}"
                 )
-                break
-
-    recommended = choice.ev.flags if choice else None
-    if choice is not None:
-        if choice.context < requested_context:
-            notes.append(
-                f"one request of {requested_context} tokens does not fit"
-                + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
-                + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
-                f"recommended --max-model-len {choice.context}"
-            )
-        if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
-            notes.append(
-                f"recommended KV cache dtype {choice.ev.flags.kv_cache_dtype}: half the KV bytes per token"
-            )
+            if recommended.kv_cache_dtype != flags.kv_cache_dtype and recommended.fp8_kv:
+                notes.append(
+                    f"recommended KV cache dtype {recommended.kv_cache_dtype}: half the KV bytes per token"
+                )
+        else:
+            notes.append("nothing within the bounds is predicted to fit; see the ways out")
+        verdict = searched.verdict
+        fits = verdict == "fits"
+        reason = why or searched.reason
+        if verdict == "does_not_fit" and why:
+            reason = f"{why}; {searched.reason}"
     else:
-        notes.append("nothing within the bounds is predicted to fit; see the ways out")
+        # The planner's own branch (CPU backend, pipeline stages, auto-fit). Levers beyond the flags
+        # themselves: more of the GPUs present, then fp8 weights. A tensor-parallel size vLLM refuses is
+        # replaced by the sizes it accepts up to the same GPU count.
+        tp = flags.tensor_parallel_size
+        variants = [flags] if not refused else []
+        if refused:
+            variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
+        if b["allow_tensor_parallel"] and device.source == "probe" and device.count > tp:
+            variants += [
+                flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
+            ]
+        if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
+            variants.append(flags.replace(quantization="fp8"))
 
-    if fits:
-        verdict, reason = "fits", why
-    elif recommended is not None and not target_missed:
-        verdict, reason = "fits_with_changes", why
-    else:
-        verdict = "does_not_fit"
-        reason = why
-        if target_missed and choice is not None:
-            served = choice.ev.usable_blocks(True) // cdiv(target_context or choice.context, choice.ev.block)
-            reason += (
-                f"; within the bounds the target is not met (the recommended flags hold {served} of the "
-                f"{concurrency} requests at once)"
-            )
+        # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
+        # then the earlier variant (fewer GPUs)
+        found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
+        choice = min(
+            found,
+            key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)),
+            default=None,
+        )
+        target_missed = False
+        if choice is None and concurrency > 1:
+            for variant in variants:
+                choice = recommend(variant, 1)
+                if choice is not None:
+                    target_missed = True
+                    each = target_context or choice.context
+                    served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
+                    notes.append(
+                        f"the target of {concurrency} requests of {each} tokens at once is not met; the "
+                        f"recommended flags hold {served} of them at once"
+                    )
+                    break
+
+        recommended = choice.ev.flags if choice else None
+        if choice is not None:
+            if choice.context < requested_context:
+                notes.append(
+                    f"one request of {requested_context} tokens does not fit"
+                    + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
+                    + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
+                    f"recommended --max-model-len {choice.context}"
+                )
+            if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
+                dtype = choice.ev.flags.kv_cache_dtype
+                notes.append(f"recommended KV cache dtype {dtype}: half the KV bytes per token")
+        else:
+            notes.append("nothing within the bounds is predicted to fit; see the ways out")
+
+        if fits:
+            verdict, reason = "fits", why
+        elif recommended is not None and not target_missed:
+            verdict, reason = "fits_with_changes", why
+        else:
+            verdict = "does_not_fit"
+            reason = why
+            if target_missed and choice is not None:
+                served = choice.ev.usable_blocks(True) // cdiv(
+                    target_context or choice.context, choice.ev.block
+                )
+                reason += (
+                    f"; within the bounds the target is not met (the recommended flags hold {served} of the "
+                    f"{concurrency} requests at once)"
+                )
 
     needs_way_out = not fits or recommended is None
     # ways out start from a tensor-parallel size vLLM accepts (the largest up to the one asked for)
@@ -821,6 +854,37 @@ def plan(
             else ()
         ),
     )
+
+
+def _search_recommendation(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    bounds: Mapping[str, Any],
+    version: Version,
+    calibration: Calibration | None,
+    target_concurrency: int | None,
+    target_context: int | None,
+    stages: int,
+    auto_fit: bool,
+) -> Any:
+    """The search's recommendation (:meth:`r1sup.search.Search.recommend`) for these flags on a GPU box,
+    as the first launch of ``tune`` and ``run`` gets it; None where the planner's own branches answer:
+    the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
+    from r1sup import ladder as L
+    from r1sup import search as S
+
+    if device.backend == "cpu" or not device.gpus or stages > 1 or auto_fit:
+        return None
+    limits = L.Bounds(
+        **{k: bounds[k] for k in BOUND_KEYS if k in bounds},
+        target_concurrency=target_concurrency,
+        target_context=target_context,
+    )
+    facts = S.Facts(
+        arch=arch, device=device, user=flags, bounds=limits, version=version, calibration=calibration
+    )
+    return S.Search(facts).recommend()
 
 
 def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> dict[str, Any]:

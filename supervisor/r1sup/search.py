@@ -42,7 +42,8 @@ from typing import Any
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup import memmodel as M
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup import policy as P
+from r1sup.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.hardware import DeviceFacts, GpuInfo
@@ -85,6 +86,7 @@ MARGIN_FRACTION = 0.04  # the most of the budget kept spare for them
 PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
 UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
 REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
+REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
 MIN_BATCHED_TOKENS = 256
 FREE_MARGIN_GIB = L.FREE_MARGIN_GIB
 OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
@@ -182,6 +184,24 @@ class Candidate:
         return (self.cost, self.costed, -self.context, -self.seqs, -self.kv_tokens)
 
 
+VERDICTS = ("fits", "fits_with_changes", "does_not_fit")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The answer to "which flags" before any launch, the same for ``r1sup plan`` and the first launch of
+    ``tune``/``run``: the flags, the verdict (``fits``: the user's flags as given; ``fits_with_changes``:
+    only with ``flags``; ``does_not_fit``: nothing within the bounds, and ``give_up`` says why and the ways
+    out: ``tune`` then launches nothing), why, and the search's candidate (None when the search has
+    nothing to score with: the CPU backend, an unknown architecture)."""
+
+    flags: EngineFlags
+    verdict: str
+    reason: str
+    candidate: Candidate | None = None
+    give_up: GiveUp | None = None
+
+
 class Search:
     """The search over one bring-up (``r1sup tune``, ``r1sup run``'s start and its recovery)."""
 
@@ -195,18 +215,50 @@ class Search:
     # --- the two questions -----------------------------------------------------------------------
 
     def first(self) -> EngineFlags:
-        """The first launch: the best candidate, or the user's flags when nothing is predicted to fit
-        (the launch then measures what the model could not)."""
-        if not self.usable:
-            return self.facts.user
-        best = self.best(margin=True) or self.best(margin=False)
-        return best.flags if best is not None else self.facts.user
+        """The first launch (:meth:`recommend`'s flags; the user's when nothing is predicted to fit)."""
+        return self.recommend().flags
 
-    def first_reason(self) -> str:
-        flags = self.first()
-        if flags == self.facts.user:
-            return "as configured"
-        return "planned: " + self.facts.user.describe_change(flags)
+    def recommend(self) -> Recommendation:
+        """The first launch and its verdict (:class:`Recommendation`). Without an architecture the flags
+        are the user's (nothing to score them with: the launch measures); on the CPU backend the
+        planner's CPU branch (:func:`r1sup.planner.plan`) sizes the context against the NUMA node."""
+        user = self.facts.user
+        if self.facts.arch is None or not self.facts.device.gpus and self.facts.device.backend != "cpu":
+            return Recommendation(user, "fits", "the model's architecture is unknown: launched as given")
+        if not self.usable:
+            return self._recommend_cpu()
+        best = self.best(margin=True) or self.best(margin=False)
+        if best is None:
+            give_up = self._give_up(None)
+            return Recommendation(user, "does_not_fit", give_up.reason, None, give_up)
+        as_given = user.replace(max_model_len=self.asked_context())
+        if best.flags == as_given:
+            why = f"as given: predicted KV {best.est.kv.gib:.2f} GiB = {best.kv_tokens} tokens"
+            return Recommendation(best.flags, "fits", why, best)
+        return Recommendation(best.flags, "fits_with_changes", self._explain(best), best)
+
+    def _recommend_cpu(self) -> Recommendation:
+        """The CPU backend (vLLM's KV cache in host memory, one NUMA node): the planner's CPU branch."""
+        from r1sup import planner
+
+        arch, user, b = self.facts.arch, self.facts.user, self.facts.bounds
+        assert arch is not None
+        bounds = {k: getattr(b, k) for k in planner.BOUND_KEYS}
+        plan = planner.plan(
+            arch,
+            self.facts.device,
+            user,
+            target_concurrency=b.target_concurrency,
+            target_context=b.target_context,
+            calibration=self.evidence.calibration,
+            bounds=bounds,
+            version=self.facts.version,
+        )
+        if plan.fits or plan.recommended is None:
+            verdict = "fits" if plan.fits else "does_not_fit"
+            give_up = None if plan.fits else GiveUp(plan.verdict_reason, (), EXIT_NO_WORKING_CONFIG)
+            return Recommendation(user, verdict, plan.verdict_reason, None, give_up)
+        return Recommendation(plan.recommended, "fits_with_changes", plan.verdict_reason)
 
     def after(self, outcome: Outcome) -> Decision:
         """What to launch after ``outcome`` (which failed), or why to stop."""
@@ -216,25 +268,20 @@ class Search:
         if outcome.device is not None:
             self.facts = replace(self.facts, device=outcome.device)
         b = self.facts.bounds
-        if failure.cls == F.NONE:
-            return self._stop(ev, GiveUp("nothing failed", exit_code=EXIT_FATAL_FAILURE))
-        if (
-            failure.cls == F.INTERNAL_ERROR
-            or failure.cls in L.FATAL
-            and not self._context_error(flags, failure)
-        ):
-            return self._fallback(ev, outcome)
-        if failure.cls in L.TRANSIENT:
-            return self._fallback(ev, outcome)
-        if ev.attempts >= b.max_attempts:
-            return self._stop(
-                ev,
-                GiveUp(
-                    f"ladder.max_attempts ({b.max_attempts}) reached",
-                    self.facts.suggestions,
-                    bound="ladder.max_attempts",
-                ),
-            )
+        ruled = P.decide(
+            failure,
+            retried=ev.retried,
+            attempts=ev.attempts,
+            max_attempts=b.max_attempts,
+            fixable=self._context_error(flags, failure),
+        )
+        if isinstance(ruled, P.Retry):
+            self.evidence = replace(ev, retried=ev.retried | {failure.cls})
+            return Next(flags, ruled.reason, retry=True)
+        if isinstance(ruled, P.Stop):
+            ways = self.facts.suggestions if ruled.exit_code == EXIT_NO_WORKING_CONFIG else ()
+            bound = "ladder.max_attempts" if "max_attempts" in ruled.reason else ""
+            return self._stop(ev, GiveUp(ruled.reason, ways, ruled.exit_code, bound))
         if b.strategy == "naive" or not self.usable or failure.cls == F.HOST_OOM:
             return self._fallback(ev, outcome)
         ev, note = self._learn(ev, outcome)
@@ -246,22 +293,36 @@ class Search:
         return Next(best.flags, why + self._explain(best))
 
     def refine(self, flags: EngineFlags, figures: Mapping[str, float]) -> EngineFlags | None:
-        """After a launch that passed: the flags once more with what it printed when the calibrated model
-        says a context REFINE_GAIN longer (up to the one asked for) fits; else None. The margin kept for
-        the first launch is the model's error, and this launch measured it away."""
-        if not self.usable or self.facts.bounds.strategy == "naive" or "kv_cache_gib" not in figures:
+        """After a launch that passed below the asked context: one more launch when what it printed holds a
+        context REFINE_GAIN longer (up to the one asked for); else None. vLLM's "GPU KV cache size: N
+        tokens" alone is enough: the same flags hold one request of its usable blocks (the memory does not
+        depend on ``max_model_len``), so the next launch reaches within REFINE_SHORTFALL of that figure;
+        the calibrated model's best candidate is taken instead when it gives as much (the margin kept for
+        the first launch was the model's error, and this launch measured it away)."""
+        if not self.usable or self.facts.bounds.strategy == "naive":
+            return None
+        if "kv_cache_gib" not in figures and not figures.get("kv_cache_tokens"):
             return None
         context = flags.max_model_len or 0
-        if not context or context >= self.asked_context():
+        asked = self.asked_context()
+        if not context or context >= asked:
             return None
         ok = Outcome(flags, Failure(F.NONE), figures)
         ev, _ = self._learn(replace(self.evidence, tried=self.evidence.tried | {flags}), ok)
+        allowed = 0
+        tokens = int(figures.get("kv_cache_tokens") or 0)
+        if tokens and flags.kv_cache_memory_bytes is None:
+            block = M.block_size(self.facts.device.backend)
+            allowed = min(asked, M.usable_blocks(tokens // block, self.facts.version) * block)
         trial = Search(self.facts, ev)
         best = trial.best(margin=True)
-        if best is None or best.context < REFINE_GAIN * context:
-            return None
-        self.evidence = ev
-        return best.flags
+        if best is not None and best.context >= max(REFINE_GAIN * context, REFINE_SHORTFALL * allowed):
+            self.evidence = ev
+            return best.flags
+        if allowed >= REFINE_GAIN * context:
+            self.evidence = ev
+            return flags.replace(max_model_len=allowed)
+        return None
 
     # --- candidates ------------------------------------------------------------------------------
 
@@ -331,8 +392,10 @@ class Search:
         if user.kv_cache_dtype in ("fp8", "fp8_e4m3") and not e4m3:
             out = ["fp8_e5m2"]  # vLLM refuses e4m3 below compute capability 8.9
         if b.allow_fp8_kv and device.fp8_kv_supported is not False:
-            # one fp8 format (the same bytes): e4m3 where the card has it, e5m2 once e4m3 failed here
-            out.append("fp8" if e4m3 and "fp8" not in self.evidence.banned_kv else "fp8_e5m2")
+            # one fp8 format (the same bytes): e4m3 where the card is known to have it, e5m2 elsewhere
+            # and once e4m3 failed here
+            known = cc is not None and cc >= (8, 9)
+            out.append("fp8" if known and "fp8" not in self.evidence.banned_kv else "fp8_e5m2")
         if user.kv_cache_dtype in FP8_KV_DTYPES:
             out.append("auto")  # when fp8 fails here
         return list(dict.fromkeys(out))
@@ -554,6 +617,12 @@ class Search:
             each = COSTS[name]
             if name == "kv_cache_memory_bytes" and f.kv_cache_memory_bytes is None:
                 each = UNPIN_COST  # the user's pinned KV size dropped for utilization's
+            if name == "tensor_parallel_size":  # by the GPUs added
+                each = (
+                    COSTS[name]
+                    * (f.tensor_parallel_size - user.tensor_parallel_size)
+                    / max(1, user.tensor_parallel_size)
+                )
             if name == "max_num_seqs":
                 want = self.wanted_seqs()
                 each = SEQS_COST * max(0, want - seqs) / want if want else 0.0
@@ -731,8 +800,10 @@ class Search:
 
     # --- stopping --------------------------------------------------------------------------------
 
-    def _give_up(self, failure: Failure) -> GiveUp:
-        """Nothing within the bounds fits even without the margin: name the bound and the ways out."""
+    def _give_up(self, failure: Failure | None) -> GiveUp:
+        """Nothing within the bounds fits even without the margin: name the bound and the ways out
+        (``failure``: the one that led here; None before any launch)."""
+        after = f"after {failure.cls}, " if failure is not None else "before any launch, "
         b = self.facts.bounds
         ways: list[str] = []
         bound = ""
@@ -746,7 +817,7 @@ class Search:
                 f"{b.min_gpu_memory_utilization:g}"
             )
             reason = (
-                f"after {failure.cls}, what is free allows utilization {cap:g}, below "
+                f"{after}what is free allows utilization {cap:g}, below "
                 f"ladder.min_gpu_memory_utilization {b.min_gpu_memory_utilization:g} (held: {held})"
             )
             bound = "ladder.min_gpu_memory_utilization"
@@ -801,7 +872,7 @@ class Search:
             )
         ways += list(self.facts.suggestions)
         reason = (
-            f"after {failure.cls}, no configuration within the bounds is predicted to fit "
+            f"{after}no configuration within the bounds is predicted to fit "
             f"(calibrated by {self.evidence.calibrated} launch(es)); blocked by {bound}"
         )
         return GiveUp(reason, tuple(dict.fromkeys(ways)), EXIT_NO_WORKING_CONFIG, bound)
