@@ -28,9 +28,20 @@ launch. Definitions:
 - ``sim s``: the simulated seconds of all launches (start-up, or start-up until the failure plus teardown);
   the probe's serving time is not counted (its simulated clock runs with real time).
 
-Targets (issue 15), smart with ``ladder.first_launch = "planned"``: at least 97% of the scenarios that
-have a feasible configuration end within 95% of the optimum's context with the target met; none of them
-is declared infeasible (exit 3 or 4); median launches 1, at most 3. With ``--first-launch as_configured``
+The ``serving`` family (issue 29) has no ``[target]``: per scenario the report adds the context asked,
+the sequences vLLM runs at once with the user's flags (its default, or ``start.max_num_seqs``; read from
+the auto-fit launch), the context and sequences r1sup serves, whether ``tune`` gave its one-line
+``reduced`` warning, whether ``r1sup plan --config`` (run first, on the same fake box) recommended the
+first launch, and the optimum that keeps at least 32 sequences (or the user's value); "fits w/ vLLM
+seqs": the optimum's search finds the asked context while serving vLLM's default (or the user's).
+
+Targets (issues 15 and 29), smart with ``ladder.first_launch = "planned"``: at least 97% of the
+scenarios that have a feasible configuration end within 95% of the optimum's context with the target
+met; none of them is declared infeasible (exit 3 or 4); median launches 1, at most 2; ``plan --config``
+recommends the first launch in every scenario (its exit 3: ``tune`` launches nothing); ``max_num_seqs``
+never below 16 (nor a lower ``start.max_num_seqs``); without a target, vLLM's default (or the user's)
+wherever the asked context fits with it, and the one-line warning wherever less than half the context
+or fewer sequences are served. With ``--first-launch as_configured``
 (from the user's flags): median launches at most 2, at most 4, and every feasible scenario at least 90%
 of the optimum's context. Exit status 1 when a target is missed.
 
@@ -287,6 +298,8 @@ def run_tune(
             "state": {"dir": str(d / "state")},
         },
     )
+    # r1sup plan --config first: after the tune, the profile it saves would calibrate the plan
+    plan = run_plan(config, sc) if strategy == "smart" and first_launch == "planned" else None
     stdout_path, stderr_path = d / "tune.json", d / "tune.log"
     argv = [
         sys.executable,
@@ -342,8 +355,8 @@ def run_tune(
     attempts = report.get("attempts") or []
     run.first_flags = attempts[0].get("flags") if attempts else None
     run.reduced = report.get("reduced")
-    if strategy == "smart" and first_launch == "planned":
-        run.plan = run_plan(config, sc)
+    if plan is not None:
+        run.plan = plan
         if run.plan.get("exit_code") == 3:
             run.plan_is_first = run.launches == 0 and run.exit_code == 3
         else:
@@ -430,6 +443,9 @@ def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
     run.launches = len(launches)
     run.sim_s = round(sum(float(e.get("simulated_seconds") or 0.0) for e in launches), 1)
     run.outcomes = [str(e.get("outcome")) for e in launches]
+    if launches:  # what vLLM serves at once with the user's flags (its default, or theirs)
+        seqs = (launches[0].get("numbers") or {}).get("max_num_seqs")
+        run.seqs = int(seqs) if seqs is not None else None
     if launches and launches[0].get("outcome") == "ready":
         run.ok = True
         run.flags = launches[0].get("flags")
