@@ -373,6 +373,11 @@ class Plan:
     verdict_reason: str = ""  # why not as given (or, when it fits, what the KV cache holds)
     layout: dict[str, Any] = field(default_factory=dict)  # GPUs, nodes, pipeline stages
     stage_breakdowns: tuple[Breakdown, ...] = ()  # one GPU of each pipeline stage (a split model only)
+    # what each recommended change costs the user (search.Search.costs), and, when the recommended flags
+    # give up more than half the asked context or serve fewer sequences, why and the ways out
+    # (search.Search.reduction; the same as tune's result)
+    costs: list[str] = field(default_factory=list)
+    reduced: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -423,6 +428,8 @@ class Plan:
             "estimate": self.estimate,
             "verdict": {"status": self.verdict, "reason": self.verdict_reason, "exit_code": self.exit_code},
             "layout": {**self.layout, "stage_breakdowns": [sb.to_dict() for sb in self.stage_breakdowns]},
+            "costs": list(self.costs),
+            "reduced": self.reduced,
         }
 
 
@@ -697,10 +704,15 @@ def plan(
         )
 
     tp = flags.tensor_parallel_size
-    searched = _search_recommendation(
+    found_by = _search_recommendation(
         arch, device, flags, b, v, calibration, target_concurrency, target_context, len(stages), auto_fit
     )
-    if searched is not None:
+    costs: list[str] = []
+    reduced: dict[str, Any] | None = None
+    if found_by is not None:
+        search, searched = found_by
+        if searched.verdict != "does_not_fit":
+            costs, reduced = search.costs(searched.flags), search.reduction(searched.flags)
         # the search answers "which flags" (the first launch of tune and run, the same code path)
         recommended = searched.flags if searched.verdict != "does_not_fit" else None
         choice: _Choice | None = None
@@ -853,6 +865,8 @@ def plan(
             if len(stages) > 1
             else ()
         ),
+        costs=costs,
+        reduced=reduced,
     )
 
 
@@ -868,7 +882,7 @@ def _search_recommendation(
     stages: int,
     auto_fit: bool,
 ) -> Any:
-    """The search's recommendation (:meth:`r1sup.search.Search.recommend`) for these flags on a GPU box,
+    """(the search, its recommendation) (:meth:`r1sup.search.Search.recommend`) for these flags on a GPU box,
     as the first launch of ``tune`` and ``run`` gets it; None where the planner's own branches answer:
     the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
     from r1sup import ladder as L
@@ -884,7 +898,8 @@ def _search_recommendation(
     facts = S.Facts(
         arch=arch, device=device, user=flags, bounds=limits, version=version, calibration=calibration
     )
-    return S.Search(facts).recommend()
+    search = S.Search(facts)
+    return search, search.recommend()
 
 
 def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> dict[str, Any]:
