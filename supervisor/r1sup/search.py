@@ -1,18 +1,23 @@
 """The search: one pure search over all levers, scored by the memory model. No I/O, no clock.
 
-``Search(facts).first()`` gives the first flags to launch; ``Search.after(outcome)`` the next ones, or
-:class:`GiveUp` with the bound that blocks and the ways out. Every candidate is a set of flags over all the
-levers at once (utilization, KV dtype, eager, ``max_num_seqs``, ``max_num_batched_tokens``, tensor
-parallel, a pinned KV size, fp8 weights; the context is then the longest that fits), evaluated by
+r1sup's one recommender. ``Search(facts).recommend()`` answers "which flags" before any launch, the same
+for ``r1sup plan`` and the first launch of ``tune``/``run`` (flags, verdict, and when nothing fits the
+:class:`GiveUp`: then nothing is launched); ``Search.after(outcome)`` gives the next flags after a
+failure, or :class:`GiveUp` with the bound that blocks and the ways out; ``Search.refine`` the one more
+launch a passed launch's own KV figure allows. Every candidate is a set of flags over all the levers at
+once (utilization, KV dtype, eager, ``max_num_batched_tokens``, tensor parallel, a pinned KV size, fp8
+weights; for each, ``max_num_seqs`` from the sequences the user gets without r1sup down to
+``ladder.min_max_num_seqs``; the context is then the longest that fits), evaluated by
 :mod:`r1sup.memmodel` calibrated with every figure vLLM printed so far on this box, and ranked by one
-lexicographic objective (the README's "The search"):
+objective (the README's "The search"):
 
 1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
    nor ``ladder.min_max_model_len`` (a hard bound);
-2. the longest context, up to the one asked for;
-3. the cheapest set of changes against the user's flags, by :data:`COSTS` (then the fewest that cost
-   something);
-4. the most KV capacity.
+2. the context asked for; when nothing gives it, those within CONTEXT_SLACK of the longest that fits;
+3. the cheapest set of changes against the user's flags, each costing what it takes from the user
+   (:data:`COSTS`; fewer sequences and a shorter context in proportion to what is given up), then the
+   fewest that cost something;
+4. the longest context, the most sequences, the most KV capacity.
 
 A failure adds evidence rather than a rule: the figures calibrate the model (``kv_insufficient``,
 ``no_kv_memory``: what is left for the KV cache, negative too), or add a constraint the model does not
@@ -24,10 +29,12 @@ size per GPU do not load; ``fp8_unsupported``: that fp8 format is excluded on th
 against a failure and left its figures where they were is marked ineffective for that failure and
 credited with nothing afterwards; a configuration that failed is never launched again. The search gives
 up only when no candidate within the bounds is predicted to fit even without the margin kept for the
-model's error, or for fatal classes; transient classes get one retry of the same flags.
+model's error; what no flag fixes (fatal, transient, internal, the attempt budget) is the policy's
+(:mod:`r1sup.policy`).
 
-Without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable config.json) the
-search has nothing to score candidates with and falls back to the ladder's per-class steps
+Explicit branches where there is nothing to score with: the CPU backend (the planner's CPU branch sizes
+the first launch); without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable
+config.json) the first launch is the flags as given and a failure takes the ladder's per-class step
 (:mod:`r1sup.ladder`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline.
 """
 
