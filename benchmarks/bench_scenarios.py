@@ -445,7 +445,7 @@ def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
     run.outcomes = [str(e.get("outcome")) for e in launches]
     if launches:  # what vLLM serves at once with the user's flags (its default, or theirs)
         seqs = (launches[0].get("numbers") or {}).get("max_num_seqs")
-        run.seqs = int(seqs) if seqs is not None else None
+        run.seqs = int(seqs) if seqs else None  # 0 or none: refused before vLLM resolved its batch
     if launches and launches[0].get("outcome") == "ready":
         run.ok = True
         run.flags = launches[0].get("flags")
