@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from r1sup import config as cfg
-from r1sup.launcher import instance_id, leftovers
+from r1sup.launcher import instance_id, marked
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -187,9 +187,10 @@ class NotifySocket:
 
 
 def engine_processes(config_path: Path) -> list[psutil.Process]:
-    """vLLM processes (API server, engine core, workers) started for this config, still alive."""
+    """vLLM processes (API server, engine core, workers) started for this config, still alive, whether
+    the r1sup that launched them still runs or not."""
     config = cfg.load(config_path, environ={})
-    return leftovers(instance_id(config))
+    return marked(instance_id(config))
 
 
 def kill_engine_processes(config_path: Path) -> None:

@@ -22,7 +22,8 @@ from r1sup.errors import ConfigError
 from r1sup.health import Endpoint
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 
-FAKE_ENV = {"PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}"}
+# the source tree first, so that the r1sup processes run this checkout's code
+FAKE_ENV = {"PYTHONPATH": f"{ROOT / 'supervisor'}:{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}"}
 
 
 def fake_config(tmp_path: Path, port: int, **extra: dict) -> Path:
@@ -184,3 +185,133 @@ def test_state_dir_and_files_are_private(tmp_path: Path):
     statefiles.atomic_write_json(d / "x.json", {"schema_version": 1})
     assert stat.S_IMODE(os.stat(d / "x.json").st_mode) == 0o600
     wait_until(lambda: (d / "x.json").exists(), 1)
+
+
+# --- one r1sup per config and per state directory (issue 26) ---------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_second_r1sup_on_a_served_config_leaves_the_first_ones_vllm_alone(tmp_path: Path):
+    """``r1sup run`` serving, then ``r1sup tune`` and a second ``run`` of the same config: each exits 2 at
+    once with one line naming the daemon's pid and what to do; the daemon's vLLM is never touched."""
+    port = free_port()
+    config = fake_config(tmp_path, port)
+    env = {**FAKE_ENV, "FAKE_VLLM_SCENARIO": json.dumps({"gpu": "RTX 4090", "time_scale": 0.002})}
+    run = R1sup("run", "--config", str(config), env=env)
+    try:
+        run.wait_event("serving", 90)
+        status = json.loads((tmp_path / "state" / "status.json").read_text())
+        child = status["child_pid"]
+        for command in ("tune", "run"):
+            second = R1sup(command, "--config", str(config), env=env)
+            assert second.wait(30) == 2, second.tail()
+            err = [line for line in second.stderr if line.startswith("r1sup: error:")]
+            assert len(err) == 1 and f"pid {run.proc.pid}" in err[0] and "r1sup run" in err[0], second.tail()
+            assert "state.dir" in err[0] and "stop that one" in err[0]
+            assert not second.named("leftovers_killed") and not second.named("launch_started")
+        assert psutil_alive(child)
+        assert not run.named("serving_failed") and len(run.named("launch_started")) == 1
+        run.signal(signal.SIGTERM)
+        assert run.wait(60) == 0
+    finally:
+        run.kill()
+        kill_engine_processes(config)
+    assert not engine_processes(config)
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_the_state_dir_lock_names_its_holder_and_dies_with_it(tmp_path: Path):
+    import subprocess
+    import sys
+
+    from r1sup import statefiles
+
+    first = statefiles.lock_state_dir(tmp_path / "state", "r1sup run --config a.toml")
+    try:
+        with pytest.raises(statefiles.StateDirBusy) as info:
+            statefiles.lock_state_dir(tmp_path / "state", "r1sup tune --config a.toml")
+        assert info.value.exit_code == 2 and info.value.field == "state.dir"
+        assert f"pid {os.getpid()} (r1sup run --config a.toml)" in str(info.value)
+    finally:
+        first.release()
+    statefiles.lock_state_dir(tmp_path / "state", "again").release()  # released: free again
+    # a holder killed with SIGKILL holds nothing: the kernel drops the lock with the process
+    code = (
+        "import sys, time; from r1sup import statefiles; "
+        f"statefiles.lock_state_dir({str(tmp_path / 'state')!r}, 'holder'); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "supervisor")},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(statefiles.StateDirBusy, match=f"pid {holder.pid} "):
+            statefiles.lock_state_dir(tmp_path / "state", "second")
+        holder.kill()
+        holder.wait(timeout=10)
+        statefiles.lock_state_dir(tmp_path / "state", "after the kill").release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=10)
+
+
+def test_leftovers_are_only_those_whose_r1sup_is_gone(tmp_path: Path):
+    """The ``ours`` test asks whether the owning r1sup is alive: a vLLM of a running r1sup is never a
+    leftover of another one, even with the same instance mark."""
+    import subprocess
+    import sys
+
+    from r1sup import launcher
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = None
+    try:
+        env = {
+            **os.environ,
+            launcher.CHILD_MARK_VAR: "inst-26",
+            launcher.OWNER_VAR: launcher.owner_mark(owner.pid),
+        }
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        assert launcher.kill_leftovers("inst-26", timeout=5) == []
+        assert child.poll() is None and not launcher.is_ours(child.pid, "inst-26")
+        assert [p.pid for p in launcher.marked("inst-26")] == [child.pid]
+        owner.kill()
+        owner.wait(timeout=10)
+        assert launcher.is_ours(child.pid, "inst-26")
+        assert launcher.kill_leftovers("inst-26", timeout=5) == [child.pid]
+        child.wait(timeout=10)
+    finally:
+        for p in (owner, child):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def test_an_owner_pid_reused_by_another_process_does_not_keep_a_leftover():
+    from r1sup import launcher
+
+    me = os.getppid()  # alive, but started at another time than the mark says
+    assert launcher.owner_alive(launcher.owner_mark(me))
+    assert not launcher.owner_alive(f"{me}:12345.00")
+    for bad in (None, "", "x", "0:0", "-1:5", f"{os.getpid()}:1", "99999999:1.0"):
+        assert not launcher.owner_alive(bad)

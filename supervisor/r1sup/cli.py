@@ -19,7 +19,8 @@ from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_SIGINT, InternalError,
 EXIT_CODES_HELP = """exit codes:
   0    ok
   1    a file could not be written, or an internal error of r1sup (one line naming where)
-  2    usage or configuration error (one line on stderr naming the field)
+  2    usage or configuration error (one line on stderr naming the field); also: another r1sup
+       holds the state directory (the line names its pid and command)
   3    no working configuration within the ladder's bounds
   4    fatal non-memory failure (model not found, no vLLM in server.python, port taken, bad engine
        arguments)

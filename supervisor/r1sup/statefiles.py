@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from r1sup.errors import EXIT_INTERNAL, ConfigError, R1supError
+from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, ConfigError, R1supError
 from r1sup.logs import get_logger
 
 SCHEMA_VERSION = 1
@@ -130,6 +131,84 @@ def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
                 reason="group or others can access it and it is not ours to tighten",
             )
     return target
+
+
+# --- one r1sup per state directory -------------------------------------------------------------
+
+LOCK_NAME = "r1sup.lock"
+
+
+class StateDirBusy(ConfigError):
+    """Another r1sup (``run`` or ``tune``) holds the state directory's lock. Exit 2."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, path: Path, holder: dict[str, Any]) -> None:
+        self.holder = holder
+        pid = holder.get("pid", "?")
+        command = str(holder.get("command") or "another r1sup")[:200]
+        super().__init__(
+            "state.dir",
+            f"{path} is in use by pid {pid} ({command}); one r1sup per state directory: stop that one "
+            "first (systemctl stop r1sup@NAME), or give this one its own --state-dir and server.port",
+        )
+
+
+class StateLock:
+    """An advisory ``flock`` on ``<state dir>/r1sup.lock``, held until :meth:`release` or the process
+    ends (the kernel drops it then, also after a SIGKILL). The file says who holds it."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+def lock_state_dir(state_dir: str | os.PathLike[str], command: str) -> StateLock:
+    """Take the state directory's lock for this process's life, or raise :class:`StateDirBusy` at once
+    naming the holder's pid and command. ``command`` is what the holder file says of this process."""
+    directory = ensure_state_dir(state_dir)
+    path = directory / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError("state.dir", f"{path} is a symlink; r1sup does not follow it") from None
+        raise ConfigError("state.dir", f"cannot open {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError("state.dir", f"{path} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateDirBusy(directory, _lock_holder(fd)) from None
+        except OSError as exc:
+            raise ConfigError("state.dir", f"cannot lock {path}: {exc.strerror}") from None
+        record = {"pid": os.getpid(), "command": command[:500], "since": utc_now_iso()}
+        data = (json.dumps(record) + "\n").encode("utf-8")
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        except OSError as exc:  # the lock holds without the note; a second r1sup then names no pid
+            get_logger().warning("state_lock_note_failed", path=str(path), error=exc.strerror)
+    except BaseException:
+        os.close(fd)
+        raise
+    return StateLock(path, fd)
+
+
+def _lock_holder(fd: int) -> dict[str, Any]:
+    try:
+        raw = os.pread(fd, 4096, 0)
+        holder = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 # --- writing -----------------------------------------------------------------------------------
