@@ -81,6 +81,9 @@ class R1sup:
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        outer = os.environ.get("PYTHONPATH")
+        if outer and env and "PYTHONPATH" in env:  # the caller's entries first, then the path pytest runs on
+            full_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], outer])
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "r1sup.cli", "--log-format", "json", *args],
             stdout=subprocess.PIPE,

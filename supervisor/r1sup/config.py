@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import sys
 import types
@@ -399,6 +400,8 @@ def _parse_text(dotted: str, tp: Any, text: str) -> Any:
 def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):  # nan passes every comparison below
+        raise ConfigError(dotted, f"must be a finite number; got {value}")
     meta = f.metadata
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(dotted, f"must be one of {', '.join(meta['choices'])}; got {value!r}")
@@ -414,6 +417,16 @@ def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
             validator(value)
         except ValueError as exc:
             raise ConfigError(dotted, str(exc)) from None
+
+
+def check_start_value(dotted: str, name: str, value: Any) -> None:
+    """Check ``value`` as the ``[start]`` setting ``name`` would be checked (its declared range and
+    choices: what vLLM accepts for that flag); raises :class:`ConfigError` on ``dotted``. Profiles and
+    the fleet's store hold the same flags and are checked with this one declaration."""
+    fields = {f.name: f for f in dataclasses.fields(StartSection)}
+    if name not in fields:
+        raise ConfigError(dotted, "unknown flag")
+    _check(dotted, fields[name], value)
 
 
 # --- sources -----------------------------------------------------------------------------------

@@ -396,7 +396,7 @@ class Daemon:
         if result.ok:
             persisted = saved is not None and result.launches == 1
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
-            if not persisted:
+            if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
                 result.profile_path = save_profile(
                     self.s, result, self.fingerprint, self._conditions(result, key)
                 )
@@ -477,8 +477,7 @@ class Daemon:
         if not self.config.state.profile_store:
             return fleet.Consulted()
         self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
-        if self.shared.profile is not None:
-            store.save(self.shared.profile)  # a local copy: the next start needs no store
+        if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
             self.publish(B.ProfileStoreHit(key))
         return self.shared
 
