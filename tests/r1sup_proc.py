@@ -79,7 +79,13 @@ def tiny_engine_config(
 class R1sup:
     """``python -m r1sup.cli ARGS``: its JSON log events (stderr) and its result (stdout) collected apart."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         outer = os.environ.get("PYTHONPATH")
         if outer and env and "PYTHONPATH" in env:  # the caller's entries first, then the path pytest runs on
@@ -92,6 +98,7 @@ class R1sup:
             env=full_env,
             cwd=cwd,
             text=True,
+            preexec_fn=preexec,  # noqa: PLW1509 - a setrlimit, for the tests that need one
         )
         self.events: list[dict[str, Any]] = []
         self.lines: list[str] = []
