@@ -641,7 +641,8 @@ class Daemon:
 
         self.publish(B.Reloading())
         try:
-            new = cfg.load(self.config.source, overrides=self.s.overrides) if self.config.source else None
+            source = self.config.source
+            new = cfg.load_bounded(source, overrides=self.s.overrides) if source else None
         except R1supError as exc:
             self.publish(B.ReloadFailed(str(exc)))
             return None
