@@ -369,14 +369,63 @@ def test_state_dir_is_created_0700_with_parents(tmp_path: Path) -> None:
     assert ensure_state_dir(target) == target  # idempotent
 
 
-def test_existing_open_state_dir_of_ours_is_tightened(tmp_path: Path) -> None:
+def test_an_existing_state_dir_is_never_chmodded(tmp_path: Path) -> None:
+    """r1sup did not create it, so it leaves its mode alone (issue 26: a shared directory was locked
+    to 0700); it says so once, and what it writes there is private anyway."""
     target = tmp_path / "state"
     target.mkdir()
     target.chmod(0o755)
     with capture_logs() as logs:
         ensure_state_dir(target)
-    assert mode_of(target) == 0o700
-    assert events(logs, "state_dir_mode_tightened")[0]["old_mode"] == "0o755"
+        ensure_state_dir(target)
+    assert mode_of(target) == 0o755
+    (event,) = events(logs, "state_dir_insecure")
+    assert event["mode"] == "0o755" and not events(logs, "state_dir_mode_tightened")
+    assert mode_of(ensure_subdir(target, "profiles")) == 0o700  # created here: private
+    atomic_write_json(target / "status.json", NEW)
+    assert mode_of(target / "status.json") == 0o600
+
+
+def test_a_symlink_to_an_open_dir_of_ours_is_not_chmodded(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    real.chmod(0o755)
+    link = tmp_path / "state"
+    link.symlink_to(real)
+    assert ensure_state_dir(link) == real
+    assert mode_of(real) == 0o755
+
+
+def test_a_world_writable_state_dir_is_refused_not_chmodded(tmp_path: Path) -> None:
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(ConfigError, match="writable by every user") as info:
+        ensure_state_dir(shared)
+    assert info.value.field == "state.dir"
+    assert stat.S_IMODE(os.lstat(shared).st_mode) == 0o1777
+    inside = ensure_state_dir(shared / "r1sup")  # a directory of its own in it: created 0700
+    assert mode_of(inside) == 0o700
+
+
+def test_stale_temp_files_are_swept_in_every_state_subdirectory(tmp_path: Path) -> None:
+    state = ensure_state_dir(tmp_path / "state")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    pid = int(dead.stdout)  # a process that has exited
+    left = []
+    for sub in ("", "runs", "profiles"):
+        d = state / sub if sub else state
+        d.mkdir(exist_ok=True)
+        left.append(d / f".record.json.{pid}.0123abcd.tmp")
+        left[-1].write_text("{")
+    mine = state / "runs" / f".x.json.{os.getpid()}.0123abcd.tmp"
+    mine.write_text("{")
+    lock = statefiles.lock_state_dir(state, "r1sup tune")
+    try:
+        assert not any(p.exists() for p in left)
+        assert mine.exists()  # a writer that is alive keeps its temporary file
+    finally:
+        lock.release()
 
 
 def test_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:

@@ -271,7 +271,7 @@ class Daemon:
         except R1supError as exc:
             self.publish(B.StateDirUnusable(str(exc)))
             return
-        statefiles.remove_stale_temp_files(directory)
+        statefiles.sweep_stale_temp_files(directory)
 
     def _start_metrics(self) -> None:
         d = self.config.daemon

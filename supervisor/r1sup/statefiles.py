@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -60,8 +61,9 @@ def ensure_state_dir(path: str | os.PathLike[str]) -> Path:
 
     A symlink at ``path`` is accepted only when it points to a directory owned by this user (the
     resolved directory is returned); any other symlink, or a path that is not a directory, is a
-    :class:`ConfigError` on ``state.dir``. An existing directory of ours that others can read is
-    tightened to 0700; one that cannot be tightened gets a ``state_dir_insecure`` warning.
+    :class:`ConfigError` on ``state.dir``. An existing directory is never chmod-ed (r1sup did not
+    create it): one that every user may write to (a 1777 ``/tmp``) is refused, one that others can
+    read gets a ``state_dir_insecure`` warning and is used as it is.
     """
     return _ensure_dir(Path(path), "state.dir", allow_symlink=True)
 
@@ -75,6 +77,7 @@ def ensure_subdir(state_dir: Path, name: str) -> Path:
 
 def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
     log = get_logger()
+    created = False
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -91,6 +94,7 @@ def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
         except OSError as exc:
             raise ConfigError(field, f"cannot create {path}: {exc.strerror}") from None
         else:
+            created = True
             log.info("state_dir_created", path=str(path))
         try:
             st = os.lstat(path)
@@ -112,25 +116,31 @@ def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
     elif not stat.S_ISDIR(st.st_mode):
         raise ConfigError(field, f"{path} exists and is not a directory")
     mode = stat.S_IMODE(st.st_mode)
+    if created:
+        return target
+    # a directory r1sup did not create is never chmod-ed (it may be shared: a 1777 /tmp, a volume);
+    # what r1sup writes in it is private anyway (files 0600, its own subdirectories 0700)
+    if mode & 0o002:
+        raise ConfigError(
+            field,
+            f"{target} is writable by every user (mode {oct(mode)}); give r1sup a directory of its own "
+            "(a path that does not exist yet is created 0700)",
+        )
     if mode & 0o077:
-        tightened = False
-        if st.st_uid == os.geteuid():
-            try:
-                os.chmod(target, DIR_MODE)
-                tightened = True
-            except OSError as exc:
-                log.warning("state_dir_insecure", path=str(target), mode=oct(mode), error=exc.strerror)
-        if tightened:
-            log.info("state_dir_mode_tightened", path=str(target), old_mode=oct(mode), mode=oct(DIR_MODE))
-        elif st.st_uid != os.geteuid():
-            log.warning(
-                "state_dir_insecure",
-                path=str(target),
-                mode=oct(mode),
-                owner_uid=st.st_uid,
-                reason="group or others can access it and it is not ours to tighten",
-            )
+        _warn_open_dir(str(target), mode, st.st_uid)
     return target
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_open_dir(path: str, mode: int, owner_uid: int) -> None:
+    """Once per directory and mode in a process (the state directory is checked at every write)."""
+    get_logger().warning(
+        "state_dir_insecure",
+        path=path,
+        mode=oct(mode),
+        owner_uid=owner_uid,
+        reason="group or others can access it; r1sup did not create it and leaves its mode alone",
+    )
 
 
 # --- one r1sup per state directory -------------------------------------------------------------
@@ -199,6 +209,7 @@ def lock_state_dir(state_dir: str | os.PathLike[str], command: str) -> StateLock
     except BaseException:
         os.close(fd)
         raise
+    sweep_stale_temp_files(directory)  # ours to sweep now: no other r1sup writes here
     return StateLock(path, fd)
 
 
@@ -324,6 +335,21 @@ def remove_stale_temp_files(directory: Path, *, max_age_s: float = STALE_TEMP_AG
             continue
         removed.append(path)
         get_logger().info("stale_temp_file_removed", path=str(path), writer_pid=pid)
+    return removed
+
+
+def sweep_stale_temp_files(state_dir: Path) -> list[Path]:
+    """:func:`remove_stale_temp_files` in the state directory and in each of its subdirectories (not
+    through symlinks): the run records' and profiles' temporary files as well as status.json's."""
+    removed = remove_stale_temp_files(state_dir)
+    try:
+        entries = list(os.scandir(state_dir))
+    except OSError:
+        return removed
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                removed += remove_stale_temp_files(Path(entry.path))
     return removed
 
 
