@@ -495,3 +495,18 @@ def test_subdir_symlink_is_refused(tmp_path: Path) -> None:
         ensure_subdir(state, "profiles")
     with pytest.raises(ValueError):
         ensure_subdir(state, "../x")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_tune_exits_1_when_the_profile_was_not_saved(tmp_path: Path) -> None:
+    from test_tune_fake import QWEN_7B, fake_body, fake_scenario, run_tune
+
+    body = fake_body(tmp_path, model=QWEN_7B)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "profiles").write_text("not a directory")  # the save cannot succeed
+    tune = run_tune(tmp_path, body, fake_scenario(tmp_path, time_scale=0.01))
+    assert tune.result["ok"] and tune.result["profile_path"] is None, tune.explain()
+    assert tune.code == 1, tune.explain()
+    assert tune.proc.named("profile_save_failed")
+    assert any("profile was not saved" in line for line in tune.proc.stderr)
