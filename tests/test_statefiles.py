@@ -510,3 +510,97 @@ def test_tune_exits_1_when_the_profile_was_not_saved(tmp_path: Path) -> None:
     assert tune.code == 1, tune.explain()
     assert tune.proc.named("profile_save_failed")
     assert any("profile was not saved" in line for line in tune.proc.stderr)
+
+
+# --- state writing recovers (issue 26) -------------------------------------------------------------
+
+
+class _Source:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = str(state_dir)
+        self.n = 0
+
+    def status_fields(self, recent: list) -> dict:
+        self.n += 1
+        return {"schema_version": SCHEMA_VERSION, "state": "serving", "n": self.n}
+
+
+def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Path) -> None:
+    from r1sup import bus
+    from r1sup.subscribers import StatusFile
+
+    state = ensure_state_dir(tmp_path / "state")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    (state / "status.json").symlink_to(elsewhere)
+    sink = StatusFile(_Source(state), structlog.get_logger())
+    with capture_logs() as logs:
+        sink(bus.StatusText("serving"))
+    assert not (state / "status.json").is_symlink()
+    assert json.loads((state / "status.json").read_text())["state"] == "serving"
+    assert elsewhere.read_text() == "{}"  # never written through
+    assert [p.is_symlink() for p in bad_files(state / "status.json")] == [True]
+    assert events(logs, "state_file_set_aside") and not events(logs, "status_write_failed")
+
+
+def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from r1sup import bus
+    from r1sup.subscribers import STATUS_RETRY_S, StatusFile
+
+    state = ensure_state_dir(tmp_path / "state")
+    real = statefiles.atomic_write_json
+    full = {"on": True}
+
+    def disk(path: Path, obj: object, mode: int = 0o600) -> None:
+        if full["on"]:
+            raise StateWriteError(f"cannot write {path}: No space left on device")
+        real(path, obj, mode)
+
+    monkeypatch.setattr(statefiles, "atomic_write_json", disk)
+    sink = StatusFile(_Source(state), structlog.get_logger())
+    with capture_logs() as logs:
+        sink(bus.StateChanged("probing", "serving"))
+        sink(bus.Heartbeat(100.0))
+        sink(bus.StatusText("x"))
+        assert not (state / "status.json").exists()
+        full["on"] = False  # space again; no change of state follows
+        sink(bus.Heartbeat(100.0 + STATUS_RETRY_S / 2))
+        assert not (state / "status.json").exists()  # not before the retry interval
+        sink(bus.Heartbeat(100.0 + STATUS_RETRY_S))
+    assert json.loads((state / "status.json").read_text())["state"] == "serving"
+    assert len(events(logs, "status_write_failed")) == 1  # once, not at every try
+    assert events(logs, "status_write_recovered")
+
+
+def test_run_records_come_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from r1sup import runrecord
+
+    config = SimpleNamespace(
+        source=None,
+        model=SimpleNamespace(name="m"),
+        served_name="m",
+        server=SimpleNamespace(host="127.0.0.1", port=8000),
+        target=SimpleNamespace(concurrency=1, context=2048),
+    )
+    real = runrecord.atomic_write_json
+    full = {"on": True}
+
+    def disk(path: Path, obj: object, mode: int = 0o600) -> None:
+        if full["on"]:
+            raise StateWriteError(f"cannot write {path}: No space left on device")
+        real(path, obj, mode)
+
+    monkeypatch.setattr(runrecord, "atomic_write_json", disk)
+    monkeypatch.setattr(runrecord, "RETRY_S", 0.0)
+    record = runrecord.RunLog(tmp_path / "state", "run", config, None)
+    with capture_logs() as logs:
+        assert record.save() is None
+        record.attempt({"outcome": "failed"})
+        full["on"] = False
+        record.attempt({"outcome": "passed"})
+    assert record.path is not None and record.path.exists()
+    saved = json.loads(record.path.read_text())
+    assert [a["outcome"] for a in saved["attempts"]] == ["failed", "passed"]
+    assert len(events(logs, "run_record_not_saved")) == 1 and events(logs, "run_record_saved_again")
