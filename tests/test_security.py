@@ -601,3 +601,38 @@ def test_no_config_start_section_reaches_vllm_refused(start):
         return
     argv = EngineFlags.from_start(config.start).to_argv()
     assert vllm_refuses(argv) is None, (vllm_refuses(argv), start)
+
+
+def test_the_key_is_masked_when_vllm_prints_it_escaped(tmp_path: Path):
+    """vLLM logs its arguments as a Python repr, and JSON escapes: a key with quotes and backslashes
+    must be masked in those forms too, not only as typed in the key file."""
+    key = "sk-" + secrets.token_hex(6) + "\"q'uo\\te\\\\d"
+    key_file = tmp_path / "api.key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    config = cfg.build({"model": {"name": "m"}, "server": {"api_key_file": str(key_file)}}, env={})
+    loaded = apikey.load_api_key(config, environ={})
+    assert loaded == key
+    out = io.StringIO()
+    logs.configure(fmt="json", stream=out, secrets=apikey.secret_values(config, loaded))
+    printed = [
+        f"non-default args: {{'model': 'm', 'api_key': {key!r}}}",  # vLLM's own arguments line
+        f"args: Namespace(api_key={key!r}, host='127.0.0.1')",
+        "request " + json.dumps({"authorization": f"Bearer {key}"}),  # JSON-escaped
+        f"raw {key} end",
+    ]
+    for text in printed:
+        logs.get_logger().info("vllm", source="vllm", text=text)
+    logs.get_logger().error("fatal_failure", evidence=printed[0])
+    rendered = out.getvalue()
+    for form in (key, repr(key)[1:-1], json.dumps(key)[1:-1]):
+        assert form not in rendered, form
+        for text in printed:
+            assert form not in logs.mask(text)
+    assert rendered.count("***") >= len(printed) + 1
+    assert "non-default args" in rendered and "Bearer ***" in rendered
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo)
+    fifo_config = cfg.build({"model": {"name": "m"}, "server": {"api_key_file": str(fifo)}}, env={})
+    with pytest.raises(ConfigError, match="not a regular file"):  # refused without blocking on it
+        apikey.load_api_key(fifo_config, environ={})
