@@ -379,6 +379,13 @@ def test_a_fifo_swapped_in_before_sighup_does_not_wedge_the_daemon(tmp_path: Pat
         daemon.signal(signal.SIGHUP)
         failed = daemon.wait_event("reload_failed", 10)
         assert "not a regular file (a FIFO)" in failed["error"]
+        # a reload cannot move the daemon to another state directory: the lock stays where it was taken
+        config.unlink()
+        write_config(config, {**body, "state": {"dir": str(tmp_path / "other")}})
+        daemon.signal(signal.SIGHUP)
+        moved = daemon.wait_event("reload_failed", 10, count=2)
+        assert moved["error"].startswith("state.dir:"), moved
+        assert not (tmp_path / "other").exists()
         asked = time.monotonic()
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(60) == 0, daemon.tail()

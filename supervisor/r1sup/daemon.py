@@ -646,6 +646,10 @@ class Daemon:
         except R1supError as exc:
             self.publish(B.ReloadFailed(str(exc)))
             return None
+        if new is not None and os.path.realpath(new.state.dir) != os.path.realpath(self.config.state.dir):
+            # the state directory's lock (one r1sup per state directory) stays with the one it took
+            self.publish(B.ReloadFailed("state.dir: a new state directory takes a restart, not a reload"))
+            return None
         changed = _implied_change(self.config, new) if new else False
         if new is not None and not changed:
             self.config = new
