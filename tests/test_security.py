@@ -330,7 +330,9 @@ VLLM_QUANTIZATIONS = {
     "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
     "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
     "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
-    "nvfp4_per_token", "mxfp8", "bitsandbytes",
+    "nvfp4_per_token", "mxfp8",
+    # not in 0.32's list, but accepted by the earlier releases r1sup also supports, and in [start]'s choices
+    "bitsandbytes",
 }  # fmt: skip
 
 
