@@ -314,6 +314,37 @@ def test_the_listener_bounds_time_size_methods_and_connections(monkeypatch):
         server.close()
 
 
+def test_a_burst_of_concurrent_clients_is_answered_past_the_connection_cap():
+    """300 clients at once, over the cap of 64 open connections: each gets its answer (the issue saw 27
+    of 500 concurrent /status time out against a backlog of 5)."""
+    import threading
+
+    server = Endpoint(view=lambda: view("serving", status={"state": "serving", "pad": "x" * 2000}))
+    port = free_port()
+    server.serve("127.0.0.1", port)
+    clients = 300
+    start = threading.Barrier(clients)
+    codes: list[int] = []
+
+    def client() -> None:
+        start.wait(30)
+        try:
+            codes.append(get(port, "/status")[0])
+        except OSError as exc:
+            codes.append(-1)
+            raise AssertionError(exc) from None
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        server.close()
+    assert codes == [200] * clients, sorted(set(codes))
+
+
 def test_accept_out_of_file_descriptors_is_survived(monkeypatch):
     import errno
 

@@ -126,6 +126,7 @@ MAX_HEAD_BYTES = 8192
 BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 ACCEPTS_PER_TURN = 256
 ACCEPT_PAUSE_S = 0.1  # after accept failed for want of file descriptors
+EVICT_GRACE_S = 0.01  # a connection this young is not closed to make room: it may be sending its request
 WARN_EVERY_S = 60.0
 
 
@@ -133,6 +134,7 @@ WARN_EVERY_S = 60.0
 class _Conn:
     sock: socket.socket
     deadline: float
+    accepted: float = 0.0
     head: bytearray = dataclasses.field(default_factory=bytearray)
     out: bytes = b""
     writing: bool = False
@@ -249,18 +251,37 @@ class _Listener:
                 self.accepting = False
                 self.resume_at = self.clock() + ACCEPT_PAUSE_S
                 return
-            while len(self.conns) >= MAX_CONNECTIONS:
-                self.evicted += 1
-                self._drop(next(iter(self.conns.values())))
-                self._warn("endpoint_connections_capped", limit=MAX_CONNECTIONS)
+            now = self.clock()
             try:
                 sock.setblocking(False)
-                conn = _Conn(sock, self.clock() + REQUEST_TIMEOUT_S)
+                conn = _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now)
                 self.selector.register(sock, selectors.EVENT_READ, None)
             except (OSError, ValueError):
                 sock.close()
                 continue
             self.conns[sock.fileno()] = conn
+            try:
+                self._read(conn)  # a client's request is usually there already: answered, no slot kept
+            except OSError:
+                self._drop(conn)
+            if len(self.conns) > MAX_CONNECTIONS and not self._make_room(now):
+                return
+
+    def _make_room(self, now: float) -> bool:
+        """Close the oldest connections still waiting for their request, down to the cap; False (and
+        accepting paused until the oldest is old enough) when they all arrived within EVICT_GRACE_S:
+        a burst of real clients gets the time to send, a flood of idle ones does not keep the cap."""
+        while len(self.conns) > MAX_CONNECTIONS:
+            oldest = next(iter(self.conns.values()))
+            if now - oldest.accepted < EVICT_GRACE_S:
+                self.selector.unregister(self.sock)
+                self.accepting = False
+                self.resume_at = oldest.accepted + EVICT_GRACE_S
+                return False
+            self.evicted += 1
+            self._drop(oldest)
+            self._warn("endpoint_connections_capped", limit=MAX_CONNECTIONS)
+        return True
 
     def _read(self, conn: _Conn) -> None:
         try:
