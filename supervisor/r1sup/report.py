@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from r1sup import memchart as M
+from r1sup.catalog import catalog_total_beside
 from r1sup.flags import short
 from r1sup.progress import LABELS as PHASE_LABELS
 from r1sup.progress import PHASES, clock
@@ -106,7 +107,9 @@ def box_text(device: Any) -> str:
     if gpus:
         names = sorted({str(g.get("name")) for g in gpus})
         first = gpus[0]
-        text = f"{len(gpus)}x {', '.join(names)} ({first.get('total_gib')} GiB each"
+        total = first.get("total_gib")
+        beside = catalog_total_beside(str(first.get("name")), float(total)) if total is not None else ""
+        text = f"{len(gpus)}x {', '.join(names)} ({total} GiB each{beside}"
         frees = ", ".join(f"{g.get('free_gib')}" for g in gpus)
         text += f"; free before the launch: {frees} GiB)"
     else:

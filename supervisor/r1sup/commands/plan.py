@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from r1sup import devices, memchart, memmodel, planner
+from r1sup import catalog, devices, memchart, memmodel, planner
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts
@@ -123,6 +123,9 @@ def _inputs(
 def _device(args: argparse.Namespace, flags: EngineFlags) -> DeviceFacts:
     count = max(1, flags.tensor_parallel_size)
     if args.gpu:
+        if args.gpu_memory_gib is not None and catalog.find_gpu(args.gpu) is None:
+            # a card the catalog does not hold, sized by hand: its name a label, compute capability unknown
+            return devices.from_memory(args.gpu_memory_gib, count, name=args.gpu.strip())
         device = devices.from_catalog(args.gpu, count)
         if args.gpu_memory_gib is not None:
             manual = devices.from_memory(args.gpu_memory_gib, count, name=device.gpus[0].name)
@@ -262,7 +265,14 @@ def render(
         count = f"{d['count']} x " if d["count"] > 1 else ""
         probed = d["source"] == "probe" and d["free_gib"] is not None
         free = f", {d['free_gib']:.2f} GiB free" if probed else ""
-        lines.append(f"device  {count}{d['name']} ({d['source']}): {d['total_gib']:.2f} GiB each{free}, {cc}")
+        each = f"{d['total_gib']:.2f} GiB each"
+        if d["source"] == "catalog":
+            each += (
+                " (CUDA's total; tune and report show NVML's figure of the box, and this one if they differ)"
+            )
+        elif d["source"] == "probe":
+            each += catalog.catalog_total_beside(str(d["name"]), float(d["total_gib"]))
+        lines.append(f"device  {count}{d['name']} ({d['source']}): {each}{free}, {cc}")
     d_b = plan.assumed_defaults
     from_where = f" ({version_from})" if version_from else ""
     lines.append(f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine")
