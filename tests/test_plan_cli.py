@@ -251,7 +251,7 @@ def test_the_installed_vllm_is_the_default(capsys: pytest.CaptureFixture[str]) -
         except metadata.PackageNotFoundError:
             continue
     if installed is None:
-        assert d["vllm_version_from"] == "the newest r1sup knows"
+        assert d["vllm_version_from"] == "assumed" and d["vllm_version_assumed"] is True
     else:
         assert d["vllm_version_from"] == "installed" and installed.startswith(d["vllm_version"])
 
@@ -442,3 +442,42 @@ def test_config_hash_is_stable_and_order_free() -> None:
     assert modelinfo.config_hash(a) == modelinfo.config_hash(b)
     assert len(modelinfo.config_hash(a)) == 64
     assert modelinfo.config_hash(a) != modelinfo.config_hash({**a, "b": 2})
+
+
+def test_without_vllm_installed_the_plan_names_the_version_it_assumed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from r1sup import memmodel
+    from r1sup.commands import plan as plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "installed_vllm_version", lambda: None)
+    d = run_json(capsys, "--model", Q7, "--gpu", "L4")
+    assert d["vllm_version"] == str(memmodel.NEWEST_KNOWN)
+    assert d["vllm_version_from"] == "assumed" and d["vllm_version_assumed"] is True
+    main(["plan", "--model", Q7, "--gpu", "L4"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("vLLM "))
+    assert line.startswith(f"vLLM    {memmodel.NEWEST_KNOWN} ASSUMED (no vLLM installed here")
+    assert "--vllm-version X.Y.Z" in line
+    d = run_json(capsys, "--model", Q7, "--gpu", "L4", "--vllm-version", "0.20.0")
+    assert (d["vllm_version"], d["vllm_version_from"], d["vllm_version_assumed"]) == (
+        "0.20.0",
+        "--vllm-version",
+        False,
+    )
+
+
+@pytest.mark.parametrize(("version", "spelled"), [("0.20.0", False), ("0.32.0", True), ("0.33.0", True)])
+def test_the_fp8_weights_way_out_says_how_that_version_reads_it(
+    capsys: pytest.CaptureFixture[str], version: str, spelled: bool
+) -> None:
+    # 14B on a 24 GiB card: the weights alone do not fit, fp8 weights are a way out
+    d = run_json(
+        capsys, "--model", Q14, "--gpu", "RTX 4090", "--max-model-len", "16384", "--vllm-version", version
+    )
+    (way,) = [w for w in d["suggestions"] if w["kind"] == "fp8_weights"]
+    assert way["argv"][-2:] == ["--quantization", "fp8"]  # accepted by every release r1sup knows
+    note = way["note"] or ""
+    assert ("fp8_per_tensor" in note) is spelled
+    if spelled:
+        assert note.startswith(f"vLLM {version} runs --quantization fp8 on a 16-bit checkpoint as its online")
+    assert "0.31" not in note

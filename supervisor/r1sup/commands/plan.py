@@ -149,6 +149,10 @@ def installed_vllm_version() -> str | None:
     return None
 
 
+# where the version came from when nothing named one: no vLLM installed, no --vllm-version
+ASSUMED = "assumed"
+
+
 def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Version, str]:
     """The vLLM version to size for and where it came from."""
     if getattr(args, "vllm_version", None):
@@ -162,7 +166,7 @@ def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Ve
                 return memmodel.Version.parse(text), where
             except ValueError:
                 continue
-    return memmodel.NEWEST_KNOWN, "the newest r1sup knows"
+    return memmodel.NEWEST_KNOWN, ASSUMED
 
 
 def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, str | None]:
@@ -214,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
         out = result.to_dict()
         out["model"]["source"] = source.describe()
         out["vllm_version_from"] = version_from
+        out["vllm_version_assumed"] = version_from == ASSUMED
         print_json(out)
         return result.exit_code
     sys.stdout.write(render(result, source, device, version_from, cal))
@@ -274,8 +279,7 @@ def render(
             each += catalog.catalog_total_beside(str(d["name"]), float(d["total_gib"]))
         lines.append(f"device  {count}{d['name']} ({d['source']}): {each}{free}, {cc}")
     d_b = plan.assumed_defaults
-    from_where = f" ({version_from})" if version_from else ""
-    lines.append(f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine")
+    lines.append(_version_line(plan, version_from))
     if d_b:
         rule = d_b["defaults"]["rule"]
         seqs = f"{d_b['max_num_seqs']} ({d_b['max_num_seqs_from']})"
@@ -396,6 +400,17 @@ def render(
     if device.notes:
         lines += [f"  - {n}" for n in device.notes]
     return "\n".join(lines) + "\n"
+
+
+def _version_line(plan: planner.Plan, version_from: str) -> str:
+    """The vLLM release sized for and where that came from; an assumed one says so."""
+    if version_from == ASSUMED:
+        return (
+            f"vLLM    {plan.vllm_version} ASSUMED (no vLLM installed here: the newest release r1sup knows; "
+            f"--vllm-version X.Y.Z sizes for another), {plan.engine} engine"
+        )
+    from_where = f" ({version_from})" if version_from else ""
+    return f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine"
 
 
 VERDICT_WORDS = {
