@@ -481,3 +481,53 @@ def test_the_fp8_weights_way_out_says_how_that_version_reads_it(
     if spelled:
         assert note.startswith(f"vLLM {version} runs --quantization fp8 on a 16-bit checkpoint as its online")
     assert "0.31" not in note
+
+
+# --- every recommended change with its reason and its cost -------------------------------------------
+
+
+def test_every_recommended_change_has_its_reason_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    # 32B on an A100 80GB (compute capability 8.0), 131,072 tokens with fp8 (e4m3) KV, 8 requests of 8,192
+    argv = ["--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "--gpu", "A100 80GB", "--max-model-len"]
+    argv += ["131072", "--kv-cache-dtype", "fp8", "--target-concurrency", "8", "--target-context", "8192"]
+    argv += ["--vllm-version", "0.32.0"]
+    d = run_json(capsys, *argv)
+    given, rec = d["flags"], d["recommended"]
+    changed = {
+        k for k in rec if rec[k] != given[k] and not (k == "max_model_len" and rec[k] == d["max_model_len"])
+    }
+    changes = {c["flag"]: c for c in d["recommended_changes"]}
+    assert set(changes) == changed and {"gpu_memory_utilization", "enforce_eager", "max_num_seqs"} <= changed
+    for c in changes.values():
+        assert c["reason"] and c["cost"] and c["to"] == rec[c["flag"]] and c["from"] == given[c["flag"]]
+        assert "not assessed" not in c["cost"]
+    total = d["device"]["total_gib"]
+    util = changes["gpu_memory_utilization"]
+    assert f"{given['gpu_memory_utilization']:g} x {total:.2f} = " in util["reason"]
+    assert (
+        f"{total * (1 - rec['gpu_memory_utilization']):.2f} GiB of the GPU stay outside vLLM" in util["cost"]
+    )
+    graphs = d["breakdown"]["cudagraph_gib"]
+    assert f"no CUDA graphs: their {graphs:.2f} GiB" in changes["enforce_eager"]["reason"]
+    assert "decoding is slower" in changes["enforce_eager"]["cost"]
+    default = d["assumed_defaults"]["max_num_seqs"]
+    seqs = changes["max_num_seqs"]
+    assert f"at most {rec['max_num_seqs']} requests run at once where {default} could" in seqs["cost"]
+    kv = changes["kv_cache_dtype"]  # e4m3 -> e5m2 below compute capability 8.9
+    assert (kv["from"], kv["to"]) == ("fp8", "fp8_e5m2") and "8.0" in kv["reason"]
+    if "max_model_len" in changes:
+        assert f"longer than {rec['max_model_len']:,} tokens are refused" in changes["max_model_len"]["cost"]
+
+    # the text says the same, one line per change and its cost under it
+    main(["plan", *argv])
+    out = capsys.readouterr().out
+    assert "what each change is for, and what it costs:" in out
+    for c in changes.values():
+        assert f": {c['reason']}\n      cost: {c['cost']}\n" in out
+
+
+def test_no_changes_listed_when_the_flags_fit_as_given(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", Q7, "--gpu", "H100", "--max-model-len", "8192")
+    assert d["verdict"]["status"] == "fits" and d["recommended_changes"] == []
+    main(["plan", "--model", Q7, "--gpu", "H100", "--max-model-len", "8192"])
+    assert "what each change is for" not in capsys.readouterr().out

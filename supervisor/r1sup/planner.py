@@ -1202,8 +1202,13 @@ def _suggestions(
             notes.append(
                 "below compute capability 8.9 vLLM runs fp8 weights with the weight-only Marlin kernel"
             )
-        note = "; ".join(notes) or None
-        add("fp8_weights", "fp8 weights (quantized on the fly)", flags.replace(quantization="fp8"), note=note)
+        fp8_note = "; ".join(notes) or None
+        add(
+            "fp8_weights",
+            "fp8 weights (quantized on the fly)",
+            flags.replace(quantization="fp8"),
+            note=fp8_note,
+        )
     if method is None or method in FP8_WEIGHT_METHODS:
         add(
             "four_bit",

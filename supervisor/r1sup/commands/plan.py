@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from r1sup import catalog, devices, memchart, memmodel, planner
+from r1sup import catalog, devices, memchart, memmodel, planchanges, planner
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts
@@ -219,6 +219,7 @@ def main(args: argparse.Namespace) -> int:
         out["model"]["source"] = source.describe()
         out["vllm_version_from"] = version_from
         out["vllm_version_assumed"] = version_from == ASSUMED
+        out["recommended_changes"] = [c.to_dict() for c in planchanges.recommended_changes(result)]
         print_json(out)
         return result.exit_code
     sys.stdout.write(render(result, source, device, version_from, cal))
@@ -375,6 +376,12 @@ def render(
                 f"{plan.recommended_concurrency}x requests of {_tokens(plan.recommended.max_model_len or 0)} "
                 "tokens at once"
             )
+        changes = planchanges.recommended_changes(plan)
+        if changes:
+            lines.append("  what each change is for, and what it costs:")
+            for change in changes:
+                lines.append(f"  - {change.title}: {change.reason}")
+                lines.append(f"      cost: {change.cost}")
     else:
         lines.append("recommended first flags: none (nothing within the bounds is predicted to fit)")
 
