@@ -216,8 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", "-c", metavar="FILE", help="take model, flags and target from this config")
     p.add_argument("--model", "-m", help="HF id (catalog or local HF cache) or a local model directory")
-    p.add_argument("--gpu", metavar="NAME", help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80'")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of one GPU in GiB")
+    p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80' (a name it does not hold is refused; "
+        "for such a card give --gpu-memory-gib)",
+    )
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="GIB",
+        help="memory of one GPU in GiB, CUDA's total (beside a --gpu NAME not in the catalog, NAME is "
+        "its label)",
+    )
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs for tensor parallel")
     p.add_argument(
         "--pipeline-parallel-size",
