@@ -187,3 +187,24 @@ def test_the_catalog_figure_is_shown_beside_an_nvml_total_that_differs() -> None
     assert catalog.catalog_total_beside("NVIDIA H100 NVL", 93.1) == ""  # not a catalog card
     box = report.box_text({"gpus": [{"name": "NVIDIA H100 80GB HBM3", "total_gib": 79.65, "free_gib": 79.0}]})
     assert f"79.65 GiB each; the catalog's H100 80GB (plan --gpu): {h100:.2f} GiB" in box
+
+
+def test_plan_on_a_probed_card_shows_the_catalog_figure_beside_nvml_and_the_catalog_says_cuda() -> None:
+    from r1sup import planner
+    from r1sup.commands import plan as plan_cmd
+    from r1sup.flags import EngineFlags
+    from r1sup.hardware import DeviceFacts, GpuInfo
+
+    arch, source = modelinfo.load_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
+    nvml = int(79.65 * GIB)  # NVML's total of an H100 80GB without the reserved part subtracted
+    probed = DeviceFacts(
+        "cuda", (GpuInfo(0, "NVIDIA H100 80GB HBM3", nvml, nvml - GIB, (9, 0)),), source="probe"
+    )
+    flags = EngineFlags(max_model_len=8192)
+    text = plan_cmd.render(planner.plan(arch, probed, flags, version="0.32.0"), source, probed)
+    line = next(x for x in text.splitlines() if x.startswith("device  "))
+    assert "79.65 GiB each; the catalog's H100 80GB (plan --gpu): 79.11 GiB, 78.65 GiB free" in line
+    listed = devices.from_catalog("H100 80GB")
+    text = plan_cmd.render(planner.plan(arch, listed, flags, version="0.32.0"), source, listed)
+    line = next(x for x in text.splitlines() if x.startswith("device  "))
+    assert "H100 80GB (catalog): 79.11 GiB each (CUDA's total; tune and report show NVML's figure" in line
