@@ -7,11 +7,13 @@ Pure: a record dict (and optionally the daemon's status.json) in, a string out.
 from __future__ import annotations
 
 import html
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from r1sup import memchart as M
+from r1sup.catalog import catalog_total_beside
 from r1sup.flags import short
 from r1sup.progress import LABELS as PHASE_LABELS
 from r1sup.progress import PHASES, clock
@@ -105,7 +107,9 @@ def box_text(device: Any) -> str:
     if gpus:
         names = sorted({str(g.get("name")) for g in gpus})
         first = gpus[0]
-        text = f"{len(gpus)}x {', '.join(names)} ({first.get('total_gib')} GiB each"
+        total = first.get("total_gib")
+        beside = catalog_total_beside(str(first.get("name")), float(total)) if total is not None else ""
+        text = f"{len(gpus)}x {', '.join(names)} ({total} GiB each{beside}"
         frees = ", ".join(f"{g.get('free_gib')}" for g in gpus)
         text += f"; free before the launch: {frees} GiB)"
     else:
@@ -211,9 +215,9 @@ def render_html(
         ("command", f"r1sup {record.get('command')} (pid {record.get('pid')})"),
         ("config", record.get("config")),
         ("started", record.get("started_at")),
-        ("finished", record.get("finished_at") or "not yet"),
+        ("finished", record.get("finished_at") or "not yet (still running)"),
         ("launches", result.get("launches", len(record.get("attempts") or []))),
-        ("exit code", result.get("exit_code")),
+        *_outcome_rows(record),
         ("profile", result.get("profile_path")),
     ]
     body += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows if v not in (None, "")]
@@ -273,7 +277,7 @@ def render_html(
         body.append('<section id="events"><h2>Recent events</h2><table class="events">')
         for ev in events:
             if isinstance(ev, Mapping):
-                rest = ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("ts", "event"))
+                rest = ", ".join(f"{k}={event_value(v)}" for k, v in ev.items() if k not in ("ts", "event"))
                 body.append(
                     f"<tr><td>{_e(ev.get('ts'))}</td><td>{_e(ev.get('event'))}</td><td>{_e(rest)}</td></tr>"
                 )
@@ -289,6 +293,27 @@ def render_html(
         + "\n".join(body)
         + "\n</body></html>\n"
     )
+
+
+def _outcome_rows(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """How the process ended, once it has: ``tune``'s exit code is its result's; a ``run`` records the
+    state it ended in (its exit code is not in the record). Nothing while it still runs: a search's
+    result is not the exit code of a daemon that goes on serving."""
+    if not record.get("finished_at"):
+        return []
+    if record.get("command") == "run":
+        return [("final state", record.get("final_state"))]
+    return [("exit code", (record.get("result") or {}).get("exit_code"))]
+
+
+def event_value(value: Any) -> str:
+    """An event field as its JSON reads (``false``, ``null``, ``{"a": 1}``); text as it is."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, separators=(", ", ": "), default=str)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _attempt_html(a: Mapping[str, Any]) -> list[str]:
