@@ -43,7 +43,8 @@ def fake_scenario(tmp_path: Path, **fields: Any) -> dict[str, Any]:
 
 def fake_env(scenario: dict[str, Any]) -> dict[str, str]:
     """Environment of the r1sup process: the fake NVML first on the path, the scenario for both."""
-    path = os.pathsep.join([str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests")])
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # e.g. a source checkout's
+    path = os.pathsep.join([str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests"), *kept])
     return {"PYTHONPATH": path, "FAKE_VLLM_SCENARIO": json.dumps(scenario)}
 
 
