@@ -186,7 +186,8 @@ class Daemon:
             "profile_source": self.profile_source,
             "degraded": self.degraded,
             "flags": self.flags.to_dict() if self.flags else None,
-            "capacity": self.capacity,
+            # what the serving flags' probe proved; none while nothing serves (launching, backoff, stopped)
+            "capacity": self.capacity if self.state in (State.SERVING, State.DRAINING) else None,
             "since": self.since,
             "updated_at": now_iso(),
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
