@@ -30,8 +30,10 @@ from r1sup.probe import (
     SHORT_PROMPT_TOKENS,
     Connection,
     ProbeProcess,
+    ProbeResult,
     ProbeSpec,
     Prompt,
+    delivers,
     most_at_once,
     parse_metrics,
     probe_requests,
@@ -106,6 +108,24 @@ def test_requests_delivering_tokens_together(spans: list[tuple[float, float]], e
 )
 def test_the_concurrency_proven(sent: int, running: int | None, streams: int, expected: int) -> None:
     assert proven_concurrency(sent, running, streams) == expected
+
+
+def test_the_first_token_is_the_first_chunk_with_text() -> None:
+    """vLLM streams the role and the finish reason in chunks of their own; a reasoning model's first
+    tokens come as its thinking."""
+    from types import SimpleNamespace as NS
+
+    assert not delivers(NS(delta=NS(role="assistant", content="")))
+    assert not delivers(NS(delta=NS(content=None), finish_reason="length"))
+    assert delivers(NS(delta=NS(content="The")))
+    assert delivers(NS(delta=NS(content=None, reasoning_content="Let")))
+    assert delivers(NS(delta=NS(content=None, reasoning="Let")))
+
+
+def test_a_queued_probe_says_how_many_ran_at_once() -> None:
+    result = ProbeResult(ok=True, requests=4, succeeded=4, concurrency=4, concurrency_proven=1)
+    result.queued, result.waiting_peak = True, 3
+    assert result.summary().startswith("4/4 ok at concurrency 4 (only 1 ran at once, 3 waited), ")
 
 
 def test_the_probe_reads_vllms_running_and_waiting_gauges() -> None:
