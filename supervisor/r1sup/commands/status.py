@@ -272,17 +272,6 @@ def _tree(child_pid: int) -> list[Any]:
         return []
 
 
-def child_memory(child_pid: int) -> tuple[float | None, str | None]:
-    """GiB the vLLM process tree holds: on the GPUs by NVML, else its resident host memory."""
-    tree = _tree(child_pid)
-    if not tree:
-        return None, None
-    gpu = _nvml_used({p.pid for p in tree})
-    if gpu:
-        return round(gpu / 1024**3, 2), "GPU"
-    return _host_rss(tree)
-
-
 def _host_rss(tree: list[Any]) -> tuple[float | None, str | None]:
     import psutil
 
