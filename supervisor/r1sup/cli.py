@@ -273,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="more columns (KV cache, TTFT, launches, profile) and the daemon's events",
+    )
+    p.add_argument(
         "--watch",
         nargs="?",
         type=float,

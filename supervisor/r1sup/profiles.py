@@ -90,6 +90,9 @@ class Profile:
     # what the box looked like when this profile was found (search.conditions): free memory, other
     # processes holding GPU memory, and whether the profile is degraded by them (kept beside the best)
     conditions: dict[str, Any] = field(default_factory=dict)
+    # what the probe proved it serves (r1sup.capacity.verified); empty in a profile saved before r1sup
+    # recorded it (read as it is: an optional field, like conditions, not a new schema)
+    capacity: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", mask_command(list(self.command)))
@@ -145,6 +148,8 @@ class Profile:
             out["imported"] = self.imported
         if self.conditions:
             out["conditions"] = self.conditions
+        if self.capacity:
+            out["capacity"] = self.capacity
         return out
 
     @classmethod
@@ -193,6 +198,9 @@ class Profile:
         conditions = data.get("conditions", {})
         if not isinstance(conditions, dict):
             raise ValueError("conditions must be an object")
+        from r1sup import capacity as C
+
+        verified = C.check(data.get("capacity", {}))
         return cls(
             key=key,
             fingerprint=fp,
@@ -209,6 +217,7 @@ class Profile:
             schema_version=schema,
             imported=imported,
             conditions=conditions,
+            capacity=verified,
         )
 
 

@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from r1sup import capacity
 from r1sup import memchart as M
 from r1sup.catalog import catalog_total_beside
 from r1sup.flags import short
@@ -69,6 +70,9 @@ def render_text(record: Mapping[str, Any]) -> str:
         probe = result.get("probe")
         if probe:
             lines.append("probe: " + probe_text(probe))
+        verified = capacity_of(record)
+        if verified:
+            lines.append("capacity: " + capacity.text(verified))
         lines.append("vLLM command line:")
         lines.append("  " + " ".join(shlex.quote(str(a)) for a in result.get("command") or []))
         lines.append(f"profile: {result.get('profile_path') or 'NOT saved (see the log)'}")
@@ -78,6 +82,23 @@ def render_text(record: Mapping[str, Any]) -> str:
             lines.append(f"  way out: {s}")
     lines.append("")
     return "\n".join(lines)
+
+
+def capacity_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the passed probe of a record's result proved (r1sup.capacity), held against what the config
+    asked (``asked``; a record written before it was kept: the target)."""
+    result = record.get("result") or {}
+    asked = record.get("asked")
+    if not isinstance(asked, Mapping):
+        target = record.get("target") or {}
+        asked = {"requests": target.get("concurrency"), "context": target.get("context")}
+    return capacity.verified(
+        result.get("probe"),
+        result.get("flags"),
+        result.get("observations"),
+        asked,
+        reduced=result.get("reduced"),
+    )
 
 
 def _attempt_text(a: Mapping[str, Any]) -> list[str]:
@@ -142,8 +163,12 @@ def phases_text(phase_seconds: Any) -> str:
 
 
 def probe_text(p: Mapping[str, Any]) -> str:
+    ran = ""
+    if p.get("queued"):
+        waited = f", {p['waiting_peak']} waited" if p.get("waiting_peak") else ""
+        ran = f" (only {p.get('concurrency_proven')} ran at once{waited})"
     return (
-        f"{p.get('succeeded')}/{p.get('requests')} ok at concurrency {p.get('concurrency')}, prompts of "
+        f"{p.get('succeeded')}/{p.get('requests')} ok at concurrency {p.get('concurrency')}{ran}, prompts of "
         f"{p.get('prompt_tokens')} tokens, {p.get('output_tokens')} output tokens each, "
         f"TTFT p50 {_num(p.get('ttft_p50_s'))}s p95 {_num(p.get('ttft_p95_s'))}s, "
         f"{_num(p.get('output_tokens_per_s'))} output tok/s, "

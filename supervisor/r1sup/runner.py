@@ -490,6 +490,18 @@ class Runner:
         seen = launch.reader.verdict(exit_code=code)
         if result.get("ok") and code is None and seen.cls == F.NONE:
             self.log.info("probe_passed", launch=launch.number, **_probe_fields(result))
+            if result.get("queued"):
+                # every request succeeded, but fewer ran at once than were sent: the capacity recorded
+                # is the proven figure, and this says why it is lower than asked
+                self.log.warning(
+                    "probe_queued",
+                    launch=launch.number,
+                    sent_at_once=min(concurrency, requests),
+                    ran_at_once=result.get("concurrency_proven"),
+                    waiting_peak=result.get("waiting_peak"),
+                    max_num_seqs=launch.flags.max_num_seqs,
+                    kv_cache_tokens=_int(launch.observations.get("kv_cache_tokens")),
+                )
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
             failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
@@ -791,6 +803,9 @@ def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
         "requests",
         "error_count",
         "concurrency",
+        "concurrency_proven",
+        "running_peak",
+        "waiting_peak",
         "prompt_tokens",
         "ttft_p50_s",
         "ttft_p95_s",
