@@ -1153,6 +1153,7 @@ ESTIMATE = "estimate"
 MEASURED = "measured"
 SCALED = "measured, scaled"
 REST = "measured (rest of the budget)"
+COLD_OVER_WARM = "estimate (cold compile cache; measured on a warm one)"
 
 
 @dataclass(frozen=True)
@@ -1166,12 +1167,20 @@ class Calibration:
     weights plus non-torch), ``peak_activation_gib`` (or ``breakdown_activation_gib``, which from 0.27.0
     includes the charged graph estimate), ``cudagraph_gib`` (the captured pool), ``cudagraph_estimated_gib``,
     ``kv_cache_gib`` (available KV memory, negative for a shortfall), ``requested_gib`` (or
-    ``gpu_memory_utilization`` and ``total_gib``), ``init_cuda_gib`` (memory at vLLM's start-up snapshot).
+    ``gpu_memory_utilization`` and ``total_gib``), ``init_cuda_gib`` (memory at vLLM's start-up snapshot),
+    ``compile_cache_cold`` (1.0: the launch compiled from nothing; 0.0: its compile cache was warm, and a
+    start that is not known to be warm is sized with the larger of its peak and the cold estimate).
     """
 
     flags: EngineFlags
     figures: Mapping[str, float] = field(default_factory=dict)
     version: Version | None = None
+
+    @property
+    def measured_warm(self) -> bool:
+        """The launch found vLLM's torch.compile cache warm (``compile_cache_cold`` 0.0 in its figures):
+        its activation peak is a warm start's, which a cold start can exceed."""
+        return self.figures.get("compile_cache_cold") == 0.0
 
     def measured(self, version: Version) -> dict[str, float]:
         """The terms these figures measure, in GiB, as :func:`evaluate` names them."""
@@ -1433,12 +1442,24 @@ def _evaluate_one(
             residual = int((m["budget"] - m["kv"]) * GIB) - parts_then - charged_then
             nt = terms["non_torch"]
             terms["non_torch"] = Term(max(0, nt.bytes + residual), REST)
+    cold_note: str | None = None
+    if calibration is not None and calibration.measured_warm and v.compile_cache != "warm":
+        # a peak measured on a warm compile cache does not bound a start that compiles from nothing
+        act = terms["activation"]
+        if act.source != ESTIMATE and raw.activation > act.bytes:
+            terms["activation"] = Term(raw.activation, COLD_OVER_WARM)
+            cold_note = (
+                f"activation peak measured on a warm torch.compile cache ({act.gib:.2f} GiB); this start may "
+                f"compile from nothing: sized with the cold estimate ({raw.activation / GIB:.2f} GiB)"
+            )
     charged = terms["cudagraph_estimate"].bytes if r.graph_estimate_charged else 0
     used = terms["weights"].bytes + terms["non_torch"].bytes + terms["activation"].bytes + charged
     kv_bpt = kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
     block = block_size(device.backend)
     problem: str | None = None
     notes: list[str] = []
+    if cold_note:
+        notes.append(cold_note)
     comm = tp_comm_note(device, max(1, flags.tensor_parallel_size))
     if comm and terms["non_torch"].source == ESTIMATE:
         notes.append(comm)
