@@ -184,7 +184,7 @@ def _started(args: argparse.Namespace, version: memmodel.Version) -> memmodel.Ve
     try:
         sampler = memmodel.flashinfer_sampler_from_env(env)
     except ValueError as exc:
-        raise ConfigError("VLLM_USE_FLASHINFER_SAMPLER", str(exc)) from None
+        raise ConfigError("environment", str(exc)) from None
     return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
 
 
