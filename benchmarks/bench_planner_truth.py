@@ -17,7 +17,8 @@ CUDA-graph pool and estimate, available KV memory and KV tokens; then the median
 What the log says of the engine's installation is passed on as the engine's environment would pass it:
 a sampler that printed ``Using FlashInfer for top-p & top-k sampling`` runs ``plan`` with
 ``VLLM_USE_FLASHINFER_SAMPLER=1``, one that printed FlashInfer unavailable or disabled with ``=0``
-(the record's ``environment.top_k_top_p_sampler``, else the excerpt's own line); nothing otherwise.
+(the record's ``environment.top_k_top_p_sampler``, else that of this repository's record of the same
+log file, else the excerpt's own line); nothing otherwise.
 
 The errors are summed up overall, by GPU family (the catalog's card) and by vLLM release.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -164,9 +166,34 @@ SAMPLER_ON = "Using FlashInfer for top-p & top-k sampling"
 SAMPLER_OFF = ("FlashInfer is not available", "FlashInfer top-p/top-k sampling disabled", "falling back")
 
 
+def log_key(url: str | None) -> str | None:
+    """A log file's URL without the commit it was read at (``.../blob/<sha>/path`` -> ``.../path``)."""
+    if not url:
+        return None
+    return re.sub(r"/blob/[0-9a-f]{7,40}/", "/", url.split("#")[0])
+
+
+def _known_environments() -> dict[str, dict[str, Any]]:
+    """The ``environment`` this repository's records read from their logs, by log file: a record of the
+    same log from elsewhere (whose excerpt may leave the sampler line out) gets it too."""
+    out: dict[str, dict[str, Any]] = {}
+    if REPO_RECORDS.exists():
+        for line in REPO_RECORDS.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                key = log_key(record.get("log_url"))
+                if key and record.get("environment"):
+                    out[key] = record["environment"]
+    return out
+
+
+KNOWN_ENVIRONMENTS = _known_environments()
+
+
 def engine_env(record: dict[str, Any]) -> dict[str, str]:
     """What the log says of the engine's environment, as the variables vLLM reads (see the docstring)."""
-    sampler = (record.get("environment") or {}).get("top_k_top_p_sampler")
+    environment = record.get("environment") or KNOWN_ENVIRONMENTS.get(log_key(record.get("log_url")) or "")
+    sampler = (environment or {}).get("top_k_top_p_sampler")
     excerpt = str(record.get("excerpt") or "")
     if sampler is None and SAMPLER_ON in excerpt:
         sampler = "flashinfer"

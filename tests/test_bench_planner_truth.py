@@ -5,6 +5,7 @@ records are what the logs printed, and the memory model meets its targets on the
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,25 @@ def test_the_repositorys_records_meet_the_targets(tmp_path: Path) -> None:
         assert not row["error"], row
         assert abs(predicted["kv_tokens"] / logged["kv_tokens"] - 1) <= 0.10, row["id"]
         assert abs(predicted["kv_gib"] - logged["kv_gib"]) <= 0.5, row["id"]
+
+
+def test_a_record_of_the_same_log_from_elsewhere_gets_what_this_repository_read_from_it() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_planner_truth", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules[spec.name]
+    mine = next(
+        r for r in records() if (r.get("environment") or {}).get("top_k_top_p_sampler") == "flashinfer"
+    )
+    # the same log file read at another commit, its excerpt without the sampler line
+    other = re.sub(r"/blob/[0-9a-f]{40}/", "/blob/" + "0" * 40 + "/", mine["log_url"])
+    assert other != mine["log_url"]
+    elsewhere = {"id": "x", "log_url": other, "excerpt": "Available KV cache memory: 5.01 GiB"}
+    assert bench.engine_env(elsewhere) == {"VLLM_USE_FLASHINFER_SAMPLER": "1"}
+    assert bench.engine_env({"id": "y", "excerpt": "Available KV cache memory: 5.01 GiB"}) == {}
