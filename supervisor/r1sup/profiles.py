@@ -48,6 +48,31 @@ MASK = "***"
 _SECRET_FLAGS = ("--api-key",)
 
 
+def compile_cache_dir(env: typing.Mapping[str, str]) -> Path:
+    """Where vLLM keeps its ``torch.compile`` cache in this environment (vllm/envs.py): under
+    ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``. Under systemd and in
+    r1sup's image the cache root is in r1sup's state dir, so a new box, a wiped state dir or a new
+    image starts cold."""
+    root = env.get("VLLM_CACHE_ROOT")
+    if not root:
+        base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "vllm")
+    return Path(os.path.expanduser(root)) / "torch_compile_cache"
+
+
+def compile_cache_state(env: typing.Mapping[str, str]) -> str | None:
+    """``"cold"`` when vLLM will compile from nothing (its compile cache is disabled, missing or empty),
+    None when the cache holds something: perhaps this model's graphs, perhaps another's (vLLM's cache
+    key hashes its whole config, which r1sup does not recompute). A successful start leaves it warm."""
+    if env.get("VLLM_DISABLE_COMPILE_CACHE", "0").strip() not in ("", "0"):
+        return "cold"
+    folder = compile_cache_dir(env)
+    try:
+        return None if any(folder.iterdir()) else "cold"
+    except OSError:
+        return "cold"
+
+
 def mask_command(argv: list[str]) -> list[str]:
     """``argv`` with the value of every ``--api-key`` replaced by ``***``."""
     out: list[str] = []

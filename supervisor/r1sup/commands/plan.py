@@ -16,6 +16,7 @@ recommended flags, 3 not within the bounds); 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -169,6 +170,24 @@ def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Ve
     return memmodel.NEWEST_KNOWN, ASSUMED
 
 
+def _started(args: argparse.Namespace, version: memmodel.Version) -> memmodel.Version:
+    """The version with what the engine's environment says of it (r1sup's own, plus ``server.env`` with
+    --config): FlashInfer's sampler (VLLM_USE_FLASHINFER_SAMPLER) and whether vLLM's compile cache is
+    known to be cold."""
+    env = dict(os.environ)
+    if getattr(args, "config", None):
+        from r1sup.cli import load_config
+
+        env.update(load_config(args).server.env)
+    from r1sup import profiles
+
+    try:
+        sampler = memmodel.flashinfer_sampler_from_env(env)
+    except ValueError as exc:
+        raise ConfigError("environment", str(exc)) from None
+    return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
+
+
 def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, str | None]:
     """(calibration from a saved profile, server.python's vLLM version) for a config on the probed box."""
     if not getattr(args, "config", None) or device.source != "probe":
@@ -199,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
         arch = memmodel.pipelined(arch, pp)
     cal, learned = _calibration(args, device)
     version, version_from = _version(args, learned)
+    version = _started(args, version)
     if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
         cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
     result = planner.plan(
@@ -220,9 +240,13 @@ def main(args: argparse.Namespace) -> int:
         out["vllm_version_from"] = version_from
         out["vllm_version_assumed"] = version_from == ASSUMED
         out["recommended_changes"] = [c.to_dict() for c in planchanges.recommended_changes(result)]
+        out["compile_cache"] = {
+            "assumed": version.compile_cache or "cold",
+            "note": memmodel.compile_note(version),
+        }
         print_json(out)
         return result.exit_code
-    sys.stdout.write(render(result, source, device, version_from, cal))
+    sys.stdout.write(render(result, source, device, version_from, cal, memmodel.compile_note(version)))
     return result.exit_code
 
 
@@ -251,6 +275,7 @@ def render(
     device: DeviceFacts,
     version_from: str = "",
     calibration: memmodel.Calibration | None = None,
+    compile_note: str = "",
 ) -> str:
     m, d, b = plan.model, plan.device, plan.breakdown
     lines: list[str] = []
@@ -281,6 +306,8 @@ def render(
         lines.append(f"device  {count}{d['name']} ({d['source']}): {each}{free}, {cc}")
     d_b = plan.assumed_defaults
     lines.append(_version_line(plan, version_from))
+    if compile_note and d["backend"] != "cpu":
+        lines.append(f"        {compile_note}")
     if d_b:
         rule = d_b["defaults"]["rule"]
         seqs = f"{d_b['max_num_seqs']} ({d_b['max_num_seqs_from']})"
