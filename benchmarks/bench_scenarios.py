@@ -101,6 +101,10 @@ class Run:
     conc: int | None = None  # requests of the target's size (target.context tokens) that fit at once
     met: bool = False  # ctx >= target context and the KV cache holds concurrency x context (issue 6)
     flags: dict[str, Any] | None = None
+    # what tune's load probe proved (r1sup.capacity): requests that ran at once, output tokens/s (on the
+    # fake engine's simulated speed, scaled by the run's time scale: a relative figure only)
+    probe_requests: int | None = None
+    probe_tokens_per_s: float | None = None
     outcomes: list[str] = field(default_factory=list)
     reason: str = ""
     wall_s: float = 0.0
@@ -327,6 +331,9 @@ def run_tune(
     run.ok = run.exit_code == 0 and bool(report.get("ok"))
     if run.ok:
         run.flags = report.get("flags")
+        proved = report.get("capacity") or {}
+        run.probe_requests = proved.get("requests")
+        run.probe_tokens_per_s = proved.get("output_tokens_per_second")
         final = launches[-1] if launches else {}
         if final.get("outcome") == "ready" and final.get("kv_cache_tokens") is not None:
             fill_capacity(run, final, bs)

@@ -573,17 +573,10 @@ def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: 
 
 
 def test_run_records_come_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
     from r1sup import runrecord
+    from r1sup.config import build
 
-    config = SimpleNamespace(
-        source=None,
-        model=SimpleNamespace(name="m"),
-        served_name="m",
-        server=SimpleNamespace(host="127.0.0.1", port=8000),
-        target=SimpleNamespace(concurrency=1, context=2048),
-    )
+    config = build({"model": {"name": "m"}, "state": {"dir": str(tmp_path / "state")}}, env={})
     real = runrecord.atomic_write_json
     full = {"on": True}
 

@@ -116,6 +116,7 @@ class Daemon:
         self.status_text = ""  # the last STATUS= line, also in status.json
         self.since = now_iso()
         self.flags: EngineFlags | None = None
+        self.capacity: dict[str, Any] | None = None  # what the serving flags' probe proved
         self.profile_source: str | None = None
         self.last_failure: Failure | None = None
         self.history: Any = None  # the search (r1sup.search.Search) and its evidence, across restarts
@@ -185,6 +186,8 @@ class Daemon:
             "profile_source": self.profile_source,
             "degraded": self.degraded,
             "flags": self.flags.to_dict() if self.flags else None,
+            # what the serving flags' probe proved; none while nothing serves (launching, backoff, stopped)
+            "capacity": self.capacity if self.state in (State.SERVING, State.DRAINING) else None,
             "since": self.since,
             "updated_at": now_iso(),
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
@@ -221,6 +224,7 @@ class Daemon:
         """What the search reports: the daemon's state follows it, then it goes on the bus."""
         if isinstance(event, Launching):
             self.flags = event.flags
+            self.capacity = None  # until this launch's probe proves what it serves
             self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
         elif isinstance(event, Probing):
             self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
@@ -482,13 +486,16 @@ class Daemon:
         return self.shared
 
     def _served(self, result: TuneResult) -> None:
+        from r1sup.session import capacity_of
+
         self.flags = result.flags
+        self.capacity = capacity_of(self.config, result)
         ctx = result.flags.max_model_len if result.flags else None
         text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
             f" (context {ctx})" if ctx else ""
         )
         self.transition(State.SERVING, text)
-        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text))
+        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
 
     # --- serving -------------------------------------------------------------------------------
 

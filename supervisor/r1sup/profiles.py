@@ -50,6 +50,31 @@ MASK = "***"
 _SECRET_FLAGS = ("--api-key",)
 
 
+def compile_cache_dir(env: typing.Mapping[str, str]) -> Path:
+    """Where vLLM keeps its ``torch.compile`` cache in this environment (vllm/envs.py): under
+    ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``. Under systemd and in
+    r1sup's image the cache root is in r1sup's state dir, so a new box, a wiped state dir or a new
+    image starts cold."""
+    root = env.get("VLLM_CACHE_ROOT")
+    if not root:
+        base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "vllm")
+    return Path(os.path.expanduser(root)) / "torch_compile_cache"
+
+
+def compile_cache_state(env: typing.Mapping[str, str]) -> str | None:
+    """``"cold"`` when vLLM will compile from nothing (its compile cache is disabled, missing or empty),
+    None when the cache holds something: perhaps this model's graphs, perhaps another's (vLLM's cache
+    key hashes its whole config, which r1sup does not recompute). A successful start leaves it warm."""
+    if env.get("VLLM_DISABLE_COMPILE_CACHE", "0").strip() not in ("", "0"):
+        return "cold"
+    folder = compile_cache_dir(env)
+    try:
+        return None if any(folder.iterdir()) else "cold"
+    except OSError:
+        return "cold"
+
+
 def mask_command(argv: list[str]) -> list[str]:
     """``argv`` with the value of every ``--api-key`` replaced by ``***``."""
     out: list[str] = []
@@ -92,6 +117,9 @@ class Profile:
     # what the box looked like when this profile was found (search.conditions): free memory, other
     # processes holding GPU memory, and whether the profile is degraded by them (kept beside the best)
     conditions: dict[str, Any] = field(default_factory=dict)
+    # what the probe proved it serves (r1sup.capacity.verified); empty in a profile saved before r1sup
+    # recorded it (read as it is: an optional field, like conditions, not a new schema)
+    capacity: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", mask_command(list(self.command)))
@@ -147,6 +175,8 @@ class Profile:
             out["imported"] = self.imported
         if self.conditions:
             out["conditions"] = self.conditions
+        if self.capacity:
+            out["capacity"] = self.capacity
         return out
 
     @classmethod
@@ -323,6 +353,14 @@ def _check_conditions(name: str, value: Any) -> dict[str, Any]:
     return value
 
 
+def _check_capacity(name: str, value: Any) -> dict[str, Any]:
+    """What the probe proved it serves (:func:`r1sup.capacity.check`), every number finite."""
+    from r1sup import capacity as C
+
+    _finite(value, name)
+    return C.check(value)
+
+
 def _check_flags_field(name: str, value: Any) -> dict[str, Any]:
     return _check_flags(_typed(dict)(name, value))
 
@@ -347,6 +385,7 @@ FIELD_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "r1sup_version": _typed(str),
     "imported": _check_optional_dict,
     "conditions": _check_conditions,
+    "capacity": _check_capacity,
 }
 
 

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from r1sup import __version__
+from r1sup import __version__, capacity
 from r1sup import memchart as M
 from r1sup.hardware import GIB
 from r1sup.logs import get_logger, mask_value
@@ -66,6 +66,7 @@ class RunLog:
             "served_name": config.served_name,
             "url": _url(server.host, server.port),
             "target": {"concurrency": config.target.concurrency, "context": config.target.context},
+            "asked": capacity.asked(config),  # what the capacity the probe proves is held against
             "device": device_summary(device),
             "attempts": [],
             "result": None,

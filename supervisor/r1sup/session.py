@@ -91,6 +91,21 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def capacity_of(config: Any, result: Any) -> dict[str, Any] | None:
+    """The verified capacity of a passed tune result (r1sup.capacity), with the search's own verdict
+    on whether it is reduced when the result carries one."""
+    from r1sup import capacity
+
+    flags = result.flags.to_dict() if result.flags is not None else None
+    return capacity.verified(
+        result.probe,
+        flags,
+        dict(result.observations),
+        capacity.asked(config),
+        reduced=getattr(result, "reduced", None),
+    )
+
+
 def save_profile(
     session: Session,
     result: Any,
@@ -117,6 +132,9 @@ def save_profile(
     )
     if conditions:
         profile = replace(profile, conditions=dict(conditions))
+    verified = capacity_of(session.config, result)
+    if verified:
+        profile = replace(profile, capacity=verified)
     path = profiles.ProfileStore(session.config.state.dir).save(profile)
     if session.config.state.profile_store and not degraded:
         from r1sup import fleet

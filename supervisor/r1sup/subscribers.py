@@ -295,14 +295,14 @@ class MetricsSink:
                 m.set_state(new)
             case Launching(_, flags):
                 m.launches.inc()
-                if flags.max_model_len:
-                    m.context.set(flags.max_model_len)
+                m.launched(flags.to_dict())
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
             case (LadderStepped() as step) | StepAfterServing(step=step):
                 m.ladder_steps.labels(failure_class=step.failure_class).inc()
-            case Serving(_, _, probe, _):
+            case Serving(_, _, probe, _, capacity):
                 m.probe(dict(probe) if probe is not None else None)
+                m.verified(capacity)
                 m.child_up.set(1)
             case HealthPassed():
                 m.success()
