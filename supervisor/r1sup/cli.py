@@ -44,11 +44,15 @@ def exit_codes_help(codes: dict[int, str | None], title: str = "exit codes:", ta
 
 EXIT_CODES_HELP = exit_codes_help({code: None for code in EXIT_CODE_LINES})
 _INTERNAL_ONLY = "an internal error of r1sup (one line naming where)"
+_STATE_DIR_BUSY = (
+    "usage or configuration error (one line naming the field); also: another r1sup holds the\n"
+    "       state directory (the line names its pid and command)"
+)
 RUN_EXIT_CODES_HELP = exit_codes_help(
     {
         0: "stopped cleanly (SIGTERM or SIGINT: vLLM drained and stopped first)",
         1: None,
-        2: None,
+        2: _STATE_DIR_BUSY,
         3: "no working configuration within the ladder's bounds",
         4: None,
         5: "gave up serving: more crashes than daemon.restart_budget allows",
@@ -57,8 +61,8 @@ RUN_EXIT_CODES_HELP = exit_codes_help(
 TUNE_EXIT_CODES_HELP = exit_codes_help(
     {
         0: "a configuration started and passed the probe (saved, the report printed)",
-        1: None,
-        2: None,
+        1: "the profile could not be saved, or an internal error of r1sup (one line naming where)",
+        2: _STATE_DIR_BUSY,
         3: "no working configuration within the ladder's bounds",
         4: None,
         130: "stopped by SIGINT (vLLM stopped first)",

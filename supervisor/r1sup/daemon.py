@@ -275,7 +275,7 @@ class Daemon:
         except R1supError as exc:
             self.publish(B.StateDirUnusable(str(exc)))
             return
-        statefiles.remove_stale_temp_files(directory)
+        statefiles.sweep_stale_temp_files(directory)
 
     def _start_metrics(self) -> None:
         d = self.config.daemon
@@ -400,7 +400,7 @@ class Daemon:
         if result.ok:
             persisted = saved is not None and result.launches == 1
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
-            if not persisted:
+            if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
                 result.profile_path = save_profile(
                     self.s, result, self.fingerprint, self._conditions(result, key)
                 )
@@ -481,8 +481,7 @@ class Daemon:
         if not self.config.state.profile_store:
             return fleet.Consulted()
         self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
-        if self.shared.profile is not None:
-            store.save(self.shared.profile)  # a local copy: the next start needs no store
+        if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
             self.publish(B.ProfileStoreHit(key))
         return self.shared
 
@@ -649,9 +648,14 @@ class Daemon:
 
         self.publish(B.Reloading())
         try:
-            new = cfg.load(self.config.source, overrides=self.s.overrides) if self.config.source else None
+            source = self.config.source
+            new = cfg.load_bounded(source, overrides=self.s.overrides) if source else None
         except R1supError as exc:
             self.publish(B.ReloadFailed(str(exc)))
+            return None
+        if new is not None and os.path.realpath(new.state.dir) != os.path.realpath(self.config.state.dir):
+            # the state directory's lock (one r1sup per state directory) stays with the one it took
+            self.publish(B.ReloadFailed("state.dir: a new state directory takes a restart, not a reload"))
             return None
         changed = _implied_change(self.config, new) if new else False
         if new is not None and not changed:
