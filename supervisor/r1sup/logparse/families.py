@@ -40,6 +40,7 @@ _P_KV = 90
 _P_NO_KV = 88
 _P_PORT = 85
 _P_MODEL = 80
+_P_HOST_RAY = 72  # Ray's memory monitor killed a worker for host RAM: above the GPU OOM words it contains
 _P_OOM = 70
 _P_CONFIG = 60
 _P_CUDA = 55
@@ -120,6 +121,17 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"Cannot find any model weights"
         ),
     ),
+    (
+        # Ray's memory monitor names host RAM itself ("ray.exceptions.OutOfMemoryError: Task was killed due
+        # to the node running low on memory", "Ray killed this worker ..."): not the GPU
+        HOST_OOM,
+        _P_HOST_RAY,
+        None,
+        re.compile(
+            r"ray\.exceptions\.OutOfMemoryError|Task was killed due to the node running low on memory|"
+            r"Ray killed this worker|killed due to memory pressure \(OOM\)|exceeds the memory usage threshold"
+        ),
+    ),
     (_OOM_FIXED_PROFILE, _P_OOM, PHASE_PROFILE, re.compile(r"out of memory occurred when warming up")),
     (
         _OOM_FIXED_WEIGHTS,
@@ -177,6 +189,13 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"uncorrectable ECC error|CUDA-capable device\(s\) is/are busy or unavailable|"
             r"Unexpected error from cudaGetDeviceCount|fallen off the bus|NVRM: Xid|"
             r"Watchdog caught collective operation timeout|"
+            # NCCL: its error codes, its watchdog (a collective that never finished, a hung NCCL/CUDA call)
+            r"NCCL_ERROR_\w+|NCCL watchdog thread terminated|watchdog got stuck for|"
+            r"Heartbeat monitor timed out|"
+            r"Some NCCL operations have failed or timed out|"
+            # a kernel's own assertion ("...IndexKernel.cu:92: operator(): block: [0,0,0], thread: [0,0,0]
+            # Assertion `...` failed.")
+            r"\.cu:\d+: [^\n]{0,200}?Assertion `|"
             r"OutOfResources|out of resource: shared memory"
         ),
     ),
@@ -198,7 +217,9 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         re.compile(
             r"Segmentation fault|Aborted \(core dumped\)|Bus error \(core dumped\)|SIGSEGV|SIGABRT|"
             r"SIGBUS|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)|Segfault encountered|"
-            r"terminate called after throwing an instance of"
+            r"terminate called after throwing an instance of|terminate called without an active exception|"
+            # a worker killed by SIGABRT (an abort in CUDA or NCCL code), as vLLM's process monitor prints it
+            r"died, exit code:? -6\b|exitcode=-6\b|^Aborted\s*$"
         ),
     ),
     (
@@ -210,7 +231,10 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"Out of memory: Kill(?:ed)? process|oom-kill|OOMKilled|"
             r"invoked oom-killer|(?:^|\s)MemoryError\b|Cannot allocate memory|std::bad_alloc|"
             r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|"
-            r"exit ?code[:=]? ?-9\b|exited with code 137|exit status 137"
+            r"exit ?code[:=]? ?-9\b|exited with code 137|exit status 137|"
+            # Ray's generic actor death lists the OOM killer first among possible causes: any other cause
+            # in the log wins over it (the lowest priority but one)
+            r"killed by SIGKILL by OOM killer"
         ),
     ),
     (
@@ -222,6 +246,7 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"EngineCore failed to start|Got fatal signal from worker processes|"
             r"Background loop has errored already|"
             r"Engine loop has died|died unexpectedly|EngineCore encountered a fatal error|"
+            r"MQLLMEngine is already dead|Engine loop is not running|"
             r"Engine core proc \S+ died|Background loop is not running|core dumped|"
             r"Fatal Python error|Engine background task failed|Task finished unexpectedly"
         ),
@@ -282,16 +307,21 @@ GATE_WORDS = (
     "cudagetdevicecount", "fallen off the bus", "nvrm: xid", "collective operation timeout",
     "outofresources", "out of resource", "segmentation fault", "aborted (core dumped)", "bus error (core",
     "sigsegv", "sigabrt", "sigbus", "fatal python error", "segfault", "terminate called",
+    "nccl_error", "nccl watchdog", "watchdog got stuck", "heartbeat monitor", "some nccl operations",
+    "assertion `", "exit code", "exitcode", "aborted",
     # weak configuration
     "unsupported", "not supported", "notimplemented", "not implemented", "only supports",
     # host memory
     "killed", "oom-kill", "oomkilled", "memoryerror", "cannot allocate memory", "bad_alloc",
     "defaultcpuallocator", "exit code", "exitcode", "exited with code", "exit status",
+    "ray.exceptions.outofmemory", "running low on memory", "ray killed", "memory pressure",
+    "memory usage threshold", "oom killer",
     # engine death
     "enginedead", "asyncenginedead", "mqenginedead", "engine core initialization", "engine process failed",
     "enginecore failed", "fatal signal",
     "background loop", "engine loop", "died unexpectedly", "enginecore encountered", "engine core proc",
-    "core dumped", "engine background task", "task finished unexpectedly",
+    "core dumped", "engine background task", "task finished unexpectedly", "mqllmengine", "already dead",
+    "engine loop is not running",
 )  # fmt: skip
 
 
@@ -319,7 +349,8 @@ def gate(text: str) -> bool:
 # Deaths of an engine that was already running requests: what fails after them fails while serving.
 SERVING_DEATH_RE = re.compile(
     r"EngineCore encountered a fatal error|Engine background task failed|Task finished unexpectedly|"
-    r"Background loop has errored already|Engine loop has died"
+    r"Background loop has errored already|Engine loop has died|MQLLMEngine is already dead|"
+    r"Engine loop is not running"
 )
 # Per-request errors: the server stays up (an over-long prompt, an unknown model name in a request).
 BENIGN_RE = re.compile(

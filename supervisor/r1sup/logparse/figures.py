@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from r1sup.failure import milestone
 from r1sup.logparse.heads import EVIDENCE_CHARS, LogLine
+from r1sup.logparse.phase import traffic
 
 
 @dataclass(frozen=True)
@@ -304,8 +305,15 @@ RULES_BY_KEYWORD = {
         "own]": (),  # [shutdown]
         "ring": ("graph_capture",),  # Capturing
         "gnal": (),  # Received signal
+        # request traffic (read by Figures.read itself): Added/Received/Aborted/Finished request, Avg prompt
+        # throughput, uvicorn's "POST /v1/...", Writing input of failed execution
+        "uest": (),
+        "hput": (),
+        "/v1/": (),
+        "tion": (),
     }.items()
 }
+_TRAFFIC_TAILS = frozenset({"uest", "hput", "/v1/", "tion"})
 
 
 # The start-up milestone each kind of progress line marks (the phase after each: r1sup.failure)
@@ -381,6 +389,8 @@ class Figures:
         self.engine_version: str | None = None  # "Initializing a V1 LLM engine (v0.19.0)"
         self.engine_args: dict[str, object] | None = None  # "non-default args: {...}"
         self.engine_device: str | None = None  # "device_config=cpu" of the engine's config line
+        # the first line showing request traffic since the last start-up began (r1sup.logparse.phase)
+        self.traffic_line: int | None = None
         self._estimate_logged = False  # vLLM printed its CUDA-graph estimate itself (CUDA graph pool memory)
 
     def read(self, text: str, events: list[LogLine | Progress] | None, kw: str, line_no: int) -> bool:
@@ -388,6 +398,11 @@ class Figures:
         and milestones, appended to ``events`` as :class:`Progress` when given. True when this line
         says the server became ready (the first time)."""
         tail = kw[-4:]
+        if tail in _TRAFFIC_TAILS:
+            self.saw_traffic(text, line_no)
+            return False
+        if tail == "odel" and self.traffic_line is not None and text.startswith("Starting"):
+            self.traffic_line = None  # "Starting to load model": a new start-up after the traffic
         for kind, literal, rx in RULES_BY_KEYWORD.get(tail, PROGRESS_RULES):
             if literal not in text:
                 continue
@@ -423,6 +438,8 @@ class Figures:
                 events.append(Progress(kind=kind, numbers=numbers, text=text[:EVIDENCE_CHARS]))
             break
         if tail in _IDENTITY_TAILS:
+            if tail == "gine":
+                self.traffic_line = None  # the engine's config line: a new run starts
             self._identity(text, tail)
         if tail not in _MILESTONE_TAILS:
             return False
@@ -441,6 +458,11 @@ class Figures:
                 events.append(Progress(kind="server_ready", numbers={}, text=self.ready_text))
             return True
         return False
+
+    def saw_traffic(self, text: str, line_no: int) -> None:
+        """A line that may show request traffic: the first one since the start-up is remembered."""
+        if self.traffic_line is None and traffic(text):
+            self.traffic_line = line_no
 
     def _identity(self, text: str, tail: str) -> None:
         """The engine's version, arguments and device, from the lines that print them (first seen wins)."""

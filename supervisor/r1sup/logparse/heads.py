@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from r1sup.logparse.phase import TRAFFIC_KEYWORDS
+
 DEFAULT_MAX_LINE_CHARS = 65536
 EVIDENCE_CHARS = 2000  # longest evidence kept in a verdict or a progress value
 COLLAPSED_LONG = 400  # a line this long may hold several records (frames are scanned inside it)
@@ -32,7 +34,8 @@ PROGRESS_KEYWORDS = (
     r"Starting to load model|Multi-thread [Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server|"
-    r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args"
+    r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args|"
+    + TRAFFIC_KEYWORDS
 )
 
 

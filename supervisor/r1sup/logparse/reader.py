@@ -54,6 +54,7 @@ from r1sup.logparse.heads import (
     segments,
 )
 from r1sup.logparse.joining import JOIN_CHARS, PENDING_WINDOW, WRAP_MIN_WIDTH, Pending, continues, extend
+from r1sup.logparse.phase import FAILED_STEP_PREFIX, traffic
 from r1sup.logparse.tracebacks import (
     FRAME_RE,
     HINT_RE,
@@ -286,6 +287,7 @@ class LogReader:
             serving_death_line=self._serving_death_line,
             blocks_line=figures.blocks_line,
             block_size=figures.block_size,
+            traffic_line=figures.traffic_line,
         )
         return copy.deepcopy(snapshot)
 
@@ -310,8 +312,22 @@ class LogReader:
 
     def _progress(self, text: str, events: list[LogLine | Progress] | None, kw: str) -> None:
         """A message starting with the progress keyword ``kw``: its figures (and readiness)."""
-        if self._figures.read(text, events, kw, self._line_no):
+        if kw[0] == "F" and kw.startswith(FAILED_STEP_PREFIX):
+            self._failed_step(text)
+        elif self._figures.read(text, events, kw, self._line_no):
             self._forget_survived()
+
+    def _failed_step(self, text: str) -> None:
+        """vLLM's WARNING "Failed to pickle inputs of failed execution: <error>": a model step failed while
+        serving, and the error it names is a cause like an exception line's (a quiet level, not a quiet
+        message)."""
+        self._figures.saw_traffic(text, self._line_no)
+        cause = text[len(FAILED_STEP_PREFIX) :].lstrip(": ")
+        fam = match_families(cause) if gate(cause) else None
+        if fam is None:
+            return
+        cls, prio, fixed, numbers = fam
+        self._record(self._new_finding(cls, prio, fixed, cause, numbers, _NO_PROCESS_LINE, None, True))
 
     def _handle(
         self,
@@ -376,6 +392,8 @@ class LogReader:
             self._recognised = True
         text = line.text
         stripped = text.lstrip()
+        if self._figures.traffic_line is None and traffic(text):
+            self._figures.traffic_line = self._line_no
         if line.level is None:
             pm = RAW_PROGRESS_RE.match(text)
             if pm is not None:  # progress bars and v0's multi-line summaries come unstamped

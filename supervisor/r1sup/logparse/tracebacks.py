@@ -186,6 +186,8 @@ class Traceback:
                 phase = PHASE_KV_CACHE  # v0 allocates the KV cache in CacheEngine's constructor
             elif file.endswith("cuda/graphs.py"):
                 phase = PHASE_CUDA_GRAPH  # torch.cuda.graph: only a capture goes through it
+            elif "/serving_" in file and "entrypoints" in file:
+                phase = PHASE_SERVING  # the OpenAI server's request handlers (serving_chat.py ...)
         if phase is not None:
             self.note(phase, seen)
         if name in REQUEST_FRAMES:

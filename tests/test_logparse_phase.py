@@ -1,0 +1,268 @@
+"""The reader on logs people paste: the run's phase from its own traffic, the cause printed after the death
+notice, the CUDA error inside a WARNING, NCCL and host-memory failures (issue 24).
+
+The lines are written from vLLM's, torch's and Ray's message formats (their stamps and wording), each
+case with the failure it must give; the real excerpts of each kind are measured by
+``benchmarks/eval_classifier.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from r1sup import failure as fl
+from r1sup.logparse import LogReader, diagnose_text
+from r1sup.logparse.phase import traffic
+
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "23.57 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 22.50 GiB memory in "
+    "use."
+)
+STARTUP = [
+    "INFO 05-02 10:00:01 [gpu_model_runner.py:1329] Starting to load model /models/qwen...",
+    "INFO 05-02 10:00:09 [gpu_model_runner.py:1347] Model loading took 14.25 GiB and 7.1 seconds",
+    "INFO 05-02 10:00:21 [kv_cache_utils.py:634] GPU KV cache size: 61,440 tokens",
+    "INFO 05-02 10:00:40 [core.py:159] init engine (profile, create kv cache, warmup model) took 31.2 "
+    "seconds",
+]
+
+
+def verdict(lines: list[str]) -> fl.Failure:
+    return diagnose_text(lines)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The phase from request traffic
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'INFO:     10.0.0.7:51234 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+        'INFO:     10.0.0.7:51234 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error',
+        "INFO 02-14 08:44:26 engine.py:275] Added request chatcmpl-4fb99a59.",
+        "INFO 06-01 12:00:00 [logger.py:41] Received request cmpl-9d1e: prompt: 'hi', params: ...",
+        "INFO 06-01 12:00:10 [loggers.py:116] Engine 000: Avg prompt throughput: 812.3 tokens/s, Avg "
+        "generation throughput: 40.1 tokens/s, Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 12.0%",
+    ],
+)
+def test_a_runtime_oom_after_traffic_is_oom_runtime(line: str) -> None:
+    # the excerpt keeps no start-up milestone and no frame: the traffic alone says the server was serving
+    failure = verdict([line, OOM])
+    assert (failure.cls, failure.phase) == (fl.OOM_RUNTIME, fl.PHASE_SERVING)
+    assert failure.numbers["tried_to_allocate_mib"] == 2048
+
+
+def test_idle_statistics_are_not_traffic() -> None:
+    idle = (
+        "INFO 06-01 12:00:10 [loggers.py:116] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg "
+        "generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%"
+    )
+    assert not traffic(idle.split("] ", 1)[1])
+    assert verdict([idle, OOM]).cls == fl.OOM_WEIGHTS  # no milestone, no frame, no traffic: the first step
+
+
+def test_the_request_answered_500_after_the_oom_places_it_in_serving() -> None:
+    lines = [
+        '  File "/usr/lib/python3/site-packages/vllm/model_executor/layers/quantization/awq.py", line 169, '
+        "in apply",
+        "    out = ops.awq_dequantize(qweight, scales, qzeros, 0, 0, 0)",
+        OOM,
+        'INFO:     10.1.2.3:41576 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
+    ]
+    assert verdict(lines).cls == fl.OOM_RUNTIME
+
+
+def test_traffic_after_a_start_up_step_in_the_ooms_traceback_does_not_move_it() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/opt/vllm/v1/worker/gpu_worker.py", line 212, in load_model',
+        "    self.model_runner.load_model()",
+        OOM,
+        'INFO:     10.1.2.3:41576 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
+    ]
+    assert verdict(lines).cls == fl.OOM_WEIGHTS
+
+
+def test_a_new_start_up_after_the_traffic_is_a_start_up_again() -> None:
+    lines = [
+        "INFO 02-14 08:44:26 engine.py:275] Added request chatcmpl-1.",
+        *STARTUP[:2],
+        "Traceback (most recent call last):",
+        '  File "/opt/vllm/v1/worker/gpu_model_runner.py", line 1811, in profile_run',
+        "    hidden_states = self._dummy_run(self.max_num_tokens)",
+        OOM,
+    ]
+    assert verdict(lines).cls == fl.OOM_PROFILE
+
+
+def test_an_oom_in_execute_model_frames_is_runtime_without_readiness() -> None:
+    lines = [
+        "ERROR 06-13 07:35:59 [core.py:517] Traceback (most recent call last):",
+        'ERROR 06-13 07:35:59 [core.py:517]   File "/usr/vllm/v1/engine/core.py", line 535, in run_busy_loop',
+        "ERROR 06-13 07:35:59 [core.py:517]     self._process_engine_step()",
+        'ERROR 06-13 07:35:59 [core.py:517]   File "/usr/vllm/v1/worker/gpu_model_runner.py", line 1200, in '
+        "execute_model",
+        "ERROR 06-13 07:35:59 [core.py:517]     logits = self.model.compute_logits(sample_hidden_states, "
+        "None)",
+        f"ERROR 06-13 07:35:59 [core.py:517] {OOM}",
+    ]
+    assert verdict(lines).cls == fl.OOM_RUNTIME
+
+
+def test_a_vllm_serving_chat_frame_is_serving() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/usr/vllm/entrypoints/openai/serving_chat.py", line 306, in '
+        "chat_completion_stream_generator",
+        "    async for res in result_generator:",
+        OOM,
+    ]
+    assert verdict(lines).cls == fl.OOM_RUNTIME
+
+
+# --------------------------------------------------------------------------------------------
+# The cause wins over the death notice, wherever it is printed
+
+
+@pytest.mark.parametrize(
+    "death",
+    [
+        "CRITICAL 02-14 08:44:33 launcher.py:101] MQLLMEngine is already dead, terminating server process",
+        "ERROR 05-05 12:36:59 [serving.py:1173] vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+        "encountered an issue. See stack trace (above) for the root cause.",
+        "vllm.engine.async_llm_engine.AsyncEngineDeadError: Task finished unexpectedly. This should never "
+        "happen! Please open an issue on Github.",
+    ],
+)
+def test_an_oom_printed_after_the_death_in_a_workers_lines_wins(death: str) -> None:
+    lines = [
+        'INFO:     172.16.18.69:52036 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
+        death,
+        "(VllmWorkerProcess pid=614) ERROR 02-14 08:44:33 multiproc_worker_utils.py:242] Exception in worker "
+        "VllmWorkerProcess while processing method start_worker_execution_loop.",
+        "(VllmWorkerProcess pid=614) ERROR 02-14 08:44:33 multiproc_worker_utils.py:242] Traceback (most "
+        "recent call last):",
+        f"(VllmWorkerProcess pid=614) ERROR 02-14 08:44:33 multiproc_worker_utils.py:242] {OOM}",
+    ]
+    failure = verdict(lines)
+    assert (failure.cls, failure.phase) == (fl.OOM_RUNTIME, fl.PHASE_SERVING)
+    assert failure.evidence.startswith("torch.OutOfMemoryError")
+
+
+def test_the_death_alone_is_engine_dead() -> None:
+    line = "CRITICAL 02-14 08:44:33 launcher.py:101] MQLLMEngine is already dead, terminating server process"
+    failure = verdict([line])
+    assert (failure.cls, failure.phase) == (fl.ENGINE_DEAD, fl.PHASE_SERVING)
+
+
+def test_an_nccl_error_after_the_death_wins() -> None:
+    lines = [
+        "ERROR 06-13 07:35:59 [async_llm.py:420] vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+        "encountered an issue. See stack trace (above) for the root cause.",
+        "(VllmWorker rank=1 pid=291) ERROR 06-13 07:35:59 [multiproc_executor.py:527] RuntimeError: NCCL "
+        "error: unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL_ERROR_SYSTEM_ERROR",
+    ]
+    assert verdict(lines).cls == fl.CUDA_ERROR
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA and NCCL errors in unusual places
+
+
+@pytest.mark.parametrize(
+    ("error", "cls"),
+    [
+        ("CUDA error: an illegal memory access was encountered", fl.CUDA_ERROR),
+        ("CUDA out of memory. Tried to allocate 20.00 MiB.", fl.OOM_RUNTIME),
+    ],
+)
+def test_the_failed_step_warning_carries_its_error(error: str, cls: str) -> None:
+    lines = [
+        "WARNING 10-12 22:31:22 [model_runner_base.py:143] Failed to pickle inputs of failed execution: "
+        + error,
+        "WARNING 10-12 22:31:22 [model_runner_base.py:143] CUDA kernel errors might be asynchronously "
+        "reported at some other API call, so the stacktrace below might be incorrect.",
+    ]
+    failure = verdict(lines)
+    assert (failure.cls, failure.phase) == (cls, fl.PHASE_SERVING)
+    assert failure.evidence.startswith(error.split(".")[0])
+    reader = LogReader()  # the full path reads it alike
+    for line in lines:
+        reader.feed(line)
+    assert reader.verdict().cls == cls
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(RayWorkerWrapper pid=291, ip=10.0.0.168) ERROR 06-13 07:35:59 [worker_base.py:620] "
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited "
+        "or there was a network error, NCCL version 2.21.5 ... NCCL_ERROR_SYSTEM_ERROR",
+        "[rank0]:[E ProcessGroupNCCL.cpp:563] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600086 ms",
+        "[rank0]:[F ProcessGroupNCCL.cpp:1169] [PG 2 Rank 0] ProcessGroupNCCL's watchdog got stuck for 600 "
+        "seconds without making progress in monitoring enqueued collectives.",
+        "(RayWorkerVllm pid=5304) [E ProcessGroupNCCL.cpp:916] [Rank 7] NCCL watchdog thread terminated with "
+        "exception: CUDA error: unknown error",
+        "ERROR 10-30 11:56:48 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 198 died, exit "
+        "code: -6",
+        "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [0,0,0] "
+        'Assertion `-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.',
+    ],
+)
+def test_nccl_failures_and_aborts_are_cuda_errors(line: str) -> None:
+    failure = verdict([line])
+    assert failure.cls == fl.CUDA_ERROR
+    assert not failure.memory
+
+
+def test_an_nccl_shared_memory_failure_is_not_a_memory_class() -> None:
+    line = (
+        "(VllmWorkerProcess pid=87) ERROR 07-19 10:59:03 multiproc_worker_utils.py:226] Error while creating "
+        "shared memory segment /dev/shm/nccl-bWHyCi (size 9637888), ncclSystemError: System call (e.g. "
+        "socket, malloc) or external library call failed or device error."
+    )
+    assert verdict([line]).cls == fl.CUDA_ERROR
+
+
+# --------------------------------------------------------------------------------------------
+# Host memory
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ERROR 03-21 17:27:44 [core.py:340] ray.exceptions.OutOfMemoryError: Task was killed due to the node "
+        "running low on memory.",
+        "Memory on the node (IP: 10.0.0.2, ID: 708c7b) where the task (actor ID: 0dab4a, name=RayWorkerVllm."
+        "__init__, pid=308, memory used=11.15GB) was running was 12.49GB / 13.15GB (0.950003), which exceeds "
+        "the memory usage threshold of 0.95. Ray killed this worker (ID: 79a553) because it was the most "
+        "recently scheduled task",
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+        "detail: Worker unexpectedly exits with a connection error code 2. End of file. There are some "
+        "potential root causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage.",
+    ],
+)
+def test_ray_host_memory_failures_are_host_oom(line: str) -> None:
+    assert verdict([line]).cls == fl.HOST_OOM
+
+
+def test_rays_list_of_possible_causes_loses_to_a_cause_in_the_log() -> None:
+    lines = [
+        "RuntimeError: CUDA error: an illegal memory access was encountered",
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+        "detail: Worker unexpectedly exits with a connection error code 2. End of file. There are some "
+        "potential root causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage.",
+    ]
+    assert verdict(lines).cls == fl.CUDA_ERROR
+
+
+def test_a_gpu_oom_message_wins_over_rays_possible_causes() -> None:
+    lines = [
+        OOM,
+        "The actor is dead because its worker process has died. (1) The process is killed by SIGKILL by OOM "
+        "killer due to high memory usage.",
+    ]
+    assert verdict(lines).cls == fl.OOM_WEIGHTS
