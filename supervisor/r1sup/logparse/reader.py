@@ -22,11 +22,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from r1sup.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, NONE, Failure, phase_after
+from r1sup.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, Failure, phase_after
 from r1sup.logparse.families import (
     BENIGN_RE,
     EXC_HEADER_RE,
     NOT_A_CAUSE,
+    P_DEAD,
     SERVING_DEATH_RE,
     gate,
     match_families,
@@ -54,6 +55,7 @@ from r1sup.logparse.heads import (
     segments,
 )
 from r1sup.logparse.joining import JOIN_CHARS, PENDING_WINDOW, WRAP_MIN_WIDTH, Pending, continues, extend
+from r1sup.logparse.origin import vllm_frame, vllm_message, vllm_process, vllm_stamp, vllm_stamp_in
 from r1sup.logparse.phase import FAILED_STEP_PREFIX, traffic
 from r1sup.logparse.tracebacks import (
     FRAME_RE,
@@ -181,21 +183,23 @@ class LogReader:
         handle = self._handle
         first = self._line_no + 1
         n = first - 1
-        read = 0  # lines not skipped as quiet
+        known = self._recognised  # a line was vLLM's own (the stamp test is made until one is)
         for n, raw in enumerate(raw_lines, first):
             m = stamp(raw, 0, window)
             if m is not None:
                 last = m.lastindex
                 if last <= quiet_last:  # type: ignore[operator]
                     if len(raw) <= COLLAPSED_LONG:
+                        if not known:
+                            known = vllm_stamp(m)
                         continue
                 elif last == kw_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
                     self._line_no = n
-                    self._recognised = True
+                    if not known:
+                        known = vllm_stamp(m)
                     progress(message(raw, m.start("kw")), None, m.group("kw"))
                     continue
             elif "Warning: " in raw and pywarn(raw) is not None:
-                read += 1
                 np = procs.get(_NO_PROCESS)
                 if np is None:
                     np = self._proc(_NO_PROCESS_LINE)
@@ -203,7 +207,6 @@ class LogReader:
                 continue
             elif raw[:2] == "  " and (np := procs.get(_NO_PROCESS)) is not None and np.warning_line == n - 1:
                 if raw[2:3].strip():  # the source line Python prints under a warning
-                    read += 1
                     continue
             elif (
                 len(raw) < WRAP_MIN_WIDTH
@@ -213,18 +216,17 @@ class LogReader:
                 and ((boring := seen(raw)) or (boring is None and self._learn_boring(raw)))
                 and ((np := procs.get(_NO_PROCESS)) is None or np.tb is None)
             ):
-                read += 1
                 if np is None:
                     self._proc(_NO_PROCESS_LINE)
                 elif np.pending is not None:
                     self._drop_pending(np)
                 continue
-            read += 1
             self._line_no = n
             handle(raw, None, None, m)
+            known = known or self._recognised
         self._line_no = n
-        if n - first + 1 > read:
-            self._recognised = True  # a line was skipped as a quiet vLLM line
+        if known:
+            self._recognised = True
 
     def mark_ready(self) -> None:
         """The supervisor saw readiness (health 200 and the model listed): later failures are serving."""
@@ -301,7 +303,7 @@ class LogReader:
         return Diagnosis(
             failure=decision.failure,
             line=decision.line,
-            vllm_log=self._recognised or self._figures.matched or decision.failure.cls != NONE,
+            vllm_log=self._recognised or self._figures.matched,
             lines=self._line_no,
         )
 
@@ -340,7 +342,9 @@ class LogReader:
         m = STAMP_RE.search(seg, 0, STAMP_WINDOW) if stamp is False else stamp
         kind, kw = kind_of(m if isinstance(m, re.Match) else None)
         if kind != UNSTAMPED:
-            self._recognised = True
+            if not self._recognised:
+                assert isinstance(m, re.Match)
+                self._recognised = vllm_stamp(m)
             if kind != STAMPED and (
                 len(seg) <= COLLAPSED_LONG
                 or (("ERROR" not in seg and "Traceback" not in seg) or COLLAPSED_ALERT_RE.search(seg) is None)
@@ -388,8 +392,8 @@ class LogReader:
 
     def _full_line(self, seg: str, line: LogLine, events: list[LogLine | Progress] | None) -> None:
         """A line that may matter: its process's open message and traceback, its frames, its cause."""
-        if line.process is not None:
-            self._recognised = True
+        if not self._recognised:
+            self._recognised = vllm_process(line.process) or (line.level is not None and vllm_stamp_in(seg))
         text = line.text
         stripped = text.lstrip()
         if self._figures.traffic_line is None and traffic(text):
@@ -488,6 +492,16 @@ class LogReader:
             else:
                 proc.tb.request = True
         fam = match_families(text) if gated else None
+        if not self._recognised:
+            # vLLM's own message, or the exception line (or ERROR record) that ends one of its failures
+            # and names a cause: not a death notice alone, not a keyword in prose
+            self._recognised = vllm_message(stripped) or (
+                fam is not None
+                and fam[1] > P_DEAD
+                and (
+                    header is not None or line.level in ("ERROR", "CRITICAL") or stripped.startswith("Fatal ")
+                )
+            )
         if fam is None and header is None:
             if "executing method" in text:
                 phase = method_phase(text)
@@ -545,8 +559,8 @@ class LogReader:
             text = message(seg, 0)
         else:  # behind a process tag or another wrapper
             line = parse_line(seg)
-            if line.process is not None:
-                self._recognised = True
+            if not self._recognised:
+                self._recognised = vllm_process(line.process)
             proc = self._proc(line)
             text = line.text
             pm = RAW_PROGRESS_RE.match(text)
@@ -698,6 +712,8 @@ class LogReader:
         return proc
 
     def _frame(self, proc: _Proc, func: str, file: str, text: str, line: LogLine) -> None:
+        if not self._recognised:
+            self._recognised = vllm_frame(file)
         if proc.tb is None:
             proc.tb = Traceback(self._line_no, process=line.process, pid=line.pid)  # header cut off
         proc.tb.frame(func, file, text, self._all_phases)
