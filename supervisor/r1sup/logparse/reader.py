@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from r1sup.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, Failure, phase_after
+from r1sup.logparse.events import EVENT_MARK, launched_flags, parse_event, relayed_line
 from r1sup.logparse.families import (
     BENIGN_RE,
     EXC_HEADER_RE,
@@ -101,6 +102,12 @@ class LogReader:
             raise ValueError("max_line_chars must be at least 256")
         self._max = max_line_chars
         self._line_no = 0
+        self._recognised = False  # a line was recognised as vLLM's (logparse.origin)
+        self._in_event = False  # reading a line relayed in r1sup's own event log
+        self._start_launch()
+
+    def _start_launch(self) -> None:
+        """The state of one launch's log (all of it but the line count and whether vLLM was seen)."""
         self._procs: dict[tuple[str | None, int | None], _Proc] = {}
         self._pending_count = 0  # open messages, speculative ones included
         self._spec_count = 0  # of which speculative
@@ -110,7 +117,6 @@ class LogReader:
         self._all_phases: dict[str, int] = {}  # the phases of every traceback's frames
         self._figures = Figures()
         self._marked_ready_line: int | None = None
-        self._recognised = False  # a line was recognised as vLLM's (a level stamp, a process tag)
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
         self._serving_death_line: int | None = None
         self._boring: dict[str, bool] = {}  # short unstamped lines read: whether boring_text holds
@@ -339,6 +345,8 @@ class LogReader:
         stamp: re.Match[str] | None | bool = False,
     ) -> None:
         """One line (a segment of one) with its stamp search, when the caller already made it."""
+        if EVENT_MARK in seg and not self._in_event and self._event(seg, events):
+            return
         m = STAMP_RE.search(seg, 0, STAMP_WINDOW) if stamp is False else stamp
         kind, kw = kind_of(m if isinstance(m, re.Match) else None)
         if kind != UNSTAMPED:
@@ -539,6 +547,30 @@ class LogReader:
         if header is not None:
             proc.tb = None  # the exception line ends its traceback
         self._open_pending(proc, finding, stripped, tb, len(text) - len(stripped), len(seg))
+
+    def _event(self, seg: str, events: list[LogLine | Progress] | None) -> bool:
+        """A line of r1sup's own JSON event log (logparse.events); False when the line is not one.
+
+        A launch's start begins a new verdict, with the launch's flags as the engine's arguments; a
+        relayed vLLM line is read as vLLM printed it; r1sup's other events change nothing.
+        """
+        event = parse_event(seg)
+        if event is None:
+            return False
+        flags = launched_flags(event)
+        if flags is not None:
+            self._start_launch()
+            self._figures.engine_args = flags
+            return True
+        relayed = relayed_line(event)
+        if relayed is not None:
+            self._recognised = True
+            self._in_event = True
+            try:
+                self._handle(relayed, None, events)
+            finally:
+                self._in_event = False
+        return True
 
     def _learn_boring(self, text: str) -> bool:
         """:func:`boring_text`, remembered by the text: tools print the same raw lines over and over (once
