@@ -344,6 +344,13 @@ _MILESTONE_TAILS = frozenset({"ring", "lete", "g on", "down", "own]", "gnal"})
 _IDENTITY_TAILS = frozenset({"gine", "args"})
 _ENGINE_VERSION_RE = re.compile(r"LLM engine \(v(?P<version>\d+\.\d+\.\d+[\w.+]*)")
 _ARGS_RE = re.compile(r"non-default args: (?P<args>\{.{0,4000}\})")
+# The engine's config line ("Initializing an LLM engine (v0.6.3) with config: model=..., kv_cache_dtype=fp8,
+# ...") names the memory flags too: read where no "non-default args" line does (older releases print none)
+_CONFIG_ARG_RE = re.compile(
+    r"(?<![\w.])(?P<key>kv_cache_dtype|quantization|tensor_parallel_size|enforce_eager|max_seq_len)="
+    r"(?P<value>[\w.+-]{1,40})"
+)
+_CONFIG_ARG_NAMES = {"max_seq_len": "max_model_len"}
 _DEVICE_RE = re.compile(r"\bdevice_config=(?P<device>\w+)")
 _ARGS_CHARS = 4000
 
@@ -360,6 +367,23 @@ def _literal_args(text: str) -> dict[str, object] | None:
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _config_args(text: str) -> dict[str, object]:
+    """The memory flags of the engine's config line, as vLLM's argument names (plain values only)."""
+    out: dict[str, object] = {}
+    for m in _CONFIG_ARG_RE.finditer(text[:_ARGS_CHARS]):
+        key, value = m.group("key"), m.group("value")
+        if value == "None" or key in out:
+            continue
+        name = _CONFIG_ARG_NAMES.get(key, key)
+        if value in ("True", "False"):
+            out[name] = value == "True"
+        elif value.isdigit():
+            out[name] = int(value)
+        else:
+            out[name] = value
+    return out
 
 
 _READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
@@ -388,6 +412,7 @@ class Figures:
         self.block_size = BLOCK_SIZE
         self.engine_version: str | None = None  # "Initializing a V1 LLM engine (v0.19.0)"
         self.engine_args: dict[str, object] | None = None  # "non-default args: {...}"
+        self.config_args: dict[str, object] = {}  # the memory flags of the engine's config line
         self.engine_device: str | None = None  # "device_config=cpu" of the engine's config line
         # the first line showing request traffic since the last start-up began (r1sup.logparse.phase)
         self.traffic_line: int | None = None
@@ -478,6 +503,12 @@ class Figures:
             dm = _DEVICE_RE.search(text)
             if dm is not None:
                 self.engine_device = dm.group("device")
+        if tail == "gine" and not self.config_args:
+            self.config_args = _config_args(text)
+
+    def arguments(self) -> dict[str, object]:
+        """The engine's arguments: "non-default args" (or r1sup's launch flags) over the config line's."""
+        return {**self.config_args, **(self.engine_args or {})}
 
     def _derive(self) -> dict[str, float]:
         """Observations computed from figures of different lines of the same run; the new ones.

@@ -274,8 +274,9 @@ class LogReader:
 
     @property
     def engine_args(self) -> dict[str, object]:
-        """The arguments vLLM printed as "non-default args: {...}" (plain literals only; {} if none)."""
-        return dict(self._figures.engine_args or {})
+        """The arguments vLLM printed as "non-default args: {...}" (plain literals only), over the memory
+        flags of its config line; a launch's flags where r1sup's own event log is read. {} if none."""
+        return self._figures.arguments()
 
     def collected(self) -> Collected:
         """What the reader gathered so far, as :func:`~r1sup.logparse.verdict.decide` takes it: a copy
