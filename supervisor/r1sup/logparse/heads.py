@@ -64,7 +64,7 @@ _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 STAMP_RE = re.compile(
     "(?:"
     + "|".join(
-        rf"{level}(?<![^ \t|>)\]]{level})(?P<{group}>)"
+        rf"{level}(?<![^ \t|>)\]:]{level})(?P<{group}>)"
         for level, group in (
             ("DEBUG", "q"),
             ("INFO", "qi"),
@@ -93,13 +93,25 @@ _TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _OUTER_RE = re.compile(
     r"(?:"
     r"\s*>[ \t]?"  # markdown quote
+    r"|[ \t]*[-*+][ \t]+(?=[\w(\[])"  # a Markdown list item (a log pasted into a list)
+    # DJL Serving relaying its Python worker: "WARN  PyProcess W-299-model1-stderr: [1,0]<stderr>:"
+    rf"|(?:{_TS}[ \t]+)?(?:INFO|WARN|ERROR|DEBUG)[ \t]+PyProcess[ \t]+[\w.@-]+:[ \t]?"
+    r"(?:\[\d+,\d+\]<std(?:out|err)>:)?"
+    # journald's short-iso and short-precise heads: "2024-06-22T20:16:34+0000 host vllm[411]: "
+    rf"|{_TS}[ \t]+[\w.-]+[ \t]+[\w.@/-]+\[\d+\]:[ \t]"
+    r"|[\w.-]{1,40}[ \t]>>[ \t]"  # a launcher's "node-0 >> "
+    # a launcher's tag in another language: "[错误] ", "【ERROR】", "日志："
+    r"|(?:\[[^\]\x00-\x7f]{1,16}\]|\u3010[^\u3011]{1,24}\u3011|[^\x00-\x7f\s:\uff1a]{1,16}[:\uff1a])[ \t]*"
     r"|[ \t]*\|[ \t]"  # CI (buildkite) pipe
     r"|\[rank\d+\]:(?![IWEF]\d{4})[ \t]?"  # torch.distributed rank tag
     rf"|\[{_TS}\][ \t]*"  # [2024-09-05T00:38:34Z]
     rf"|{_TS}[ \t]+\|[ \t]+(?P<fc>{_LEVELS})[ \t]+\|[ \t]+[\w.-]+[ \t]+\|[ \t]?"  # fastchat re-logging
     rf"|{_TS}[ \t]+-[ \t]+(?P<pl>{_LEVELS})[ \t]+-[ \t]+"  # python logging "ts - LEVEL - "
-    rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)(?!(?:{_LEVELS})\b)(?!\d+[ \t])"  # docker/k8s
-    r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"  # syslog
+    # docker/k8s (kubectl --timestamps, CRI): not a logging stamp "ts LEVEL", unless vLLM's own follows
+    rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)"
+    rf"(?!(?:{_LEVELS})\b(?![ \t]+\d\d-\d\d[ \t]))(?!\d+[ \t])"
+    # syslog, journald's short and short-precise
+    r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d(?:\.\d+)?[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"
     r"|[\w.-]+[ \t]+\|[ \t]"  # docker compose "vllm-1  | "
     r"|\[(?:pod|deployment|statefulset|job|daemonset)/[\w.-]+/[\w.-]+\][ \t]"  # kubectl logs --prefix
     r"|[ \t]*[\u2502\u2503][ \t]?"  # a box-drawing frame of a log viewer
