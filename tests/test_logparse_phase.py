@@ -266,3 +266,58 @@ def test_a_gpu_oom_message_wins_over_rays_possible_causes() -> None:
         "killer due to high memory usage.",
     ]
     assert verdict(lines).cls == fl.OOM_WEIGHTS
+
+
+# --------------------------------------------------------------------------------------------
+# Every printed figure of the failure
+
+
+def test_torchs_breakdown_after_its_oom_message() -> None:
+    line = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 524.00 MiB. GPU 0 has a total "
+        "capacity of 15.77 GiB of which 137.12 MiB is free. Process 6513 has 15.63 GiB memory in use. Of the "
+        "allocated memory 13.81 GiB is allocated by PyTorch, with 106.00 MiB allocated in private pools "
+        "(e.g., CUDA Graphs), and 121.43 MiB is reserved by PyTorch but unallocated."
+    )
+    numbers = verdict([line]).numbers
+    assert numbers["allocated_by_pytorch_gib"] == 13.81
+    assert numbers["private_pools_mib"] == 106
+    assert numbers["reserved_unallocated_mib"] == 121.43
+    assert numbers["process_in_use_gib"] == 15.63
+
+
+def test_rays_node_memory() -> None:
+    line = (
+        "ERROR 03-21 17:27:44 [core.py:340] Memory on the node (IP: 10.0.0.4, ID: 3486ef) where the task "
+        "(actor ID: 46c8d4, name=RayWorkerWrapper.__init__, pid=13378, memory used=3.37GB) was running was "
+        "2152.43GB / 2265.25GB (0.950196), which exceeds the memory usage threshold of 0.95. Ray killed this "
+        "worker (ID: 5dd7c3) because it was the most recently scheduled task"
+    )
+    failure = verdict([line])
+    assert failure.cls == fl.HOST_OOM
+    assert (failure.numbers["host_used_gb"], failure.numbers["host_total_gb"]) == (2152.43, 2265.25)
+
+
+def test_the_port_holder_vllm_names() -> None:
+    lines = [
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 44319): address "
+        "already in use",
+        "DEBUG 09-04 17:38:34 launcher.py:64] port 44319 is used by process psutil.Process(pid=60914, "
+        "name='pt_main_thread', status='sleeping') launched with command:",
+    ]
+    failure = verdict(lines)
+    assert failure.cls == fl.PORT_IN_USE
+    assert (failure.numbers["port"], failure.numbers["holder_pid"]) == (44319, 60914)
+
+
+def test_rays_repeat_count_and_nccls_driver_version() -> None:
+    lines = [
+        "(RayWorkerWrapper pid=11934) ERROR 08-27 05:12:18 worker_base.py:382] Error executing method "
+        "init_device. This might cause deadlock in distributed execution. [repeated 6x across cluster]",
+        "node-1:213:213 [1] NCCL INFO cudaDriverVersion 12080",
+        "(RayWorkerWrapper pid=11305) ERROR 08-27 05:12:18 worker_base.py:382] RuntimeError: NCCL error: "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+    ]
+    failure = verdict(lines)
+    assert failure.cls == fl.CUDA_ERROR
+    assert (failure.numbers["repeated_across_cluster"], failure.numbers["cuda_driver_version"]) == (6, 12080)

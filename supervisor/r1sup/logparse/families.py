@@ -422,6 +422,14 @@ _RX_CAP20 = re.compile(
     rf"{_size('device_allocated_gib')} already allocated; {_size('device_free_mib')} free"
 )
 _RX_INUSE = re.compile(rf"(?:this process|Process \d+) has {_size('process_in_use_gib')} memory in use")
+# torch's breakdown after its OOM message (2.1 on)
+_RX_TORCH_HELD = re.compile(
+    rf"Of the allocated memory {_size('allocated_by_pytorch_gib')} is allocated by PyTorch, "
+    rf"(?:with {_size('private_pools_mib')} allocated in private pools \(e\.g\., CUDA Graphs\), )?"
+    rf"and {_size('reserved_unallocated_mib')} is reserved by PyTorch but unallocated"
+)
+# Ray's memory monitor: "... was running was 12.49GB / 13.15GB (0.950003), which exceeds ..."
+_RX_RAY_NODE = re.compile(rf"was running was {_n('host_used_gb')} ?GB / {_n('host_total_gb')} ?GB")
 _RX_SAMPLER = re.compile(r"warming up (?:sampler|pooler) with (?P<dummy_requests>\d+) dummy requests")
 _RX_DERIVED = re.compile(
     rf"User-specified max_model_len \({_n('max_model_len')}\) is greater than the derived max_model_len "
@@ -438,7 +446,8 @@ _RX_CC = re.compile(r"(?:has compute capability|Current capability:) (?P<compute
 _NUMBERS_BY_CLASS: dict[str, tuple[re.Pattern[str], ...]] = {
     KV_INSUFFICIENT: (_RX_KV_V1, _RX_KV_EST, _RX_KV_V0),
     FREE_MEM_BELOW_UTIL: (_RX_FREE, _RX_FREE_PROFILE),
-    OOM: (_RX_TRIED, _RX_CAP24, _RX_CAP20, _RX_INUSE, _RX_SAMPLER),
+    OOM: (_RX_TRIED, _RX_CAP24, _RX_CAP20, _RX_INUSE, _RX_TORCH_HELD, _RX_SAMPLER),
+    HOST_OOM: (_RX_RAY_NODE,),
     CONFIG_ERROR: (_RX_DERIVED, _RX_CC),
     FP8_UNSUPPORTED: (_RX_CC,),
 }
@@ -474,6 +483,8 @@ def failure_numbers(cls: str, text: str) -> dict[str, float]:
             out.update(_figures(m))
     if "compute_capability" in out and out["compute_capability"] >= 10:
         out["compute_capability"] /= 10  # "75" means 7.5
+    if "requested_gib" in out and "free_gib" in out and cls == FREE_MEM_BELOW_UTIL:
+        out["shortfall_gib"] = round(out["requested_gib"] - out["free_gib"], 3)  # what was missing
     return out
 
 

@@ -267,6 +267,12 @@ PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         ),
     ),
     ("api_start", "Starting vLLM ", re.compile(r"^Starting vLLM (?:API )?server")),
+    (
+        # the API server names who holds its port (launcher.py, at DEBUG) after uvicorn failed to bind
+        "port_holder",
+        "is used by process",
+        re.compile(r"^port (?P<port>\d+) is used by process psutil\.Process\(pid=(?P<holder_pid>\d+)"),
+    ),
 )
 # progress kinds whose numbers describe the loading itself, not the engine (kept out of observations)
 _LOADING_KINDS = frozenset({"weights_progress", "graph_capture"})
@@ -305,6 +311,7 @@ RULES_BY_KEYWORD = {
         "own]": (),  # [shutdown]
         "ring": ("graph_capture",),  # Capturing
         "gnal": (),  # Received signal
+        "cess": ("port_holder",),  # port N is used by process
         # request traffic (read by Figures.read itself): Added/Received/Aborted/Finished request, Avg prompt
         # throughput, uvicorn's "POST /v1/...", Writing input of failed execution
         "uest": (),

@@ -35,6 +35,7 @@ PROGRESS_KEYWORDS = (
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server|"
     r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args|"
+    r"port \d+ is used by process|"
     + TRAFFIC_KEYWORDS
 )
 

@@ -71,6 +71,8 @@ from r1sup.logparse.tracebacks import (
 from r1sup.logparse.triage import BAR_RE, BORING_MEMO, GLOG_QUIET_RE, PYWARN_RE, boring_text
 from r1sup.logparse.verdict import Collected, Diagnosis, Finding, decide
 
+_DRIVER_RE = re.compile(r"cudaDriverVersion (?P<cuda_driver_version>\d+)")  # NCCL's INFO record
+_REPEATED_COUNT_RE = re.compile(r"\[repeated (?P<repeated_across_cluster>\d+)x across cluster\]")
 COLLAPSED_TAIL = 20  # text after a frame's function name beyond this: more records on the same line
 _BATCH_LINES = 4096  # lines LogReader.feed_lines gathers before reading them in one loop
 MAX_PROCESSES = 256  # per-process states kept (oldest dropped)
@@ -376,6 +378,8 @@ class LogReader:
         ):
             return  # the source line Python prints under a warning, indented by two spaces: the warning's
         elif " NCCL INFO " in seg or (seg[:1] in "[IW" and GLOG_QUIET_RE.match(seg) is not None):
+            if "cudaDriverVersion " in seg and (dm := _DRIVER_RE.search(seg)) is not None:
+                self._figures.obs["cuda_driver_version"] = int(dm.group("cuda_driver_version"))
             return  # torch's own INFO/WARNING records and NCCL's: as quiet as vLLM's
         elif "%" in seg and len(seg) <= COLLAPSED_LONG and BAR_RE.match(seg) is not None:
             self._bar(seg, events)
@@ -407,6 +411,14 @@ class LogReader:
         stripped = text.lstrip()
         if self._figures.traffic_line is None and traffic(text):
             self._figures.traffic_line = self._line_no
+        if "cudaDriverVersion " in seg and (dm := _DRIVER_RE.search(seg)) is not None:
+            # NCCL's INFO record inside a line pasted collapsed
+            self._figures.obs["cuda_driver_version"] = int(dm.group("cuda_driver_version"))
+        if "across cluster]" in seg and (rm := _REPEATED_COUNT_RE.search(seg)) is not None:
+            # Ray folded the same line of other workers into this one: how many printed it
+            count = int(rm.group("repeated_across_cluster"))
+            obs = self._figures.obs
+            obs["repeated_across_cluster"] = max(count, int(obs.get("repeated_across_cluster", 0)))
         if line.level is None:
             pm = RAW_PROGRESS_RE.match(text)
             if pm is not None:  # progress bars and v0's multi-line summaries come unstamped
