@@ -53,6 +53,7 @@ NUMBER_KEYS: dict[str, tuple[str, float]] = {
     "free_mib": ("device_free_mib", 1.0),
     "device_free_gib": ("device_free_mib", 1024.0),
     "tried_to_allocate_gib": ("tried_to_allocate_mib", 1024.0),
+    "reserved_unallocated_gib": ("reserved_unallocated_mib", 1024.0),
 }
 
 OOM_STEP = {

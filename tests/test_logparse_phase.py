@@ -321,3 +321,24 @@ def test_rays_repeat_count_and_nccls_driver_version() -> None:
     failure = verdict(lines)
     assert failure.cls == fl.CUDA_ERROR
     assert (failure.numbers["repeated_across_cluster"], failure.numbers["cuda_driver_version"]) == (6, 12080)
+
+
+def test_a_message_broken_at_each_sentence_keeps_all_its_figures() -> None:
+    lines = [
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        "Tried to allocate 252.00 MiB. GPU 0 has a total capacity of 10.57 GiB of which 163.12 MiB is free.",
+        "Process 2073789 has 10.41 GiB memory in use.",
+        "Of the allocated memory 9.67 GiB is allocated by PyTorch,",
+        "and 26.44 MiB is reserved by PyTorch but unallocated.",
+    ]
+    numbers = verdict(lines).numbers
+    assert (numbers["process_in_use_gib"], numbers["reserved_unallocated_mib"]) == (10.41, 26.44)
+
+
+def test_the_method_a_worker_names_is_the_step() -> None:
+    line = (
+        "(VllmWorkerProcess pid=214) ERROR 09-27 05:20:38 multiproc_worker_utils.py:233] Exception in worker "
+        "VllmWorkerProcess while processing method determine_num_available_blocks: CUDA out of memory. Tried "
+        "to allocate 19.63 GiB."
+    )
+    assert verdict([line]).cls == fl.OOM_PROFILE

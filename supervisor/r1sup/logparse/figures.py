@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from r1sup.failure import milestone
 from r1sup.logparse.heads import EVIDENCE_CHARS, LogLine
-from r1sup.logparse.phase import traffic
+from r1sup.logparse.phase import TRAFFIC_TAILS, traffic
 
 
 @dataclass(frozen=True)
@@ -312,15 +312,13 @@ RULES_BY_KEYWORD = {
         "ring": ("graph_capture",),  # Capturing
         "gnal": (),  # Received signal
         "cess": ("port_holder",),  # port N is used by process
-        # request traffic (read by Figures.read itself): Added/Received/Aborted/Finished request, Avg prompt
-        # throughput, uvicorn's "POST /v1/...", Writing input of failed execution
+        # request traffic (read by Figures.read itself, phase.TRAFFIC_TAILS): Added/Received/Aborted/Finished
+        # request, Avg prompt throughput, Writing input of failed execution
         "uest": (),
         "hput": (),
-        "/v1/": (),
         "tion": (),
     }.items()
 }
-_TRAFFIC_TAILS = frozenset({"uest", "hput", "/v1/", "tion"})
 
 
 # The start-up milestone each kind of progress line marks (the phase after each: r1sup.failure)
@@ -430,7 +428,7 @@ class Figures:
         and milestones, appended to ``events`` as :class:`Progress` when given. True when this line
         says the server became ready (the first time)."""
         tail = kw[-4:]
-        if tail in _TRAFFIC_TAILS:
+        if tail in TRAFFIC_TAILS:
             self.saw_traffic(text, line_no)
             return False
         if tail == "odel" and self.traffic_line is not None and text.startswith("Starting"):

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from r1sup.logparse.phase import TRAFFIC_KEYWORDS
+from r1sup.logparse.phase import ACCESS_KEYWORD, TRAFFIC_KEYWORDS
 
 DEFAULT_MAX_LINE_CHARS = 65536
 EVIDENCE_CHARS = 2000  # longest evidence kept in a verdict or a progress value
@@ -35,8 +35,7 @@ PROGRESS_KEYWORDS = (
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server|"
     r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args|"
-    r"port \d+ is used by process|"
-    + TRAFFIC_KEYWORDS
+    r"port \d+ is used by process|Failed to pickle inputs of failed execution:|" + TRAFFIC_KEYWORDS
 )
 
 
@@ -74,11 +73,15 @@ STAMP_RE = re.compile(
             ("CRITICAL", "ec"),
         )
     )
-    + r")(?::\s+| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
+    # uvicorn's "LEVEL:" (its access log of an OpenAI request after it: request traffic, logparse.phase), or
+    # vLLM's date and source
+    + rf")(?::\s+(?P<ak>{ACCESS_KEYWORD})?"
+    r"| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
     rf"(?P<kw>{PROGRESS_KEYWORDS})?"
 )
 QUIET_LAST = STAMP_RE.groupindex["qw"]  # m.lastindex <= this: a quiet level and no progress keyword
 KW_GROUP = STAMP_RE.groupindex["kw"]
+ACCESS_GROUP = STAMP_RE.groupindex["ak"]  # uvicorn's access log of a request (a quiet line but traffic)
 QUIET_INITIALS = "DIW"  # the first letters of the quiet levels
 STAMP_WINDOW = 320  # characters searched for the stamp
 # In a quiet line longer than COLLAPSED_LONG, these mean more records were pasted onto it.
@@ -181,6 +184,8 @@ def kind_of(m: re.Match[str] | None) -> tuple[int, str | None]:
         return _QUIET_LINE, None
     if last == KW_GROUP and m.string[m.start()] in QUIET_INITIALS:
         return _QUIET_PROGRESS, m.group("kw")
+    if last == ACCESS_GROUP and m.string[m.start()] in QUIET_INITIALS:
+        return _QUIET_LINE, None  # (the reader notes the traffic)
     return STAMPED, None
 
 

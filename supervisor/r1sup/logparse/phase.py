@@ -26,12 +26,17 @@ TRAFFIC_RE = re.compile(
     r"|(?:Writing|Failed to pickle) inputs? of failed execution"  # V0: execute_model failed, input dumped
     r"|Dumping input data"  # V1: a failed engine step's scheduler output
 )
-# Progress keywords (after vLLM's stamp) of traffic lines: r1sup.logparse.heads.PROGRESS_KEYWORDS has them
+# Progress keywords (after vLLM's stamp) of traffic lines: r1sup.logparse.heads.PROGRESS_KEYWORDS has them;
+# their last four characters (the keyword's tail, as r1sup.logparse.figures dispatches on it) tell them
 TRAFFIC_KEYWORDS = (
     r"(?:Added|Received|Aborted|Finished) request|Avg prompt throughput|Engine \d+: Avg prompt throughput|"
-    r"[\w.:\[\]%-]{1,80} - \"POST /v1/|Writing input of failed execution|"
-    r"Failed to pickle inputs of failed execution"
+    r"Writing input of failed execution"
 )
+TRAFFIC_TAILS = frozenset({"uest", "hput", "tion"})
+# uvicorn's access log of an OpenAI request, after its "INFO:" (heads.STAMP_RE tries it there only)
+ACCESS_KEYWORD = r'[\w.\[\]:%-]{3,80} - "POST /v1/'
+ACCESS_MARK = '"POST /v1/'
+
 # A WARNING that carries the failure of a model step: its message names the error ("Failed to pickle
 # inputs of failed execution: CUDA error: an illegal memory access was encountered")
 FAILED_STEP_PREFIX = "Failed to pickle inputs of failed execution"

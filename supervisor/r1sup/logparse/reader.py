@@ -35,6 +35,7 @@ from r1sup.logparse.families import (
 )
 from r1sup.logparse.figures import Figures, Progress
 from r1sup.logparse.heads import (
+    ACCESS_GROUP,
     COLLAPSED_ALERT_RE,
     COLLAPSED_LONG,
     DEFAULT_MAX_LINE_CHARS,
@@ -57,7 +58,7 @@ from r1sup.logparse.heads import (
 )
 from r1sup.logparse.joining import JOIN_CHARS, PENDING_WINDOW, WRAP_MIN_WIDTH, Pending, continues, extend
 from r1sup.logparse.origin import vllm_frame, vllm_message, vllm_process, vllm_stamp, vllm_stamp_in
-from r1sup.logparse.phase import FAILED_STEP_PREFIX, traffic
+from r1sup.logparse.phase import ACCESS_MARK, FAILED_STEP_PREFIX, TRAFFIC_TAILS, traffic
 from r1sup.logparse.tracebacks import (
     FRAME_RE,
     HINT_RE,
@@ -183,6 +184,9 @@ class LogReader:
         window = STAMP_WINDOW
         quiet_last = QUIET_LAST
         kw_group = KW_GROUP
+        traffic_tails = TRAFFIC_TAILS
+        access_group = ACCESS_GROUP
+        figures = self._figures
         quiet_initials = QUIET_INITIALS
         progress = self._progress
         pywarn = PYWARN_RE.match
@@ -192,6 +196,7 @@ class LogReader:
         first = self._line_no + 1
         n = first - 1
         known = self._recognised  # a line was vLLM's own (the stamp test is made until one is)
+        watch = figures.traffic_line is None  # the run's request traffic is not seen yet
         for n, raw in enumerate(raw_lines, first):
             m = stamp(raw, 0, window)
             if m is not None:
@@ -202,10 +207,19 @@ class LogReader:
                             known = vllm_stamp(m)
                         continue
                 elif last == kw_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
-                    self._line_no = n
+                    kw = m.group("kw")
                     if not known:
                         known = vllm_stamp(m)
-                    progress(message(raw, m.start("kw")), None, m.group("kw"))
+                    if kw[-4:] in traffic_tails and not watch:
+                        continue  # only the first traffic line of a run changes anything
+                    self._line_no = n
+                    progress(message(raw, m.start("kw")), None, kw)
+                    watch = figures.traffic_line is None  # (a new start-up resets the run's traffic)
+                    continue
+                elif last == access_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
+                    if watch:  # uvicorn's access log of a request: the run's first traffic
+                        figures.saw_traffic(raw, n)
+                        watch = figures.traffic_line is None
                     continue
             elif "Warning: " in raw and pywarn(raw) is not None:
                 np = procs.get(_NO_PROCESS)
@@ -232,6 +246,7 @@ class LogReader:
             self._line_no = n
             handle(raw, None, None, m)
             known = known or self._recognised
+            watch = figures.traffic_line is None
         self._line_no = n
         if known:
             self._recognised = True
@@ -363,6 +378,8 @@ class LogReader:
                 if kw is not None:
                     assert isinstance(m, re.Match)
                     self._progress(message(seg, m.start("kw")), events, kw)
+                elif ACCESS_MARK in seg and self._figures.traffic_line is None:
+                    self._figures.saw_traffic(seg, self._line_no)  # uvicorn's access log
                 return
         elif "Warning: " in seg and PYWARN_RE.match(seg) is not None:
             # a Python warning: never the failure, whatever words it holds (the entry of unprefixed
@@ -523,12 +540,12 @@ class LogReader:
                     header is not None or line.level in ("ERROR", "CRITICAL") or stripped.startswith("Fatal ")
                 )
             )
+        if "ing method" in text:  # "Error executing method X", "... while processing method X"
+            phase = method_phase(text)
+            if phase is not None:
+                proc.method_phase = phase
+                self._all_phases[phase] = PHASE_RANK[phase]
         if fam is None and header is None:
-            if "executing method" in text:
-                phase = method_phase(text)
-                if phase is not None:
-                    proc.method_phase = phase
-                    self._all_phases[phase] = PHASE_RANK[phase]
             if len(seg) >= WRAP_MIN_WIDTH:
                 # a long message line: a terminal may have wrapped it, the next piece completes it
                 self._open_pending(proc, None, stripped, None, 0, len(seg), speculative=True)

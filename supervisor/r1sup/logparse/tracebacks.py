@@ -130,8 +130,9 @@ HINT_RE = re.compile(
     r"logits|[Ss]ampler|sample\(|dummy|\bforward\b|compute_logits|model_executable|hidden_states"
 )
 
-# Ray/v0 workers name the method that failed: "Error executing method determine_num_available_blocks".
-_METHOD_RE = re.compile(r"Error executing method '?(?P<method>\w+)")
+# Ray/v0 workers name the method that failed: "Error executing method determine_num_available_blocks",
+# "Exception in worker VllmWorkerProcess while processing method load_model".
+_METHOD_RE = re.compile(r"(?:Error executing|while processing) method '?(?P<method>\w+)")
 
 
 def method_phase(text: str) -> str | None:
