@@ -342,3 +342,20 @@ def test_the_method_a_worker_names_is_the_step() -> None:
         "to allocate 19.63 GiB."
     )
     assert verdict([line]).cls == fl.OOM_PROFILE
+
+
+def test_an_oom_creating_the_kv_cache_blocks_of_an_early_release() -> None:
+    lines = [
+        "INFO 09-12 10:00:00 llm_engine.py:72] Initializing an LLM engine with config: model='/m', "
+        "tokenizer='/m', dtype=torch.float16, max_seq_len=4096, tensor_parallel_size=1, seed=0)",
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3/site-packages/vllm/worker/worker.py", line 119, in init_cache_engine',
+        "    self.cache_engine = CacheEngine(self.cache_config, self.model_config, self.parallel_config)",
+        '  File "/usr/lib/python3/site-packages/vllm/worker/cache_engine.py", line 91, in allocate_gpu_cache',
+        "    key_blocks = torch.empty(",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.10 GiB (GPU 0; 23.69 GiB total "
+        "capacity; 21.78 GiB already allocated; 1.02 GiB free; 21.98 GiB reserved in total by PyTorch)",
+    ]
+    failure = verdict(lines)
+    assert (failure.cls, failure.phase) == (fl.OOM_KV_ALLOC, fl.PHASE_KV_CACHE)
+    assert failure.numbers["device_allocated_gib"] == 21.78

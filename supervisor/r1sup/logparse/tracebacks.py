@@ -82,6 +82,9 @@ FRAME_PHASE = {
     "init_kv_cache": PHASE_KV_CACHE,
     "_init_cache_engine": PHASE_KV_CACHE,
     "raise_if_cache_size_invalid": PHASE_KV_CACHE,
+    "allocate_gpu_cache": PHASE_KV_CACHE,  # vLLM 0.1-0.2 cache_engine.py
+    "init_cache_engine": PHASE_KV_CACHE,  # vLLM 0.1-0.2 worker.py
+    "_init_cache": _KV_CACHE_WEAK,  # vLLM 0.1-0.2 llm_engine.py: profile, then the cache engines
     "initialize_cache": _KV_CACHE_WEAK,  # V0 worker: allocation, then the warm-up and capture
     "initialize_from_config": _KV_CACHE_WEAK,
     "_initialize_kv_caches": _KV_CACHE_WEAK,  # both engines: profile, size, allocate
