@@ -359,3 +359,29 @@ def test_an_oom_creating_the_kv_cache_blocks_of_an_early_release() -> None:
     failure = verdict(lines)
     assert (failure.cls, failure.phase) == (fl.OOM_KV_ALLOC, fl.PHASE_KV_CACHE)
     assert failure.numbers["device_allocated_gib"] == 21.78
+
+
+RAY_ACTOR_DEATH = (
+    "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit "
+    "detail: Worker unexpectedly exits with a connection error code 2. End of file. There are some potential "
+    "root causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) ray stop "
+    "--force is called. (3) The worker is crashed unexpectedly due to SIGSEGV or other unexpected errors."
+)
+
+
+@pytest.mark.parametrize(
+    ("before", "cls"),
+    [
+        ([], fl.HOST_OOM),  # Ray's likeliest cause: its list names the OOM killer first
+        (
+            ["ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task."],
+            fl.HOST_OOM,
+        ),
+        (["vllm.engine.async_llm_engine.AsyncEngineDeadError: Task finished unexpectedly."], fl.HOST_OOM),
+        (["Fatal Python error: Segmentation fault"], fl.CUDA_ERROR),  # a crash the log shows wins
+        (["RuntimeError: CUDA error: an illegal memory access was encountered"], fl.CUDA_ERROR),
+        ([OOM], fl.OOM_WEIGHTS),
+    ],
+)
+def test_rays_actor_death_with_its_whole_list_of_causes(before: list[str], cls: str) -> None:
+    assert verdict([*before, RAY_ACTOR_DEATH]).cls == cls

@@ -47,7 +47,8 @@ _P_CUDA = 55
 _P_CONFIG_WEAK = 45
 _P_UNKNOWN_VALUE = 40
 P_NATIVE = 30  # a native crash (segfault, abort): decided after the unexplained exceptions, by line order
-_P_HOST = 20
+P_HOST = 20
+P_HOST_MAYBE = 15  # Ray's list of an actor's possible causes of death, the OOM killer first
 P_DEAD = 10
 
 OOM = "oom"  # class decided later from the phase
@@ -215,7 +216,8 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         P_NATIVE,
         None,
         re.compile(
-            r"Segmentation fault|Aborted \(core dumped\)|Bus error \(core dumped\)|SIGSEGV|SIGABRT|"
+            r"Segmentation fault|Aborted \(core dumped\)|Bus error \(core dumped\)|"
+            r"SIGSEGV(?! or other unexpected errors)|SIGABRT|"  # (not in Ray's list of possible causes)
             r"SIGBUS|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)|Segfault encountered|"
             r"terminate called after throwing an instance of|terminate called without an active exception|"
             # a worker killed by SIGABRT (an abort in CUDA or NCCL code), as vLLM's process monitor prints it
@@ -224,18 +226,24 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
     ),
     (
         HOST_OOM,
-        _P_HOST,
+        P_HOST,
         None,
         re.compile(
             r"^Killed\s*$|^\S.{0,200}?:\s+\d+\s+Killed\b|"
             r"Out of memory: Kill(?:ed)? process|oom-kill|OOMKilled|"
             r"invoked oom-killer|(?:^|\s)MemoryError\b|Cannot allocate memory|std::bad_alloc|"
             r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|"
-            r"exit ?code[:=]? ?-9\b|exited with code 137|exit status 137|"
-            # Ray's generic actor death lists the OOM killer first among possible causes: any other cause
-            # in the log wins over it (the lowest priority but one)
-            r"killed by SIGKILL by OOM killer"
+            r"exit ?code[:=]? ?-9\b|exited with code 137|exit status 137"
         ),
+    ),
+    (
+        # Ray's generic actor death lists the OOM killer first among the possible causes ("(1) The process
+        # is killed by SIGKILL by OOM killer ... (3) ... SIGSEGV ..."): host memory when nothing else in the
+        # log explains the death
+        HOST_OOM,
+        P_HOST_MAYBE,
+        None,
+        re.compile(r"killed by SIGKILL by OOM killer"),
     ),
     (
         ENGINE_DEAD,

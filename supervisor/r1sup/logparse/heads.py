@@ -35,7 +35,7 @@ PROGRESS_KEYWORDS = (
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server|"
     r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args|"
-    r"port \d+ is used by process|Failed to pickle inputs of failed execution:|" + TRAFFIC_KEYWORDS
+    r"port \d+ is used by process|Failed to pickle inputs of failed execution:"
 )
 
 
@@ -52,6 +52,7 @@ class LogLine:
 
 _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 
+
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
 # with the progress keyword that may start the message. The first stamp of a line tells whether
 # vLLM logged it quietly (INFO/DEBUG/WARNING: progress only) or as a possible failure.
@@ -61,9 +62,9 @@ _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 # ``KW_GROUP`` a progress keyword (after a quiet level when the match starts with D, I or W).
 # (Each level is its own alternative with an empty group after it, and the start check follows the
 # level: the pattern then begins with plain letters, which lets the regex engine skip to the candidates.)
-STAMP_RE = re.compile(
-    "(?:"
-    + "|".join(
+def _stamp_re(keywords: str, access: str) -> re.Pattern[str]:
+    """The stamp pattern with these progress keywords and this access-log keyword (same groups always)."""
+    levels = "|".join(
         rf"{level}(?<![^ \t|>)\]:]{level})(?P<{group}>)"
         for level, group in (
             ("DEBUG", "q"),
@@ -73,12 +74,20 @@ STAMP_RE = re.compile(
             ("CRITICAL", "ec"),
         )
     )
-    # uvicorn's "LEVEL:" (its access log of an OpenAI request after it: request traffic, logparse.phase), or
-    # vLLM's date and source
-    + rf")(?::\s+(?P<ak>{ACCESS_KEYWORD})?"
-    r"| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
-    rf"(?P<kw>{PROGRESS_KEYWORDS})?"
-)
+    return re.compile(
+        f"(?:{levels})"
+        # uvicorn's "LEVEL:" (its access log of an OpenAI request after it: request traffic, logparse.phase),
+        # or vLLM's date and source
+        rf"(?::\s+(?P<ak>{access})?"
+        r"| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
+        rf"(?P<kw>{keywords})?"
+    )
+
+
+STAMP_RE = _stamp_re(PROGRESS_KEYWORDS + "|" + TRAFFIC_KEYWORDS, ACCESS_KEYWORD)
+# The same without the traffic keywords, for the lines after a run's first traffic (the only one that
+# changes anything): in a serving log nearly every line is traffic, and capturing it would cost each line
+STAMP_SERVING_RE = _stamp_re(PROGRESS_KEYWORDS, "(?!)")
 QUIET_LAST = STAMP_RE.groupindex["qw"]  # m.lastindex <= this: a quiet level and no progress keyword
 KW_GROUP = STAMP_RE.groupindex["kw"]
 ACCESS_GROUP = STAMP_RE.groupindex["ak"]  # uvicorn's access log of a request (a quiet line but traffic)
@@ -87,7 +96,8 @@ STAMP_WINDOW = 320  # characters searched for the stamp
 # In a quiet line longer than COLLAPSED_LONG, these mean more records were pasted onto it.
 COLLAPSED_ALERT_RE = re.compile(r" ERROR \d\d-\d\d |ERROR: |Traceback \(most recent call last\)")
 
-RAW_PROGRESS_RE = re.compile(rf"\s*(?P<kw>{PROGRESS_KEYWORDS})")  # an unstamped progress line
+# an unstamped progress line
+RAW_PROGRESS_RE = re.compile(rf"\s*(?P<kw>{PROGRESS_KEYWORDS}|{TRAFFIC_KEYWORDS})")
 
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")

@@ -41,7 +41,7 @@ from r1sup.failure import (
     Failure,
     phase_after,
 )
-from r1sup.logparse.families import CONFIG_LIKE, OOM, P_NATIVE
+from r1sup.logparse.families import CONFIG_LIKE, OOM, P_HOST, P_NATIVE
 from r1sup.logparse.figures import BLOCK_SIZE
 from r1sup.logparse.tracebacks import WEAK_PHASE, Traceback, best_key, best_phase, phase_rank
 
@@ -147,7 +147,7 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     specific = _best(c, lambda f: f.prio > P_NATIVE)
     if specific is not None:
         return Decision(_build(c, specific, specific.cls), specific.line_no)
-    host = _best(c, lambda f: f.cls == HOST_OOM)
+    host = _best(c, lambda f: f.cls == HOST_OOM and f.prio >= P_HOST)
     if host is not None:
         return Decision(_build(c, host, HOST_OOM), host.line_no)
     if exit_code in (-9, 137):
@@ -169,7 +169,15 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     requested_stop = c.shutdown_line is not None and exit_code in REQUESTED_STOP_EXITS
     nonzero = exit_code is not None and exit_code != 0 and not requested_stop
     startup_unknown = unknown is not None and not unknown.after_ready and not c.ready
-    if native is None and dead is None and not nonzero and not startup_unknown and cut is None:
+    maybe_host = _best(c, lambda f: f.cls == HOST_OOM and f.prio < P_HOST)
+    if (
+        native is None
+        and dead is None
+        and maybe_host is None
+        and not nonzero
+        and not startup_unknown
+        and cut is None
+    ):
         failure = Failure(
             NONE,
             phase=PHASE_SERVING if c.serving else PHASE_STARTUP,
@@ -180,6 +188,8 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     inferred = _infer_v0_kv(c)
     if inferred is not None:
         return Decision(inferred, c.blocks_line)
+    if native is None and maybe_host is not None:
+        return Decision(_build(c, maybe_host, HOST_OOM), maybe_host.line_no)  # Ray's likeliest cause
     if native is not None and (unknown is None or native.line_no < unknown.line_no):
         return Decision(_build(c, native, CUDA_ERROR), native.line_no)  # the earliest unexplained event
     if unknown is not None:
