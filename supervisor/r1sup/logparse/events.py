@@ -10,7 +10,6 @@ the short formats put a syslog head before it. The reader diagnoses the relayed 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +29,8 @@ def parse_event(line: str) -> dict[str, Any] | None:
     body = line[start:].rstrip()
     if not body.endswith("}"):
         return None
+    import json  # (only for the lines that look like r1sup's own events)
+
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):

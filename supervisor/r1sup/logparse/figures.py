@@ -418,6 +418,7 @@ class Figures:
         self.engine_version: str | None = None  # "Initializing a V1 LLM engine (v0.19.0)"
         self.engine_args: dict[str, object] | None = None  # "non-default args: {...}"
         self.config_args: dict[str, object] = {}  # the memory flags of the engine's config line
+        self._config_read = False
         self.engine_device: str | None = None  # "device_config=cpu" of the engine's config line
         # the first line showing request traffic since the last start-up began (r1sup.logparse.phase)
         self.traffic_line: int | None = None
@@ -508,7 +509,8 @@ class Figures:
             dm = _DEVICE_RE.search(text)
             if dm is not None:
                 self.engine_device = dm.group("device")
-        if tail == "gine" and not self.config_args:
+        if tail == "gine" and not self._config_read:
+            self._config_read = True  # (the first config line: a log may repeat it at every restart)
             self.config_args = _config_args(text)
 
     def arguments(self) -> dict[str, object]:

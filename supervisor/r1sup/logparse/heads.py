@@ -8,6 +8,7 @@ quietly (INFO/DEBUG/WARNING: progress at most) or as a possible failure.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Iterator
@@ -85,9 +86,16 @@ def _stamp_re(keywords: str, access: str) -> re.Pattern[str]:
 
 
 STAMP_RE = _stamp_re(PROGRESS_KEYWORDS + "|" + TRAFFIC_KEYWORDS, ACCESS_KEYWORD)
-# The same without the traffic keywords, for the lines after a run's first traffic (the only one that
-# changes anything): in a serving log nearly every line is traffic, and capturing it would cost each line
-STAMP_SERVING_RE = _stamp_re(PROGRESS_KEYWORDS, "(?!)")
+
+
+@functools.cache
+def serving_stamp_re() -> re.Pattern[str]:
+    """``STAMP_RE`` without the traffic keywords, for the lines after a run's first traffic (the only one
+    that changes anything): in a serving log nearly every line is traffic, and capturing it would cost each
+    line. Compiled when a log first shows traffic (a start-up log never needs it)."""
+    return _stamp_re(PROGRESS_KEYWORDS, "(?!)")
+
+
 QUIET_LAST = STAMP_RE.groupindex["qw"]  # m.lastindex <= this: a quiet level and no progress keyword
 KW_GROUP = STAMP_RE.groupindex["kw"]
 ACCESS_GROUP = STAMP_RE.groupindex["ak"]  # uvicorn's access log of a request (a quiet line but traffic)

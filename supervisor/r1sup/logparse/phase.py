@@ -11,14 +11,6 @@ from __future__ import annotations
 
 import re
 
-# What a line that shows request traffic holds (the cheap test before TRAFFIC_RE)
-TRAFFIC_WORDS = (
-    "POST /v1/",
-    " request ",
-    " reqs",
-    "failed execution",
-    "Dumping input data",
-)
 TRAFFIC_RE = re.compile(
     r'"POST /v1/[\w/.-]{0,80} HTTP/[\d.]+"'  # uvicorn's access log of an OpenAI request
     r"|\b(?:Added|Received|Aborted|Finished) request \S"  # the engine's and the API server's request log
@@ -44,4 +36,10 @@ FAILED_STEP_PREFIX = "Failed to pickle inputs of failed execution"
 
 def traffic(text: str) -> bool:
     """Whether a line shows request traffic (the server was serving when it was printed)."""
-    return any(word in text for word in TRAFFIC_WORDS) and TRAFFIC_RE.search(text) is not None
+    return (
+        "POST /v1/" in text
+        or " request " in text
+        or " reqs" in text
+        or "failed execution" in text
+        or "Dumping input data" in text
+    ) and TRAFFIC_RE.search(text) is not None

@@ -45,7 +45,6 @@ from r1sup.logparse.heads import (
     QUIET_LAST,
     RAW_PROGRESS_RE,
     STAMP_RE,
-    STAMP_SERVING_RE,
     STAMP_WINDOW,
     STAMPED,
     UNSTAMPED,
@@ -56,6 +55,7 @@ from r1sup.logparse.heads import (
     message,
     parse_line,
     segments,
+    serving_stamp_re,
 )
 from r1sup.logparse.joining import JOIN_CHARS, PENDING_WINDOW, WRAP_MIN_WIDTH, Pending, continues, extend
 from r1sup.logparse.origin import vllm_frame, vllm_message, vllm_process, vllm_stamp, vllm_stamp_in
@@ -181,7 +181,7 @@ class LogReader:
         printed under it and a short unstamped line holding no word the reader looks for change only the
         entry of unprefixed lines (the tests in ``_handle``, repeated here to spare a call per line).
         """
-        watching, serving = STAMP_RE.search, STAMP_SERVING_RE.search
+        watching = STAMP_RE.search
         window = STAMP_WINDOW
         quiet_last = QUIET_LAST
         kw_group = KW_GROUP
@@ -198,7 +198,8 @@ class LogReader:
         n = first - 1
         known = self._recognised  # a line was vLLM's own (the stamp test is made until one is)
         watch = figures.traffic_line is None  # the run's request traffic is not seen yet
-        stamp = watching if watch else serving  # (traffic keywords matter until the first traffic)
+        # (the traffic keywords matter until a run's first traffic)
+        stamp = watching if watch else serving_stamp_re().search
         for n, raw in enumerate(raw_lines, first):
             m = stamp(raw, 0, window)
             if m is not None:
@@ -217,13 +218,13 @@ class LogReader:
                     self._line_no = n
                     progress(message(raw, m.start("kw")), None, kw)
                     watch = figures.traffic_line is None  # (a new start-up resets the run's traffic)
-                    stamp = watching if watch else serving
+                    stamp = watching if watch else serving_stamp_re().search
                     continue
                 elif last == access_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
                     if watch:  # uvicorn's access log of a request: the run's first traffic
                         figures.saw_traffic(raw, n)
                         watch = figures.traffic_line is None
-                        stamp = watching if watch else serving
+                        stamp = watching if watch else serving_stamp_re().search
                     continue
             elif "Warning: " in raw and pywarn(raw) is not None:
                 np = procs.get(_NO_PROCESS)
@@ -251,7 +252,7 @@ class LogReader:
             handle(raw, None, None, m)
             known = known or self._recognised
             watch = figures.traffic_line is None
-            stamp = watching if watch else serving
+            stamp = watching if watch else serving_stamp_re().search
         self._line_no = n
         if known:
             self._recognised = True
