@@ -119,6 +119,10 @@ class Run:
     plan: dict[str, Any] | None = None  # r1sup plan --config on the same box: verdict, exit, recommended
     plan_is_first: bool | None = None  # plan's recommendation is the first launch (exit 3: none launched)
     reduced: dict[str, Any] | None = None  # tune's one-line warning (issue 29), when it gave one
+    # what tune's load probe proved (r1sup.capacity): requests that ran at once, output tokens/s (on the
+    # fake engine's simulated speed, scaled by the run's time scale: a relative figure only)
+    probe_requests: int | None = None
+    probe_tokens_per_s: float | None = None
     outcomes: list[str] = field(default_factory=list)
     reason: str = ""
     wall_s: float = 0.0
@@ -363,6 +367,9 @@ def run_tune(
             run.plan_is_first = run.plan.get("recommended") == run.first_flags
     if run.ok:
         run.flags = report.get("flags")
+        proved = report.get("capacity") or {}
+        run.probe_requests = proved.get("requests")
+        run.probe_tokens_per_s = proved.get("output_tokens_per_second")
         final = launches[-1] if launches else {}
         if final.get("outcome") == "ready" and final.get("kv_cache_tokens") is not None:
             fill_capacity(run, final, bs)

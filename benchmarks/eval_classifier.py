@@ -8,14 +8,21 @@ Sources (JSON lines: ``id``, ``label``, ``phase``, ``excerpt``, ``error_line_pre
   threads (each with its source URL), labelled by reading the thread before the classifier ran.
 
 Scored: records whose exception line is present (``error_line_present``). Printed: exact class accuracy
-per source and in total, per class, the phase accuracy, and every miss (expected -> got), memory vs
-non-memory confusions marked. The phase expected is the step an out-of-memory class names (its
-weights, profiling, KV cache allocation, CUDA graph capture, serving), and for the other classes
+per source and in total, per class, per kind (``kind``: the form of log a record was collected for, such
+as an OOM while serving, a death printed before its cause, an NCCL failure, host memory; records without
+one are counted as ``earlier``), the phase accuracy, the printed figures the verdict carries, and every
+miss (expected -> got), memory vs non-memory confusions marked. The phase expected is the step an
+out-of-memory class names (its weights, profiling, KV cache allocation, CUDA graph capture, serving), and
+for the other classes
 start-up vs serving as the record's ``phase`` says (records whose phase is unknown are not counted).
 The records without the exception line are shown apart, for information.
 
-Exit status: 0 when exact accuracy >= 95% over the sources read and there is no memory/non-memory
-confusion, 1 otherwise, 2 when a data file cannot be read.
+Figures: a record's ``numbers`` whose value is printed in its excerpt must be in the verdict's numbers
+(under r1sup's key, converted to its unit: ``NUMBER_KEYS``); figures from the thread's title or its
+context are not printed in the excerpt and are not counted.
+
+Exit status: 0 when exact accuracy >= 95% over the sources read, there is no memory/non-memory
+confusion and every printed figure is extracted, 1 otherwise, 2 when a data file cannot be read.
 
     python benchmarks/eval_classifier.py [--data PATH ...] [--verbose]
 """
@@ -36,6 +43,18 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV = Path("shared") / "vllm-logs" / "dev.jsonl"
 EXTRA = ROOT / "benchmarks" / "data" / "vllm-logs-extra.jsonl"
 TARGET = 0.95
+
+# a record's figure -> r1sup's key and the factor to its unit (collection named some figures otherwise)
+NUMBER_KEYS: dict[str, tuple[str, float]] = {
+    "max_seq_len": ("max_model_len", 1.0),
+    "requested_max_model_len": ("max_model_len", 1.0),
+    "requested_util": ("gpu_memory_utilization", 1.0),
+    "total_capacity_gib": ("device_total_gib", 1.0),
+    "free_mib": ("device_free_mib", 1.0),
+    "device_free_gib": ("device_free_mib", 1024.0),
+    "tried_to_allocate_gib": ("tried_to_allocate_mib", 1024.0),
+    "reserved_unallocated_gib": ("reserved_unallocated_mib", 1024.0),
+}
 
 OOM_STEP = {
     fl.OOM_WEIGHTS: fl.PHASE_LOAD_WEIGHTS,
@@ -69,6 +88,29 @@ def load(path: Path) -> list[dict[str, object]]:
     return records
 
 
+def printed(value: float, excerpt: str) -> bool:
+    """Whether a figure is printed in the excerpt (as an integer, with two decimals, or as given)."""
+    forms = {repr(value), f"{value:.2f}", f"{value:g}"}
+    if value == int(value):
+        forms |= {str(int(value)), f"{int(value):,}"}
+    return any(form in excerpt for form in forms)
+
+
+def missed_figures(rec: dict[str, object], numbers: dict[str, float]) -> list[str]:
+    """The record's figures printed in its excerpt that the verdict does not carry."""
+    missed = []
+    excerpt = str(rec["excerpt"])
+    for key, value in dict(rec.get("numbers") or {}).items():  # type: ignore[call-overload]
+        if key.endswith("_from_title") or not isinstance(value, (int, float)) or not printed(value, excerpt):
+            continue
+        name, factor = NUMBER_KEYS.get(key, (key, 1.0))
+        got = numbers.get(name)
+        want = value * factor
+        if got is None or abs(got - want) > max(0.01 * abs(want), 0.011):
+            missed.append(f"{key}={value} (got {got})")
+    return missed
+
+
 @dataclass
 class Result:
     source: str
@@ -78,6 +120,9 @@ class Result:
     phase_expected: str | None  # None: the record's phase is unknown
     phase_got: str
     evidence: str
+    kind: str = "earlier"
+    figures: int = 0  # printed figures of the record
+    missed: tuple[str, ...] = ()  # of which the verdict does not carry these
 
     @property
     def ok(self) -> bool:
@@ -108,6 +153,12 @@ def expected_phase(rec: dict[str, object]) -> str | None:
 
 def classify(source: str, rec: dict[str, object]) -> Result:
     failure, _ = diagnose_text(str(rec["excerpt"]).split("\n"))
+    excerpt = str(rec["excerpt"])
+    figures = [
+        k
+        for k, v in dict(rec.get("numbers") or {}).items()  # type: ignore[call-overload]
+        if not k.endswith("_from_title") and isinstance(v, (int, float)) and printed(v, excerpt)
+    ]
     return Result(
         source=source,
         rec_id=str(rec["id"]),
@@ -116,6 +167,9 @@ def classify(source: str, rec: dict[str, object]) -> Result:
         phase_expected=expected_phase(rec),
         phase_got=failure.phase,
         evidence=failure.evidence,
+        kind=str(rec.get("kind") or "earlier"),
+        figures=len(figures),
+        missed=tuple(missed_figures(rec, dict(failure.numbers))),
     )
 
 
@@ -143,6 +197,22 @@ def report(results: list[Result], verbose: bool) -> tuple[int, int, int]:
         good, total = per_class[cls]
         kind = "memory" if cls in fl.MEMORY_CLASSES else "other"
         print(f"    {cls:<{cwidth}}  {kind:<6}  {percent(good, total)}")
+    per_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in results:
+        per_kind[r.kind][0] += r.ok
+        per_kind[r.kind][1] += 1
+        per_kind[r.kind][2] += r.confusion
+    print("  per kind:")
+    kwidth = max(len(k) for k in per_kind)
+    for kind in sorted(per_kind, key=lambda k: (k == "earlier", k)):
+        good, total, confusions = per_kind[kind]
+        print(f"    {kind:<{kwidth}}  {percent(good, total)}   confusions {confusions}")
+    figures = sum(r.figures for r in results)
+    missed = sum(len(r.missed) for r in results)
+    print(f"  printed figures extracted: {percent(figures - missed, figures)}")
+    for r in results:
+        if r.missed:
+            print(f"    {r.source}: {r.rec_id}: missed {', '.join(r.missed)}")
     oom = [r for r in results if r.label in OOM_STEP]
     coarse = [r for r in results if r.label not in OOM_STEP and r.phase_expected is not None]
     print(
@@ -163,6 +233,10 @@ def report(results: list[Result], verbose: bool) -> tuple[int, int, int]:
                 f"    {'ok ' if r.ok else 'MISS'} {r.rec_id:<26} {r.label:<20} -> {r.got:<20} {r.phase_got}"
             )
     return sum(r.ok for r in results), len(results), sum(r.confusion for r in results)
+
+
+def figures_missed(results: list[Result]) -> int:
+    return sum(len(r.missed) for r in results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,11 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     accuracy = correct / total if total else 0.0
     print(f"exact class accuracy: {percent(correct, total)} (target >= {100 * TARGET:.0f}%)")
     print(f"memory/non-memory confusions: {confusions} (target 0)")
+    missed = figures_missed(scored)
+    print(f"printed figures not extracted: {missed} (target 0)")
     if info:
         print(f"\nfor information, records whose exception line is missing: {len(info)}")
         report(info, verbose=False)
 
-    passed = total > 0 and accuracy >= TARGET and confusions == 0
+    passed = total > 0 and accuracy >= TARGET and confusions == 0 and missed == 0
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from r1sup import config as cfg
-from r1sup.launcher import instance_id, leftovers
+from r1sup.launcher import instance_id, marked
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,8 +79,17 @@ def tiny_engine_config(
 class R1sup:
     """``python -m r1sup.cli ARGS``: its JSON log events (stderr) and its result (stdout) collected apart."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        outer = os.environ.get("PYTHONPATH")
+        if outer and env and "PYTHONPATH" in env:  # the caller's entries first, then the path pytest runs on
+            full_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], outer])
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "r1sup.cli", "--log-format", "json", *args],
             stdout=subprocess.PIPE,
@@ -89,6 +98,7 @@ class R1sup:
             env=full_env,
             cwd=cwd,
             text=True,
+            preexec_fn=preexec,  # noqa: PLW1509 - a setrlimit, for the tests that need one
         )
         self.events: list[dict[str, Any]] = []
         self.lines: list[str] = []
@@ -187,9 +197,10 @@ class NotifySocket:
 
 
 def engine_processes(config_path: Path) -> list[psutil.Process]:
-    """vLLM processes (API server, engine core, workers) started for this config, still alive."""
+    """vLLM processes (API server, engine core, workers) started for this config, still alive, whether
+    the r1sup that launched them still runs or not."""
     config = cfg.load(config_path, environ={})
-    return leftovers(instance_id(config))
+    return marked(instance_id(config))
 
 
 def kill_engine_processes(config_path: Path) -> None:

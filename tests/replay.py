@@ -406,7 +406,11 @@ class Replay:
             ok = s.ready and engine.alive() and now >= engine.out_at
             detail = "" if ok else "connection refused"
         elif kind == "probe":
-            payload = {"ok": s.probe_ok, "requests": 1, "succeeded": 1 if s.probe_ok else 0}
+            payload = {"ok": s.probe_ok, "requests": 1, "succeeded": 1 if s.probe_ok else 0, "concurrency": 1}
+            if s.probe_ok:  # what a passed probe measured: one request at once, its tokens/s
+                payload.update(
+                    concurrency_proven=1, output_tokens=16, output_tokens_per_s=40.0, ttft_p50_s=0.1
+                )
             if not s.probe_ok:
                 payload["errors"] = ["500 Internal Server Error"]
             if s.probe_internal:

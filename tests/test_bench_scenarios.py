@@ -271,6 +271,10 @@ def test_harness_reports_real_runs(tmp_path: Path) -> None:
             assert tune["launches"] == sc[method]["launches"]
             if tune["ok"]:
                 assert tune["flags"]["max_model_len"] == sc[method]["ctx"]
+                # what the probe proved, as tune reported it
+                proved = tune["capacity"]
+                assert sc[method]["probe_requests"] == proved["requests"] >= 1
+                assert sc[method]["probe_tokens_per_s"] == proved["output_tokens_per_second"] > 0
         # the optimum is the fake engine's exhaustive search for this scenario, not a stored figure
         assert sc["optimum"] == json.loads(json.dumps(bench.find_optimum(bench.by_id([sc["id"]])[0])))
 

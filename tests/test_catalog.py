@@ -120,3 +120,91 @@ def test_plan_with_a_mistyped_model_or_gpu_exits_2_with_a_suggestion(
     code = main(["plan", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "--gpu", "RTX 4900"])
     err = capsys.readouterr().err
     assert code == 2 and "unknown GPU 'RTX 4900'; did you mean RTX 4090?" in err
+
+
+# --- names that only look like a catalog card are refused, with the way to plan for any card -------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "close"),
+    [
+        ("H100 NVL", "H100 80GB"),  # 94 GB: another card, not the 80 GB one
+        ("NVIDIA H100 NVL", "H100 80GB"),
+        ("H200 NVL", "H200 141GB"),
+        ("RTX 4090 D", "RTX 4090"),
+        ("RTX 4900", "RTX 4090"),
+    ],
+)
+def test_a_name_that_matches_only_loosely_is_refused_naming_the_close_cards(
+    typed: str, close: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert catalog.find_gpu(typed) is None
+    code = main(["plan", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "--gpu", typed])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"r1sup: error: --gpu: unknown GPU {typed!r}; did you mean {close}? ")
+    assert "--gpu-memory-gib GIB" in err
+
+
+def test_form_factor_words_still_name_the_same_card() -> None:
+    for name in ("H100 PCIe", "NVIDIA H100 80GB HBM3", "H100 SXM5 80GB", "A100-SXM4-40GB"):
+        found = catalog.find_gpu(name)
+        assert found is not None and found[0] in ("H100 80GB", "A100 40GB"), name
+
+
+def test_an_unknown_card_lists_the_catalog_and_points_at_gpu_memory_gib(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["plan", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "--gpu", "GTX 9999"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert (
+        "known: RTX 3090, " in err
+        and "For a card not in the catalog give its memory: --gpu-memory-gib" in err
+    )
+    # and that way works: the name is a label, the memory the one given
+    code = main(
+        [
+            "plan",
+            "--model",
+            "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+            "--gpu",
+            "H100 NVL",
+            "--gpu-memory-gib",
+            "93",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code in (0, 7, 3)
+    assert "device  H100 NVL (manual): 93.00 GiB each" in out and "compute capability unknown" in out
+
+
+def test_the_catalog_figure_is_shown_beside_an_nvml_total_that_differs() -> None:
+    from r1sup import report
+
+    h100 = catalog.GPUS["H100 80GB"]["total_gib"]
+    assert catalog.catalog_total_beside("NVIDIA H100 80GB HBM3", h100) == ""
+    assert catalog.catalog_total_beside("NVIDIA H100 NVL", 93.1) == ""  # not a catalog card
+    box = report.box_text({"gpus": [{"name": "NVIDIA H100 80GB HBM3", "total_gib": 79.65, "free_gib": 79.0}]})
+    assert f"79.65 GiB each; the catalog's H100 80GB (plan --gpu): {h100:.2f} GiB" in box
+
+
+def test_plan_on_a_probed_card_shows_the_catalog_figure_beside_nvml_and_the_catalog_says_cuda() -> None:
+    from r1sup import planner
+    from r1sup.commands import plan as plan_cmd
+    from r1sup.flags import EngineFlags
+    from r1sup.hardware import DeviceFacts, GpuInfo
+
+    arch, source = modelinfo.load_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
+    nvml = int(79.65 * GIB)  # NVML's total of an H100 80GB without the reserved part subtracted
+    probed = DeviceFacts(
+        "cuda", (GpuInfo(0, "NVIDIA H100 80GB HBM3", nvml, nvml - GIB, (9, 0)),), source="probe"
+    )
+    flags = EngineFlags(max_model_len=8192)
+    text = plan_cmd.render(planner.plan(arch, probed, flags, version="0.32.0"), source, probed)
+    line = next(x for x in text.splitlines() if x.startswith("device  "))
+    assert "79.65 GiB each; the catalog's H100 80GB (plan --gpu): 79.11 GiB, 78.65 GiB free" in line
+    listed = devices.from_catalog("H100 80GB")
+    text = plan_cmd.render(planner.plan(arch, listed, flags, version="0.32.0"), source, listed)
+    line = next(x for x in text.splitlines() if x.startswith("device  "))
+    assert "H100 80GB (catalog): 79.11 GiB each (CUDA's total; tune and report show NVML's figure" in line

@@ -253,7 +253,10 @@ def test_a_config_larger_than_1_mib_is_refused_without_reading_it_all(tmp_path: 
             check=False,
         )
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr == f"r1sup: error: {path}: larger than 1024 KiB; not a config file\n"
+        if path == "/dev/zero":  # a device is refused before anything is read from it
+            assert proc.stderr == f"r1sup: error: config path is not a regular file (a device): {path}\n"
+        else:
+            assert proc.stderr == f"r1sup: error: {path}: larger than 1024 KiB; not a config file\n"
     just_under = tmp_path / "fits.toml"
     just_under.write_text(MINIMAL + "# " + "x" * (1024 * 1024 - len(MINIMAL) - 3) + "\n", encoding="utf-8")
     assert just_under.stat().st_size == cfg.MAX_CONFIG_BYTES
@@ -281,3 +284,115 @@ def test_state_dir_default_and_explicit(tmp_path: Path):
     assert cfg.load(path, environ={}, overrides={"state.dir": "/srv/x"}).state.dir == "/srv/x"
     path.write_text(MINIMAL + '[state]\ndir = "/srv/y"\n', encoding="utf-8")
     assert cfg.load(path, environ={}).state.dir == "/srv/y"
+
+
+# --- a config that is not a regular file never blocks r1sup (issue 26) --------------------------------
+
+
+def _cli(*args: str, timeout: float = 30) -> tuple[int, str]:
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "r1sup.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "R1SUP_CONFIG": ""},
+    )
+    return out.returncode, out.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "tune", "run", "status"])
+def test_a_fifo_as_config_is_refused_at_once(tmp_path: Path, command: str):
+    import os
+
+    fifo = tmp_path / "r1sup.toml"
+    os.mkfifo(fifo)
+    code, err = _cli(command, "--config", str(fifo))  # on a blocking open this never returns
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("r1sup: error:")]
+    assert len(lines) == 1 and "not a regular file (a FIFO)" in lines[0] and str(fifo) in lines[0], err
+
+
+def test_a_device_as_config_is_refused():
+    with pytest.raises(ConfigError, match=r"not a regular file \(a device\): /dev/zero"):
+        cfg.read_toml("/dev/zero")
+    with pytest.raises(ConfigError, match="is a directory"):
+        cfg.read_toml("/")
+
+
+def test_a_reload_read_is_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    import threading
+    import time
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nname = "m"\n')
+    assert cfg.load_bounded(path, timeout_s=5).model.name == "m"
+    stuck = threading.Event()
+    monkeypatch.setattr(cfg, "read_toml", lambda p: stuck.wait(30) or {})  # a file system that hangs
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="not read within 0.3 s"):
+        cfg.load_bounded(path, timeout_s=0.3)
+    assert time.monotonic() - start < 2
+    stuck.set()
+    monkeypatch.undo()
+    path.write_text("[model\n")
+    with pytest.raises(ConfigError):  # the worker's own error reaches the caller
+        cfg.load_bounded(path, timeout_s=5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_fifo_swapped_in_before_sighup_does_not_wedge_the_daemon(tmp_path: Path):
+    import json
+    import os
+    import signal
+    import time
+
+    from conftest import ROOT, free_port
+    from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+
+    port = free_port()
+    body = {
+        "model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "served_name": "r1-7b"},
+        "server": {"port": port, "launch": ["-m", "fakevllm"], "startup_timeout_s": 60},
+        "start": {"max_model_len": 16384},
+        "probe": {"requests": 3, "output_tokens": 4},
+        "daemon": {"health_interval_s": 0.5, "liveness_interval_s": 1.0},
+        "state": {"dir": str(tmp_path / "state")},
+    }
+    config = write_config(tmp_path / "c.toml", body)
+    saved = tmp_path / "saved.toml"
+    saved.write_bytes(config.read_bytes())
+    env = {
+        "PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}",
+        "FAKE_VLLM_SCENARIO": json.dumps({"gpu": "RTX 4090", "time_scale": 0.002}),
+    }
+    daemon = R1sup("run", "--config", str(config), env=env)
+    try:
+        daemon.wait_event("serving", 90)
+        config.unlink()
+        os.mkfifo(config)
+        daemon.signal(signal.SIGHUP)
+        failed = daemon.wait_event("reload_failed", 10)
+        assert "not a regular file (a FIFO)" in failed["error"]
+        # a reload cannot move the daemon to another state directory: the lock stays where it was taken
+        config.unlink()
+        write_config(config, {**body, "state": {"dir": str(tmp_path / "other")}})
+        daemon.signal(signal.SIGHUP)
+        moved = daemon.wait_event("reload_failed", 10, count=2)
+        assert moved["error"].startswith("state.dir:"), moved
+        assert not (tmp_path / "other").exists()
+        asked = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(60) == 0, daemon.tail()
+        assert time.monotonic() - asked < 30
+    finally:
+        daemon.kill()
+        config.unlink()
+        config.write_bytes(saved.read_bytes())
+        kill_engine_processes(config)
+    assert not engine_processes(config)

@@ -4,6 +4,7 @@ terminal one updating progress line. The JSON log keeps every field."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -156,3 +157,61 @@ def test_a_terminal_gets_one_updating_progress_line(tmp_path: Path) -> None:
     assert logged and not any(re.search(r"phase=\S*'loading weights \d+%'", line) for line in logged)
     # the line is cleared once the launch is over: no progress text is left after the last clear
     assert not term.rsplit("\x1b[2K", 1)[1].startswith("attempt")
+
+
+# --- --help: each command lists the exit codes it can return ---------------------------------------
+
+HELP_EXIT_CODES = {
+    "": {0, 1, 2, 3, 4, 5, 6, 7, 130, 143},
+    "run": {0, 1, 2, 3, 4, 5},
+    "tune": {0, 1, 2, 3, 4, 130, 143},
+    "plan": {0, 1, 2, 3, 7},
+    "diagnose": {0, 1, 2, 6},
+    "status": {0, 1, 2},
+    "report": {0, 1, 2},
+    "check": {0, 1, 2, 4},
+    "profile": {0, 1, 2},
+    "profile export": {0, 1, 2},
+    "profile import": {0, 1, 2},
+    "tiny-model": {0, 1, 2},
+}
+
+
+def help_exit_codes(argv: list[str]) -> list[int]:
+    """The codes listed under ``exit codes`` in ``r1sup ARGV --help``, in order."""
+    from r1sup import cli
+
+    out = io.StringIO()
+    parser = cli.build_parser()
+    code = None
+    try:
+        with contextlib.redirect_stdout(out):
+            parser.parse_args([*argv, "--help"])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 0
+    text = out.getvalue()
+    epilog = text[text.index("\nexit codes") :]
+    return [int(m.group(1)) for m in re.finditer(r"^  (\d+) +\S", epilog, re.MULTILINE)]
+
+
+@pytest.mark.parametrize("command", sorted(HELP_EXIT_CODES))
+def test_help_lists_only_the_exit_codes_the_command_returns(command: str) -> None:
+    codes = help_exit_codes(command.split())
+    assert len(codes) == len(set(codes)), codes
+    assert set(codes) == HELP_EXIT_CODES[command]
+
+
+def test_top_level_exit_codes_are_errors_py_and_the_plan_verdicts_and_the_readme() -> None:
+    from r1sup import errors, planner
+
+    defined = {v for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    defined |= set(planner.VERDICTS.values())
+    assert set(help_exit_codes([])) == defined
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Exit codes") :]
+    table = table[: table.index("\n## ", 1)]
+    documented = {
+        int(c) for row in re.findall(r"^\| ([\d /]+) \|", table, re.MULTILINE) for c in row.split("/")
+    }
+    assert documented == defined

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import urllib.error
@@ -169,3 +170,215 @@ def test_readyz_follows_the_daemon_through_every_state(tmp_path, monkeypatch):
     # after the exit nothing listens any more
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2)
+
+
+# --- bounded: a flood of connections cannot stop the daemon (issue 26) ---------------------------------
+
+
+def _timed_get(port: int, path: str) -> tuple[int, float]:
+    import time
+
+    start = time.monotonic()
+    code = get(port, path)[0]
+    return code, time.monotonic() - start
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ten_thousand_idle_and_slowloris_connections_under_ulimit_1024(tmp_path):
+    """The daemon runs with RLIMIT_NOFILE 1024; 10,000 connections to its endpoint (127.0.0.1 only),
+    half idle, half sending a byte now and then, all held open: /livez and /readyz answer within a
+    second all along, vLLM keeps serving, and SIGTERM stops the daemon at once."""
+    import os
+    import resource
+    import socket
+    import time
+
+    import psutil
+
+    from conftest import ROOT
+    from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
+
+    total = 10_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < total + 500:
+        pytest.skip(f"this test holds {total} sockets; the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, total + 500), hard))
+    port, endpoint_port = free_port(), free_port()
+    config = write_config(
+        tmp_path / "c.toml",
+        {
+            "model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "served_name": "r1-7b"},
+            "server": {"port": port, "launch": ["-m", "fakevllm"], "startup_timeout_s": 60},
+            "start": {"max_model_len": 16384},
+            "probe": {"requests": 3, "output_tokens": 4},
+            "daemon": {"metrics_port": endpoint_port, "health_interval_s": 0.5, "liveness_interval_s": 1.0},
+            "state": {"dir": str(tmp_path / "state")},
+        },
+    )
+    env = {
+        "PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}",
+        "FAKE_VLLM_SCENARIO": json.dumps({"gpu": "RTX 4090", "time_scale": 0.002}),
+    }
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    daemon = R1sup("run", "--config", str(config), env=env, preexec=limit_files)
+    held: list[socket.socket] = []
+    try:
+        daemon.wait_event("serving", 90)
+        assert psutil.Process(daemon.proc.pid).rlimit(psutil.RLIMIT_NOFILE) == (1024, 1024)
+        child = json.loads((tmp_path / "state" / "status.json").read_text())["child_pid"]
+        slow: list[socket.socket] = []
+        worst = 0.0
+        for i in range(total):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", endpoint_port))
+            held.append(s)
+            if i % 2:
+                slow.append(s)
+            if i % 1000 == 999:
+                for s in slow[-500:]:  # the slowloris half: one byte of a request that never ends
+                    with contextlib.suppress(OSError):
+                        s.send(b"G")
+                for path in ("/livez", "/readyz"):
+                    code, took = _timed_get(endpoint_port, path)
+                    assert code == 200, (i, path, code)
+                    worst = max(worst, took)
+        print(f"worst probe latency during the flood: {worst:.3f} s")
+        assert worst < 1.0, worst
+        for path in ("/livez", "/readyz", "/status"):
+            code, took = _timed_get(endpoint_port, path)
+            assert code == 200 and took < 1.0, (path, code, took)
+        assert len(os.listdir(f"/proc/{daemon.proc.pid}/fd")) < 1024
+        assert psutil.Process(child).is_running()
+        for event in ("internal_error", "serving_failed", "daemon_failed"):
+            assert not daemon.named(event), daemon.tail()
+        assert len(daemon.named("launch_started")) == 1
+        asked = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        daemon.wait_event("state_changed", 5, where=lambda e: e.get("new") == "stopping")
+        assert time.monotonic() - asked < 1.5  # (the event's own trip through the pipe included)
+        assert daemon.wait(60) == 0, daemon.tail()
+    finally:
+        for s in held:
+            s.close()
+        daemon.kill()
+        kill_engine_processes(config)
+    assert not engine_processes(config)
+
+
+def _raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def test_the_listener_bounds_time_size_methods_and_connections(monkeypatch):
+    import socket
+    import time
+
+    from r1sup import endpoint as ep
+
+    monkeypatch.setattr(ep, "REQUEST_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(ep, "MAX_CONNECTIONS", 4)
+    server = Endpoint(view=lambda: view("serving"))
+    port = free_port()
+    server.serve("127.0.0.1", port)
+    try:
+        assert _raw(port, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200 OK\r\n")
+        assert _raw(port, b"POST /readyz HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+        assert _raw(port, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        assert _raw(port, b"GET /" + b"x" * 20000).startswith(b"HTTP/1.1 431 ")
+        start = time.monotonic()
+        assert _raw(port, b"GET /readyz HTTP/1.1\r\n").startswith(b"HTTP/1.1 408 ")  # never finished
+        assert time.monotonic() - start < 2.0
+        # more idle connections than the cap: the oldest are closed, a probe still gets in
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(10)]
+        try:
+            assert get(port, "/readyz")[0] == 200
+            assert idle[0].recv(10) == b""  # closed to make room
+        finally:
+            for s in idle:
+                s.close()
+    finally:
+        server.close()
+
+
+def test_a_burst_of_concurrent_clients_is_answered_past_the_connection_cap():
+    """300 clients at once, over the cap of 64 open connections: each gets its answer (the issue saw 27
+    of 500 concurrent /status time out against a backlog of 5)."""
+    import threading
+
+    server = Endpoint(view=lambda: view("serving", status={"state": "serving", "pad": "x" * 2000}))
+    port = free_port()
+    server.serve("127.0.0.1", port)
+    clients = 300
+    start = threading.Barrier(clients)
+    codes: list[int] = []
+
+    def client() -> None:
+        start.wait(30)
+        try:
+            codes.append(get(port, "/status")[0])
+        except OSError as exc:
+            codes.append(-1)
+            raise AssertionError(exc) from None
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        server.close()
+    assert codes == [200] * clients, sorted(set(codes))
+
+
+def test_accept_out_of_file_descriptors_is_survived(monkeypatch):
+    import errno
+
+    from r1sup import endpoint as ep
+
+    server = Endpoint(view=lambda: view("serving"))
+    port = free_port()
+    server.serve("127.0.0.1", port)
+    listener = server._listener
+    assert listener is not None
+    real = listener.sock
+    failures = {"left": 3}
+
+    class Exhausted:
+        """The listening socket as a process out of file descriptors sees it: accept fails (EMFILE)."""
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def fileno(self):
+            return real.fileno()
+
+        def accept(self):
+            if failures["left"]:
+                failures["left"] -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real.accept()
+
+    try:
+        listener.selector.unregister(real)
+        listener.sock = Exhausted()  # type: ignore[assignment]
+        listener.selector.register(listener.sock, ep.selectors.EVENT_READ, None)
+        assert get(port, "/livez")[0] == 200  # waited in the backlog while accept failed, then answered
+        assert failures["left"] == 0 and server._thread is not None and server._thread.is_alive()
+    finally:
+        listener.sock = real
+        server.close()

@@ -894,6 +894,52 @@ def test_concurrent_requests_beyond_the_cache_count_preemptions(launch: Callable
     assert re.search(r"^vllm:num_preemptions_total\{.*\} 1\.0", metrics, re.M)
 
 
+def _gauge(metrics: str, name: str) -> float:
+    found = re.search(rf"^vllm:{name}\{{.*\}} ([\d.]+)", metrics, re.M)
+    assert found, metrics
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("--max-num-seqs", "1"), "one sequence at a time"),
+        # 20 blocks of 16 tokens (19 usable): a request of 201 + 50 tokens holds 16, and the 13 blocks of
+        # the second one's prompt are not free
+        (("--kv-cache-memory-bytes", str(20 * 57_344 * 16)), "the KV blocks of one prompt only"),
+    ],
+)
+def test_requests_beyond_what_vllm_admits_wait_and_the_gauges_say_so(
+    launch: Callable[..., Fake], args: tuple[str, ...], why: str
+) -> None:
+    fake = launch(
+        {"gpu": "RTX 4090", "time_scale": 0.01, "runtime": {"decode_tokens_per_s": 1}},
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+        *args,
+    )
+    fake.wait_ready()
+    results: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(fake.chat("x" * 780, max_tokens=50)[0]))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    seen = wait_until(
+        lambda: (m := fake.request("/metrics")[1]) and _gauge(m, "num_requests_waiting") == 1.0 and m,
+        10,
+        what=f"a request waiting ({why})",
+    )
+    assert _gauge(str(seen), "num_requests_running") == 1.0, why
+    for t in threads:
+        t.join(timeout=20)
+    assert results == [200, 200]
+    metrics = fake.request("/metrics")[1]
+    assert _gauge(metrics, "num_requests_waiting") == 0.0 and _gauge(metrics, "num_preemptions_total") == 0.0
+
+
 # Start-up failures as real processes: (id, scenario, args, exit status, outcome, fragments that must appear).
 ENGINE_INIT_FAILED = (
     "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "

@@ -566,3 +566,100 @@ def test_a_waiting_replica_says_so_is_not_ready_and_stops_on_sigterm(tmp_path: P
         if b is not None:
             b.kill()
         notify.close()
+
+
+# --- a store profile is untrusted input (issue 26) -----------------------------------------------------
+
+
+def _tampered(profile: dict[str, Any], section: str | None, name: str, value: Any) -> str:
+    data = json.loads(json.dumps(profile))
+    (data[section] if section else data)[name] = value
+    return json.dumps(data, allow_nan=True)
+
+
+# the issue's reproductions: each stopped a fleet (internal error, exit 4) or launched what vLLM refuses
+BAD_STORE_VALUES = [
+    ("observations", "kv_cache_tokens", "x"),
+    ("flags", "kv_cache_dtype", "fp8; touch /tmp/r1sup-pwned"),
+    ("flags", "quantization", "--trust-remote-code"),
+    ("flags", "tensor_parallel_size", 0),
+    ("observations", "weights_gib", float("nan")),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_bad_store_profile_is_refused_and_the_replica_tunes_on_its_own(tmp_path: Path):
+    from test_tune_fake import run_tune
+
+    store = tmp_path / "store"
+    body, scenario, home = replica(tmp_path, "a", store)
+    first = run_tune(home, body, {**scenario, "time_scale": 0.002})
+    assert first.code == 0 and first.result["launches"] == 2, first.explain()
+    [published] = (store / "profiles").glob("*.json")
+    good = json.loads(published.read_text())
+    body_b, scenario_b, home_b = replica(tmp_path, "b", store)
+    for section, name, value in BAD_STORE_VALUES:
+        published.write_text(_tampered(good, section, name, value))
+        # the same replica each time (its preflight remembered), without a profile of its own
+        for path in [*(home_b / "state" / "profiles").glob("*"), home_b / "engine.jsonl"]:
+            path.unlink(missing_ok=True)
+        second = run_tune(home_b, body_b, {**scenario_b, "time_scale": 0.002})
+        what = f"{section}.{name}={value!r}"
+        assert second.code == 0, (what, second.explain())
+        invalid = second.proc.named("profile_store_file_invalid")
+        assert invalid and name in invalid[0]["reason"], (what, invalid)
+        assert not second.proc.named("profile_store_hit")
+        assert second.result["launches"] == 2, what  # the search ran, as without a store profile
+        for launch in launches(home_b):
+            assert launch["flags"]["kv_cache_dtype"] in (None, "auto", "fp8", "fp8_e4m3", "fp8_e5m2"), what
+            assert launch["flags"]["quantization"] is None and launch["flags"]["tensor_parallel_size"] == 1
+        assert not Path("/tmp/r1sup-pwned").exists()
+        # the replica published its own working profile over the bad one
+        assert Profile.from_dict(json.loads(published.read_text())).flags == good["flags"], what
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_local_profile_with_a_nan_is_set_aside_and_tune_exits_0(tmp_path: Path):
+    from test_tune_fake import run_tune
+
+    body, scenario, home = replica(tmp_path, "a", tmp_path / "store")
+    del body["state"]["profile_store"]
+    first = run_tune(home, body, scenario)
+    assert first.code == 0, first.explain()
+    [saved] = (home / "state" / "profiles").glob("*.json")
+    saved.write_text(_tampered(json.loads(saved.read_text()), "observations", "weights_gib", float("nan")))
+    again = run_tune(home, body, scenario)
+    assert again.code == 0, again.explain()
+    aside = again.proc.named("state_file_set_aside")
+    assert aside and "weights_gib" in aside[0]["reason"] and "finite" in aside[0]["reason"]
+    assert list((home / "state" / "profiles").glob("*.json.bad-*"))
+    assert Profile.from_dict(json.loads(saved.read_text())).observations["weights_gib"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_fleets_profile_is_kept_locally_only_after_it_passed_here(tmp_path: Path):
+    """A replica stopped while it launches the store's profile keeps no local copy of it: a profile that
+    never passed here must not outlive a fix of the store."""
+    from r1sup_proc import R1sup, kill_engine_processes, write_config
+    from test_tune_fake import fake_env, run_tune
+
+    store = tmp_path / "store"
+    body, scenario, home = replica(tmp_path, "a", store)
+    assert run_tune(home, body, scenario).code == 0
+    body_b, scenario_b, home_b = replica(tmp_path, "b", store)
+    scenario_b["time_scale"] = 1.0  # a slow load: the stop comes while vLLM starts
+    config = write_config(home_b / "r1sup.toml", body_b)
+    b = R1sup("run", "--config", str(config), env=fake_env(scenario_b))
+    try:
+        b.wait_event("profile_store_hit", 60)
+        b.wait_event("launch_started", 60)
+        assert not list((home_b / "state" / "profiles").glob("*.json"))
+        b.signal(signal.SIGTERM)
+        assert b.wait(60) == 0, b.tail()
+        assert not list((home_b / "state" / "profiles").glob("*.json"))
+    finally:
+        b.kill()
+        kill_engine_processes(config)

@@ -435,3 +435,22 @@ def test_drains_itself(argv: list[str], drains: bool):
 def test_drain_status():
     assert lv.drain_status(fig(3, 2, 0.0)) == "draining: 3 running, 2 waiting"
     assert lv.drain_status(None) == "draining: waiting for the requests in flight"
+
+
+def test_the_reason_says_how_long_since_progress_with_the_figure_it_logs():
+    # idle for 1000 s (nothing moves, nothing pending), then work arrives and does not move: the stall
+    # clock is 10 s old, the last progress 1020 s
+    samples = [lv.MetricsSample(t, fig(0, 0, 10.0)) for t in range(0, 1010, 10)]
+    samples += [lv.MetricsSample(t, fig(1, 0, 10.0)) for t in (1010.0, 1020.0)]
+    at, verdict = replay(samples).verdicts[-1]
+    assert at == 1020.0 and verdict.evidence == lv.EVIDENCE_WAITING
+    assert verdict.figures["since_progress_s"] == 1020.0 and verdict.figures["stalled_s"] == 10.0
+    assert "work pending for 10s of 60s with no progress" in verdict.reason
+    assert "last progress 1020s ago (serving began)" in verdict.reason
+    assert "no progress for 10s" not in verdict.reason
+    hung = replay([*samples, *(lv.MetricsSample(t, fig(1, 0, 10.0)) for t in (1040.0, 1060.0, 1080.0))])
+    found = hung.first(lv.HUNG)
+    assert found is not None
+    t, v = found
+    assert f"last progress {t:.0f}s ago" in v.reason and v.figures["since_progress_s"] == t
+    assert f"work pending for {t - 1010:.0f}s with no progress (progress timeout 60s)" in v.reason

@@ -132,7 +132,13 @@ def test_carriage_returns_split_a_line_and_escapes_go() -> None:
             "ValueError: Free memory on device (7.34/139.72 GiB) on startup is less than desired GPU memory "
             "utilization (0.9, 125.75 GiB).",
             fl.FREE_MEM_BELOW_UTIL,
-            {"free_gib": 7.34, "total_gib": 139.72, "gpu_memory_utilization": 0.9, "requested_gib": 125.75},
+            {
+                "free_gib": 7.34,
+                "total_gib": 139.72,
+                "gpu_memory_utilization": 0.9,
+                "requested_gib": 125.75,
+                "shortfall_gib": 118.41,  # requested less free: what other processes must give back
+            },
         ),
         (
             "ValueError: User-specified max_model_len (65536) is greater than the derived max_model_len "

@@ -432,3 +432,86 @@ def test_catalog_gpus_have_their_sm_counts() -> None:
     for name in catalog.gpu_names():
         assert M.sm_count(devices.from_catalog(name)) == SM_COUNTS[name], name
     assert M.sm_count(devices.from_memory(30.0)) == M.DEFAULT_SM_COUNT
+
+
+QWEN2_7B = json.loads((DATA / "models" / "qwen2-7b" / "config.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("version", "flashinfer", "expected"),
+    [
+        ("0.7.3", True, "sort"),  # V0's sampler
+        ("0.10.1", None, "sort"),  # a plain pip install of 0.10 has no flashinfer
+        ("0.10.1", False, "sort"),
+        ("0.10.1", True, "flashinfer"),  # "Using FlashInfer for top-p & top-k sampling."
+        ("0.11.0", True, "flashinfer"),
+        ("0.11.1", True, "sort"),  # opt-in from 0.11.1 (vLLM PR 26859); the warm-up runs the native path
+        ("0.19.0", None, "triton"),
+        ("0.32.0", True, "triton"),  # FlashInfer again by default, but the warm-up also runs forward_native
+    ],
+)
+def test_the_sampler_warm_up_follows_release_and_installation(
+    version: str, flashinfer: bool | None, expected: str
+) -> None:
+    assert M.sampler_backend(Version.parse(version).started(flashinfer_sampler=flashinfer)) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({}, None), ({"VLLM_USE_FLASHINFER_SAMPLER": "0"}, False), ({"VLLM_USE_FLASHINFER_SAMPLER": "1"}, True)],
+)
+def test_the_sampler_switch_is_read_as_vllm_reads_it(env: dict[str, str], expected: bool | None) -> None:
+    assert M.flashinfer_sampler_from_env(env) is expected
+
+
+def test_a_bad_sampler_switch_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="VLLM_USE_FLASHINFER_SAMPLER"):
+        M.flashinfer_sampler_from_env({"VLLM_USE_FLASHINFER_SAMPLER": "yes"})
+
+
+def test_installation_facts_do_not_change_which_release_it_is() -> None:
+    plain = Version.parse("0.10.1")
+    started = plain.started(flashinfer_sampler=True, compile_cache="warm")
+    assert started == plain and hash(started) == hash(plain) and str(started) == "0.10.1"
+    with pytest.raises(ValueError, match="compile_cache"):
+        plain.started(compile_cache="tepid")
+
+
+@pytest.mark.parametrize(
+    ("tp", "utilization", "logged_kv_gib"),
+    # dennislee22/vLLM-benchmarking, vLLM 0.10.1.1 on A100 80GB, Qwen2-7B-Instruct, --max-model-len 16384,
+    # FlashInfer's sampler in use ("Using FlashInfer for top-p & top-k sampling.")
+    [(1, 0.25, 5.01), (1, 0.5, 24.83), (2, 0.25, 12.02), (2, 0.5, 31.83)],
+)
+def test_a100_on_vllm_0_10_with_flashinfer_gets_the_kv_its_logs_print(
+    tp: int, utilization: float, logged_kv_gib: float
+) -> None:
+    arch = M.arch_from_config(QWEN2_7B)
+    device = devices.from_catalog("A100 80GB", tp)
+    flags = EngineFlags(max_model_len=16384, gpu_memory_utilization=utilization, tensor_parallel_size=tp)
+    with_fi = M.evaluate(arch, device, flags, Version.parse("0.10.1").started(flashinfer_sampler=True))
+    assert with_fi.batch.max_num_seqs == 256 and with_fi.batch.max_num_batched_tokens == 2048  # an A100
+    assert abs(with_fi.kv.gib - logged_kv_gib) <= 0.15
+    # the same start sorting 256 rows of 152,064 logits (flashinfer not installed) keeps about 1 GiB more
+    sorting = M.evaluate(arch, device, flags, Version.parse("0.10.1"))
+    assert 0.8 <= with_fi.kv.gib - sorting.kv.gib <= 1.3
+    assert any("VLLM_USE_FLASHINFER_SAMPLER" in n for n in sorting.notes)
+    assert not any("VLLM_USE_FLASHINFER_SAMPLER" in n for n in with_fi.notes)
+
+
+def test_tensor_parallel_memory_on_an_unnamed_card_follows_its_class() -> None:
+    arch = M.arch_from_config(json.loads((DATA / "models" / "qwen2.5-72b" / "config.json").read_text()))
+    flags = EngineFlags(max_model_len=8192, gpu_memory_utilization=0.95, tensor_parallel_size=2)
+    v = Version.parse("0.19.0")
+    named = M.evaluate(arch, h100(2), flags, v)
+    unnamed = M.evaluate(arch, devices.from_memory(79.19, 2), flags, v)
+    # llm-d-planner's Qwen2.5-72B TP=2 H100 log: 3.04 GiB of KV; an 80 GiB card is sized as NVSwitch Hopper
+    assert abs(unnamed.kv.gib - 3.04) <= 0.5 and abs(unnamed.kv.gib - named.kv.gib) <= 0.05
+    assert any("card not named" in n and "NVSwitch" in n for n in unnamed.notes)
+    small = M.evaluate(M.arch_from_config(QWEN2_7B), devices.from_memory(23.5, 2), flags, v)
+    assert small.non_torch.gib == pytest.approx(M.NON_TORCH_GIB + M.NON_TORCH_TP_GIB, abs=0.01)
+    assert any("PCIe-class" in n for n in small.notes)
+    alone = M.evaluate(
+        M.arch_from_config(QWEN2_7B), devices.from_memory(79.19, 1), flags.replace(tensor_parallel_size=1), v
+    )
+    assert not any("card not named" in n for n in alone.notes)

@@ -64,6 +64,46 @@ def test_metrics_endpoint_serves_on_loopback():
     assert "r1sup_last_success_timestamp_seconds" in text
 
 
+def test_metrics_show_the_proven_capacity_and_the_launched_flags_without_created_series():
+    from r1sup.bus import Serving
+    from r1sup.flags import EngineFlags
+    from r1sup.subscribers import MetricsSink
+    from r1sup.tuner import Launching
+
+    m = Metrics()
+    sink = MetricsSink(m)
+    before = m.exposition()[1].decode()
+    assert "r1sup_capacity_requests NaN" in before  # nothing proven yet is not a capacity of zero
+    flags = EngineFlags(max_model_len=8192, kv_cache_dtype="fp8", max_num_seqs=64)
+    sink(Launching(1, flags))
+    capacity = {
+        "requests": 4,
+        "context_tokens": 8192,
+        "output_tokens_per_second": 412.5,
+        "kv_cache_tokens": 101456,
+        "reduced": True,
+    }
+    sink(Serving(flags, "tuned", {"ok": True, "ttft_p50_s": 0.2}, "serving", capacity))
+    port = free_port()
+    m.serve("127.0.0.1", port)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        m.close()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert samples["r1sup_capacity_requests"] == "4.0"
+    assert samples["r1sup_capacity_context_tokens"] == "8192.0"
+    assert samples["r1sup_capacity_output_tokens_per_second"] == "412.5"
+    assert samples["r1sup_kv_cache_tokens"] == "101456.0"
+    assert samples["r1sup_capacity_reduced"] == "1.0"
+    (info,) = [name for name in samples if name.startswith("r1sup_launch_flags_info{")]
+    assert samples[info] == "1.0"
+    assert 'max_model_len="8192"' in info and 'kv_cache_dtype="fp8"' in info and 'max_num_seqs="64"' in info
+    assert 'quantization=""' in info  # a flag vLLM chooses
+    assert samples["r1sup_launches_total"] == "1.0"
+    assert not [name for name in samples if "_created" in name], text
+
+
 @pytest.mark.parametrize(
     ("n", "low", "high"), [(1, 2.0, 4.0), (2, 4.0, 6.0), (3, 8.0, 10.0), (8, 60.0, 60.0)]
 )

@@ -251,7 +251,7 @@ def test_the_installed_vllm_is_the_default(capsys: pytest.CaptureFixture[str]) -
         except metadata.PackageNotFoundError:
             continue
     if installed is None:
-        assert d["vllm_version_from"] == "the newest r1sup knows"
+        assert d["vllm_version_from"] == "assumed" and d["vllm_version_assumed"] is True
     else:
         assert d["vllm_version_from"] == "installed" and installed.startswith(d["vllm_version"])
 
@@ -442,3 +442,92 @@ def test_config_hash_is_stable_and_order_free() -> None:
     assert modelinfo.config_hash(a) == modelinfo.config_hash(b)
     assert len(modelinfo.config_hash(a)) == 64
     assert modelinfo.config_hash(a) != modelinfo.config_hash({**a, "b": 2})
+
+
+def test_without_vllm_installed_the_plan_names_the_version_it_assumed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from r1sup import memmodel
+    from r1sup.commands import plan as plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "installed_vllm_version", lambda: None)
+    d = run_json(capsys, "--model", Q7, "--gpu", "L4")
+    assert d["vllm_version"] == str(memmodel.NEWEST_KNOWN)
+    assert d["vllm_version_from"] == "assumed" and d["vllm_version_assumed"] is True
+    main(["plan", "--model", Q7, "--gpu", "L4"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("vLLM "))
+    assert line.startswith(f"vLLM    {memmodel.NEWEST_KNOWN} ASSUMED (no vLLM installed here")
+    assert "--vllm-version X.Y.Z" in line
+    d = run_json(capsys, "--model", Q7, "--gpu", "L4", "--vllm-version", "0.20.0")
+    assert (d["vllm_version"], d["vllm_version_from"], d["vllm_version_assumed"]) == (
+        "0.20.0",
+        "--vllm-version",
+        False,
+    )
+
+
+@pytest.mark.parametrize(("version", "spelled"), [("0.20.0", False), ("0.32.0", True), ("0.33.0", True)])
+def test_the_fp8_weights_way_out_says_how_that_version_reads_it(
+    capsys: pytest.CaptureFixture[str], version: str, spelled: bool
+) -> None:
+    # 14B on a 24 GiB card: the weights alone do not fit, fp8 weights are a way out
+    d = run_json(
+        capsys, "--model", Q14, "--gpu", "RTX 4090", "--max-model-len", "16384", "--vllm-version", version
+    )
+    (way,) = [w for w in d["suggestions"] if w["kind"] == "fp8_weights"]
+    assert way["argv"][-2:] == ["--quantization", "fp8"]  # accepted by every release r1sup knows
+    note = way["note"] or ""
+    assert ("fp8_per_tensor" in note) is spelled
+    if spelled:
+        assert note.startswith(f"vLLM {version} runs --quantization fp8 on a 16-bit checkpoint as its online")
+    assert "0.31" not in note
+
+
+# --- every recommended change with its reason and its cost -------------------------------------------
+
+
+def test_every_recommended_change_has_its_reason_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    # 32B on an A100 80GB (compute capability 8.0), 131,072 tokens with fp8 (e4m3) KV, 8 requests of 8,192
+    argv = ["--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "--gpu", "A100 80GB", "--max-model-len"]
+    argv += ["131072", "--kv-cache-dtype", "fp8", "--target-concurrency", "8", "--target-context", "8192"]
+    argv += ["--vllm-version", "0.32.0"]
+    d = run_json(capsys, *argv)
+    given, rec = d["flags"], d["recommended"]
+    changed = {
+        k for k in rec if rec[k] != given[k] and not (k == "max_model_len" and rec[k] == d["max_model_len"])
+    }
+    changes = {c["flag"]: c for c in d["recommended_changes"]}
+    assert set(changes) == changed and {"gpu_memory_utilization", "enforce_eager", "max_num_seqs"} <= changed
+    for c in changes.values():
+        assert c["reason"] and c["cost"] and c["to"] == rec[c["flag"]] and c["from"] == given[c["flag"]]
+        assert "not assessed" not in c["cost"]
+    total = d["device"]["total_gib"]
+    util = changes["gpu_memory_utilization"]
+    assert f"{given['gpu_memory_utilization']:g} x {total:.2f} = " in util["reason"]
+    assert (
+        f"{total * (1 - rec['gpu_memory_utilization']):.2f} GiB of the GPU stay outside vLLM" in util["cost"]
+    )
+    graphs = d["breakdown"]["cudagraph_gib"]
+    assert f"no CUDA graphs: their {graphs:.2f} GiB" in changes["enforce_eager"]["reason"]
+    assert "decoding is slower" in changes["enforce_eager"]["cost"]
+    default = d["assumed_defaults"]["max_num_seqs"]
+    seqs = changes["max_num_seqs"]
+    assert f"at most {rec['max_num_seqs']} requests run at once where {default} could" in seqs["cost"]
+    kv = changes["kv_cache_dtype"]  # e4m3 -> e5m2 below compute capability 8.9
+    assert (kv["from"], kv["to"]) == ("fp8", "fp8_e5m2") and "8.0" in kv["reason"]
+    if "max_model_len" in changes:
+        assert f"longer than {rec['max_model_len']:,} tokens are refused" in changes["max_model_len"]["cost"]
+
+    # the text says the same, one line per change and its cost under it
+    main(["plan", *argv])
+    out = capsys.readouterr().out
+    assert "what each change is for, and what it costs:" in out
+    for c in changes.values():
+        assert f": {c['reason']}\n      cost: {c['cost']}\n" in out
+
+
+def test_no_changes_listed_when_the_flags_fit_as_given(capsys: pytest.CaptureFixture[str]) -> None:
+    d = run_json(capsys, "--model", Q7, "--gpu", "H100", "--max-model-len", "8192")
+    assert d["verdict"]["status"] == "fits" and d["recommended_changes"] == []
+    main(["plan", "--model", Q7, "--gpu", "H100", "--max-model-len", "8192"])
+    assert "what each change is for" not in capsys.readouterr().out

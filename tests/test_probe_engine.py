@@ -44,6 +44,18 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         # read from /metrics while requests run (its value depends on when the gauge was sampled)
         assert p["peak_kv_usage"] is not None and 0 <= p["peak_kv_usage"] <= 1
         assert p["preemptions"] is not None
+        # vLLM's running and waiting gauges were read; two prompts of ~2,000 tokens need more than the
+        # 3,840-token cache holds, so what ran at once is what vLLM admitted, and the result says so
+        assert p["running_peak"] is not None and p["waiting_peak"] is not None, p
+        assert 1 <= p["concurrency_proven"] <= 2 and p["queued"] == (p["concurrency_proven"] < 2), p
+
+        # short prompts: two fit in the cache at once, and both ran together
+        runner.config = cfg.load(
+            path, environ={}, overrides={"probe.prompt_tokens": "200", "probe.output_tokens": "64"}
+        )
+        assert runner.probe(launch) == F.NO_FAILURE
+        short = launch.probe
+        assert short is not None and short["concurrency_proven"] == 2 and not short["queued"], short
 
         # now a long probe, and the engine core killed while it runs
         runner.config = cfg.load(

@@ -721,3 +721,92 @@ def test_cpu_fingerprint_uses_the_machines_memory_not_numa_node0():
     assert fingerprint_key(fingerprint(device=base, **kw)) != fingerprint_key(
         fingerprint(device=bigger, **kw)
     )
+
+
+# --- the verified capacity (r1sup.capacity) -------------------------------------------------------
+
+
+PASSED = {
+    "ok": True,
+    "concurrency": 4,
+    "concurrency_proven": 2,
+    "prompt_tokens": 8020,
+    "output_tokens": 16,
+    "output_tokens_per_s": 96.5,
+    "ttft_p50_s": 0.21,
+    "ttft_p95_s": 0.4,
+}
+
+
+def test_the_capacity_a_probe_proved_is_saved_and_read_back() -> None:
+    from dataclasses import replace
+
+    from r1sup import capacity
+
+    flags = {"max_model_len": 8192}
+    verified = capacity.verified(
+        PASSED, flags, {"kv_cache_tokens": 101456.0}, {"requests": 4, "context": 16384}
+    )
+    assert verified is not None
+    assert (verified["requests"], verified["context_tokens"], verified["kv_cache_tokens"]) == (
+        2,
+        8192,
+        101456,
+    )
+    assert verified["probe_tokens"] == 8036 and verified["output_tokens_per_second"] == 96.5
+    assert verified["reduced"] and verified["reduced_because"] == [
+        "2 request(s) at once of 4 asked",
+        "context 8,192 of 16,384 asked",
+    ]
+    profile = replace(
+        make_profile(created_at="2025-01-01T00:00:00Z", updated_at="2025-01-02T00:00:00Z"), capacity=verified
+    )
+    data = json.loads(json.dumps(profile.to_dict()))
+    assert Profile.from_dict(data) == profile and data["schema_version"] == 1
+    # a profile saved before the capacity was recorded reads as it is
+    assert "capacity" not in _valid() and Profile.from_dict(_valid()).capacity == {}
+
+
+@pytest.mark.parametrize(
+    ("probe", "flags", "asked", "requests", "reduced"),
+    [
+        (PASSED, {"max_model_len": 8192}, {"requests": 2, "context": 8192}, 2, False),
+        ({**PASSED, "ok": False}, {"max_model_len": 8192}, {}, None, None),  # failed: nothing proven
+        ({k: v for k, v in PASSED.items() if k != "concurrency_proven"}, {}, {"requests": 1}, None, False),
+        (PASSED, {}, {"requests": None, "context": None}, 2, False),  # nothing asked: nothing reduced
+    ],
+)
+def test_what_a_probe_proves(
+    probe: dict[str, Any],
+    flags: dict[str, Any],
+    asked: dict[str, Any],
+    requests: int | None,
+    reduced: bool | None,
+) -> None:
+    from r1sup import capacity
+
+    verified = capacity.verified(probe, flags, {}, asked)
+    if reduced is None:
+        assert verified is None
+        return
+    assert verified is not None and verified["requests"] == requests and verified["reduced"] is reduced
+    # the search's own verdict adds to what the figures show, never hides it
+    assert capacity.verified(probe, flags, {}, asked, reduced=True)["reduced"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        ("yes", "capacity must be an object"),
+        ({"requests": "4"}, "capacity.requests"),
+        ({"requests": True}, "capacity.requests"),
+        ({"context_tokens": -1}, "capacity.context_tokens"),
+        ({"reduced": "no"}, "capacity.reduced"),
+        ({"reduced_because": "less"}, "capacity.reduced_because"),
+        ({"tokens": 1}, "unknown field(s): tokens"),
+    ],
+)
+def test_a_malformed_capacity_is_rejected(bad: Any, fragment: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Profile.from_dict(_with(capacity=bad))
+    assert fragment in str(info.value)

@@ -256,6 +256,23 @@ def test_an_engine_that_crashes_while_serving_is_restarted_after_a_backoff(
     assert r.engine(1).spec.argv == r.engine(2).spec.argv
 
 
+def test_status_json_shows_the_capacity_of_the_flags_serving_and_none_while_nothing_serves(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    r = replay(tmp_path, monkeypatch, crashing(after_s=20), Script())
+    seen: list[tuple[str, Any]] = []
+    r.on_transition(lambda old, new: seen.append((new.value, r.status_json()["capacity"])))
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    capacities = {state: capacity for state, capacity in seen if state in ("serving", "launching")}
+    assert capacities["launching"] is None  # the last launch: nothing proven for its flags yet
+    serving = capacities["serving"]
+    assert serving["requests"] == 1 and serving["output_tokens_per_second"] == 40.0 and not serving["reduced"]
+    assert serving["context_tokens"] == r.status_json()["flags"]["max_model_len"]
+    # nothing serves while it backs off after the crash, nor once it stopped
+    assert [capacity for state, capacity in seen if state in ("backoff", "stopped")] == [None, None]
+
+
 @covers((S.SERVING, S.FAILED))
 def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path, monkeypatch: Any) -> None:
     r = replay(tmp_path, monkeypatch, crashing(after_s=5), daemon={"restart_budget": 2})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,15 @@ def test_tune_prints_what_report_prints_later(tuned: dict[str, Any]) -> None:
     assert "memory of attempt 2, GiB per device:" in out
     assert "predicted |W" in out and "measured  |W" in out
     assert "loading weights" in out and "load probe" in out  # the phases and how long each took
+    # what the probe proved, and the same in the profile saved
+    assert re.search(
+        r"^capacity: 1 request\(s\) at once of up to \d[\d,]* tokens, [\d.]+ output tok/s", out, re.M
+    )
+    (saved,) = (tuned["state"] / "profiles").glob("*.json")
+    capacity = json.loads(saved.read_text())["capacity"]
+    assert (
+        capacity["requests"] == 1 and capacity["asked_requests"] == 1 and capacity["context_tokens"] >= 2048
+    )
     again = cli("report", "--config", str(tuned["config"]))
     assert again.returncode == 0, again.stderr
     assert again.stdout == out

@@ -17,10 +17,12 @@ from typing import Any
 
 import psutil
 import pytest
+from structlog.testing import capture_logs
 
 from conftest import wait_until
 from r1sup import config as cfg
 from r1sup import failure as F
+from r1sup.capacity import asked, verified
 from r1sup.events import EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.logs import get_logger
@@ -28,10 +30,15 @@ from r1sup.probe import (
     SHORT_PROMPT_TOKENS,
     Connection,
     ProbeProcess,
+    ProbeResult,
     ProbeSpec,
     Prompt,
+    delivers,
+    most_at_once,
+    parse_metrics,
     probe_requests,
     prompt_text,
+    proven_concurrency,
     recorded_prompt,
     short_prompt_tokens,
     sizing_record,
@@ -71,6 +78,65 @@ def test_the_short_probe_keeps_the_target_concurrency() -> None:
     assert probe_requests(8, 2, 8000, proven) == (2, True)
     assert probe_requests(8, 4, 8000, proven) == (8, False)  # never proven at 4 at once
     assert probe_requests(2, 2, 8000, proven) == (2, False)  # already one wave
+
+
+# --- what the probe proves about concurrency: pure ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spans", "expected"),
+    [
+        ([], 0),
+        ([(0.0, 0.0)], 1),  # one request of one token
+        ([(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)], 1),  # one after the other: queued behind each other
+        ([(0.0, 1.0), (0.5, 2.0), (0.9, 1.5)], 3),
+        ([(0.0, 1.0), (0.5, 0.6), (2.0, 3.0), (2.5, 2.6)], 2),
+    ],
+)
+def test_requests_delivering_tokens_together(spans: list[tuple[float, float]], expected: int) -> None:
+    assert most_at_once(spans) == expected
+
+
+@pytest.mark.parametrize(
+    ("sent", "running", "streams", "expected"),
+    [
+        (4, 4, 1, 4),  # vLLM's gauge saw them all (the streams' spans were too short to overlap)
+        (4, None, 3, 3),  # no /metrics: what the streams showed
+        (4, 1, 1, 1),  # queued: one at a time
+        (2, 3, 2, 2),  # another client's request on the gauge proves nothing beyond what was sent
+    ],
+)
+def test_the_concurrency_proven(sent: int, running: int | None, streams: int, expected: int) -> None:
+    assert proven_concurrency(sent, running, streams) == expected
+
+
+def test_the_first_token_is_the_first_chunk_with_text() -> None:
+    """vLLM streams the role and the finish reason in chunks of their own; a reasoning model's first
+    tokens come as its thinking."""
+    from types import SimpleNamespace as NS
+
+    assert not delivers(NS(delta=NS(role="assistant", content="")))
+    assert not delivers(NS(delta=NS(content=None), finish_reason="length"))
+    assert delivers(NS(delta=NS(content="The")))
+    assert delivers(NS(delta=NS(content=None, reasoning_content="Let")))
+    assert delivers(NS(delta=NS(content=None, reasoning="Let")))
+
+
+def test_a_queued_probe_says_how_many_ran_at_once() -> None:
+    result = ProbeResult(ok=True, requests=4, succeeded=4, concurrency=4, concurrency_proven=1)
+    result.queued, result.waiting_peak = True, 3
+    assert result.summary().startswith("4/4 ok at concurrency 4 (only 1 ran at once, 3 waited), ")
+
+
+def test_the_probe_reads_vllms_running_and_waiting_gauges() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="r1"} 3.0\n'
+        'vllm:num_requests_running{engine="1",model_name="r1"} 1.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="r1"} 2.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="r1"} 0.5\n'
+    )
+    assert parse_metrics(text) == {"running": 4.0, "waiting": 2.0, "kv_usage": 0.5}
 
 
 # --- the prompts' sizing record: pure -----------------------------------------------------------------
@@ -342,6 +408,49 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
         failure = runner.probe(launch)
         assert launch.probe is not None and launch.probe["requests"] == 1
         assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("start", "proven"),
+    [
+        ({"max_num_seqs": 1}, 1),  # one sequence at a time: the other three requests queue behind it
+        ({}, 4),  # vLLM's default (256 sequences) and room in the KV cache for four prompts
+    ],
+)
+def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
+    tmp_path: Path, start: dict[str, Any], proven: int
+) -> None:
+    # slow enough requests (prefill 0.2 s, decode 0.1 s) that vLLM's gauges and the streams see them
+    scenario = fake_scenario(
+        tmp_path, time_scale=0.05, runtime={"decode_tokens_per_s": 4, "prefill_tokens_per_s": 2000}
+    )
+    probe = {"requests": 4, "concurrency": 4}
+    body = fake_body(tmp_path, model=QWEN_7B, start=start, server={"env": fake_env(scenario)}, probe=probe)
+    path = write_config(tmp_path / "r1sup.toml", body)
+    config = cfg.load(path, environ={})
+    runner = Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False)
+    launch = None
+    try:
+        launch = launch_ready(runner)
+        with capture_logs() as logs:
+            assert runner.probe(launch) == F.NO_FAILURE  # every request succeeded
+        p = launch.probe
+        assert p is not None and p["ok"] and p["succeeded"] == 4 and p["concurrency"] == 4
+        assert p["concurrency_proven"] == proven and p["running_peak"] == proven
+        queued = [e for e in logs if e["event"] == "probe_queued"]
+        if proven < 4:
+            assert p["queued"] and p["waiting_peak"] >= 1
+            assert [(e["sent_at_once"], e["ran_at_once"], e["max_num_seqs"]) for e in queued] == [(4, 1, 1)]
+        else:
+            assert not p["queued"] and not queued
+        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        assert capacity is not None and capacity["requests"] == proven and capacity["asked_requests"] == 4
+        assert capacity["reduced"] == (proven < 4)
+        assert capacity["output_tokens_per_second"] > 0 and capacity["context_tokens"] == 8192
     finally:
         cleanup(runner, launch, path)
 

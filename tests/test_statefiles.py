@@ -369,14 +369,63 @@ def test_state_dir_is_created_0700_with_parents(tmp_path: Path) -> None:
     assert ensure_state_dir(target) == target  # idempotent
 
 
-def test_existing_open_state_dir_of_ours_is_tightened(tmp_path: Path) -> None:
+def test_an_existing_state_dir_is_never_chmodded(tmp_path: Path) -> None:
+    """r1sup did not create it, so it leaves its mode alone (issue 26: a shared directory was locked
+    to 0700); it says so once, and what it writes there is private anyway."""
     target = tmp_path / "state"
     target.mkdir()
     target.chmod(0o755)
     with capture_logs() as logs:
         ensure_state_dir(target)
-    assert mode_of(target) == 0o700
-    assert events(logs, "state_dir_mode_tightened")[0]["old_mode"] == "0o755"
+        ensure_state_dir(target)
+    assert mode_of(target) == 0o755
+    (event,) = events(logs, "state_dir_insecure")
+    assert event["mode"] == "0o755" and not events(logs, "state_dir_mode_tightened")
+    assert mode_of(ensure_subdir(target, "profiles")) == 0o700  # created here: private
+    atomic_write_json(target / "status.json", NEW)
+    assert mode_of(target / "status.json") == 0o600
+
+
+def test_a_symlink_to_an_open_dir_of_ours_is_not_chmodded(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    real.chmod(0o755)
+    link = tmp_path / "state"
+    link.symlink_to(real)
+    assert ensure_state_dir(link) == real
+    assert mode_of(real) == 0o755
+
+
+def test_a_world_writable_state_dir_is_refused_not_chmodded(tmp_path: Path) -> None:
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    with pytest.raises(ConfigError, match="writable by every user") as info:
+        ensure_state_dir(shared)
+    assert info.value.field == "state.dir"
+    assert stat.S_IMODE(os.lstat(shared).st_mode) == 0o1777
+    inside = ensure_state_dir(shared / "r1sup")  # a directory of its own in it: created 0700
+    assert mode_of(inside) == 0o700
+
+
+def test_stale_temp_files_are_swept_in_every_state_subdirectory(tmp_path: Path) -> None:
+    state = ensure_state_dir(tmp_path / "state")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    pid = int(dead.stdout)  # a process that has exited
+    left = []
+    for sub in ("", "runs", "profiles"):
+        d = state / sub if sub else state
+        d.mkdir(exist_ok=True)
+        left.append(d / f".record.json.{pid}.0123abcd.tmp")
+        left[-1].write_text("{")
+    mine = state / "runs" / f".x.json.{os.getpid()}.0123abcd.tmp"
+    mine.write_text("{")
+    lock = statefiles.lock_state_dir(state, "r1sup tune")
+    try:
+        assert not any(p.exists() for p in left)
+        assert mine.exists()  # a writer that is alive keeps its temporary file
+    finally:
+        lock.release()
 
 
 def test_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
@@ -446,3 +495,105 @@ def test_subdir_symlink_is_refused(tmp_path: Path) -> None:
         ensure_subdir(state, "profiles")
     with pytest.raises(ValueError):
         ensure_subdir(state, "../x")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_tune_exits_1_when_the_profile_was_not_saved(tmp_path: Path) -> None:
+    from test_tune_fake import QWEN_7B, fake_body, fake_scenario, run_tune
+
+    body = fake_body(tmp_path, model=QWEN_7B)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "profiles").write_text("not a directory")  # the save cannot succeed
+    tune = run_tune(tmp_path, body, fake_scenario(tmp_path, time_scale=0.01))
+    assert tune.result["ok"] and tune.result["profile_path"] is None, tune.explain()
+    assert tune.code == 1, tune.explain()
+    assert tune.proc.named("profile_save_failed")
+    assert any("profile was not saved" in line for line in tune.proc.stderr)
+
+
+# --- state writing recovers (issue 26) -------------------------------------------------------------
+
+
+class _Source:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = str(state_dir)
+        self.n = 0
+
+    def status_fields(self, recent: list) -> dict:
+        self.n += 1
+        return {"schema_version": SCHEMA_VERSION, "state": "serving", "n": self.n}
+
+
+def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Path) -> None:
+    from r1sup import bus
+    from r1sup.subscribers import StatusFile
+
+    state = ensure_state_dir(tmp_path / "state")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    (state / "status.json").symlink_to(elsewhere)
+    sink = StatusFile(_Source(state), structlog.get_logger())
+    with capture_logs() as logs:
+        sink(bus.StatusText("serving"))
+    assert not (state / "status.json").is_symlink()
+    assert json.loads((state / "status.json").read_text())["state"] == "serving"
+    assert elsewhere.read_text() == "{}"  # never written through
+    assert [p.is_symlink() for p in bad_files(state / "status.json")] == [True]
+    assert events(logs, "state_file_set_aside") and not events(logs, "status_write_failed")
+
+
+def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from r1sup import bus
+    from r1sup.subscribers import STATUS_RETRY_S, StatusFile
+
+    state = ensure_state_dir(tmp_path / "state")
+    real = statefiles.atomic_write_json
+    full = {"on": True}
+
+    def disk(path: Path, obj: object, mode: int = 0o600) -> None:
+        if full["on"]:
+            raise StateWriteError(f"cannot write {path}: No space left on device")
+        real(path, obj, mode)
+
+    monkeypatch.setattr(statefiles, "atomic_write_json", disk)
+    sink = StatusFile(_Source(state), structlog.get_logger())
+    with capture_logs() as logs:
+        sink(bus.StateChanged("probing", "serving"))
+        sink(bus.Heartbeat(100.0))
+        sink(bus.StatusText("x"))
+        assert not (state / "status.json").exists()
+        full["on"] = False  # space again; no change of state follows
+        sink(bus.Heartbeat(100.0 + STATUS_RETRY_S / 2))
+        assert not (state / "status.json").exists()  # not before the retry interval
+        sink(bus.Heartbeat(100.0 + STATUS_RETRY_S))
+    assert json.loads((state / "status.json").read_text())["state"] == "serving"
+    assert len(events(logs, "status_write_failed")) == 1  # once, not at every try
+    assert events(logs, "status_write_recovered")
+
+
+def test_run_records_come_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from r1sup import runrecord
+    from r1sup.config import build
+
+    config = build({"model": {"name": "m"}, "state": {"dir": str(tmp_path / "state")}}, env={})
+    real = runrecord.atomic_write_json
+    full = {"on": True}
+
+    def disk(path: Path, obj: object, mode: int = 0o600) -> None:
+        if full["on"]:
+            raise StateWriteError(f"cannot write {path}: No space left on device")
+        real(path, obj, mode)
+
+    monkeypatch.setattr(runrecord, "atomic_write_json", disk)
+    monkeypatch.setattr(runrecord, "RETRY_S", 0.0)
+    record = runrecord.RunLog(tmp_path / "state", "run", config, None)
+    with capture_logs() as logs:
+        assert record.save() is None
+        record.attempt({"outcome": "failed"})
+        full["on"] = False
+        record.attempt({"outcome": "passed"})
+    assert record.path is not None and record.path.exists()
+    saved = json.loads(record.path.read_text())
+    assert [a["outcome"] for a in saved["attempts"]] == ["failed", "passed"]
+    assert len(events(logs, "run_record_not_saved")) == 1 and events(logs, "run_record_saved_again")

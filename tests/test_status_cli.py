@@ -402,21 +402,93 @@ def test_one_line_per_served_model(
     daemon = start(sleepers, r1sup_like(tmp_path))
     write_status(
         state, daemon.pid, None, url="http://127.0.0.1:1/v1", max_model_len=4096, kv_cache_tokens=230304,
-        memory_gib=21.37, since=now_iso(-3725),
+        memory_gib=21.37, since=now_iso(-3725), capacity=CAPACITY,
     )  # fmt: skip
     code, out, _ = run(capsys, "status", "--state-dir", str(state))
     assert code == 0
     header, row = out.splitlines()[:2]
-    assert header.split() == "MODEL URL CONTEXT KV TOKENS KV USE MEMORY UPTIME LAUNCHES PROFILE STATE".split()
-    cells = row.split()
-    assert cells[:4] == ["qwen", "http://127.0.0.1:1/v1", "4096", "230,304"]
-    assert cells[4] == "-"  # nothing answers /metrics on port 1
-    assert "21.4 GiB (vLLM's account)" in row  # no child running: vLLM's own figures
-    assert re.search(r"\b1:02:0\d\b", row), row  # serving for an hour and two minutes
-    assert row.split()[-3:] == ["2", "persisted", "serving"]
+    assert header.split() == "MODEL URL CONTEXT REQUESTS TOKENS/S MEMORY UPTIME STATE".split()
+    cells = re.split(r"\s{2,}", row)
+    # what the probe proved: 4 requests at once, 96.5 output tokens/s
+    assert cells[:5] == ["qwen", "http://127.0.0.1:1/v1", "4096", "4", "96.5"]
+    assert cells[5] == "21.4 GiB (vLLM's account)"  # no child running: vLLM's own figures
+    assert re.fullmatch(r"1:02:0\d", cells[6]), row  # serving for an hour and two minutes
+    assert cells[7] == "serving"
+    assert "  capacity: 4 request(s) at once of up to 4,096 tokens, 96.5 output tok/s" in out
+
+    code, out, _ = run(capsys, "status", "--state-dir", str(state), "--verbose")
+    header, row = out.splitlines()[:2]
+    assert (
+        header.split()
+        == (
+            "MODEL URL CONTEXT REQUESTS TOKENS/S MEMORY KV TOKENS KV USE TTFT P50/P95 LAUNCHES PROFILE "
+            "UPTIME STATE"
+        ).split()
+    )
+    cells = re.split(r"\s{2,}", row)
+    assert cells[6:11] == [
+        "230,304",
+        "-",
+        "0.21/0.40s",
+        "2",
+        "persisted",
+    ]  # nothing answers /metrics on port 1
     report = json.loads(run(capsys, "status", "--state-dir", str(state), "--json")[1])
     (served,) = report["served"]
     assert served["context"] == 4096 and served["state"] == "serving" and served["uptime_s"] >= 3725
+    assert (served["requests"], served["output_tokens_per_second"], served["reduced"]) == (4, 96.5, False)
+
+
+CAPACITY = {
+    "requests": 4,
+    "context_tokens": 4096,
+    "probe_tokens": 4000,
+    "output_tokens_per_second": 96.5,
+    "ttft_p50_s": 0.21,
+    "ttft_p95_s": 0.4,
+    "kv_cache_tokens": 230304,
+    "asked_requests": 4,
+    "asked_context": 4096,
+    "reduced": False,
+    "reduced_because": [],
+}
+
+
+@pytest.mark.timeout(60)
+def test_a_reduced_configuration_says_so_on_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    state = tmp_path / "state"
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    reduced = {
+        **CAPACITY,
+        "requests": 1,
+        "reduced": True,
+        "reduced_because": ["1 request(s) at once of 4 asked"],
+    }
+    write_status(state, daemon.pid, None, url="http://127.0.0.1:1/v1", capacity=reduced)
+    row = run(capsys, "status", "--state-dir", str(state))[1].splitlines()[1]
+    assert re.split(r"\s{2,}", row)[3] == "1"
+    assert row.endswith("serving, REDUCED: 1 request(s) at once of 4 asked"), row
+
+
+@pytest.mark.timeout(60)
+def test_memory_is_vllms_gpu_account_not_the_host_rss_of_its_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    """A GPU engine whose processes NVML does not show to this command (no driver here, another PID
+    namespace): the MEMORY column is vLLM's own account of the GPU memory, not the few MiB of host
+    memory its processes hold."""
+    state = tmp_path / "state"
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    child = start(sleepers, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+    write_status(state, daemon.pid, child.pid, memory_gib=15.62, capacity=CAPACITY)
+    row = run(capsys, "status", "--state-dir", str(state))[1].splitlines()[1]
+    assert re.split(r"\s{2,}", row)[5] == "15.6 GiB (vLLM's account)", row
+    # without vLLM's account (a status.json of an engine that printed no figures): the host RSS
+    write_status(state, daemon.pid, child.pid)
+    row = run(capsys, "status", "--state-dir", str(state))[1].splitlines()[1]
+    assert re.fullmatch(r"\d+ MiB \(host RSS\)", re.split(r"\s{2,}", row)[5]), row
 
 
 @pytest.mark.timeout(60)

@@ -73,14 +73,19 @@ def test_progress_served_line_stop_and_report(tmp_path: Path) -> None:
                     "probe",
                 )  # type: ignore[index]
                 proc.wait_event("serving", 90)
-                text = status(state, env=fake_env(scenario)).stdout
+                text = status(state, "--verbose", env=fake_env(scenario)).stdout
                 row = text.splitlines()[1]
                 cells = re.split(r"\s{2,}", row)
                 assert cells[0] == "r1" and cells[1].startswith("http://127.0.0.1:"), row
-                assert re.fullmatch(r"\d[\d,]*", cells[3]), cells  # KV tokens, as vLLM reported them
-                assert re.fullmatch(r"\d+%", cells[4]), cells  # usage from vLLM's /metrics
+                # what the probe proved: one request at once (the probe's default), its tokens/s
+                assert cells[3] == "1" and re.fullmatch(r"\d+\.\d", cells[4]), cells
                 assert re.fullmatch(r"\d+\.\d GiB", cells[5]), cells  # NVML: the engine's GPU memory
-                assert cells[-1] == "serving" and cells[-2] == ("tuned" if run_number == 1 else "persisted")
+                assert re.fullmatch(r"\d[\d,]*", cells[6]), cells  # KV tokens, as vLLM reported them
+                assert re.fullmatch(r"\d+%", cells[7]), cells  # usage from vLLM's /metrics
+                assert cells[-1] == "serving" and cells[-3] == ("tuned" if run_number == 1 else "persisted")
+                capacity = status_json(state)["daemon"]["capacity"]
+                assert capacity["requests"] == 1 and capacity["context_tokens"] == 8192, capacity
+                assert capacity["kv_cache_tokens"] > 8192 and not capacity["reduced"], capacity
                 proc.signal(signal.SIGTERM)
                 assert proc.wait(60) == 0, proc.tail()
             finally:

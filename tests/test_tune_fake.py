@@ -43,8 +43,8 @@ def fake_scenario(tmp_path: Path, **fields: Any) -> dict[str, Any]:
 
 def fake_env(scenario: dict[str, Any]) -> dict[str, str]:
     """Environment of the r1sup process: the fake NVML first on the path, the scenario for both."""
-    # this tree's r1sup first, whichever checkout the environment installed
-    path = os.pathsep.join([str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests"), str(ROOT / "supervisor")])
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # e.g. a source checkout's
+    path = os.pathsep.join([str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests"), *kept])
     return {"PYTHONPATH": path, "FAKE_VLLM_SCENARIO": json.dumps(scenario)}
 
 
@@ -209,6 +209,10 @@ def test_weights_that_do_not_fit_are_quantized_to_fp8_when_allowed(tmp_path: Pat
     assert t.step_changes() == [{"quantization": (None, "fp8")}]
     assert [r["outcome"] for r in t.engine] == ["oom_weights", "ready"]
     assert_consistent(t)
+    # what the probe proved: its one request at a time, at the context launched
+    capacity = t.result["capacity"]
+    assert capacity["requests"] == 1 and capacity["context_tokens"] == t.result["flags"]["max_model_len"]
+    assert capacity["kv_cache_tokens"] == t.engine[-1]["kv_cache_tokens"] and not capacity["reduced"]
 
 
 def test_weights_that_do_not_fit_without_quantization_exit_3_with_the_ways_out(tmp_path: Path):

@@ -27,8 +27,13 @@ def load_api_key(config: Config, environ: Mapping[str, str] | None = None) -> st
         return env.get("VLLM_API_KEY") or None
     p = Path(path)
     try:
-        with p.open("rb") as fh:
-            data = fh.read(MAX_KEY_FILE_BYTES + 1)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the start
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError("server.api_key_file", f"{p} is not a regular file")
+            data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise ConfigError("server.api_key_file", f"file not found: {p}") from None
     except OSError as exc:
@@ -78,10 +83,30 @@ def secret_env_names(config: Config) -> list[str]:
 
 
 def secret_values(config: Config, api_key: str | None) -> list[str]:
-    """Everything to mask in logs: the key and secret-looking values of server.env."""
+    """Everything to mask in logs: the key and secret-looking values of server.env, each also in the
+    escaped forms a program prints it in (vLLM logs its arguments as a Python repr; JSON escapes),
+    longest first so that an escaped form is masked whole."""
     values = [api_key] if api_key else []
     values += [config.server.env[k] for k in secret_env_names(config) if len(config.server.env[k]) >= 4]
-    return values
+    forms = {form for value in values for form in escaped_forms(value)}
+    return sorted(forms, key=len, reverse=True)
+
+
+def escaped_forms(secret: str) -> list[str]:
+    """``secret`` as it reads inside a Python repr (either quote) and inside a JSON string."""
+    import json
+
+    backslashed = secret.replace("\\", "\\\\")
+    forms = [
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        backslashed.replace("'", "\\'"),
+        backslashed.replace('"', '\\"'),
+        backslashed,
+    ]
+    return list(dict.fromkeys(f for f in forms if f))
 
 
 def _mode(path: str) -> int | None:

@@ -68,6 +68,7 @@ class Serving:
     source: str | None  # persisted, shared or tuned
     probe: Mapping[str, Any] | None
     text: str  # the status line
+    capacity: Mapping[str, Any] | None = None  # what the probe proved (r1sup.capacity.verified)
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,8 @@ GPUS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Words that NVML/ROCm names and people add but that do not tell cards apart.
+# Words that NVML/ROCm names and people add but that do not tell cards apart. "NVL" is not one of them:
+# the H100 NVL has 94 GB, not the H100's 80, so "H100 NVL" must not become the 80 GB card.
 _NOISE = (
     "nvidia",
     "geforce",
@@ -242,7 +243,6 @@ _NOISE = (
     "sxm4",
     "sxm",
     "pcie",
-    "nvl",
     "oam",
     "gb",
 )
@@ -268,6 +268,19 @@ def find_gpu(name: str) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def catalog_total_beside(name: str, total_gib: float) -> str:
+    """``"; the catalog's H100 80GB (plan --gpu): 79.11 GiB"`` when a probed card is in the catalog with
+    another total (``plan --gpu`` sizes with the catalog's figure, ``tune`` with NVML's), else empty: the
+    two reports of one card then show both figures."""
+    found = find_gpu(name)
+    if found is None:
+        return ""
+    canonical, info = found
+    if abs(float(info["total_gib"]) - total_gib) < 0.005:
+        return ""
+    return f"; the catalog's {canonical} (plan --gpu): {float(info['total_gib']):.2f} GiB"
+
+
 def gpu_platform(name: str) -> str:
     """``"rocm"`` for AMD Instinct entries, else ``"cuda"``."""
     found = find_gpu(name)
@@ -285,6 +298,34 @@ def suggest_gpu(name: str) -> list[str]:
         for alias in (normalize_gpu_name(canonical), *info["aliases"]):
             by_name.setdefault(alias, canonical)
     return _closest(key, by_name)
+
+
+def unknown_gpu_message(name: str) -> str:
+    """One line for a ``--gpu`` name the catalog does not hold: the close catalog names (a typo, or a
+    variant of a card such as "H100 NVL", which is not the H100 80GB), else all of them, and the way to
+    plan for any card (``--gpu-memory-gib``)."""
+    close = suggest_gpu(name) or _variant_of(normalize_gpu_name(name))
+    listed = did_you_mean(close)[2:] if close else f"known: {', '.join(gpu_names())}."
+    return (
+        f"unknown GPU {name!r}; {listed} For a card not in the catalog give its memory: --gpu-memory-gib "
+        "GIB (CUDA's total, as PyTorch's out-of-memory messages print it; --gpu NAME beside it is a label)"
+    )
+
+
+def _variant_of(key: str) -> list[str]:
+    """The catalog card whose name ``key`` extends with a word (``h100nvl`` -> H100 80GB): the longest
+    such name, when what follows it starts with a letter (``a10094`` is not a variant of the A10)."""
+    best = ""
+    found: list[str] = []
+    for canonical, info in GPUS.items():
+        for alias in (normalize_gpu_name(canonical), *info["aliases"]):
+            rest = key[len(alias) :]
+            if len(alias) >= 3 and key.startswith(alias) and rest[:1].isalpha() and len(alias) >= len(best):
+                if len(alias) > len(best):
+                    best, found = alias, []
+                if canonical not in found:
+                    found.append(canonical)
+    return found
 
 
 def suggest_model(name: str) -> list[str]:

@@ -16,33 +16,112 @@ from typing import Any, NoReturn
 from r1sup import __version__
 from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, EXIT_SIGINT, InternalError, R1supError
 
-EXIT_CODES_HELP = """exit codes:
-  0    ok
-  1    a file could not be written, or an internal error of r1sup (one line naming where)
-  2    usage or configuration error (one line on stderr naming the field)
-  3    no working configuration within the ladder's bounds
-  4    fatal non-memory failure (model not found, no vLLM in server.python, port taken, bad engine
-       arguments)
-  5    serving gave up: more crashes than daemon.restart_budget allows
-  6    diagnose: the input is not a vLLM log
-  130  stopped by SIGINT (vLLM stopped first)
-  143  stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)
-"""
-DIAGNOSE_EXIT_CODES_HELP = """exit codes:
-  0    the input is a vLLM log (whatever its verdict, "none" included)
-  1    an internal error of r1sup (one line naming where)
-  2    usage error, or the input cannot be read
-  6    the input is not a vLLM log: no line of it is vLLM output (empty, binary, another program's text)
-"""
-PLAN_EXIT_CODES_HELP = """exit codes (the verdict; --json: verdict.exit_code):
-  0    fits as given: vLLM starts with these flags and holds the target
-  7    fits only with the recommended flags (printed; r1sup run launches them first)
-  3    does not fit within the ladder's bounds (the ways out say what would)
-  1    an internal error of r1sup (one line naming where)
-  2    usage or configuration error (one line on stderr naming the field)
-scripts: `r1sup plan ... && deploy` deploys only what fits as written; accept the recommended flags
-too with `r1sup plan ...; [ $? -ne 3 ]`
-"""
+# One line (or two) per exit code, as the README's "Exit codes" table says it. Each command's --help lists
+# only the codes that command can return; the top-level help lists them all.
+EXIT_CODE_LINES: dict[int, str] = {
+    0: "ok",
+    1: "a file could not be written, or an internal error of r1sup (one line naming where)",
+    2: "usage or configuration error (one line on stderr naming the field)",
+    3: "no working configuration within the ladder's bounds (plan: does not fit within them)",
+    4: "fatal non-memory failure (model not found, no vLLM in server.python, port taken, bad engine\n"
+    "       arguments)",
+    5: "run gave up: more crashes than daemon.restart_budget allows",
+    6: "diagnose: the input is not a vLLM log",
+    7: "plan: fits only with the recommended flags (not as given)",
+    130: "stopped by SIGINT (vLLM stopped first)",
+    143: "stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)",
+}
+
+
+def exit_codes_help(codes: dict[int, str | None], title: str = "exit codes:", tail: str = "") -> str:
+    """The ``exit codes:`` epilog of one command: ``codes`` maps each code it can return to its own
+    wording (None: the common one of :data:`EXIT_CODE_LINES`), in the order given."""
+    lines = [title]
+    for code, text in codes.items():
+        lines.append(f"  {code:<4} {text if text is not None else EXIT_CODE_LINES[code]}")
+    return "\n".join(lines) + "\n" + tail
+
+
+EXIT_CODES_HELP = exit_codes_help({code: None for code in EXIT_CODE_LINES})
+_INTERNAL_ONLY = "an internal error of r1sup (one line naming where)"
+_STATE_DIR_BUSY = (
+    "usage or configuration error (one line naming the field); also: another r1sup holds the\n"
+    "       state directory (the line names its pid and command)"
+)
+RUN_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "stopped cleanly (SIGTERM or SIGINT: vLLM drained and stopped first)",
+        1: None,
+        2: _STATE_DIR_BUSY,
+        3: "no working configuration within the ladder's bounds",
+        4: None,
+        5: "gave up serving: more crashes than daemon.restart_budget allows",
+    }
+)
+TUNE_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "a configuration started and passed the probe (saved, the report printed)",
+        1: "the profile could not be saved, or an internal error of r1sup (one line naming where)",
+        2: _STATE_DIR_BUSY,
+        3: "no working configuration within the ladder's bounds",
+        4: None,
+        130: "stopped by SIGINT (vLLM stopped first)",
+        143: "stopped by SIGTERM (vLLM stopped first)",
+    }
+)
+DIAGNOSE_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: 'the input is a vLLM log (whatever its verdict, "none" included)',
+        1: _INTERNAL_ONLY,
+        2: "usage error, or the input cannot be read",
+        6: "the input is not a vLLM log: no line of it is vLLM output (empty, binary, another program's"
+        " text)",
+    }
+)
+PLAN_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "fits as given: vLLM starts with these flags and holds the target",
+        7: "fits only with the recommended flags (printed; r1sup run launches them first)",
+        3: "does not fit within the ladder's bounds (the ways out say what would)",
+        1: _INTERNAL_ONLY,
+        2: "usage or configuration error (one line on stderr naming the field; an unknown or ambiguous\n"
+        "       --gpu name lists the close ones)",
+    },
+    title="exit codes (the verdict; --json: verdict.exit_code):",
+    tail="scripts: `r1sup plan ... && deploy` deploys only what fits as written; accept the recommended"
+    " flags\ntoo with `r1sup plan ...; [ $? -ne 3 ]`\n",
+)
+STATUS_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "shown (also when nothing runs or was tuned yet; a --watch ends with Ctrl-C)",
+        1: _INTERNAL_ONLY,
+        2: None,
+    }
+)
+REPORT_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: None,
+        1: "the --html file could not be written, or an internal error of r1sup (one line naming where)",
+        2: "usage error, no run record (or none matching --run), or an unusable one",
+    }
+)
+CHECK_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "the config is valid and the preflight passed",
+        1: _INTERNAL_ONLY,
+        2: None,
+        4: "the preflight failed: no vLLM in server.python, the model is nowhere, the port is taken",
+    }
+)
+PROFILE_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: None,
+        1: None,
+        2: "usage or configuration error, no saved profile to export, a profile file that cannot be\n"
+        "       read, or a fingerprint that differs (without --force)",
+    }
+)
+TINY_MODEL_EXIT_CODES_HELP = exit_codes_help({0: None, 1: None, 2: None})
 # Commands that log nothing: structlog is neither imported nor configured for them (start-up time).
 SILENT_COMMANDS = frozenset({"diagnose"})
 
@@ -108,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    def add(name: str, help: str, epilog: str = EXIT_CODES_HELP) -> argparse.ArgumentParser:
+    def add(name: str, help: str, epilog: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(
             name,
             help=help,
@@ -118,10 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return p
 
-    p = add("run", "serve under supervision: reuse or tune a working config, then keep vLLM alive")
+    p = add(
+        "run",
+        "serve under supervision: reuse or tune a working config, then keep vLLM alive",
+        epilog=RUN_EXIT_CODES_HELP,
+    )
     _add_config_args(p)
 
-    p = add("tune", "find a configuration that starts and passes the load probe, save it, print a report")
+    p = add(
+        "tune",
+        "find a configuration that starts and passes the load probe, save it, print a report",
+        epilog=TUNE_EXIT_CODES_HELP,
+    )
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set ladder.strategy=...")
@@ -133,8 +220,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", "-c", metavar="FILE", help="take model, flags and target from this config")
     p.add_argument("--model", "-m", help="HF id (catalog or local HF cache) or a local model directory")
-    p.add_argument("--gpu", metavar="NAME", help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80'")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="memory of one GPU in GiB")
+    p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="GPU from the catalog, e.g. 'RTX 4090', 'H100 80' (a name it does not hold is refused; "
+        "for such a card give --gpu-memory-gib)",
+    )
+    p.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="GIB",
+        help="memory of one GPU in GiB, CUDA's total (beside a --gpu NAME not in the catalog, NAME is "
+        "its label)",
+    )
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs for tensor parallel")
     p.add_argument(
         "--pipeline-parallel-size",
@@ -168,12 +266,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE|-", help="log file, or - for standard input")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = add("status", "the served models (like ollama ps), the daemon's state and events, saved profiles")
+    p = add(
+        "status",
+        "the served models (like ollama ps), the daemon's state and events, saved profiles",
+        epilog=STATUS_EXIT_CODES_HELP,
+    )
     p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")
     p.add_argument(
         "--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="more columns (KV cache, TTFT, launches, profile) and the daemon's events",
+    )
     p.add_argument(
         "--watch",
         nargs="?",
@@ -183,7 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="redraw every SECONDS (default 2) until Ctrl-C",
     )
 
-    p = add("report", "the report of a tune or run: attempts, what changed and why, memory per GPU")
+    p = add(
+        "report",
+        "the report of a tune or run: attempts, what changed and why, memory per GPU",
+        epilog=REPORT_EXIT_CODES_HELP,
+    )
     p.add_argument("--config", "-c", metavar="FILE", help="config whose state.dir to read")
     p.add_argument(
         "--state-dir", metavar="DIR", help="state directory (default: the config's or /var/lib/r1sup)"
@@ -193,7 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the run record as JSON")
     p.add_argument("--list", action="store_true", help="list the run records")
 
-    p = add("check", "validate a config, run the preflight and print the effective settings")
+    p = add(
+        "check",
+        "validate a config, run the preflight and print the effective settings",
+        epilog=CHECK_EXIT_CODES_HELP,
+    )
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print the settings as JSON")
     p.add_argument(
@@ -202,18 +318,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate the file only: do not run server.python, look for the model or check the port",
     )
 
-    p = add("profile", "export or import a tuned profile for identical boxes")
+    p = add("profile", "export or import a tuned profile for identical boxes", epilog=PROFILE_EXIT_CODES_HELP)
     psub = p.add_subparsers(dest="profile_command", metavar="ACTION", parser_class=_Parser)
     psub.required = True
-    pe = psub.add_parser("export", help="write the profile matching this box and config to FILE")
+    pe = psub.add_parser(
+        "export",
+        help="write the profile matching this box and config to FILE",
+        epilog=PROFILE_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_config_args(pe)
     pe.add_argument("file", metavar="FILE")
-    pi = psub.add_parser("import", help="install a profile from FILE after checking its fingerprint")
+    pi = psub.add_parser(
+        "import",
+        help="install a profile from FILE after checking its fingerprint",
+        epilog=PROFILE_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_config_args(pi)
     pi.add_argument("file", metavar="FILE")
     pi.add_argument("--force", action="store_true", help="import even if the fingerprint differs")
 
-    p = add("tiny-model", "write the tiny dummy-weight model used by the demo and the tests")
+    p = add(
+        "tiny-model",
+        "write the tiny dummy-weight model used by the demo and the tests",
+        epilog=TINY_MODEL_EXIT_CODES_HELP,
+    )
     p.add_argument("dir", metavar="DIR")
     return parser
 

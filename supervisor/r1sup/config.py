@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
+import stat
 import sys
 import types
 import typing
@@ -405,6 +407,8 @@ def _parse_text(dotted: str, tp: Any, text: str) -> Any:
 def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):  # nan passes every comparison below
+        raise ConfigError(dotted, f"must be a finite number; got {value}")
     meta = f.metadata
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(dotted, f"must be one of {', '.join(meta['choices'])}; got {value!r}")
@@ -422,24 +426,54 @@ def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
             raise ConfigError(dotted, str(exc)) from None
 
 
+def check_start_value(dotted: str, name: str, value: Any) -> None:
+    """Check ``value`` as the ``[start]`` setting ``name`` would be checked (its declared range and
+    choices: what vLLM accepts for that flag); raises :class:`ConfigError` on ``dotted``. Profiles and
+    the fleet's store hold the same flags and are checked with this one declaration."""
+    fields = {f.name: f for f in dataclasses.fields(StartSection)}
+    if name not in fields:
+        raise ConfigError(dotted, "unknown flag")
+    _check(dotted, fields[name], value)
+
+
 # --- sources -----------------------------------------------------------------------------------
 
 
 def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML file; a missing file, one over 1 MiB or a syntax error is a ConfigError naming the file.
 
-    At most ``MAX_CONFIG_BYTES + 1`` bytes are read, so a device or a huge file cannot exhaust memory.
+    The file is opened without blocking and must be a regular file: a FIFO (which would block until a
+    writer comes), a device or a socket is refused (exit 2) before anything is read. At most
+    ``MAX_CONFIG_BYTES + 1`` bytes are read, so a huge file cannot exhaust memory.
     """
     p = Path(path)
     try:
-        with open(p, "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError("", f"config file not found: {p}") from None
     except IsADirectoryError:
         raise ConfigError("", f"config path is a directory: {p}") from None
     except OSError as exc:
         raise ConfigError("", f"cannot read config file {p}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError("", f"config path is a directory: {p}")
+        if not stat.S_ISREG(mode):
+            raise ConfigError("", f"config path is not a regular file ({_file_kind(mode)}): {p}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError("", f"cannot read config file {p}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError("", f"{p}: larger than {MAX_CONFIG_BYTES // 1024} KiB; not a config file")
     try:
@@ -658,6 +692,49 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a plain file"
+
+
+RELOAD_READ_TIMEOUT_S = 10.0
+
+
+def load_bounded(
+    path: str | os.PathLike[str] | None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    timeout_s: float = RELOAD_READ_TIMEOUT_S,
+) -> Config:
+    """:func:`load` in a worker thread, waited for at most ``timeout_s``: a reload from the daemon's loop
+    cannot wedge it on a file system that does not answer. ConfigError when the read took longer (the
+    worker is left to finish on its own; its result is dropped)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["config"] = load(path, overrides=overrides)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=work, name="config-read", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise ConfigError("", f"{path}: not read within {timeout_s:g} s (a stalled file system?)")
+    if "error" in box:
+        raise box["error"]
+    config: Config = box["config"]
+    return config
 
 
 def load(

@@ -116,6 +116,7 @@ class Daemon:
         self.status_text = ""  # the last STATUS= line, also in status.json
         self.since = now_iso()
         self.flags: EngineFlags | None = None
+        self.capacity: dict[str, Any] | None = None  # what the serving flags' probe proved
         self.profile_source: str | None = None
         self.last_failure: Failure | None = None
         self.history: Any = None  # the search (r1sup.search.Search) and its evidence, across restarts
@@ -185,6 +186,8 @@ class Daemon:
             "profile_source": self.profile_source,
             "degraded": self.degraded,
             "flags": self.flags.to_dict() if self.flags else None,
+            # what the serving flags' probe proved; none while nothing serves (launching, backoff, stopped)
+            "capacity": self.capacity if self.state in (State.SERVING, State.DRAINING) else None,
             "since": self.since,
             "updated_at": now_iso(),
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
@@ -221,6 +224,7 @@ class Daemon:
         """What the search reports: the daemon's state follows it, then it goes on the bus."""
         if isinstance(event, Launching):
             self.flags = event.flags
+            self.capacity = None  # until this launch's probe proves what it serves
             self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
         elif isinstance(event, Probing):
             self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
@@ -271,7 +275,7 @@ class Daemon:
         except R1supError as exc:
             self.publish(B.StateDirUnusable(str(exc)))
             return
-        statefiles.remove_stale_temp_files(directory)
+        statefiles.sweep_stale_temp_files(directory)
 
     def _start_metrics(self) -> None:
         d = self.config.daemon
@@ -396,7 +400,7 @@ class Daemon:
         if result.ok:
             persisted = saved is not None and result.launches == 1
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
-            if not persisted:
+            if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
                 result.profile_path = save_profile(
                     self.s, result, self.fingerprint, self._conditions(result, key)
                 )
@@ -477,19 +481,21 @@ class Daemon:
         if not self.config.state.profile_store:
             return fleet.Consulted()
         self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
-        if self.shared.profile is not None:
-            store.save(self.shared.profile)  # a local copy: the next start needs no store
+        if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
             self.publish(B.ProfileStoreHit(key))
         return self.shared
 
     def _served(self, result: TuneResult) -> None:
+        from r1sup.session import capacity_of
+
         self.flags = result.flags
+        self.capacity = capacity_of(self.config, result)
         ctx = result.flags.max_model_len if result.flags else None
         text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
             f" (context {ctx})" if ctx else ""
         )
         self.transition(State.SERVING, text)
-        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text))
+        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -642,9 +648,14 @@ class Daemon:
 
         self.publish(B.Reloading())
         try:
-            new = cfg.load(self.config.source, overrides=self.s.overrides) if self.config.source else None
+            source = self.config.source
+            new = cfg.load_bounded(source, overrides=self.s.overrides) if source else None
         except R1supError as exc:
             self.publish(B.ReloadFailed(str(exc)))
+            return None
+        if new is not None and os.path.realpath(new.state.dir) != os.path.realpath(self.config.state.dir):
+            # the state directory's lock (one r1sup per state directory) stays with the one it took
+            self.publish(B.ReloadFailed("state.dir: a new state directory takes a restart, not a reload"))
             return None
         changed = _implied_change(self.config, new) if new else False
         if new is not None and not changed:

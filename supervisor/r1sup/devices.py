@@ -272,8 +272,7 @@ def from_catalog(name: str, count: int = 1) -> DeviceFacts:
     """A device from the GPU catalog (``--gpu NAME``); unknown names are a ConfigError."""
     found = catalog.find_gpu(name)
     if found is None:
-        hint = catalog.did_you_mean(catalog.suggest_gpu(name))
-        raise ConfigError("--gpu", f"unknown GPU {name!r}{hint}; known: {', '.join(catalog.gpu_names())}")
+        raise ConfigError("--gpu", catalog.unknown_gpu_message(name))
     canonical, info = found
     total = int(info["total_gib"] * GIB)
     gpus = tuple(GpuInfo(i, canonical, total, total, tuple(info["compute_capability"])) for i in range(count))

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import socket
 import threading
@@ -118,7 +119,12 @@ class Here:
 
 
 def stale(holder: Holder, now: float, here: Here, pid_alive: Callable[[int], bool]) -> str | None:
-    """Why ``holder``'s lease may be taken over, or None while it stands."""
+    """Why ``holder``'s lease may be taken over, or None while it stands. A record no live holder would
+    write (an expiry that is not a finite number, a pid below 1) counts as expired."""
+    if not math.isfinite(holder.expires_at):
+        return f"its expiry {holder.expires_at} is not a time"
+    if holder.pid < 1:
+        return f"its pid {holder.pid} is not a process"
     if now > holder.expires_at + CLOCK_SKEW_S:
         return f"expired {now - holder.expires_at:.0f}s ago"
     same_pid_space = (

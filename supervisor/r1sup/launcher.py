@@ -36,6 +36,8 @@ from r1sup.logs import MASK
 
 MAX_LINE_BYTES = 64 * 1024
 CHILD_MARK_VAR = "R1SUP_INSTANCE"
+# the r1sup that launched a child, "<pid>:<start time>": its children are leftovers once it is gone
+OWNER_VAR = "R1SUP_OWNER"
 SYSTEMD_VARS = (
     "NOTIFY_SOCKET",
     "WATCHDOG_USEC",
@@ -94,6 +96,7 @@ def build_spec(
     argv += list(server.extra_args)
     env = engine_env(config, base_env)
     env[CHILD_MARK_VAR] = instance_id(config)
+    env[OWNER_VAR] = owner_mark()
     if api_key:
         env["VLLM_API_KEY"] = api_key  # through the environment, never the command line
     secrets = [api_key] if api_key else []
@@ -115,6 +118,7 @@ def engine_env(config: Config, base_env: Mapping[str, str] | None = None) -> dic
     env = {k: v for k, v in env.items() if not k.startswith("WATCHDOG_")}
     env.pop("VLLM_API_KEY", None)
     env.pop(CHILD_MARK_VAR, None)
+    env.pop(OWNER_VAR, None)
     env.update(config.server.env)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -441,23 +445,69 @@ def port_holder(host: str, port: int, instance: str) -> PortHolder | None:
     return PortHolder(pid, name, cmdline, is_ours(pid, instance))
 
 
+def owner_mark(pid: int | None = None) -> str:
+    """``<pid>:<start time>`` of an r1sup process (this one by default), as its children carry it."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = 0.0
+    return f"{pid}:{started:.2f}"
+
+
+def owner_alive(mark: str | None) -> bool:
+    """Whether the r1sup named by a child's :data:`OWNER_VAR` is still running (and is not this one).
+
+    A child without a readable mark (started by an r1sup before the mark existed) has no owner we can
+    ask about, so it counts as left over. A pid that now belongs to another process (its start time
+    differs) does not keep the child alive."""
+    if not mark:
+        return False
+    pid_text, _, started_text = mark.partition(":")
+    try:
+        pid, started = int(pid_text), float(started_text)
+    except ValueError:
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        now_started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return False
+    return abs(now_started - started) < 1.0
+
+
+def _left_over(env: Mapping[str, str], instance: str) -> bool:
+    return env.get(CHILD_MARK_VAR) == instance and not owner_alive(env.get(OWNER_VAR))
+
+
 def is_ours(pid: int, instance: str) -> bool:
+    """Whether ``pid`` is a leftover of this configured server: marked with ``instance`` and its owning
+    r1sup is gone (or is this process). A child of another r1sup that still runs is never ours."""
     try:
         env = psutil.Process(pid).environ()
     except psutil.Error:
         return False
-    return env.get(CHILD_MARK_VAR) == instance
+    return _left_over(env, instance)
 
 
 def leftovers(instance: str) -> list[psutil.Process]:
-    """Processes started by an earlier r1sup for this configured server that are still alive."""
+    """Processes started by an earlier r1sup for this configured server that are still alive and whose
+    r1sup is gone: a second r1sup of the same server never takes the first one's vLLM for a leftover."""
+    return marked(instance, only_orphans=True)
+
+
+def marked(instance: str, *, only_orphans: bool = False) -> list[psutil.Process]:
+    """Live processes carrying this configured server's mark (whoever launched them)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter(["pid"]):
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(CHILD_MARK_VAR) == instance and proc.status() != psutil.STATUS_ZOMBIE:
+            env = proc.environ()
+            hit = _left_over(env, instance) if only_orphans else env.get(CHILD_MARK_VAR) == instance
+            if hit and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except psutil.Error:
             continue

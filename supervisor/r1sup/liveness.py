@@ -490,8 +490,8 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
         seen_until = track.figures_at
     if seen_until - ref >= policy.progress_timeout_s:
         reason = (
-            f"work pending and no progress for {now - ref:.0f}s "
-            f"(progress timeout {policy.progress_timeout_s:g}s; last progress: {track.progress})"
+            f"work pending for {now - ref:.0f}s with no progress (progress timeout "
+            f"{policy.progress_timeout_s:g}s); {_last_progress(track, now)}"
         )
         return Verdict(HUNG, EVIDENCE_STALL, reason, figures=figures)
     latest_moved = not unknown and track.figures_at is not None and track.figures_at <= track.last_progress_at
@@ -505,8 +505,17 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
     else:
         stalled_sample = track.figures_at is not None and track.figures_at - ref >= policy.interval_s
         probe = due and stalled_sample and not track.probe_after_progress
-    reason = f"work pending, no progress for {now - ref:.0f}s of {policy.progress_timeout_s:g}s"
+    reason = (
+        f"work pending for {now - ref:.0f}s of {policy.progress_timeout_s:g}s with no progress; "
+        f"{_last_progress(track, now)}"
+    )
     return Verdict(ALIVE, EVIDENCE_WAITING, reason, probe=probe, figures=figures)
+
+
+def _last_progress(track: Track, now: float) -> str:
+    """How long ago anything moved, the same figure as ``since_progress_s`` (the stall clock above starts
+    only when work is pending, which can be long after the last progress of an idle server)."""
+    return f"last progress {now - track.last_progress_at:.0f}s ago ({track.progress})"
 
 
 # --- draining ------------------------------------------------------------------------------------

@@ -43,11 +43,28 @@ MIB = 1024**2
 
 @dataclass(frozen=True, order=True)
 class Version:
-    """A vLLM release, ``major.minor.patch`` (pre-release and local parts ignored)."""
+    """A vLLM release, ``major.minor.patch`` (pre-release and local parts ignored), and what the memory
+    model must know of how that release is installed and started (not part of equality or order: two
+    starts of one release compare equal):
+
+    * ``flashinfer_sampler``: whether the sampler uses FlashInfer's top-k/top-p kernels (vLLM's
+      ``VLLM_USE_FLASHINFER_SAMPLER``, and before 0.11.1 whether ``flashinfer`` is installed at all);
+      None: the release's default as ``pip install vllm`` sets it up (:func:`sampler_backend`).
+    * ``compile_cache``: ``"warm"`` when vLLM's ``torch.compile`` cache already holds this model's
+      graphs, ``"cold"`` when it does not; None: not known, sized as cold (:func:`compile_note`).
+    """
 
     major: int
     minor: int
     patch: int = 0
+    flashinfer_sampler: bool | None = field(default=None, compare=False)
+    compile_cache: str | None = field(default=None, compare=False)
+
+    def started(self, flashinfer_sampler: bool | None = None, compile_cache: str | None = None) -> Version:
+        """This release with what is known of its installation and cache (see the class)."""
+        if compile_cache not in (None, "warm", "cold"):
+            raise ValueError(f"compile_cache must be 'warm', 'cold' or None, got {compile_cache!r}")
+        return dataclasses.replace(self, flashinfer_sampler=flashinfer_sampler, compile_cache=compile_cache)
 
     @classmethod
     def parse(cls, text: str) -> Version:
@@ -119,6 +136,12 @@ class Rules:
     a100_small_defaults: bool
     tier_160_gib: bool
     tokens_capped_by_seqs_x_len: bool
+    # the sampler warm-up runs FlashInfer's top-k/top-p alone when the sampler uses it: V1 from its start
+    # up to 0.11.0 (vllm/v1/sample/ops/topk_topp_sampler.py: on whenever flashinfer imports, unless
+    # VLLM_USE_FLASHINFER_SAMPLER=0). From 0.11.1 FlashInfer sampling is opt-in (vLLM PR 26859), and once it
+    # is the default again the warm-up runs the native path too (gpu_model_runner._dummy_sampler_run:
+    # "Also warm forward_native"), so the native path sets the peak there either way.
+    flashinfer_warmup_alone: bool
 
     @property
     def v0(self) -> bool:
@@ -147,6 +170,7 @@ def rules(version: Version) -> Rules:
         a100_small_defaults=v >= Version(0, 9),
         tier_160_gib=v >= Version(0, 28),
         tokens_capped_by_seqs_x_len=v >= Version(0, 12),
+        flashinfer_warmup_alone=FIRST_V1 <= v < Version(0, 11, 1),
     )
 
 
@@ -616,6 +640,42 @@ def nvls_class(device: DeviceFacts) -> bool:
     )
 
 
+def card_unnamed(device: DeviceFacts) -> bool:
+    """A CUDA device known only by its memory (``--gpu-memory-gib`` without ``--gpu``)."""
+    return (
+        device.backend == "cuda"
+        and device.compute_capability is None
+        and gpu_name(device).lower() in ("", "custom")
+    )
+
+
+def nvls_assumed(device: DeviceFacts) -> bool:
+    """Whether tensor-parallel communication memory is sized as on an NVSwitch Hopper-class box although
+    the card is not known (``--gpu-memory-gib`` without ``--gpu``: no name, no compute capability). Such
+    a box has 70 GiB or more per GPU; a card of that size is assumed to be one (the safe side: an A100
+    80GB, which has no NVLS, then gets ~1.75 GiB less KV than vLLM gives it). Below 70 GiB no card has
+    NVLS, so a PCIe-class card is assumed."""
+    return card_unnamed(device) and device.total_bytes >= 70 * GIB
+
+
+def tp_comm_note(device: DeviceFacts, tp: int) -> str | None:
+    """What the sizing assumed about tensor-parallel communication memory when the card is not named."""
+    if tp <= 1 or not card_unnamed(device):
+        return None
+    if nvls_assumed(device):
+        return (
+            f"card not named: tensor-parallel communication memory sized as on an NVSwitch Hopper-class box "
+            f"({NON_TORCH_GIB + NON_TORCH_TP_NVLS_GIB:.2f} GiB non-torch and "
+            f"{CUDA_CONTEXT_GIB + NCCL_CONTEXT_NVLS_GIB:.2f} GiB of context per GPU); name it with --gpu for "
+            "the card's own figures (an A100 or a PCIe card needs about 1.75 GiB less)"
+        )
+    return (
+        f"card not named: tensor-parallel communication memory sized as on a PCIe-class card "
+        f"({NON_TORCH_GIB + NON_TORCH_TP_GIB:.2f} GiB non-torch per GPU; no card below 70 GiB has NVLink "
+        "SHARP); name it with --gpu for the card's own figures"
+    )
+
+
 # --- batch defaults ------------------------------------------------------------------------------
 
 
@@ -711,7 +771,8 @@ def non_torch_bytes(device: DeviceFacts, tp: int, version: Version) -> int:
         return int(CPU_RUNTIME_GIB * GIB)
     extra = 0.0
     if tp > 1:
-        extra = NON_TORCH_TP_NVLS_GIB if nvls_class(device) else NON_TORCH_TP_GIB
+        nvls = nvls_class(device) or nvls_assumed(device)
+        extra = NON_TORCH_TP_NVLS_GIB if nvls else NON_TORCH_TP_GIB
     return int((NON_TORCH_GIB + extra) * GIB)
 
 
@@ -722,7 +783,8 @@ def context_bytes(device: DeviceFacts, tp: int, version: Version) -> int:
         return 0
     extra = 0.0
     if tp > 1:
-        extra = NCCL_CONTEXT_NVLS_GIB if nvls_class(device) else NCCL_CONTEXT_GIB
+        nvls = nvls_class(device) or nvls_assumed(device)
+        extra = NCCL_CONTEXT_NVLS_GIB if nvls else NCCL_CONTEXT_GIB
     return int((CUDA_CONTEXT_GIB + extra) * GIB)
 
 
@@ -737,6 +799,59 @@ TRITON_BYTES_PER_LOGIT = 14  # model-dtype logits (2) + fp32 copy (4) + probabil
 # Qwen3-14B version sweep on H100 (5.64 GiB with 1024 sequences on 0.15 and 0.16, 2.23 GiB on 0.17)
 SORT_BYTES_PER_LOGIT = 38
 SAMPLER_TRITON_MIN_BATCH = 8  # below this the sampler sorts even on versions with the Triton kernel
+# FlashInfer's top-k/top-p (top_k_top_p_sampling_from_logits) filters and samples without a sorted copy:
+# what stays is the model-dtype logits (2) and the sampler's fp32 copy of them (4). Read from the code;
+# consistent with vLLM 0.10.1 on A100 80GB (Qwen2-7B, 256 sequences: 0.63-0.65 GiB non-weights at TP 2,
+# where the sampler sets the peak, dennislee22/vLLM-benchmarking logs)
+FLASHINFER_BYTES_PER_LOGIT = 6
+
+
+def flashinfer_sampler_from_env(env: Mapping[str, str]) -> bool | None:
+    """``VLLM_USE_FLASHINFER_SAMPLER`` in the engine's environment as vLLM reads it (vllm/envs.py: an
+    integer, 0 is off); None when it is not set (the release's default, :func:`sampler_backend`)."""
+    value = env.get("VLLM_USE_FLASHINFER_SAMPLER")
+    if value is None or not value.strip():
+        return None
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ValueError(f"VLLM_USE_FLASHINFER_SAMPLER must be an integer (0 or 1), got {value!r}") from None
+
+
+def sampler_note(version: Version) -> str | None:
+    """What the sizing assumed about the sampler where the installation decides it (V1 up to 0.11.0)."""
+    if not rules(version).flashinfer_warmup_alone or version.flashinfer_sampler is not None:
+        return None
+    return (
+        f"vLLM {version}'s sampler uses FlashInfer when flashinfer is installed (vLLM's Docker image; not a "
+        "plain pip install): sized without it, which is the larger warm-up; set "
+        "VLLM_USE_FLASHINFER_SAMPLER=1 (or 0) in the engine's environment to size the sampler as it will run"
+    )
+
+
+def compile_note(version: Version) -> str:
+    """What the sizing assumed about vLLM's torch.compile cache (see :class:`Version`)."""
+    if version.compile_cache == "warm":
+        return (
+            "torch.compile cache warm (this model's graphs are cached): sized with the cold-start estimate "
+            "all the same, which a warm start does not exceed"
+        )
+    state = "cold (nothing cached yet)" if version.compile_cache == "cold" else "not known: sized as cold"
+    return (
+        f"torch.compile cache {state}; a cold start compiles during vLLM's memory profile and can take more "
+        "activation memory than later starts (RTX 4090, vLLM 0.27.1: 1.18 GiB cold, 0.19 GiB warm)"
+    )
+
+
+def sampler_backend(version: Version) -> str:
+    """How the sampler warm-up filters top-k/top-p in this release as started: ``"flashinfer"`` (V1 up to
+    0.11.0 with flashinfer installed and not disabled: ``version.flashinfer_sampler``; a plain ``pip
+    install vllm`` of those releases has no flashinfer, vLLM's Docker image has it), ``"triton"`` (0.17.0
+    on, batches of 8 and more) or ``"sort"`` (older releases, V0)."""
+    r = rules(version)
+    if r.flashinfer_warmup_alone and version.flashinfer_sampler:
+        return "flashinfer"
+    return "triton" if r.triton_top_k_top_p else "sort"
 
 
 def workspace_bytes(device: DeviceFacts) -> int:
@@ -766,11 +881,16 @@ def sampler_bytes(arch: ModelArch, device: DeviceFacts, seqs: int, tokens: int, 
     """The sampler warm-up right after the forward pass (``_dummy_sampler_run``): ``min(max_num_seqs,
     max_num_batched_tokens)`` rows of vocabulary-wide logits sampled with top-k and top-p, next to the
     forward's hidden states. With the Triton top-k/top-p kernel (0.17.0 on, batches of 8 or more) the rows
-    cost :data:`TRITON_BYTES_PER_LOGIT` plus one fp32 row per SM; a sort (older versions, V0) costs
+    cost :data:`TRITON_BYTES_PER_LOGIT` plus one fp32 row per SM; FlashInfer's kernels (up to 0.11.0 when
+    installed, :func:`sampler_backend`) :data:`FLASHINFER_BYTES_PER_LOGIT`; a sort (older versions, V0)
     :data:`SORT_BYTES_PER_LOGIT`. Logits are not split by tensor parallelism (every rank samples)."""
     rows = min(seqs, tokens)
-    triton = rules(version).triton_top_k_top_p and rows >= SAMPLER_TRITON_MIN_BATCH
-    per_logit = TRITON_BYTES_PER_LOGIT if triton else SORT_BYTES_PER_LOGIT
+    backend = sampler_backend(version)
+    triton = backend == "triton" and rows >= SAMPLER_TRITON_MIN_BATCH
+    if backend == "flashinfer":
+        per_logit = FLASHINFER_BYTES_PER_LOGIT
+    else:
+        per_logit = TRITON_BYTES_PER_LOGIT if triton else SORT_BYTES_PER_LOGIT
     logits = rows * arch.vocab * per_logit
     buffer = sm_count(device) * arch.vocab * 4 if triton else 0
     hidden = (tokens + 2 * rows) * arch.hidden * arch.dtype_bytes
@@ -1033,6 +1153,7 @@ ESTIMATE = "estimate"
 MEASURED = "measured"
 SCALED = "measured, scaled"
 REST = "measured (rest of the budget)"
+COLD_OVER_WARM = "estimate (cold compile cache; measured on a warm one)"
 
 
 @dataclass(frozen=True)
@@ -1046,12 +1167,20 @@ class Calibration:
     weights plus non-torch), ``peak_activation_gib`` (or ``breakdown_activation_gib``, which from 0.27.0
     includes the charged graph estimate), ``cudagraph_gib`` (the captured pool), ``cudagraph_estimated_gib``,
     ``kv_cache_gib`` (available KV memory, negative for a shortfall), ``requested_gib`` (or
-    ``gpu_memory_utilization`` and ``total_gib``), ``init_cuda_gib`` (memory at vLLM's start-up snapshot).
+    ``gpu_memory_utilization`` and ``total_gib``), ``init_cuda_gib`` (memory at vLLM's start-up snapshot),
+    ``compile_cache_cold`` (1.0: the launch compiled from nothing; 0.0: its compile cache was warm, and a
+    start that is not known to be warm is sized with the larger of its peak and the cold estimate).
     """
 
     flags: EngineFlags
     figures: Mapping[str, float] = field(default_factory=dict)
     version: Version | None = None
+
+    @property
+    def measured_warm(self) -> bool:
+        """The launch found vLLM's torch.compile cache warm (``compile_cache_cold`` 0.0 in its figures):
+        its activation peak is a warm start's, which a cold start can exceed."""
+        return self.figures.get("compile_cache_cold") == 0.0
 
     def measured(self, version: Version) -> dict[str, float]:
         """The terms these figures measure, in GiB, as :func:`evaluate` names them."""
@@ -1313,12 +1442,30 @@ def _evaluate_one(
             residual = int((m["budget"] - m["kv"]) * GIB) - parts_then - charged_then
             nt = terms["non_torch"]
             terms["non_torch"] = Term(max(0, nt.bytes + residual), REST)
+    cold_note: str | None = None
+    if calibration is not None and calibration.measured_warm and v.compile_cache != "warm":
+        # a peak measured on a warm compile cache does not bound a start that compiles from nothing
+        act = terms["activation"]
+        if act.source != ESTIMATE and raw.activation > act.bytes:
+            terms["activation"] = Term(raw.activation, COLD_OVER_WARM)
+            cold_note = (
+                f"activation peak measured on a warm torch.compile cache ({act.gib:.2f} GiB); this start may "
+                f"compile from nothing: sized with the cold estimate ({raw.activation / GIB:.2f} GiB)"
+            )
     charged = terms["cudagraph_estimate"].bytes if r.graph_estimate_charged else 0
     used = terms["weights"].bytes + terms["non_torch"].bytes + terms["activation"].bytes + charged
     kv_bpt = kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
     block = block_size(device.backend)
     problem: str | None = None
     notes: list[str] = []
+    if cold_note:
+        notes.append(cold_note)
+    comm = tp_comm_note(device, max(1, flags.tensor_parallel_size))
+    if comm and terms["non_torch"].source == ESTIMATE:
+        notes.append(comm)
+    sampler = sampler_note(v) if device.backend != "cpu" else None
+    if sampler and terms["activation"].source == ESTIMATE:
+        notes.append(sampler)
     free = device.free_bytes
     context = terms["context"].bytes
     requested = requested_bytes(device, flags.gpu_memory_utilization)

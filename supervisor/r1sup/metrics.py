@@ -2,12 +2,18 @@
 
 The listener (loopback by default) is :class:`r1sup.endpoint.Endpoint`: ``/metrics`` here, and
 ``/livez``, ``/readyz``, ``/status`` from the daemon's view.
+
+Besides the daemon's own counters it exports the capacity the load probe proved for the flags being
+served (:mod:`r1sup.capacity`), vLLM's KV cache size and the launched flags as an info metric, so that
+an autoscaler can compare what is in use (vLLM's own ``/metrics``) with what was proven. The
+``_created`` series prometheus_client adds to each counter are left out of the exposition (they carry
+the process's start time, not a measurement, and the client's switch for them is a module global).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 STATES = (
@@ -25,7 +31,7 @@ STATES = (
 
 class Metrics:
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
         self.registry = CollectorRegistry()
         r = self.registry
@@ -45,6 +51,29 @@ class Metrics:
             registry=r,
         )
         self.context = Gauge("r1sup_max_model_len", "context length being served", registry=r)
+        self.capacity_requests = Gauge(
+            "r1sup_capacity_requests",
+            "requests the load probe saw vLLM run at once with the flags being served",
+            registry=r,
+        )
+        self.capacity_context = Gauge(
+            "r1sup_capacity_context_tokens",
+            "context each request may use with the flags being served (tokens)",
+            registry=r,
+        )
+        self.capacity_tps = Gauge(
+            "r1sup_capacity_output_tokens_per_second",
+            "output tokens per second the load probe measured at that concurrency",
+            registry=r,
+        )
+        self.capacity_reduced = Gauge(
+            "r1sup_capacity_reduced", "1 when the flags served give less than the config asked", registry=r
+        )
+        self.kv_cache_tokens = Gauge(
+            "r1sup_kv_cache_tokens", "KV cache size vLLM reported for the flags being served", registry=r
+        )
+        self.launch_flags = Info("r1sup_launch_flags", "the vLLM flags of the last launch", registry=r)
+        self.verified(None)  # nothing proven yet
         self._server: Any = None
 
     def serve(
@@ -66,7 +95,7 @@ class Metrics:
         """(content type, body) of the Prometheus text format."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        return CONTENT_TYPE_LATEST, generate_latest(_WithoutCreated(self.registry))
 
     def close(self) -> None:
         if self._server is not None:
@@ -90,3 +119,36 @@ class Metrics:
 
     def success(self) -> None:
         self.last_success.set(time.time())
+
+    def launched(self, flags: Mapping[str, Any]) -> None:
+        """The flags of a launch, as ``r1sup_launch_flags_info{max_model_len="8192",...} 1`` (every
+        flag a label; one vLLM chooses is an empty string)."""
+        self.launch_flags.info({k: "" if v is None else str(v) for k, v in flags.items()})
+        if flags.get("max_model_len"):
+            self.context.set(flags["max_model_len"])
+
+    def verified(self, capacity: Mapping[str, Any] | None) -> None:
+        """The capacity the probe proved for the flags being served (r1sup.capacity.verified); a
+        figure it did not measure is left out (NaN), never shown as zero."""
+        c = capacity or {}
+        for gauge, key in (
+            (self.capacity_requests, "requests"),
+            (self.capacity_context, "context_tokens"),
+            (self.capacity_tps, "output_tokens_per_second"),
+            (self.kv_cache_tokens, "kv_cache_tokens"),
+        ):
+            value = c.get(key)
+            gauge.set(float(value) if isinstance(value, (int, float)) else float("nan"))
+        self.capacity_reduced.set(1 if c.get("reduced") else 0)
+
+
+class _WithoutCreated:
+    """A registry's metric families without the ``_created`` samples of counters."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family

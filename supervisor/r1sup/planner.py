@@ -631,7 +631,7 @@ def plan(
     if note:
         notes.append(note)
     notes += list(arch.approximations)
-    notes += _flag_notes(arch, device, flags)
+    notes += _flag_notes(arch, device, flags, v)
     notes += list(ev.est.notes)
     refused = M.tp_refusal(arch, flags.tensor_parallel_size)
     if refused:
@@ -1039,7 +1039,24 @@ def _normalize_flags(flags: EngineFlags) -> EngineFlags:
     return flags.replace(**changes) if changes else flags
 
 
-def _flag_notes(arch: ModelArch, device: DeviceFacts, flags: EngineFlags) -> list[str]:
+# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
+# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
+# loader warns "--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor
+# instead". Both spellings start; ``fp8`` is the one every release r1sup knows accepts.
+FP8_PER_TENSOR_SPELLING = Version(0, 32, 0)
+
+
+def fp8_weights_note(version: Version) -> str | None:
+    """How ``version`` reads ``--quantization fp8`` on a 16-bit checkpoint, where it has its own spelling."""
+    if version < FP8_PER_TENSOR_SPELLING:
+        return None
+    return (
+        f"vLLM {version} runs --quantization fp8 on a 16-bit checkpoint as its online fp8_per_tensor and "
+        "logs that this spelling is deprecated for it (use --quantization fp8_per_tensor); both start"
+    )
+
+
+def _flag_notes(arch: ModelArch, device: DeviceFacts, flags: EngineFlags, version: Version) -> list[str]:
     notes: list[str] = []
     cc = device.compute_capability
     if device.backend != "cpu" and _e4m3((flags.kv_cache_dtype or "auto").lower()):
@@ -1052,10 +1069,9 @@ def _flag_notes(arch: ModelArch, device: DeviceFacts, flags: EngineFlags) -> lis
             notes.append("compute capability unknown: below 8.9 use --kv-cache-dtype fp8_e5m2 instead of fp8")
     method = weight_method(arch, flags)
     if flags.quantization and flags.quantization.lower() == "fp8" and arch.quantization is None:
-        notes.append(
-            "vLLM 0.31 and later quantize a 16-bit checkpoint to fp8 with --quantization fp8_per_tensor "
-            "(plain fp8 then expects an fp8 checkpoint)"
-        )
+        note = fp8_weights_note(version)
+        if note:
+            notes.append(note)
     if method in FOUR_BIT_METHODS and arch.quantization not in FOUR_BIT_METHODS:
         notes.append(f"--quantization {method} needs a 4-bit {method.upper()} checkpoint of this model")
     if flags.max_model_len not in (None, -1) and int(flags.max_model_len) > arch.max_position_embeddings:
@@ -1245,10 +1261,18 @@ def _suggestions(
         fp8 = fp8_kv_choice(device)
         add("fp8_kv", f"fp8 KV cache ({fp8})", flags.replace(kv_cache_dtype=fp8))
     if method is None:
-        note = "vLLM 0.31 and later spell it --quantization fp8_per_tensor for a 16-bit checkpoint"
+        notes = [n for n in (fp8_weights_note(version),) if n]
         if device.compute_capability is not None and device.compute_capability < (8, 9):
-            note += "; below compute capability 8.9 vLLM runs fp8 weights with the weight-only Marlin kernel"
-        add("fp8_weights", "fp8 weights (quantized on the fly)", flags.replace(quantization="fp8"), note=note)
+            notes.append(
+                "below compute capability 8.9 vLLM runs fp8 weights with the weight-only Marlin kernel"
+            )
+        fp8_note = "; ".join(notes) or None
+        add(
+            "fp8_weights",
+            "fp8 weights (quantized on the fly)",
+            flags.replace(quantization="fp8"),
+            note=fp8_note,
+        )
     if method is None or method in FP8_WEIGHT_METHODS:
         add(
             "four_bit",

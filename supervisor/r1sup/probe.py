@@ -3,7 +3,15 @@
 Prompts are built to a token count with the server's own ``/tokenize`` (chat form, so the template
 is counted), each one different from its first word so that prefix caching cannot share KV blocks
 between them. Requests run ``concurrency`` at a time; ``/metrics`` is polled meanwhile for the peak
-KV-cache usage and the preemptions.
+KV-cache usage, the preemptions and the requests vLLM ran and queued (``vllm:num_requests_running``,
+``vllm:num_requests_waiting``).
+
+What the probe proves is the concurrency that really ran, not the one it sent: ``concurrency_proven``
+is the most requests seen running at once, by vLLM's gauge or by the probe's own streams (two requests
+whose tokens were arriving at the same time ran together), never more than were sent. Requests that
+queued behind a full batch (``max_num_seqs``) or a full KV cache still succeed, so the probe passes,
+and its result says so (``queued``, ``waiting_peak``); the capacity r1sup records and shows is the
+proven figure (:mod:`r1sup.capacity`).
 
 The probe runs in a child process (``python -m r1sup.probe``: the spec as JSON on stdin, the result as
 JSON on stdout), so that the openai client, httpx and their pools never stay resident in the
@@ -56,6 +64,7 @@ PROMPT_MARGIN_FRACTION = 0.02
 PROMPT_MARGIN_TOKENS = 8
 PROMPT_FILL = 0.97  # a built prompt holds at least this fraction of the tokens asked for
 SHORT_PROMPT_TOKENS = 64  # a short probe's prompts once vLLM's KV figure matches the proven launch's
+POLL_S = 0.05  # /metrics is read this often while the requests run
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,13 @@ class ProbeResult:
     duration_s: float = 0.0
     peak_kv_usage: float | None = None
     preemptions: int | None = None
+    # requests at once: vLLM's gauges at their peak while the probe ran (None: /metrics said nothing),
+    # the most streams delivering tokens at the same moment, and what that proves (<= concurrency)
+    running_peak: int | None = None
+    waiting_peak: int | None = None
+    streams_peak: int = 0
+    concurrency_proven: int | None = None
+    queued: bool = False  # fewer requests ran at once than were sent at once
     timed_out: bool = False
     # the probe's own machinery failed (the child crashed or could not import): {"where", "error"};
     # r1sup's fault, never the engine's
@@ -108,8 +124,12 @@ class ProbeResult:
             first = self.errors[0] if self.errors else "no detail"
             return f"{self.error_count}/{self.requests} requests failed: {first}"
         kv = f", peak KV {self.peak_kv_usage:.0%}" if self.peak_kv_usage is not None else ""
+        ran = ""
+        if self.queued:
+            waited = f", {self.waiting_peak} waited" if self.waiting_peak else ""
+            ran = f" (only {self.concurrency_proven} ran at once{waited})"
         return (
-            f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}, "
+            f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{ran}, "
             f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
             f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
         )
@@ -177,7 +197,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """The two gauges the probe records, from Prometheus text (summed over label sets)."""
+    """The figures the probe records, from Prometheus text: the KV usage (the largest label set), and
+    the preemptions and the running and waiting requests (summed over label sets: one per engine)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -191,7 +212,38 @@ def parse_metrics(text: str) -> dict[str, float]:
             out["kv_usage"] = max(out.get("kv_usage", 0.0), value)
         elif name == "vllm:num_preemptions_total":
             out["preemptions"] = out.get("preemptions", 0.0) + value
+        elif name == "vllm:num_requests_running":
+            out["running"] = out.get("running", 0.0) + value
+        elif name == "vllm:num_requests_waiting":
+            out["waiting"] = out.get("waiting", 0.0) + value
     return out
+
+
+PEAKS = ("kv_usage", "running", "waiting")  # the figures whose largest sample the probe keeps
+
+
+def keep_peaks(peaks: dict[str, float], sample: Mapping[str, float]) -> None:
+    for key in PEAKS:
+        if key in sample:
+            peaks[key] = max(peaks.get(key, 0.0), sample[key])
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most ``(start, end)`` spans open at one moment (a span ending as another starts does not
+    overlap it; a span of one instant, a request of one token, counts alone): how many requests were
+    delivering tokens together."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    best = now = 0
+    for _, step in edges:
+        now += step
+        best = max(best, now)
+    return max(best, 1) if spans else 0
+
+
+def proven_concurrency(sent: int, running_peak: int | None, streams_peak: int) -> int:
+    """Requests proven to run at once: the larger of vLLM's running gauge at its peak and the streams
+    seen delivering together (each only ever undercounts), never more than were sent at once."""
+    return max(0, min(sent, max(running_peak or 0, streams_peak)))
 
 
 def _pool(seed: int, words: int) -> list[str]:
@@ -355,6 +407,7 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         stop = asyncio.Event()
         poller = asyncio.create_task(_poll_metrics(http, metrics, stop))
         ttfts: list[float] = []
+        spans: list[tuple[float, float]] = []  # (first token, last token) of each request, monotonic
         sem = asyncio.Semaphore(spec.concurrency)
 
         built, result.sizing_reused = await prompts.all()  # all first, so the load itself is concurrent
@@ -377,16 +430,19 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
                         stream_options={"include_usage": True},
                     )
                     usage_tokens = None
+                    last = start
                     async for chunk in stream:
-                        if chunk.choices and first is None:
-                            first = time.monotonic() - start
-                        if chunk.choices:
+                        if chunk.choices and delivers(chunk.choices[0]):
+                            last = time.monotonic()
+                            if first is None:
+                                first = last - start
                             tokens += 1
                         if chunk.usage is not None:
                             usage_tokens = chunk.usage.completion_tokens
                     result.output_tokens_total += usage_tokens if usage_tokens is not None else tokens
                     if first is not None:
                         ttfts.append(first)
+                        spans.append((start + first, last))
                     result.succeeded += 1
                 except Exception as exc:
                     if not request_error(exc):
@@ -410,11 +466,18 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         await poller
         final = await _scrape(http)
         await client.close()
-    for sample in (baseline, final):
-        if "kv_usage" in sample:
-            metrics["kv_usage"] = max(metrics.get("kv_usage", 0.0), sample["kv_usage"])
+    keep_peaks(metrics, final)  # the baseline came before any request: not a peak of the probe's
+    if "kv_usage" in baseline:
+        metrics["kv_usage"] = max(metrics.get("kv_usage", 0.0), baseline["kv_usage"])
     if "kv_usage" in metrics:
         result.peak_kv_usage = round(metrics["kv_usage"], 4)
+    if "running" in metrics:
+        result.running_peak = int(metrics["running"])
+        result.waiting_peak = int(metrics.get("waiting", 0.0))
+    result.streams_peak = most_at_once(spans)
+    sent = min(spec.concurrency, spec.requests)
+    result.concurrency_proven = proven_concurrency(sent, result.running_peak, result.streams_peak)
+    result.queued = result.succeeded > 0 and result.concurrency_proven < sent
     if "preemptions" in final:
         result.preemptions = int(final["preemptions"] - baseline.get("preemptions", 0.0))
     result.prompt_tokens_estimated = prompts.estimated
@@ -428,6 +491,15 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
     result.duration_s = round(result.duration_s, 3)
     result.ok = result.succeeded == spec.requests and not result.timed_out
     return result
+
+
+def delivers(choice: Any) -> bool:
+    """Whether a streamed chunk's choice carries generated text (an answer's, or a reasoning model's
+    thinking), not only the role or the finish reason: the first such chunk is the first token."""
+    delta = getattr(choice, "delta", None)
+    if delta is None:
+        return False
+    return any(getattr(delta, name, None) for name in ("content", "reasoning_content", "reasoning"))
 
 
 # The HTTP stacks under the openai client (httpx up to openai 2, httpx2 from openai 3) and our own:
@@ -461,11 +533,9 @@ async def _scrape(http: httpx.AsyncClient) -> dict[str, float]:
 
 async def _poll_metrics(http: httpx.AsyncClient, metrics: dict[str, float], stop: asyncio.Event) -> None:
     while not stop.is_set():
-        sample = await _scrape(http)
-        if "kv_usage" in sample:
-            metrics["kv_usage"] = max(metrics.get("kv_usage", 0.0), sample["kv_usage"])
+        keep_peaks(metrics, await _scrape(http))
         try:
-            await asyncio.wait_for(stop.wait(), timeout=0.1)
+            await asyncio.wait_for(stop.wait(), timeout=POLL_S)
         except asyncio.TimeoutError:
             continue
 

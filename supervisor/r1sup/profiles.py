@@ -16,9 +16,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,31 @@ KEY_RE = re.compile(r"^[0-9a-f]{8,64}$")
 _FILE_RE = re.compile(r"^(?P<key>[0-9a-f]{8,64})\.json$")
 MASK = "***"
 _SECRET_FLAGS = ("--api-key",)
+
+
+def compile_cache_dir(env: typing.Mapping[str, str]) -> Path:
+    """Where vLLM keeps its ``torch.compile`` cache in this environment (vllm/envs.py): under
+    ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``. Under systemd and in
+    r1sup's image the cache root is in r1sup's state dir, so a new box, a wiped state dir or a new
+    image starts cold."""
+    root = env.get("VLLM_CACHE_ROOT")
+    if not root:
+        base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+        root = os.path.join(base, "vllm")
+    return Path(os.path.expanduser(root)) / "torch_compile_cache"
+
+
+def compile_cache_state(env: typing.Mapping[str, str]) -> str | None:
+    """``"cold"`` when vLLM will compile from nothing (its compile cache is disabled, missing or empty),
+    None when the cache holds something: perhaps this model's graphs, perhaps another's (vLLM's cache
+    key hashes its whole config, which r1sup does not recompute). A successful start leaves it warm."""
+    if env.get("VLLM_DISABLE_COMPILE_CACHE", "0").strip() not in ("", "0"):
+        return "cold"
+    folder = compile_cache_dir(env)
+    try:
+        return None if any(folder.iterdir()) else "cold"
+    except OSError:
+        return "cold"
 
 
 def mask_command(argv: list[str]) -> list[str]:
@@ -90,6 +117,9 @@ class Profile:
     # what the box looked like when this profile was found (search.conditions): free memory, other
     # processes holding GPU memory, and whether the profile is degraded by them (kept beside the best)
     conditions: dict[str, Any] = field(default_factory=dict)
+    # what the probe proved it serves (r1sup.capacity.verified); empty in a profile saved before r1sup
+    # recorded it (read as it is: an optional field, like conditions, not a new schema)
+    capacity: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", mask_command(list(self.command)))
@@ -145,71 +175,218 @@ class Profile:
             out["imported"] = self.imported
         if self.conditions:
             out["conditions"] = self.conditions
+        if self.capacity:
+            out["capacity"] = self.capacity
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Profile:
-        """Validate and build; raises ValueError naming the first bad field."""
-        if not isinstance(data, dict):
-            raise ValueError("a profile must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown field(s): {', '.join(unknown)}")
-        schema = _require(data, "schema_version", int)
-        if schema != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {schema}, this r1sup reads {SCHEMA_VERSION}")
-        key = _require(data, "key", str)
-        if not KEY_RE.match(key):
-            raise ValueError(f"key {key[:80]!r} is not 8-64 lowercase hex digits")
-        fp = _require(data, "fingerprint", dict)
-        if fingerprint_key(fp) != key:
-            raise ValueError("key does not match the fingerprint (edited or damaged)")
-        model = _require(data, "model", str)
-        served_name = _require(data, "served_name", str)
-        if not model or not served_name:
-            raise ValueError("model and served_name must not be empty")
-        flags = _check_flags(_require(data, "flags", dict))
-        command = _require(data, "command", list)
-        if not command or not all(isinstance(a, str) for a in command):
-            raise ValueError("command must be a non-empty list of strings")
-        probe = _require(data, "probe", dict)
-        observations = _require(data, "observations", dict)
-        attempts = _require(data, "attempts", list)
-        if not all(isinstance(a, dict) for a in attempts):
-            raise ValueError("attempts must be a list of objects")
-        stamps = {}
-        for name in ("created_at", "updated_at"):
-            text = _require(data, name, str)
-            try:
-                parse_iso(text)
-            except ValueError:
-                raise ValueError(f"{name} {text[:40]!r} is not an ISO 8601 timestamp") from None
-            stamps[name] = text
-        version = _require(data, "r1sup_version", str)
-        imported = data.get("imported")
-        if imported is not None and not isinstance(imported, dict):
-            raise ValueError("imported must be an object")
-        conditions = data.get("conditions", {})
-        if not isinstance(conditions, dict):
-            raise ValueError("conditions must be an object")
-        return cls(
-            key=key,
-            fingerprint=fp,
-            model=model,
-            served_name=served_name,
-            flags=flags,
-            command=command,
-            probe=probe,
-            observations=observations,
-            attempts=attempts,
-            created_at=stamps["created_at"],
-            updated_at=stamps["updated_at"],
-            r1sup_version=version,
-            schema_version=schema,
-            imported=imported,
-            conditions=conditions,
-        )
+        """Validate and build; raises ValueError naming the first bad field (:func:`validate`)."""
+        return cls(**validate(data))
+
+
+# --- validation: a profile is untrusted input (a local file, an import, the fleet's store) --------
+#
+# One check for every source, so that nothing a neighbour wrote can reach vLLM's command line or crash
+# r1sup: each flag against what ``[start]`` accepts (r1sup.config: vLLM's choices and ranges), every
+# number finite, the figures r1sup computes with of the right type. A field of the dataclass without
+# a check in FIELD_CHECKS (one added later) is taken leniently: any JSON value without NaN or Infinity.
+
+MAX_JSON_INT = 2**63 - 1  # what vLLM's integer flags and r1sup's arithmetic can take
+# observations: keys whose values are token counts (positive integers, as vLLM prints them)
+_TOKEN_KEYS = frozenset({"kv_cache_tokens", "max_model_len", "kv_capacity_tokens"})
+# observation keys read as numbers: these suffixes, and the names listed
+_NUMBER_SUFFIXES = ("_gib", "_mib", "_bytes", "_tokens", "_s", "_pct", "_perc")
+_NUMBER_KEYS = frozenset(
+    {"max_concurrency", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"}
+)
+# probe record: counts that must be non-negative integers
+_PROBE_COUNTS = ("requests", "succeeded", "concurrency", "prompt_tokens", "output_tokens")
+
+
+def validate(data: Any) -> dict[str, Any]:
+    """The constructor arguments of a :class:`Profile` from ``data`` (a parsed JSON object), every field
+    checked; raises ValueError naming the first bad field. Unknown top-level fields are refused."""
+    if not isinstance(data, dict):
+        raise ValueError("a profile must be a JSON object")
+    known = {f.name: f for f in dataclasses.fields(Profile)}
+    unknown = sorted(str(k) for k in set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown field(s): {', '.join(unknown)}")
+    schema = _require(data, "schema_version", int)
+    if schema != SCHEMA_VERSION:
+        raise ValueError(f"schema_version {schema}, this r1sup reads {SCHEMA_VERSION}")
+    out: dict[str, Any] = {"schema_version": schema}
+    for name, f in known.items():
+        if name == "schema_version":
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if name not in data:
+            if required or name in _REQUIRED_WITH_DEFAULT:
+                raise ValueError(f"missing field {name}")
+            continue
+        check = FIELD_CHECKS.get(name, _lenient)
+        out[name] = check(name, data[name])
+    if fingerprint_key(out["fingerprint"]) != out["key"]:
+        raise ValueError("key does not match the fingerprint (edited or damaged)")
+    if not out["model"] or not out["served_name"]:
+        raise ValueError("model and served_name must not be empty")
+    return out
+
+
+def _finite(value: Any, where: str, depth: int = 0) -> None:
+    """No NaN or Infinity anywhere in ``value`` (Python's JSON reader accepts both), nor an integer
+    past :data:`MAX_JSON_INT`, nor nesting deeper than 32."""
+    if depth > 32:
+        raise ValueError(f"{where}: nested too deeply")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
+        raise ValueError(f"{where}: {value} is out of range")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, f"{where}.{k}", depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, f"{where}[{i}]", depth + 1)
+
+
+def _lenient(name: str, value: Any) -> Any:
+    _finite(value, name)
+    return value
+
+
+def _typed(tp: type) -> Callable[[str, Any], Any]:
+    def check(name: str, value: Any) -> Any:
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ValueError(f"{name} must be {tp.__name__}, got {type(value).__name__}")
+        _finite(value, name)
+        return value
+
+    return check
+
+
+def _check_key(name: str, value: Any) -> str:
+    key = _typed(str)(name, value)
+    if not KEY_RE.match(key):
+        raise ValueError(f"key {key[:80]!r} is not 8-64 lowercase hex digits")
+    return str(key)
+
+
+def _check_command(name: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+        raise ValueError("command must be a non-empty list of strings")
+    return value
+
+
+def _check_attempts(name: str, value: Any) -> list[dict[str, Any]]:
+    _typed(list)(name, value)
+    if not all(isinstance(a, dict) for a in value):
+        raise ValueError("attempts must be a list of objects")
+    return list(value)
+
+
+def _check_stamp(name: str, value: Any) -> str:
+    text = _typed(str)(name, value)
+    try:
+        parse_iso(text)
+    except ValueError:
+        raise ValueError(f"{name} {text[:40]!r} is not an ISO 8601 timestamp") from None
+    return str(text)
+
+
+def _check_observations(name: str, value: Any) -> dict[str, Any]:
+    """vLLM's figures r1sup computes with: numbers (finite, not booleans); token counts positive
+    integers (an integral float, as the log reader stores them, counts)."""
+    obs = _typed(dict)(name, value)
+    for key, v in obs.items():
+        numeric = key in _NUMBER_KEYS or key in _TOKEN_KEYS or str(key).endswith(_NUMBER_SUFFIXES)
+        if not numeric:
+            continue
+        if v is None:
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise ValueError(f"{name}.{key} must be a number, got {type(v).__name__}")
+        if key in _TOKEN_KEYS and (v < 1 or v != int(v)):
+            raise ValueError(f"{name}.{key} must be a positive whole number of tokens, got {v}")
+    return dict(obs)
+
+
+def _check_probe(name: str, value: Any) -> dict[str, Any]:
+    """A probe record: its counts non-negative integers; a sizing record bounded, so that rebuilding
+    its prompts cannot take unbounded memory."""
+    probe = _typed(dict)(name, value)
+    for key in _PROBE_COUNTS:
+        v = probe.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{name}.{key} must be a non-negative integer, got {v!r}")
+    sizing = probe.get("sizing")
+    if sizing is not None:
+        if not isinstance(sizing, dict):
+            raise ValueError(f"{name}.sizing must be an object")
+        target = sizing.get("prompt_tokens")
+        entries = sizing.get("prompts")
+        if not isinstance(target, int) or isinstance(target, bool) or not 0 < target <= 1 << 24:
+            raise ValueError(f"{name}.sizing.prompt_tokens must be a positive integer, got {target!r}")
+        if not isinstance(entries, list) or len(entries) > 1 << 16:
+            raise ValueError(f"{name}.sizing.prompts must be a list")
+        for i, entry in enumerate(entries):
+            words = entry.get("words") if isinstance(entry, dict) else None
+            if isinstance(words, int) and words > 8 * target + 64:
+                raise ValueError(f"{name}.sizing.prompts[{i}].words {words} is too many for {target} tokens")
+    return dict(probe)
+
+
+def _check_optional_dict(name: str, value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
+    _finite(value, name)
+    return value
+
+
+def _check_conditions(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
+    _finite(value, name)
+    return value
+
+
+def _check_capacity(name: str, value: Any) -> dict[str, Any]:
+    """What the probe proved it serves (:func:`r1sup.capacity.check`), every number finite."""
+    from r1sup import capacity as C
+
+    _finite(value, name)
+    return C.check(value)
+
+
+def _check_flags_field(name: str, value: Any) -> dict[str, Any]:
+    return _check_flags(_typed(dict)(name, value))
+
+
+# fields a profile must hold although the dataclass gives them a default
+_REQUIRED_WITH_DEFAULT = frozenset(
+    {"probe", "observations", "attempts", "created_at", "updated_at", "r1sup_version"}
+)
+# one check per field; a field without one is checked by _lenient
+FIELD_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "key": _check_key,
+    "fingerprint": _typed(dict),
+    "model": _typed(str),
+    "served_name": _typed(str),
+    "flags": _check_flags_field,
+    "command": _check_command,
+    "probe": _check_probe,
+    "observations": _check_observations,
+    "attempts": _check_attempts,
+    "created_at": _check_stamp,
+    "updated_at": _check_stamp,
+    "r1sup_version": _typed(str),
+    "imported": _check_optional_dict,
+    "conditions": _check_conditions,
+    "capacity": _check_capacity,
+}
 
 
 def _require(data: dict[str, Any], name: str, tp: type) -> Any:
@@ -222,7 +399,10 @@ def _require(data: dict[str, Any], name: str, tp: type) -> Any:
 
 
 def _check_flags(flags: dict[str, Any]) -> dict[str, Any]:
-    """The flags as a full ``EngineFlags.to_dict()``, each value type-checked."""
+    """The flags as a full ``EngineFlags.to_dict()``, each value type-checked and checked against what
+    ``[start]`` accepts for it (:func:`r1sup.config.check_start_value`: vLLM's choices and ranges)."""
+    from r1sup.config import check_start_value
+
     hints = typing.get_type_hints(EngineFlags)
     names = {f.name for f in dataclasses.fields(EngineFlags)}
     for name, value in flags.items():
@@ -235,7 +415,12 @@ def _check_flags(flags: dict[str, Any]) -> dict[str, Any]:
             and not (isinstance(value, bool) and bool not in allowed)
         )
         if not ok:
-            raise ValueError(f"flags.{name}: unexpected value {value!r}")
+            raise ValueError(f"flags.{name}: unexpected value {str(value)[:80]!r}")
+        _finite(value, f"flags.{name}")
+        try:
+            check_start_value(f"flags.{name}", name, value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
     return EngineFlags.from_dict(dict(flags)).to_dict()
 
 

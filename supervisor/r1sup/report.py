@@ -7,11 +7,14 @@ Pure: a record dict (and optionally the daemon's status.json) in, a string out.
 from __future__ import annotations
 
 import html
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from r1sup import capacity
 from r1sup import memchart as M
+from r1sup.catalog import catalog_total_beside
 from r1sup.flags import short
 from r1sup.progress import LABELS as PHASE_LABELS
 from r1sup.progress import PHASES, clock
@@ -72,6 +75,9 @@ def render_text(record: Mapping[str, Any]) -> str:
         probe = result.get("probe")
         if probe:
             lines.append("probe: " + probe_text(probe))
+        verified = capacity_of(record)
+        if verified:
+            lines.append("capacity: " + capacity.text(verified))
         lines.append("vLLM command line:")
         lines.append("  " + " ".join(shlex.quote(str(a)) for a in result.get("command") or []))
         lines.append(f"profile: {result.get('profile_path') or 'NOT saved (see the log)'}")
@@ -81,6 +87,23 @@ def render_text(record: Mapping[str, Any]) -> str:
             lines.append(f"  way out: {s}")
     lines.append("")
     return "\n".join(lines)
+
+
+def capacity_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the passed probe of a record's result proved (r1sup.capacity), held against what the config
+    asked (``asked``; a record written before it was kept: the target)."""
+    result = record.get("result") or {}
+    asked = record.get("asked")
+    if not isinstance(asked, Mapping):
+        target = record.get("target") or {}
+        asked = {"requests": target.get("concurrency"), "context": target.get("context")}
+    return capacity.verified(
+        result.get("probe"),
+        result.get("flags"),
+        result.get("observations"),
+        asked,
+        reduced=result.get("reduced"),
+    )
 
 
 def _attempt_text(a: Mapping[str, Any]) -> list[str]:
@@ -110,7 +133,9 @@ def box_text(device: Any) -> str:
     if gpus:
         names = sorted({str(g.get("name")) for g in gpus})
         first = gpus[0]
-        text = f"{len(gpus)}x {', '.join(names)} ({first.get('total_gib')} GiB each"
+        total = first.get("total_gib")
+        beside = catalog_total_beside(str(first.get("name")), float(total)) if total is not None else ""
+        text = f"{len(gpus)}x {', '.join(names)} ({total} GiB each{beside}"
         frees = ", ".join(f"{g.get('free_gib')}" for g in gpus)
         text += f"; free before the launch: {frees} GiB)"
     else:
@@ -143,8 +168,12 @@ def phases_text(phase_seconds: Any) -> str:
 
 
 def probe_text(p: Mapping[str, Any]) -> str:
+    ran = ""
+    if p.get("queued"):
+        waited = f", {p['waiting_peak']} waited" if p.get("waiting_peak") else ""
+        ran = f" (only {p.get('concurrency_proven')} ran at once{waited})"
     return (
-        f"{p.get('succeeded')}/{p.get('requests')} ok at concurrency {p.get('concurrency')}, prompts of "
+        f"{p.get('succeeded')}/{p.get('requests')} ok at concurrency {p.get('concurrency')}{ran}, prompts of "
         f"{p.get('prompt_tokens')} tokens, {p.get('output_tokens')} output tokens each, "
         f"TTFT p50 {_num(p.get('ttft_p50_s'))}s p95 {_num(p.get('ttft_p95_s'))}s, "
         f"{_num(p.get('output_tokens_per_s'))} output tok/s, "
@@ -216,9 +245,9 @@ def render_html(
         ("command", f"r1sup {record.get('command')} (pid {record.get('pid')})"),
         ("config", record.get("config")),
         ("started", record.get("started_at")),
-        ("finished", record.get("finished_at") or "not yet"),
+        ("finished", record.get("finished_at") or "not yet (still running)"),
         ("launches", result.get("launches", len(record.get("attempts") or []))),
-        ("exit code", result.get("exit_code")),
+        *_outcome_rows(record),
         ("profile", result.get("profile_path")),
     ]
     body += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows if v not in (None, "")]
@@ -278,7 +307,7 @@ def render_html(
         body.append('<section id="events"><h2>Recent events</h2><table class="events">')
         for ev in events:
             if isinstance(ev, Mapping):
-                rest = ", ".join(f"{k}={v}" for k, v in ev.items() if k not in ("ts", "event"))
+                rest = ", ".join(f"{k}={event_value(v)}" for k, v in ev.items() if k not in ("ts", "event"))
                 body.append(
                     f"<tr><td>{_e(ev.get('ts'))}</td><td>{_e(ev.get('event'))}</td><td>{_e(rest)}</td></tr>"
                 )
@@ -294,6 +323,27 @@ def render_html(
         + "\n".join(body)
         + "\n</body></html>\n"
     )
+
+
+def _outcome_rows(record: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """How the process ended, once it has: ``tune``'s exit code is its result's; a ``run`` records the
+    state it ended in (its exit code is not in the record). Nothing while it still runs: a search's
+    result is not the exit code of a daemon that goes on serving."""
+    if not record.get("finished_at"):
+        return []
+    if record.get("command") == "run":
+        return [("final state", record.get("final_state"))]
+    return [("exit code", (record.get("result") or {}).get("exit_code"))]
+
+
+def event_value(value: Any) -> str:
+    """An event field as its JSON reads (``false``, ``null``, ``{"a": 1}``); text as it is."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, separators=(", ", ": "), default=str)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _attempt_html(a: Mapping[str, Any]) -> list[str]:

@@ -61,6 +61,9 @@ class Launch:
     folded_lines: int = 0  # vLLM error lines shown at debug only (console), summed up by the verdict
     exited_at: float | None = None  # when the loop first saw the engine's exit
     recorded_at: float | None = None  # when the engine's processes were last recorded
+    # vLLM's torch.compile cache as this launch found it: "cold" (nothing cached, the engine compiles
+    # during its memory profile), "warm" (graphs cached), None before the launch looked
+    compile_cache: str | None = None
 
     @property
     def started_engine(self) -> bool:
@@ -68,7 +71,11 @@ class Launch:
 
     @property
     def observations(self) -> dict[str, float]:
-        return dict(self.reader.observations)
+        """What vLLM printed, and ``compile_cache_cold`` (1.0: this launch compiled from nothing)."""
+        obs = dict(self.reader.observations)
+        if self.compile_cache is not None:
+            obs["compile_cache_cold"] = 1.0 if self.compile_cache == "cold" else 0.0
+        return obs
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,13 @@ class Proven:
     flags: dict[str, Any]
     probe: dict[str, Any]
     kv_cache_tokens: float | None = None
+    # the torch.compile cache of the launch that passed (1.0 cold, 0.0 warm; None: not recorded)
+    compile_cache_cold: float | None = None
+
+    @property
+    def proven_warm(self) -> bool:
+        """Proven on a warm compile cache: a cold start may get less KV than that launch did."""
+        return self.compile_cache_cold == 0.0
 
 
 @dataclass
@@ -325,12 +339,14 @@ class Runner:
             launch.failure = blocked
             self.log.error("failure_classified", attempt=attempt, **_failure_fields(blocked))
             return launch
+        launch.compile_cache = compile_cache_now(spec.env)
         self.log.info(
             "launch_started",
             attempt=attempt,
             launch=launch.number,
             flags=flags.to_dict(),
             command=list(spec.display),
+            compile_cache=launch.compile_cache,
         )
         engine.start()
         self.launches += 1
@@ -400,7 +416,10 @@ class Runner:
         if flags is None or probe is None:
             self.proven = None
             return
-        self.proven = Proven(flags.to_dict(), dict(probe), (observations or {}).get("kv_cache_tokens"))
+        obs = observations or {}
+        self.proven = Proven(
+            flags.to_dict(), dict(probe), obs.get("kv_cache_tokens"), obs.get("compile_cache_cold")
+        )
 
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
@@ -490,6 +509,18 @@ class Runner:
         seen = launch.reader.verdict(exit_code=code)
         if result.get("ok") and code is None and seen.cls == F.NONE:
             self.log.info("probe_passed", launch=launch.number, **_probe_fields(result))
+            if result.get("queued"):
+                # every request succeeded, but fewer ran at once than were sent: the capacity recorded
+                # is the proven figure, and this says why it is lower than asked
+                self.log.warning(
+                    "probe_queued",
+                    launch=launch.number,
+                    sent_at_once=min(concurrency, requests),
+                    ran_at_once=result.get("concurrency_proven"),
+                    waiting_peak=result.get("waiting_peak"),
+                    max_num_seqs=launch.flags.max_num_seqs,
+                    kv_cache_tokens=_int(launch.observations.get("kv_cache_tokens")),
+                )
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
             failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
@@ -708,6 +739,14 @@ class Flushing(Phase):
         return Done() if now >= self.until else None
 
 
+def compile_cache_now(env: Mapping[str, str]) -> str:
+    """vLLM's torch.compile cache in the engine's environment: "cold" when it holds nothing (a new box, a
+    wiped state dir, a new image), else "warm" (graphs cached; for this model once it has started here)."""
+    from r1sup import profiles
+
+    return "cold" if profiles.compile_cache_state(env) == "cold" else "warm"
+
+
 def launch_verdict(launch: Launch, code: int | None, phase: str, when: str = "") -> Failure:
     """What vLLM's output says went wrong; if it says nothing and the engine exited (``code``), the
     exit itself: ``engine_dead`` in ``phase``. The one place an exit becomes engine death."""
@@ -791,6 +830,9 @@ def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
         "requests",
         "error_count",
         "concurrency",
+        "concurrency_proven",
+        "running_peak",
+        "waiting_peak",
         "prompt_tokens",
         "ttft_p50_s",
         "ttft_p95_s",

@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from r1sup import __version__
+from r1sup import __version__, capacity
 from r1sup import memchart as M
 from r1sup.hardware import GIB
 from r1sup.logs import get_logger, mask_value
@@ -33,6 +34,7 @@ from r1sup.statefiles import (
 
 RUNS_SUBDIR = "runs"
 KEEP = 20
+RETRY_S = 10.0  # after a failed save, the next one this much later tries again
 _NAME_RE = re.compile(r"^(?P<id>\d{8}T\d{6}Z-(?:tune|run)-\d+)\.json$")
 # profile fingerprint parts that must match for another profile's phase timings to predict this launch
 TIMING_KEYS = ("backend", "gpu", "cpu", "versions", "model")
@@ -48,6 +50,7 @@ class RunLog:
         self.state_dir = Path(state_dir)
         self.path: Path | None = None
         self._failed = False
+        self._failed_at = 0.0  # monotonic: when the last save failed
         server = config.server
         self.data: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
@@ -63,6 +66,7 @@ class RunLog:
             "served_name": config.served_name,
             "url": _url(server.host, server.port),
             "target": {"concurrency": config.target.concurrency, "context": config.target.context},
+            "asked": capacity.asked(config),  # what the capacity the probe proves is held against
             "device": device_summary(device),
             "attempts": [],
             "result": None,
@@ -91,7 +95,10 @@ class RunLog:
         self.data["device"] = device_summary(device)
 
     def save(self) -> Path | None:
-        if self._failed:
+        """Write the record. A failure (a full disk) is logged once; the next save at least
+        ``RETRY_S`` later tries again, so the record comes back when the disk does."""
+        now = time.monotonic()
+        if self._failed and now - self._failed_at < RETRY_S:
             return None
         self.data["updated_at"] = utc_now_iso()
         try:
@@ -101,9 +108,13 @@ class RunLog:
                 prune(runs, keep=KEEP - 1)
             atomic_write_json(self.path, mask_value(self.data))  # secrets vLLM may have echoed
         except Exception as exc:  # noqa: BLE001 - a report is never worth a failed run (StateWriteError, OSError)
-            self._failed = True
-            get_logger().warning("run_record_not_saved", error=f"{type(exc).__name__}: {exc}")
+            if not self._failed:
+                get_logger().warning("run_record_not_saved", error=f"{type(exc).__name__}: {exc}")
+            self._failed, self._failed_at = True, now
             return None
+        if self._failed:
+            self._failed = False
+            get_logger().info("run_record_saved_again", path=str(self.path))
         return self.path
 
 

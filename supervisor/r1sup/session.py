@@ -24,6 +24,7 @@ class Session:
     runner: Runner
     overrides: dict[str, Any]
     checked: tuple[Any, Any] | None = None  # (preflight key, its result): once per process
+    lock: Any = None  # statefiles.StateLock: one r1sup per state directory, held for the process's life
 
     def preflight(self) -> Any:
         """The preflight of the current config (:mod:`r1sup.preflight`), run once and again only when a
@@ -59,6 +60,7 @@ def open_session(
     level = args.log_level or "info"
     logs.configure(level=level, fmt=args.log_format, stream=sys.stderr, secrets=secrets)
     log = logs.get_logger(command=args.command)
+    lock = _lock(args, config)
     for warning in sec.permission_warnings(config):
         log.warning("file_permissions", **warning)
     events = EventQueue()
@@ -73,11 +75,35 @@ def open_session(
         display=logs.status_line(),
         fold_tracebacks=console,
     )
-    return Session(config, api_key, log, events, runner, dict(overrides or {}))
+    return Session(config, api_key, log, events, runner, dict(overrides or {}), lock=lock)
+
+
+def _lock(args: argparse.Namespace, config: Config) -> Any:
+    """The state directory's lock (statefiles.lock_state_dir): a second ``run`` or ``tune`` on it ends
+    here, before anything is launched or killed, with one line naming the holder (exit 2)."""
+    from r1sup import statefiles
+
+    what = f"r1sup {args.command}" + (f" --config {args.config}" if getattr(args, "config", None) else "")
+    return statefiles.lock_state_dir(config.state.dir, logs.mask(what))
 
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def capacity_of(config: Any, result: Any) -> dict[str, Any] | None:
+    """The verified capacity of a passed tune result (r1sup.capacity), with the search's own verdict
+    on whether it is reduced when the result carries one."""
+    from r1sup import capacity
+
+    flags = result.flags.to_dict() if result.flags is not None else None
+    return capacity.verified(
+        result.probe,
+        flags,
+        dict(result.observations),
+        capacity.asked(config),
+        reduced=getattr(result, "reduced", None),
+    )
 
 
 def save_profile(
@@ -109,6 +135,9 @@ def save_profile(
         conditions = {**(conditions or {}), "reduced": dict(reduced)}
     if conditions:
         profile = replace(profile, conditions=dict(conditions))
+    verified = capacity_of(session.config, result)
+    if verified:
+        profile = replace(profile, capacity=verified)
     path = profiles.ProfileStore(session.config.state.dir).save(profile)
     if session.config.state.profile_store and not degraded:
         from r1sup import fleet

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import functools
 import json
 import os
 import re
@@ -21,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from r1sup.errors import EXIT_INTERNAL, ConfigError, R1supError
+from r1sup.errors import EXIT_CONFIG, EXIT_INTERNAL, ConfigError, R1supError
 from r1sup.logs import get_logger
 
 SCHEMA_VERSION = 1
@@ -59,8 +61,9 @@ def ensure_state_dir(path: str | os.PathLike[str]) -> Path:
 
     A symlink at ``path`` is accepted only when it points to a directory owned by this user (the
     resolved directory is returned); any other symlink, or a path that is not a directory, is a
-    :class:`ConfigError` on ``state.dir``. An existing directory of ours that others can read is
-    tightened to 0700; one that cannot be tightened gets a ``state_dir_insecure`` warning.
+    :class:`ConfigError` on ``state.dir``. An existing directory is never chmod-ed (r1sup did not
+    create it): one that every user may write to (a 1777 ``/tmp``) is refused, one that others can
+    read gets a ``state_dir_insecure`` warning and is used as it is.
     """
     return _ensure_dir(Path(path), "state.dir", allow_symlink=True)
 
@@ -74,6 +77,7 @@ def ensure_subdir(state_dir: Path, name: str) -> Path:
 
 def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
     log = get_logger()
+    created = False
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -90,6 +94,7 @@ def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
         except OSError as exc:
             raise ConfigError(field, f"cannot create {path}: {exc.strerror}") from None
         else:
+            created = True
             log.info("state_dir_created", path=str(path))
         try:
             st = os.lstat(path)
@@ -111,25 +116,110 @@ def _ensure_dir(path: Path, field: str, *, allow_symlink: bool) -> Path:
     elif not stat.S_ISDIR(st.st_mode):
         raise ConfigError(field, f"{path} exists and is not a directory")
     mode = stat.S_IMODE(st.st_mode)
+    if created:
+        return target
+    # a directory r1sup did not create is never chmod-ed (it may be shared: a 1777 /tmp, a volume);
+    # what r1sup writes in it is private anyway (files 0600, its own subdirectories 0700)
+    if mode & 0o002:
+        raise ConfigError(
+            field,
+            f"{target} is writable by every user (mode {oct(mode)}); give r1sup a directory of its own "
+            "(a path that does not exist yet is created 0700)",
+        )
     if mode & 0o077:
-        tightened = False
-        if st.st_uid == os.geteuid():
-            try:
-                os.chmod(target, DIR_MODE)
-                tightened = True
-            except OSError as exc:
-                log.warning("state_dir_insecure", path=str(target), mode=oct(mode), error=exc.strerror)
-        if tightened:
-            log.info("state_dir_mode_tightened", path=str(target), old_mode=oct(mode), mode=oct(DIR_MODE))
-        elif st.st_uid != os.geteuid():
-            log.warning(
-                "state_dir_insecure",
-                path=str(target),
-                mode=oct(mode),
-                owner_uid=st.st_uid,
-                reason="group or others can access it and it is not ours to tighten",
-            )
+        _warn_open_dir(str(target), mode, st.st_uid)
     return target
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_open_dir(path: str, mode: int, owner_uid: int) -> None:
+    """Once per directory and mode in a process (the state directory is checked at every write)."""
+    get_logger().warning(
+        "state_dir_insecure",
+        path=path,
+        mode=oct(mode),
+        owner_uid=owner_uid,
+        reason="group or others can access it; r1sup did not create it and leaves its mode alone",
+    )
+
+
+# --- one r1sup per state directory -------------------------------------------------------------
+
+LOCK_NAME = "r1sup.lock"
+
+
+class StateDirBusy(ConfigError):
+    """Another r1sup (``run`` or ``tune``) holds the state directory's lock. Exit 2."""
+
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, path: Path, holder: dict[str, Any]) -> None:
+        self.holder = holder
+        pid = holder.get("pid", "?")
+        command = str(holder.get("command") or "another r1sup")[:200]
+        super().__init__(
+            "state.dir",
+            f"{path} is in use by pid {pid} ({command}); one r1sup per state directory: stop that one "
+            "first (systemctl stop r1sup@NAME), or give this one its own --state-dir and server.port",
+        )
+
+
+class StateLock:
+    """An advisory ``flock`` on ``<state dir>/r1sup.lock``, held until :meth:`release` or the process
+    ends (the kernel drops it then, also after a SIGKILL). The file says who holds it."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
+def lock_state_dir(state_dir: str | os.PathLike[str], command: str) -> StateLock:
+    """Take the state directory's lock for this process's life, or raise :class:`StateDirBusy` at once
+    naming the holder's pid and command. ``command`` is what the holder file says of this process."""
+    directory = ensure_state_dir(state_dir)
+    path = directory / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError("state.dir", f"{path} is a symlink; r1sup does not follow it") from None
+        raise ConfigError("state.dir", f"cannot open {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError("state.dir", f"{path} is not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateDirBusy(directory, _lock_holder(fd)) from None
+        except OSError as exc:
+            raise ConfigError("state.dir", f"cannot lock {path}: {exc.strerror}") from None
+        record = {"pid": os.getpid(), "command": command[:500], "since": utc_now_iso()}
+        data = (json.dumps(record) + "\n").encode("utf-8")
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        except OSError as exc:  # the lock holds without the note; a second r1sup then names no pid
+            get_logger().warning("state_lock_note_failed", path=str(path), error=exc.strerror)
+    except BaseException:
+        os.close(fd)
+        raise
+    sweep_stale_temp_files(directory)  # ours to sweep now: no other r1sup writes here
+    return StateLock(path, fd)
+
+
+def _lock_holder(fd: int) -> dict[str, Any]:
+    try:
+        raw = os.pread(fd, 4096, 0)
+        holder = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -245,6 +335,21 @@ def remove_stale_temp_files(directory: Path, *, max_age_s: float = STALE_TEMP_AG
             continue
         removed.append(path)
         get_logger().info("stale_temp_file_removed", path=str(path), writer_pid=pid)
+    return removed
+
+
+def sweep_stale_temp_files(state_dir: Path) -> list[Path]:
+    """:func:`remove_stale_temp_files` in the state directory and in each of its subdirectories (not
+    through symlinks): the run records' and profiles' temporary files as well as status.json's."""
+    removed = remove_stale_temp_files(state_dir)
+    try:
+        entries = list(os.scandir(state_dir))
+    except OSError:
+        return removed
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                removed += remove_stale_temp_files(Path(entry.path))
     return removed
 
 

@@ -60,6 +60,7 @@ from r1sup.tuner import AttemptFailed, LadderStepped, Launching
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
+STATUS_RETRY_S = 5.0  # a status.json that could not be written is tried again this often
 EXTEND_EVERY_S = 10.0  # systemd's start timeout is extended this often, by three times as much
 PROGRESS_STATUS_S = 2.0  # systemd's STATUS= shows the loading progress at most this often
 PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and at most this often
@@ -176,9 +177,13 @@ class StatusFile:
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         self.doc: dict[str, Any] | None = None  # what status.json holds (read from the endpoint's thread)
         self._progress: tuple[str, float] = ("", 0.0)  # the phase last written, when
+        self._unwritten = False  # the last write failed: tried again at the heartbeats
+        self._last_retry = float("-inf")
 
     def __call__(self, event: DaemonEvent) -> None:
         match event:
+            case Heartbeat(now, _):
+                self._retry(now)
             case StateChanged(old, new, _):
                 self.note("state_changed", old=old, new=new)
                 self.write()
@@ -233,15 +238,48 @@ class StatusFile:
         self.recent.append({"ts": now_iso(), "event": event, **fields})
 
     def write(self) -> None:
+        """Write status.json. An entry in its place that is not a regular file (a symlink, a directory)
+        is moved aside first; a write that fails (a full disk) is logged once and tried again at the
+        daemon's heartbeats every ``STATUS_RETRY_S`` until it succeeds, so the file comes back when
+        the disk does, not at the next change of state."""
         from r1sup import statefiles
 
         payload = self.source.status_fields(list(self.recent))
         self.doc = payload
+        path = Path(self.source.state_dir) / STATUS_FILE
         try:
             statefiles.ensure_state_dir(self.source.state_dir)
-            statefiles.atomic_write_json(Path(self.source.state_dir) / STATUS_FILE, payload, mode=0o600)
+            _set_aside_if_not_a_file(path)
+            statefiles.atomic_write_json(path, payload, mode=0o600)
         except R1supError as exc:
-            self.log.warning("status_write_failed", error=str(exc))
+            if not self._unwritten:
+                self.log.warning("status_write_failed", error=str(exc))
+            self._unwritten = True
+            return
+        if self._unwritten:
+            self.log.info("status_write_recovered", path=str(path))
+            self._unwritten = False
+
+    def _retry(self, now: float) -> None:
+        if self._unwritten and now - self._last_retry >= STATUS_RETRY_S:
+            self._last_retry = now
+            self.write()
+
+
+def _set_aside_if_not_a_file(path: Path) -> None:
+    import os
+    import stat
+
+    from r1sup import statefiles
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        statefiles.set_file_aside(path, "a symlink (r1sup does not write through it)", kind="status")
+    elif not stat.S_ISREG(st.st_mode):
+        statefiles.set_file_aside(path, "not a regular file", kind="status")
 
 
 class MetricsSink:
@@ -257,14 +295,14 @@ class MetricsSink:
                 m.set_state(new)
             case Launching(_, flags):
                 m.launches.inc()
-                if flags.max_model_len:
-                    m.context.set(flags.max_model_len)
+                m.launched(flags.to_dict())
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
             case (LadderStepped() as step) | StepAfterServing(step=step):
                 m.ladder_steps.labels(failure_class=step.failure_class).inc()
-            case Serving(_, _, probe, _):
+            case Serving(_, _, probe, _, capacity):
                 m.probe(dict(probe) if probe is not None else None)
+                m.verified(capacity)
                 m.child_up.set(1)
             case HealthPassed():
                 m.success()

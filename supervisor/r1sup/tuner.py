@@ -424,11 +424,14 @@ class Tuner:
         flags = start
         good: EngineFlags | None = None  # flags that passed before a refined launch
         attempt = 0
+        warmed = False  # a proven profile's cold start has been relaunched on the cache it filled
         while True:
             result.history = search
             attempt += 1
             self.runner.check_signals()
             t0 = time.monotonic()
+            if attempt == 1:
+                self._cold_start_check(flags)
             self.publish(Launching(attempt, flags))
             launch = self.runner.launch(flags, attempt=attempt)
             result.launches += 1 if launch.started_engine else 0
@@ -503,6 +506,26 @@ class Tuner:
                 self.log.info("tune_succeeded", launches=result.launches, flags=flags.to_dict())
                 self._record(record, result)
                 return result
+            if not warmed and self._cold_start_of_warm_profile(flags, launch, failure):
+                # proven on a warm torch.compile cache; this start compiled from nothing and its profile
+                # run took more memory. The compile filled the cache: the same flags again, and the
+                # search is not told (not a failure of the flags)
+                warmed = True
+                record.change = (
+                    "the same flags again: proven on a warm torch.compile cache, this start compiled "
+                    "from nothing (cold) and had less memory; the compile cache is warm now"
+                )
+                self._record(record, None)
+                self.runner.stop(launch, reason=f"cold compile cache: {failure.cls}")
+                self.log.warning(
+                    "compile_cache_cold_relaunch",
+                    attempt=attempt,
+                    failure_class=failure.cls,
+                    flags=flags.to_dict(),
+                    kv_cache_gib=launch.observations.get("kv_cache_gib"),
+                )
+                why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
+                continue
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
             result.failure = failure
             self.publish(AttemptFailed(attempt, failure))
@@ -552,6 +575,49 @@ class Tuner:
                 self.publish(Retrying(attempt + 1, delay, failure.cls))
                 self.runner.sleep(delay)
             flags = decision.flags
+
+    def _proven_warm(self, flags: EngineFlags) -> bool:
+        proven = getattr(self.runner, "proven", None)
+        return proven is not None and proven.proven_warm and proven.flags == flags.to_dict()
+
+    def _cold_start_of_warm_profile(self, flags: EngineFlags, launch: Any, failure: Failure) -> bool:
+        """A memory failure of a proven profile's flags on a cold compile cache, the profile proven warm."""
+        cold = getattr(launch, "compile_cache", None) == "cold"
+        return failure.memory and cold and self._proven_warm(flags)
+
+    def _cold_start_check(self, flags: EngineFlags) -> None:
+        """Before a proven profile's launch on a cold compile cache, the profile proven on a warm one: the
+        memory model's prediction for a cold start against the proven context (logged; vLLM decides, and
+        a cold start that falls short is relaunched once the compile has filled the cache)."""
+        from r1sup import memmodel, profiles
+        from r1sup.launcher import engine_env
+
+        if not self._proven_warm(flags) or self.know.arch is None or self.know.device is None:
+            return
+        if profiles.compile_cache_state(engine_env(self.config)) != "cold":
+            return
+        proven = self.runner.proven
+        assert proven is not None  # _proven_warm
+        version = self.know.version().started(compile_cache="cold")
+        try:
+            calibration = memmodel.Calibration(
+                flags=flags, figures={"compile_cache_cold": 0.0}, version=version
+            )
+            est = memmodel.evaluate(self.know.arch, self.know.device, flags, version, calibration)
+        except (ValueError, ZeroDivisionError) as exc:
+            self.log.debug("compile_cache_check_unavailable", error=str(exc))
+            return
+        length = flags.max_model_len or self.know.arch.max_position_embeddings
+        cold_context = est.max_model_len(self.know.arch.max_position_embeddings)
+        self.log.warning(
+            "compile_cache_cold",
+            flags=flags.to_dict(),
+            proven_kv_cache_tokens=proven.kv_cache_tokens,
+            predicted_kv_gib=round(est.kv.gib, 2),
+            predicted_context=cold_context,
+            context_fits=cold_context >= length,
+            note="proven on a warm torch.compile cache; this start compiles from nothing",
+        )
 
     def _memory(self, flags: EngineFlags, observations: dict[str, float]) -> list[dict[str, Any]]:
         """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""

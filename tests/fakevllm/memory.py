@@ -471,10 +471,13 @@ def simulate(
     env: Mapping[str, str] | None = None,
     cli_model: str | None = None,
     extra_others_gib: tuple[float, ...] | None = None,
+    compile_cold: bool = True,
 ) -> Plan:
     """Walk vLLM's start-up for ``flags`` on ``scenario``; ``env`` holds the VLLM_* variables that matter.
 
     ``extra_others_gib`` adds memory held by processes the scenario does not name (leftover engines).
+    ``compile_cold``: the engine's torch.compile cache holds nothing yet (see
+    ``Scenario.compile_activation_gib``).
     """
     f = Flags.from_any(flags)
     env = env or {}
@@ -607,6 +610,9 @@ def simulate(
     timings.append(("profile", round(1.0 + max_batched / 4096, 2)))
     act = forward_activation(model, max_batched, dtype_bytes, tp)
     sampler = sampler_bytes(model, max_num_seqs, max_batched)
+    peaks = scenario.compile_activation_gib
+    if peaks is not None and not f.enforce_eager:  # the scenario's real peak for this cache state
+        act, sampler = int(peaks["cold" if compile_cold else "warm"] * GIB), 0
     plan = replace(plan, act_forward=act, sampler=sampler)
     room = total - others - context - weights - non_torch
     if act > room:

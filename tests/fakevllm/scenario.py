@@ -207,6 +207,11 @@ class Scenario:
     state_file: str | None = None
     load_gib_per_s: float = 2.0
     compile_s: float | None = None
+    # the profile run's activation peak (GiB) by the state of the engine's torch.compile cache, when set:
+    # {"cold": 1.18, "warm": 0.19} is a real RTX 4090 / vLLM 0.27.1 pair (Qwen3-8B). The cache lives under
+    # $VLLM_CACHE_ROOT/torch_compile_cache (else ~/.cache/vllm/...): empty or missing is cold, and a
+    # compile fills it. None: the formula's peak whatever the cache holds.
+    compile_activation_gib: dict[str, float] | None = None
     cudagraph_estimate_factor: float = 1.2
     engine_core_name: str = "EngineCore"
     vllm_version: str = "0.32.0"
@@ -464,6 +469,13 @@ def load_scenario(data: Mapping[str, Any] | None) -> Scenario:
         changes["compile_s"] = (
             None if data["compile_s"] is None else _num("compile_s", data["compile_s"], minimum=0.0)
         )
+    if data.get("compile_activation_gib") is not None:
+        raw = data["compile_activation_gib"]
+        if not isinstance(raw, Mapping) or set(raw) != {"cold", "warm"}:
+            raise ScenarioError(f"compile_activation_gib: expected {{'cold': GiB, 'warm': GiB}}, got {raw!r}")
+        changes["compile_activation_gib"] = {
+            k: _num(f"compile_activation_gib.{k}", v, minimum=0.0) for k, v in raw.items()
+        }
     if "fp8_fails_at" in data:
         changes["fp8_fails_at"] = _str("fp8_fails_at", data["fp8_fails_at"], FP8_FAILS_AT)
     if "hang_at" in data:

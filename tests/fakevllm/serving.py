@@ -1,10 +1,12 @@
 """The fake engine's OpenAI-compatible HTTP side: /health, /v1/models, /v1/chat/completions,
 /v1/completions, /tokenize, /version, /metrics, with vLLM 0.32's response shapes and error texts.
 
-At most ``max_num_seqs`` requests run at once; the others wait in a queue, as in vLLM's scheduler. Requests
-hold KV blocks while they run (prompt + max_tokens, rounded up to blocks); when the running set needs more
-blocks than the cache has, a preemption is counted and the request still completes, as vLLM recomputes
-preempted requests rather than failing them. ``/metrics`` moves as vLLM's does: the prompt counter when a
+At most ``max_num_seqs`` requests run at once, and a request is admitted only when the KV blocks of its
+prompt are free; the others wait in a queue (``vllm:num_requests_waiting``), as in vLLM's scheduler, which
+admits by the blocks a request needs now, not by ``max_model_len``. Requests hold KV blocks while they run
+(prompt + max_tokens, rounded up to blocks); when the running set will need more blocks than the cache
+has as it decodes, a preemption is counted and the request still completes, as vLLM recomputes preempted
+requests rather than failing them. ``/metrics`` moves as vLLM's does: the prompt counter when a
 request's prefill ends (at its first token), the generation counter with each decode step, the finished
 counter at the end. A request can also kill the engine (the scenario's runtime faults); the engine object
 passed in decides that and prints the tracebacks. While the server drains (SIGTERM with
@@ -162,14 +164,17 @@ class Serving:
             return len(self.counters.running) + self.counters.waiting
 
     # --- KV bookkeeping -----------------------------------------------------------------------
-    def admit(self, request_id: str, tokens: int) -> bool:
-        """Wait for a sequence slot (False if the engine died or the server aborted meanwhile), then
-        take the request's KV blocks."""
-        blocks = -(-tokens // self.config.block_size)
+    def admit(self, request_id: str, tokens: int, prompt: int | None = None) -> bool:
+        """Wait for a sequence slot and for the KV blocks of the ``prompt`` (False if the engine died or
+        the server aborted meanwhile), then take the request's KV blocks (``tokens``: prompt and
+        output). A request alone is always admitted (one longer than the context was refused before)."""
+        size = self.config.block_size
+        blocks = -(-tokens // size)
+        needed = -(-(tokens if prompt is None else prompt) // size)
         with self.slots:
             self.counters.waiting += 1
             try:
-                while len(self.counters.running) >= max(1, self.config.max_num_seqs):
+                while not self._room(needed):
                     if self.engine.dead or self.engine.aborted:
                         return False
                     self.slots.wait(0.05)
@@ -180,6 +185,13 @@ class Serving:
                 self.counters.preemptions += 1
             self.counters.running[request_id] = blocks
             return True
+
+    def _room(self, blocks: int) -> bool:
+        """A free sequence slot, and ``blocks`` free in the cache (or nothing running)."""
+        running = self.counters.running
+        if len(running) >= max(1, self.config.max_num_seqs):
+            return False
+        return not running or sum(running.values()) + blocks <= self.config.usable_blocks
 
     def prefilled(self, prompt: int) -> None:
         """vLLM counts a prompt's tokens when its first output token is produced."""
@@ -323,7 +335,7 @@ class Serving:
         """Queue for a slot, then hold the KV blocks for the simulated duration; False if the engine
         died (or the server aborted) meanwhile. Simulated time passes only while the engine core works."""
         request_id = secrets.token_hex(8)
-        if not self.admit(request_id, prompt + max_tokens):
+        if not self.admit(request_id, prompt + max_tokens, prompt):
             return False
         ok = False
         try:
@@ -643,16 +655,7 @@ class Handler(BaseHTTPRequestHandler):
 
         def piece(i: int) -> None:
             word = FILLER[i % len(FILLER)]
-            if chat:
-                event([{"index": 0, "delta": {"content": word}, "logprobs": None, "finish_reason": None}])
-            else:
-                event(
-                    [{"index": 0, "text": word, "logprobs": None, "finish_reason": None, "stop_reason": None}]
-                )
-
-        failed = False
-        try:
-            if chat:
+            if chat and i == 0:  # vLLM sends the role with its first output, after the prefill
                 event(
                     [
                         {
@@ -663,6 +666,15 @@ class Handler(BaseHTTPRequestHandler):
                         }
                     ]
                 )
+            if chat:
+                event([{"index": 0, "delta": {"content": word}, "logprobs": None, "finish_reason": None}])
+            else:
+                event(
+                    [{"index": 0, "text": word, "logprobs": None, "finish_reason": None, "stop_reason": None}]
+                )
+
+        failed = False
+        try:
             ok = serving.run_request(prompt, max_tokens, on_token=piece)
             if not ok:
                 failed = True

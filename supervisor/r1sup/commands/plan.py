@@ -16,11 +16,12 @@ recommended flags, 3 not within the bounds); 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from typing import Any
 
-from r1sup import devices, memchart, memmodel, planner
+from r1sup import catalog, devices, memchart, memmodel, planchanges, planner
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts
@@ -123,6 +124,9 @@ def _inputs(
 def _device(args: argparse.Namespace, flags: EngineFlags) -> DeviceFacts:
     count = max(1, flags.tensor_parallel_size)
     if args.gpu:
+        if args.gpu_memory_gib is not None and catalog.find_gpu(args.gpu) is None:
+            # a card the catalog does not hold, sized by hand: its name a label, compute capability unknown
+            return devices.from_memory(args.gpu_memory_gib, count, name=args.gpu.strip())
         device = devices.from_catalog(args.gpu, count)
         if args.gpu_memory_gib is not None:
             manual = devices.from_memory(args.gpu_memory_gib, count, name=device.gpus[0].name)
@@ -146,6 +150,10 @@ def installed_vllm_version() -> str | None:
     return None
 
 
+# where the version came from when nothing named one: no vLLM installed, no --vllm-version
+ASSUMED = "assumed"
+
+
 def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Version, str]:
     """The vLLM version to size for and where it came from."""
     if getattr(args, "vllm_version", None):
@@ -159,7 +167,25 @@ def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Ve
                 return memmodel.Version.parse(text), where
             except ValueError:
                 continue
-    return memmodel.NEWEST_KNOWN, "the newest r1sup knows"
+    return memmodel.NEWEST_KNOWN, ASSUMED
+
+
+def _started(args: argparse.Namespace, version: memmodel.Version) -> memmodel.Version:
+    """The version with what the engine's environment says of it (r1sup's own, plus ``server.env`` with
+    --config): FlashInfer's sampler (VLLM_USE_FLASHINFER_SAMPLER) and whether vLLM's compile cache is
+    known to be cold."""
+    env = dict(os.environ)
+    if getattr(args, "config", None):
+        from r1sup.cli import load_config
+
+        env.update(load_config(args).server.env)
+    from r1sup import profiles
+
+    try:
+        sampler = memmodel.flashinfer_sampler_from_env(env)
+    except ValueError as exc:
+        raise ConfigError("environment", str(exc)) from None
+    return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
 
 
 def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, str | None]:
@@ -192,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
         arch = memmodel.pipelined(arch, pp)
     cal, learned = _calibration(args, device)
     version, version_from = _version(args, learned)
+    version = _started(args, version)
     if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
         cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
     result = planner.plan(
@@ -211,9 +238,15 @@ def main(args: argparse.Namespace) -> int:
         out = result.to_dict()
         out["model"]["source"] = source.describe()
         out["vllm_version_from"] = version_from
+        out["vllm_version_assumed"] = version_from == ASSUMED
+        out["recommended_changes"] = [c.to_dict() for c in planchanges.recommended_changes(result)]
+        out["compile_cache"] = {
+            "assumed": version.compile_cache or "cold",
+            "note": memmodel.compile_note(version),
+        }
         print_json(out)
         return result.exit_code
-    sys.stdout.write(render(result, source, device, version_from, cal))
+    sys.stdout.write(render(result, source, device, version_from, cal, memmodel.compile_note(version)))
     return result.exit_code
 
 
@@ -242,6 +275,7 @@ def render(
     device: DeviceFacts,
     version_from: str = "",
     calibration: memmodel.Calibration | None = None,
+    compile_note: str = "",
 ) -> str:
     m, d, b = plan.model, plan.device, plan.breakdown
     lines: list[str] = []
@@ -262,10 +296,18 @@ def render(
         count = f"{d['count']} x " if d["count"] > 1 else ""
         probed = d["source"] == "probe" and d["free_gib"] is not None
         free = f", {d['free_gib']:.2f} GiB free" if probed else ""
-        lines.append(f"device  {count}{d['name']} ({d['source']}): {d['total_gib']:.2f} GiB each{free}, {cc}")
+        each = f"{d['total_gib']:.2f} GiB each"
+        if d["source"] == "catalog":
+            each += (
+                " (CUDA's total; tune and report show NVML's figure of the box, and this one if they differ)"
+            )
+        elif d["source"] == "probe":
+            each += catalog.catalog_total_beside(str(d["name"]), float(d["total_gib"]))
+        lines.append(f"device  {count}{d['name']} ({d['source']}): {each}{free}, {cc}")
     d_b = plan.assumed_defaults
-    from_where = f" ({version_from})" if version_from else ""
-    lines.append(f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine")
+    lines.append(_version_line(plan, version_from))
+    if compile_note and d["backend"] != "cpu":
+        lines.append(f"        {compile_note}")
     if d_b:
         rule = d_b["defaults"]["rule"]
         seqs = f"{d_b['max_num_seqs']} ({d_b['max_num_seqs_from']})"
@@ -361,6 +403,12 @@ def render(
                 f"{plan.recommended_concurrency}x requests of {_tokens(plan.recommended.max_model_len or 0)} "
                 "tokens at once"
             )
+        changes = planchanges.recommended_changes(plan)
+        if changes:
+            lines.append("  what each change is for, and what it costs:")
+            for change in changes:
+                lines.append(f"  - {change.title}: {change.reason}")
+                lines.append(f"      cost: {change.cost}")
     else:
         lines.append("recommended first flags: none (nothing within the bounds is predicted to fit)")
 
@@ -386,6 +434,17 @@ def render(
     if device.notes:
         lines += [f"  - {n}" for n in device.notes]
     return "\n".join(lines) + "\n"
+
+
+def _version_line(plan: planner.Plan, version_from: str) -> str:
+    """The vLLM release sized for and where that came from; an assumed one says so."""
+    if version_from == ASSUMED:
+        return (
+            f"vLLM    {plan.vllm_version} ASSUMED (no vLLM installed here: the newest release r1sup knows; "
+            f"--vllm-version X.Y.Z sizes for another), {plan.engine} engine"
+        )
+    from_where = f" ({version_from})" if version_from else ""
+    return f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine"
 
 
 VERDICT_WORDS = {

@@ -1,6 +1,9 @@
-"""``r1sup status``: like ``ollama ps``, one line per served model (model, URL, context, KV tokens and
-usage, memory in use, uptime, launches, profile source, state or loading progress), then the details
-and recent events of each daemon, then the saved profiles. ``--watch`` redraws it every few seconds.
+"""``r1sup status``: like ``ollama ps``, one line per served model (model, URL, context, requests at
+once and output tokens/s as the load probe proved them, memory in use, uptime, state or loading
+progress; ``--verbose`` adds the KV cache's size and usage, TTFT, launches and the profile's source),
+then the details and recent events of each daemon, then the saved profiles. A configuration that
+serves less than its config asked (fewer requests at once, a shorter context) reads ``REDUCED`` with
+how. ``--watch`` redraws it every few seconds.
 
 Read-only: unusable files are reported, not moved aside. Kept light to start fast: no openai, torch,
 vLLM, device probing or planner; psutil only when a status file names a pid; the KV usage (vLLM's
@@ -35,8 +38,9 @@ _DONE_STATES = ("stopped", "failed")
 def main(args: argparse.Namespace) -> int:
     state_dir = resolve_state_dir(args)
     interval = getattr(args, "watch", None)
+    verbose = bool(getattr(args, "verbose", False))
     if interval is None:
-        _show(state_dir, args.json)
+        _show(state_dir, args.json, verbose)
         return 0
     if not interval > 0:
         from r1sup.errors import ConfigError
@@ -50,19 +54,19 @@ def main(args: argparse.Namespace) -> int:
             else:
                 stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
                 sys.stdout.write(f"--- {stamp}\n")
-            _show(state_dir, args.json)
+            _show(state_dir, args.json, verbose)
             sys.stdout.flush()
             time.sleep(interval)
     except KeyboardInterrupt:  # Ctrl-C is how a watch ends
         return 0
 
 
-def _show(state_dir: Path, as_json: bool) -> None:
+def _show(state_dir: Path, as_json: bool, verbose: bool = False) -> None:
     report = collect(state_dir)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:
-        sys.stdout.write(render(report))
+        sys.stdout.write(render(report, verbose))
 
 
 def resolve_state_dir(args: argparse.Namespace) -> Path:
@@ -153,10 +157,19 @@ def served_row(d: dict[str, Any]) -> dict[str, Any]:
     url = d.get("url") or (f"http://127.0.0.1:{port}/v1" if port else None)
     state = str(d.get("state", "?"))
     alive = bool(d.get("alive"))
+    raw = d.get("capacity")
+    capacity: dict[str, Any] = raw if isinstance(raw, dict) else {}
     row: dict[str, Any] = {
         "model": d.get("served_model"),
         "url": url,
         "context": d.get("max_model_len") or flags.get("max_model_len"),
+        # what the load probe proved for the flags being served (r1sup.capacity)
+        "requests": capacity.get("requests"),
+        "output_tokens_per_second": capacity.get("output_tokens_per_second"),
+        "ttft_p50_s": capacity.get("ttft_p50_s"),
+        "ttft_p95_s": capacity.get("ttft_p95_s"),
+        "reduced": bool(capacity.get("reduced")),
+        "reduced_because": list(capacity.get("reduced_because") or []),
         "kv_cache_tokens": d.get("kv_cache_tokens"),
         "kv_cache_usage": None,
         "memory_gib": None,
@@ -173,10 +186,7 @@ def served_row(d: dict[str, Any]) -> dict[str, Any]:
             row["uptime_s"] = max(0.0, (datetime.now(timezone.utc) - since).total_seconds())
         if url:
             row["kv_cache_usage"] = kv_usage(url)
-    if alive and d.get("child_alive"):
-        row["memory_gib"], row["memory_kind"] = child_memory(d["child_pid"])
-    if row["memory_gib"] is None and alive and isinstance(d.get("memory_gib"), (int, float)):
-        row["memory_gib"], row["memory_kind"] = d["memory_gib"], "vLLM's account"
+    row["memory_gib"], row["memory_kind"] = serving_memory(d, alive)
     progress = d.get("progress")
     if alive and state in ("launching", "probing") and isinstance(progress, dict):
         row["progress"] = live_progress(progress, d.get("attempt"))
@@ -235,19 +245,36 @@ def kv_usage(url: str) -> float | None:
     return usage
 
 
-def child_memory(child_pid: int) -> tuple[float | None, str | None]:
-    """GiB the vLLM process tree holds: on the GPUs by NVML, else its resident host memory."""
+def serving_memory(d: dict[str, Any], alive: bool) -> tuple[float | None, str | None]:
+    """GiB a live daemon's vLLM holds and how it was counted: on the GPUs by NVML; else vLLM's own
+    account (status.json's ``memory_gib``: weights, KV cache, graphs), which a GPU engine reports even
+    where this command cannot see its processes on the GPU (another PID namespace, no driver); only
+    without either, the process tree's resident host memory (a GPU engine's host RSS is not its size)."""
+    if not alive:
+        return None, None
+    child = d.get("child_pid")
+    tree = _tree(child) if d.get("child_alive") and isinstance(child, int) else []
+    gpu = _nvml_used({p.pid for p in tree}) if tree else 0
+    if gpu:
+        return round(gpu / 1024**3, 2), "GPU"
+    if isinstance(d.get("memory_gib"), (int, float)) and not isinstance(d.get("memory_gib"), bool):
+        return float(d["memory_gib"]), "vLLM's account"
+    return _host_rss(tree) if tree else (None, None)
+
+
+def _tree(child_pid: int) -> list[Any]:
     import psutil
 
     try:
         root = psutil.Process(child_pid)
-        tree = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return None, None
-    pids = {p.pid for p in tree}
-    gpu = _nvml_used(pids)
-    if gpu:
-        return round(gpu / 1024**3, 2), "GPU"
+        return []
+
+
+def _host_rss(tree: list[Any]) -> tuple[float | None, str | None]:
+    import psutil
+
     rss = 0
     for proc in tree:
         try:
@@ -352,11 +379,11 @@ def _is_pid(value: Any) -> bool:
 # --- human output ------------------------------------------------------------------------------
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: dict[str, Any], verbose: bool = False) -> str:
     lines: list[str] = []
     served = report.get("served") or []
     if served:
-        lines += table(served)
+        lines += table(served, verbose)
         lines.append("")
     lines.append(f"state directory: {report['state_dir']}")
     if not report["exists"]:
@@ -375,6 +402,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {p['key']}  {p['model']} (served as {p['served_name']})  updated {p['updated_at']}")
         lines.append(f"    flags: {flags_summary(p['flags'])}")
         lines.append(f"    probe: {scalars(p['probe']) or 'no results recorded'}")
+        if p.get("capacity"):
+            lines.append(f"    capacity: {capacity_text(p['capacity'])}")
         lines.append(f"    box: {box_summary(p['fingerprint'])}")
         if p.get("imported"):
             lines.append(f"    imported from {p['imported'].get('from')} with differences")
@@ -383,25 +412,21 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-COLUMNS = (
-    "MODEL",
-    "URL",
-    "CONTEXT",
-    "KV TOKENS",
-    "KV USE",
-    "MEMORY",
-    "UPTIME",
-    "LAUNCHES",
-    "PROFILE",
-    "STATE",
-)
+COLUMNS = ("MODEL", "URL", "CONTEXT", "REQUESTS", "TOKENS/S", "MEMORY", "UPTIME", "STATE")
+# --verbose: these too, before UPTIME
+VERBOSE_COLUMNS = ("KV TOKENS", "KV USE", "TTFT P50/P95", "LAUNCHES", "PROFILE")
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    """The ``ollama ps``-like lines: a header and one line per served model."""
+def table(rows: list[dict[str, Any]], verbose: bool = False) -> list[str]:
+    """The ``ollama ps``-like lines: a header and one line per served model. REQUESTS and TOKENS/S are
+    what the load probe proved for the flags being served (requests that ran at once, output tokens
+    per second at that concurrency)."""
     from r1sup.progress import clock
 
-    cells = [COLUMNS]
+    head = list(COLUMNS)
+    if verbose:
+        head[6:6] = VERBOSE_COLUMNS
+    cells: list[tuple[str, ...]] = [tuple(head)]
     for r in rows:
         memory = "-"
         if isinstance(r.get("memory_gib"), (int, float)):
@@ -412,24 +437,44 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         state = str(r.get("state"))
         if r.get("progress"):
             state = f"{state}: {progress_text(r['progress'])}"
-        cells.append(
-            (
-                str(r.get("model") or "?"),
-                str(r.get("url") or "-"),
-                _int(r.get("context")),
+        elif r.get("reduced") and state == "serving":
+            state += ", REDUCED: " + ("; ".join(r.get("reduced_because") or []) or "less than asked")
+        tps = r.get("output_tokens_per_second")
+        line = [
+            str(r.get("model") or "?"),
+            str(r.get("url") or "-"),
+            _int(r.get("context")),
+            _int(r.get("requests")),
+            "-" if not isinstance(tps, (int, float)) else f"{tps:.1f}",
+            memory,
+            "-" if r.get("uptime_s") is None else clock(r["uptime_s"]),
+            state,
+        ]
+        if verbose:
+            line[6:6] = [
                 _int(r.get("kv_cache_tokens"), grouped=True),
                 "-" if r.get("kv_cache_usage") is None else f"{r['kv_cache_usage']:.0%}",
-                memory,
-                "-" if r.get("uptime_s") is None else clock(r["uptime_s"]),
+                _ttft(r.get("ttft_p50_s"), r.get("ttft_p95_s")),
                 _int(r.get("launches")),
                 str(r.get("profile_source") or "-"),
-                state,
-            )
-        )
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS) - 1)]
+            ]
+        cells.append(tuple(line))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
     return [
         "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1] for row in cells
     ]
+
+
+def _ttft(p50: Any, p95: Any) -> str:
+    if not isinstance(p50, (int, float)):
+        return "-"
+    return f"{p50:.2f}/{p95:.2f}s" if isinstance(p95, (int, float)) else f"{p50:.2f}s"
+
+
+def capacity_text(c: Any) -> str:
+    from r1sup import capacity
+
+    return capacity.text(c) if isinstance(c, dict) else str(c)
 
 
 def _int(value: Any, grouped: bool = False) -> str:
@@ -474,6 +519,8 @@ def _render_daemon(d: dict[str, Any] | None) -> list[str]:
         lines.append("  " + ", ".join(parts))
     if isinstance(d.get("flags"), dict):
         lines.append(f"  flags: {flags_summary(d['flags'])}")
+    if isinstance(d.get("capacity"), dict):
+        lines.append(f"  capacity: {capacity_text(d['capacity'])}")
     failure = d.get("last_failure")
     if failure:
         lines.append(f"  last failure: {scalars(failure) if isinstance(failure, dict) else failure}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from r1sup import logs
 from r1sup.cli import load_config
-from r1sup.errors import EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
+from r1sup.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
 from r1sup.loop import StopRequested
 from r1sup.session import Session, open_session, save_profile
 from r1sup.tuner import Tuner, TuneResult
@@ -44,12 +44,13 @@ def main(args: argparse.Namespace) -> int:
         raise internal from None
     finally:
         session.events.restore_signal_handlers()
-    text = (
-        json.dumps(result.to_dict(), indent=2, default=str) + "\n"
-        if args.json
-        else report.render_text(record.data)
-    )
+    # --json: the result, and what its probe proved (r1sup.capacity; null without a passed probe)
+    doc = {**result.to_dict(), "capacity": report.capacity_of(record.data) if result.ok else None}
+    text = json.dumps(doc, indent=2, default=str) + "\n" if args.json else report.render_text(record.data)
     sys.stdout.write(logs.mask(text))
+    if result.ok and not result.profile_path:  # found but not kept (full disk, read-only state): exit 1
+        sys.stderr.write("r1sup: error: the working configuration was found but its profile was not saved\n")
+        return EXIT_INTERNAL
     return result.exit_code
 
 

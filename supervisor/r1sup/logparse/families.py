@@ -40,13 +40,15 @@ _P_KV = 90
 _P_NO_KV = 88
 _P_PORT = 85
 _P_MODEL = 80
+_P_HOST_RAY = 72  # Ray's memory monitor killed a worker for host RAM: above the GPU OOM words it contains
 _P_OOM = 70
 _P_CONFIG = 60
 _P_CUDA = 55
 _P_CONFIG_WEAK = 45
 _P_UNKNOWN_VALUE = 40
 P_NATIVE = 30  # a native crash (segfault, abort): decided after the unexplained exceptions, by line order
-_P_HOST = 20
+P_HOST = 20
+P_HOST_MAYBE = 15  # Ray's list of an actor's possible causes of death, the OOM killer first
 P_DEAD = 10
 
 OOM = "oom"  # class decided later from the phase
@@ -120,6 +122,17 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"Cannot find any model weights"
         ),
     ),
+    (
+        # Ray's memory monitor names host RAM itself ("ray.exceptions.OutOfMemoryError: Task was killed due
+        # to the node running low on memory", "Ray killed this worker ..."): not the GPU
+        HOST_OOM,
+        _P_HOST_RAY,
+        None,
+        re.compile(
+            r"ray\.exceptions\.OutOfMemoryError|Task was killed due to the node running low on memory|"
+            r"Ray killed this worker|killed due to memory pressure \(OOM\)|exceeds the memory usage threshold"
+        ),
+    ),
     (_OOM_FIXED_PROFILE, _P_OOM, PHASE_PROFILE, re.compile(r"out of memory occurred when warming up")),
     (
         _OOM_FIXED_WEIGHTS,
@@ -177,6 +190,13 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"uncorrectable ECC error|CUDA-capable device\(s\) is/are busy or unavailable|"
             r"Unexpected error from cudaGetDeviceCount|fallen off the bus|NVRM: Xid|"
             r"Watchdog caught collective operation timeout|"
+            # NCCL: its error codes, its watchdog (a collective that never finished, a hung NCCL/CUDA call)
+            r"NCCL_ERROR_\w+|NCCL watchdog thread terminated|watchdog got stuck for|"
+            r"Heartbeat monitor timed out|"
+            r"Some NCCL operations have failed or timed out|"
+            # a kernel's own assertion ("...IndexKernel.cu:92: operator(): block: [0,0,0], thread: [0,0,0]
+            # Assertion `...` failed.")
+            r"\.cu:\d+: [^\n]{0,200}?Assertion `|"
             r"OutOfResources|out of resource: shared memory"
         ),
     ),
@@ -196,14 +216,17 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         P_NATIVE,
         None,
         re.compile(
-            r"Segmentation fault|Aborted \(core dumped\)|Bus error \(core dumped\)|SIGSEGV|SIGABRT|"
+            r"Segmentation fault|Aborted \(core dumped\)|Bus error \(core dumped\)|"
+            r"SIGSEGV(?! or other unexpected errors)|SIGABRT|"  # (not in Ray's list of possible causes)
             r"SIGBUS|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)|Segfault encountered|"
-            r"terminate called after throwing an instance of"
+            r"terminate called after throwing an instance of|terminate called without an active exception|"
+            # a worker killed by SIGABRT (an abort in CUDA or NCCL code), as vLLM's process monitor prints it
+            r"died, exit code:? -6\b|exitcode=-6\b|^Aborted\s*$"
         ),
     ),
     (
         HOST_OOM,
-        _P_HOST,
+        P_HOST,
         None,
         re.compile(
             r"^Killed\s*$|^\S.{0,200}?:\s+\d+\s+Killed\b|"
@@ -214,6 +237,15 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        # Ray's generic actor death lists the OOM killer first among the possible causes ("(1) The process
+        # is killed by SIGKILL by OOM killer ... (3) ... SIGSEGV ..."): host memory when nothing else in the
+        # log explains the death
+        HOST_OOM,
+        P_HOST_MAYBE,
+        None,
+        re.compile(r"killed by SIGKILL by OOM killer"),
+    ),
+    (
         ENGINE_DEAD,
         P_DEAD,
         None,
@@ -222,6 +254,7 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
             r"EngineCore failed to start|Got fatal signal from worker processes|"
             r"Background loop has errored already|"
             r"Engine loop has died|died unexpectedly|EngineCore encountered a fatal error|"
+            r"MQLLMEngine is already dead|Engine loop is not running|"
             r"Engine core proc \S+ died|Background loop is not running|core dumped|"
             r"Fatal Python error|Engine background task failed|Task finished unexpectedly"
         ),
@@ -282,16 +315,21 @@ GATE_WORDS = (
     "cudagetdevicecount", "fallen off the bus", "nvrm: xid", "collective operation timeout",
     "outofresources", "out of resource", "segmentation fault", "aborted (core dumped)", "bus error (core",
     "sigsegv", "sigabrt", "sigbus", "fatal python error", "segfault", "terminate called",
+    "nccl_error", "nccl watchdog", "watchdog got stuck", "heartbeat monitor", "some nccl operations",
+    "assertion `", "exit code", "exitcode", "aborted",
     # weak configuration
     "unsupported", "not supported", "notimplemented", "not implemented", "only supports",
     # host memory
     "killed", "oom-kill", "oomkilled", "memoryerror", "cannot allocate memory", "bad_alloc",
     "defaultcpuallocator", "exit code", "exitcode", "exited with code", "exit status",
+    "ray.exceptions.outofmemory", "running low on memory", "ray killed", "memory pressure",
+    "memory usage threshold", "oom killer",
     # engine death
     "enginedead", "asyncenginedead", "mqenginedead", "engine core initialization", "engine process failed",
     "enginecore failed", "fatal signal",
     "background loop", "engine loop", "died unexpectedly", "enginecore encountered", "engine core proc",
-    "core dumped", "engine background task", "task finished unexpectedly",
+    "core dumped", "engine background task", "task finished unexpectedly", "mqllmengine", "already dead",
+    "engine loop is not running",
 )  # fmt: skip
 
 
@@ -319,7 +357,8 @@ def gate(text: str) -> bool:
 # Deaths of an engine that was already running requests: what fails after them fails while serving.
 SERVING_DEATH_RE = re.compile(
     r"EngineCore encountered a fatal error|Engine background task failed|Task finished unexpectedly|"
-    r"Background loop has errored already|Engine loop has died"
+    r"Background loop has errored already|Engine loop has died|MQLLMEngine is already dead|"
+    r"Engine loop is not running"
 )
 # Per-request errors: the server stays up (an over-long prompt, an unknown model name in a request).
 BENIGN_RE = re.compile(
@@ -391,6 +430,14 @@ _RX_CAP20 = re.compile(
     rf"{_size('device_allocated_gib')} already allocated; {_size('device_free_mib')} free"
 )
 _RX_INUSE = re.compile(rf"(?:this process|Process \d+) has {_size('process_in_use_gib')} memory in use")
+# torch's breakdown after its OOM message (2.1 on)
+_RX_TORCH_HELD = re.compile(
+    rf"Of the allocated memory {_size('allocated_by_pytorch_gib')} is allocated by PyTorch, "
+    rf"(?:with {_size('private_pools_mib')} allocated in private pools \(e\.g\., CUDA Graphs\), )?"
+    rf"and {_size('reserved_unallocated_mib')} is reserved by PyTorch but unallocated"
+)
+# Ray's memory monitor: "... was running was 12.49GB / 13.15GB (0.950003), which exceeds ..."
+_RX_RAY_NODE = re.compile(rf"was running was {_n('host_used_gb')} ?GB / {_n('host_total_gb')} ?GB")
 _RX_SAMPLER = re.compile(r"warming up (?:sampler|pooler) with (?P<dummy_requests>\d+) dummy requests")
 _RX_DERIVED = re.compile(
     rf"User-specified max_model_len \({_n('max_model_len')}\) is greater than the derived max_model_len "
@@ -407,7 +454,8 @@ _RX_CC = re.compile(r"(?:has compute capability|Current capability:) (?P<compute
 _NUMBERS_BY_CLASS: dict[str, tuple[re.Pattern[str], ...]] = {
     KV_INSUFFICIENT: (_RX_KV_V1, _RX_KV_EST, _RX_KV_V0),
     FREE_MEM_BELOW_UTIL: (_RX_FREE, _RX_FREE_PROFILE),
-    OOM: (_RX_TRIED, _RX_CAP24, _RX_CAP20, _RX_INUSE, _RX_SAMPLER),
+    OOM: (_RX_TRIED, _RX_CAP24, _RX_CAP20, _RX_INUSE, _RX_TORCH_HELD, _RX_SAMPLER),
+    HOST_OOM: (_RX_RAY_NODE,),
     CONFIG_ERROR: (_RX_DERIVED, _RX_CC),
     FP8_UNSUPPORTED: (_RX_CC,),
 }
@@ -443,6 +491,8 @@ def failure_numbers(cls: str, text: str) -> dict[str, float]:
             out.update(_figures(m))
     if "compute_capability" in out and out["compute_capability"] >= 10:
         out["compute_capability"] /= 10  # "75" means 7.5
+    if "requested_gib" in out and "free_gib" in out and cls == FREE_MEM_BELOW_UTIL:
+        out["shortfall_gib"] = round(out["requested_gib"] - out["free_gib"], 3)  # what was missing
     return out
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from r1sup.failure import milestone
 from r1sup.logparse.heads import EVIDENCE_CHARS, LogLine
+from r1sup.logparse.phase import TRAFFIC_TAILS, traffic
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,12 @@ PROGRESS_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
         ),
     ),
     ("api_start", "Starting vLLM ", re.compile(r"^Starting vLLM (?:API )?server")),
+    (
+        # the API server names who holds its port (launcher.py, at DEBUG) after uvicorn failed to bind
+        "port_holder",
+        "is used by process",
+        re.compile(r"^port (?P<port>\d+) is used by process psutil\.Process\(pid=(?P<holder_pid>\d+)"),
+    ),
 )
 # progress kinds whose numbers describe the loading itself, not the engine (kept out of observations)
 _LOADING_KINDS = frozenset({"weights_progress", "graph_capture"})
@@ -304,6 +311,12 @@ RULES_BY_KEYWORD = {
         "own]": (),  # [shutdown]
         "ring": ("graph_capture",),  # Capturing
         "gnal": (),  # Received signal
+        "cess": ("port_holder",),  # port N is used by process
+        # request traffic (read by Figures.read itself, phase.TRAFFIC_TAILS): Added/Received/Aborted/Finished
+        # request, Avg prompt throughput, Writing input of failed execution
+        "uest": (),
+        "hput": (),
+        "tion": (),
     }.items()
 }
 
@@ -336,6 +349,13 @@ _MILESTONE_TAILS = frozenset({"ring", "lete", "g on", "down", "own]", "gnal"})
 _IDENTITY_TAILS = frozenset({"gine", "args"})
 _ENGINE_VERSION_RE = re.compile(r"LLM engine \(v(?P<version>\d+\.\d+\.\d+[\w.+]*)")
 _ARGS_RE = re.compile(r"non-default args: (?P<args>\{.{0,4000}\})")
+# The engine's config line ("Initializing an LLM engine (v0.6.3) with config: model=..., kv_cache_dtype=fp8,
+# ...") names the memory flags too: read where no "non-default args" line does (older releases print none)
+_CONFIG_ARG_RE = re.compile(
+    r"(?<![\w.])(?P<key>kv_cache_dtype|quantization|tensor_parallel_size|enforce_eager|max_seq_len)="
+    r"(?P<value>[\w.+-]{1,40})"
+)
+_CONFIG_ARG_NAMES = {"max_seq_len": "max_model_len"}
 _DEVICE_RE = re.compile(r"\bdevice_config=(?P<device>\w+)")
 _ARGS_CHARS = 4000
 
@@ -352,6 +372,23 @@ def _literal_args(text: str) -> dict[str, object] | None:
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _config_args(text: str) -> dict[str, object]:
+    """The memory flags of the engine's config line, as vLLM's argument names (plain values only)."""
+    out: dict[str, object] = {}
+    for m in _CONFIG_ARG_RE.finditer(text[:_ARGS_CHARS]):
+        key, value = m.group("key"), m.group("value")
+        if value == "None" or key in out:
+            continue
+        name = _CONFIG_ARG_NAMES.get(key, key)
+        if value in ("True", "False"):
+            out[name] = value == "True"
+        elif value.isdigit():
+            out[name] = int(value)
+        else:
+            out[name] = value
+    return out
 
 
 _READY_RE = re.compile(r"Application startup complete|Uvicorn running on")
@@ -380,7 +417,11 @@ class Figures:
         self.block_size = BLOCK_SIZE
         self.engine_version: str | None = None  # "Initializing a V1 LLM engine (v0.19.0)"
         self.engine_args: dict[str, object] | None = None  # "non-default args: {...}"
+        self.config_args: dict[str, object] = {}  # the memory flags of the engine's config line
+        self._config_read = False
         self.engine_device: str | None = None  # "device_config=cpu" of the engine's config line
+        # the first line showing request traffic since the last start-up began (r1sup.logparse.phase)
+        self.traffic_line: int | None = None
         self._estimate_logged = False  # vLLM printed its CUDA-graph estimate itself (CUDA graph pool memory)
 
     def read(self, text: str, events: list[LogLine | Progress] | None, kw: str, line_no: int) -> bool:
@@ -388,6 +429,11 @@ class Figures:
         and milestones, appended to ``events`` as :class:`Progress` when given. True when this line
         says the server became ready (the first time)."""
         tail = kw[-4:]
+        if tail in TRAFFIC_TAILS:
+            self.saw_traffic(text, line_no)
+            return False
+        if tail == "odel" and self.traffic_line is not None and text.startswith("Starting"):
+            self.traffic_line = None  # "Starting to load model": a new start-up after the traffic
         for kind, literal, rx in RULES_BY_KEYWORD.get(tail, PROGRESS_RULES):
             if literal not in text:
                 continue
@@ -423,6 +469,8 @@ class Figures:
                 events.append(Progress(kind=kind, numbers=numbers, text=text[:EVIDENCE_CHARS]))
             break
         if tail in _IDENTITY_TAILS:
+            if tail == "gine":
+                self.traffic_line = None  # the engine's config line: a new run starts
             self._identity(text, tail)
         if tail not in _MILESTONE_TAILS:
             return False
@@ -442,6 +490,11 @@ class Figures:
             return True
         return False
 
+    def saw_traffic(self, text: str, line_no: int) -> None:
+        """A line that may show request traffic: the first one since the start-up is remembered."""
+        if self.traffic_line is None and traffic(text):
+            self.traffic_line = line_no
+
     def _identity(self, text: str, tail: str) -> None:
         """The engine's version, arguments and device, from the lines that print them (first seen wins)."""
         if tail == "args":
@@ -456,6 +509,13 @@ class Figures:
             dm = _DEVICE_RE.search(text)
             if dm is not None:
                 self.engine_device = dm.group("device")
+        if tail == "gine" and not self._config_read:
+            self._config_read = True  # (the first config line: a log may repeat it at every restart)
+            self.config_args = _config_args(text)
+
+    def arguments(self) -> dict[str, object]:
+        """The engine's arguments: "non-default args" (or r1sup's launch flags) over the config line's."""
+        return {**self.config_args, **(self.engine_args or {})}
 
     def _derive(self) -> dict[str, float]:
         """Observations computed from figures of different lines of the same run; the new ones.

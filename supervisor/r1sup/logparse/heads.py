@@ -8,10 +8,13 @@ quietly (INFO/DEBUG/WARNING: progress at most) or as a possible failure.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+from r1sup.logparse.phase import ACCESS_KEYWORD, TRAFFIC_KEYWORDS
 
 DEFAULT_MAX_LINE_CHARS = 65536
 EVIDENCE_CHARS = 2000  # longest evidence kept in a verdict or a progress value
@@ -32,7 +35,8 @@ PROGRESS_KEYWORDS = (
     r"Starting to load model|Multi-thread [Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server|"
-    r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args"
+    r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args|"
+    r"port \d+ is used by process|Failed to pickle inputs of failed execution:"
 )
 
 
@@ -49,6 +53,7 @@ class LogLine:
 
 _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 
+
 # A level stamp as vLLM's logger (LEVEL MM-DD HH:MM:SS [file.py:123]) or uvicorn (LEVEL:   ) writes it,
 # with the progress keyword that may start the message. The first stamp of a line tells whether
 # vLLM logged it quietly (INFO/DEBUG/WARNING: progress only) or as a possible failure.
@@ -58,10 +63,10 @@ _LEVELS = "DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL"
 # ``KW_GROUP`` a progress keyword (after a quiet level when the match starts with D, I or W).
 # (Each level is its own alternative with an empty group after it, and the start check follows the
 # level: the pattern then begins with plain letters, which lets the regex engine skip to the candidates.)
-STAMP_RE = re.compile(
-    "(?:"
-    + "|".join(
-        rf"{level}(?<![^ \t|>)\]]{level})(?P<{group}>)"
+def _stamp_re(keywords: str, access: str) -> re.Pattern[str]:
+    """The stamp pattern with these progress keywords and this access-log keyword (same groups always)."""
+    levels = "|".join(
+        rf"{level}(?<![^ \t|>)\]:]{level})(?P<{group}>)"
         for level, group in (
             ("DEBUG", "q"),
             ("INFO", "qi"),
@@ -70,17 +75,37 @@ STAMP_RE = re.compile(
             ("CRITICAL", "ec"),
         )
     )
-    + r")(?::\s+| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
-    rf"(?P<kw>{PROGRESS_KEYWORDS})?"
-)
+    return re.compile(
+        f"(?:{levels})"
+        # uvicorn's "LEVEL:" (its access log of an OpenAI request after it: request traffic, logparse.phase),
+        # or vLLM's date and source
+        rf"(?::\s+(?P<ak>{access})?"
+        r"| \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? (?:\[[^\]\s]{1,120}\] ?|[^\]\s]{1,120}\] ?)?)"
+        rf"(?P<kw>{keywords})?"
+    )
+
+
+STAMP_RE = _stamp_re(PROGRESS_KEYWORDS + "|" + TRAFFIC_KEYWORDS, ACCESS_KEYWORD)
+
+
+@functools.cache
+def serving_stamp_re() -> re.Pattern[str]:
+    """``STAMP_RE`` without the traffic keywords, for the lines after a run's first traffic (the only one
+    that changes anything): in a serving log nearly every line is traffic, and capturing it would cost each
+    line. Compiled when a log first shows traffic (a start-up log never needs it)."""
+    return _stamp_re(PROGRESS_KEYWORDS, "(?!)")
+
+
 QUIET_LAST = STAMP_RE.groupindex["qw"]  # m.lastindex <= this: a quiet level and no progress keyword
 KW_GROUP = STAMP_RE.groupindex["kw"]
+ACCESS_GROUP = STAMP_RE.groupindex["ak"]  # uvicorn's access log of a request (a quiet line but traffic)
 QUIET_INITIALS = "DIW"  # the first letters of the quiet levels
 STAMP_WINDOW = 320  # characters searched for the stamp
 # In a quiet line longer than COLLAPSED_LONG, these mean more records were pasted onto it.
 COLLAPSED_ALERT_RE = re.compile(r" ERROR \d\d-\d\d |ERROR: |Traceback \(most recent call last\)")
 
-RAW_PROGRESS_RE = re.compile(rf"\s*(?P<kw>{PROGRESS_KEYWORDS})")  # an unstamped progress line
+# an unstamped progress line
+RAW_PROGRESS_RE = re.compile(rf"\s*(?P<kw>{PROGRESS_KEYWORDS}|{TRAFFIC_KEYWORDS})")
 
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
@@ -90,13 +115,25 @@ _TS = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
 _OUTER_RE = re.compile(
     r"(?:"
     r"\s*>[ \t]?"  # markdown quote
+    r"|[ \t]*[-*+][ \t]+(?=[\w(\[])"  # a Markdown list item (a log pasted into a list)
+    # DJL Serving relaying its Python worker: "WARN  PyProcess W-299-model1-stderr: [1,0]<stderr>:"
+    rf"|(?:{_TS}[ \t]+)?(?:INFO|WARN|ERROR|DEBUG)[ \t]+PyProcess[ \t]+[\w.@-]+:[ \t]?"
+    r"(?:\[\d+,\d+\]<std(?:out|err)>:)?"
+    # journald's short-iso and short-precise heads: "2024-06-22T20:16:34+0000 host vllm[411]: "
+    rf"|{_TS}[ \t]+[\w.-]+[ \t]+[\w.@/-]+\[\d+\]:[ \t]"
+    r"|[\w.-]{1,40}[ \t]>>[ \t]"  # a launcher's "node-0 >> "
+    # a launcher's tag in another language: "[错误] ", "【ERROR】", "日志："
+    r"|(?:\[[^\]\x00-\x7f]{1,16}\]|\u3010[^\u3011]{1,24}\u3011|[^\x00-\x7f\s:\uff1a]{1,16}[:\uff1a])[ \t]*"
     r"|[ \t]*\|[ \t]"  # CI (buildkite) pipe
     r"|\[rank\d+\]:(?![IWEF]\d{4})[ \t]?"  # torch.distributed rank tag
     rf"|\[{_TS}\][ \t]*"  # [2024-09-05T00:38:34Z]
     rf"|{_TS}[ \t]+\|[ \t]+(?P<fc>{_LEVELS})[ \t]+\|[ \t]+[\w.-]+[ \t]+\|[ \t]?"  # fastchat re-logging
     rf"|{_TS}[ \t]+-[ \t]+(?P<pl>{_LEVELS})[ \t]+-[ \t]+"  # python logging "ts - LEVEL - "
-    rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)(?!(?:{_LEVELS})\b)(?!\d+[ \t])"  # docker/k8s
-    r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"  # syslog
+    # docker/k8s (kubectl --timestamps, CRI): not a logging stamp "ts LEVEL", unless vLLM's own follows
+    rf"|{_TS}[ \t]+(?:(?:stdout|stderr)[ \t]+[FP][ \t]+)?(?=\S)"
+    rf"(?!(?:{_LEVELS})\b(?![ \t]+\d\d-\d\d[ \t]))(?!\d+[ \t])"
+    # syslog, journald's short and short-precise
+    r"|[A-Z][a-z]{2}[ \t]+\d{1,2}[ \t]\d\d:\d\d:\d\d(?:\.\d+)?[ \t]\S+[ \t][\w.@/-]+(?:\[\d+\])?:[ \t]"
     r"|[\w.-]+[ \t]+\|[ \t]"  # docker compose "vllm-1  | "
     r"|\[(?:pod|deployment|statefulset|job|daemonset)/[\w.-]+/[\w.-]+\][ \t]"  # kubectl logs --prefix
     r"|[ \t]*[\u2502\u2503][ \t]?"  # a box-drawing frame of a log viewer
@@ -165,6 +202,8 @@ def kind_of(m: re.Match[str] | None) -> tuple[int, str | None]:
         return _QUIET_LINE, None
     if last == KW_GROUP and m.string[m.start()] in QUIET_INITIALS:
         return _QUIET_PROGRESS, m.group("kw")
+    if last == ACCESS_GROUP and m.string[m.start()] in QUIET_INITIALS:
+        return _QUIET_LINE, None  # (the reader notes the traffic)
     return STAMPED, None
 
 

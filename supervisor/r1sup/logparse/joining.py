@@ -47,8 +47,11 @@ def continues(text: str, stripped: str, pending: Pending, wrapped: bool = False)
         return False
     if len(text) - len(stripped) > pending.indent + 2:
         return False  # a source line of the next traceback, not more of the message
-    if stripped.startswith(("File ", "Traceback", "The above exception", "During handling", "Process ")):
+    if stripped.startswith(("File ", "Traceback", "The above exception", "During handling")):
         return False
+    if stripped.startswith("Process ") and stripped.endswith(":"):
+        return False  # multiprocessing's "Process EngineCore:" opens the next traceback ("Process 42 has ...
+        # memory in use" goes on with torch's OOM message)
     if not wrapped and EXC_HEADER_RE.match(stripped) is not None:
         return False  # a new exception (a wrapped piece may look like one: "rs.CompilationError: ...")
     if not gate(stripped):

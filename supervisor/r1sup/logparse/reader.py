@@ -22,17 +22,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from r1sup.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, NONE, Failure, phase_after
+from r1sup.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, Failure, phase_after
+from r1sup.logparse.events import EVENT_MARK, launched_flags, parse_event, relayed_line
 from r1sup.logparse.families import (
     BENIGN_RE,
     EXC_HEADER_RE,
     NOT_A_CAUSE,
+    P_DEAD,
     SERVING_DEATH_RE,
     gate,
     match_families,
 )
 from r1sup.logparse.figures import Figures, Progress
 from r1sup.logparse.heads import (
+    ACCESS_GROUP,
     COLLAPSED_ALERT_RE,
     COLLAPSED_LONG,
     DEFAULT_MAX_LINE_CHARS,
@@ -52,8 +55,11 @@ from r1sup.logparse.heads import (
     message,
     parse_line,
     segments,
+    serving_stamp_re,
 )
 from r1sup.logparse.joining import JOIN_CHARS, PENDING_WINDOW, WRAP_MIN_WIDTH, Pending, continues, extend
+from r1sup.logparse.origin import vllm_frame, vllm_message, vllm_process, vllm_stamp, vllm_stamp_in
+from r1sup.logparse.phase import ACCESS_MARK, FAILED_STEP_PREFIX, TRAFFIC_TAILS, traffic
 from r1sup.logparse.tracebacks import (
     FRAME_RE,
     HINT_RE,
@@ -67,6 +73,8 @@ from r1sup.logparse.tracebacks import (
 from r1sup.logparse.triage import BAR_RE, BORING_MEMO, GLOG_QUIET_RE, PYWARN_RE, boring_text
 from r1sup.logparse.verdict import Collected, Diagnosis, Finding, decide
 
+_DRIVER_RE = re.compile(r"cudaDriverVersion (?P<cuda_driver_version>\d+)")  # NCCL's INFO record
+_REPEATED_COUNT_RE = re.compile(r"\[repeated (?P<repeated_across_cluster>\d+)x across cluster\]")
 COLLAPSED_TAIL = 20  # text after a frame's function name beyond this: more records on the same line
 _BATCH_LINES = 4096  # lines LogReader.feed_lines gathers before reading them in one loop
 MAX_PROCESSES = 256  # per-process states kept (oldest dropped)
@@ -98,6 +106,12 @@ class LogReader:
             raise ValueError("max_line_chars must be at least 256")
         self._max = max_line_chars
         self._line_no = 0
+        self._recognised = False  # a line was recognised as vLLM's (logparse.origin)
+        self._in_event = False  # reading a line relayed in r1sup's own event log
+        self._start_launch()
+
+    def _start_launch(self) -> None:
+        """The state of one launch's log (all of it but the line count and whether vLLM was seen)."""
         self._procs: dict[tuple[str | None, int | None], _Proc] = {}
         self._pending_count = 0  # open messages, speculative ones included
         self._spec_count = 0  # of which speculative
@@ -107,7 +121,6 @@ class LogReader:
         self._all_phases: dict[str, int] = {}  # the phases of every traceback's frames
         self._figures = Figures()
         self._marked_ready_line: int | None = None
-        self._recognised = False  # a line was recognised as vLLM's (a level stamp, a process tag)
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
         self._serving_death_line: int | None = None
         self._boring: dict[str, bool] = {}  # short unstamped lines read: whether boring_text holds
@@ -168,10 +181,13 @@ class LogReader:
         printed under it and a short unstamped line holding no word the reader looks for change only the
         entry of unprefixed lines (the tests in ``_handle``, repeated here to spare a call per line).
         """
-        stamp = STAMP_RE.search
+        watching = STAMP_RE.search
         window = STAMP_WINDOW
         quiet_last = QUIET_LAST
         kw_group = KW_GROUP
+        traffic_tails = TRAFFIC_TAILS
+        access_group = ACCESS_GROUP
+        figures = self._figures
         quiet_initials = QUIET_INITIALS
         progress = self._progress
         pywarn = PYWARN_RE.match
@@ -180,21 +196,37 @@ class LogReader:
         handle = self._handle
         first = self._line_no + 1
         n = first - 1
-        read = 0  # lines not skipped as quiet
+        known = self._recognised  # a line was vLLM's own (the stamp test is made until one is)
+        watch = figures.traffic_line is None  # the run's request traffic is not seen yet
+        # (the traffic keywords matter until a run's first traffic)
+        stamp = watching if watch else serving_stamp_re().search
         for n, raw in enumerate(raw_lines, first):
             m = stamp(raw, 0, window)
             if m is not None:
                 last = m.lastindex
                 if last <= quiet_last:  # type: ignore[operator]
                     if len(raw) <= COLLAPSED_LONG:
+                        if not known:
+                            known = vllm_stamp(m)
                         continue
                 elif last == kw_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
+                    kw = m.group("kw")
+                    if not known:
+                        known = vllm_stamp(m)
+                    if kw[-4:] in traffic_tails and not watch:
+                        continue  # only the first traffic line of a run changes anything
                     self._line_no = n
-                    self._recognised = True
-                    progress(message(raw, m.start("kw")), None, m.group("kw"))
+                    progress(message(raw, m.start("kw")), None, kw)
+                    watch = figures.traffic_line is None  # (a new start-up resets the run's traffic)
+                    stamp = watching if watch else serving_stamp_re().search
+                    continue
+                elif last == access_group and raw[m.start()] in quiet_initials and len(raw) <= COLLAPSED_LONG:
+                    if watch:  # uvicorn's access log of a request: the run's first traffic
+                        figures.saw_traffic(raw, n)
+                        watch = figures.traffic_line is None
+                        stamp = watching if watch else serving_stamp_re().search
                     continue
             elif "Warning: " in raw and pywarn(raw) is not None:
-                read += 1
                 np = procs.get(_NO_PROCESS)
                 if np is None:
                     np = self._proc(_NO_PROCESS_LINE)
@@ -202,7 +234,6 @@ class LogReader:
                 continue
             elif raw[:2] == "  " and (np := procs.get(_NO_PROCESS)) is not None and np.warning_line == n - 1:
                 if raw[2:3].strip():  # the source line Python prints under a warning
-                    read += 1
                     continue
             elif (
                 len(raw) < WRAP_MIN_WIDTH
@@ -212,18 +243,19 @@ class LogReader:
                 and ((boring := seen(raw)) or (boring is None and self._learn_boring(raw)))
                 and ((np := procs.get(_NO_PROCESS)) is None or np.tb is None)
             ):
-                read += 1
                 if np is None:
                     self._proc(_NO_PROCESS_LINE)
                 elif np.pending is not None:
                     self._drop_pending(np)
                 continue
-            read += 1
             self._line_no = n
             handle(raw, None, None, m)
+            known = known or self._recognised
+            watch = figures.traffic_line is None
+            stamp = watching if watch else serving_stamp_re().search
         self._line_no = n
-        if n - first + 1 > read:
-            self._recognised = True  # a line was skipped as a quiet vLLM line
+        if known:
+            self._recognised = True
 
     def mark_ready(self) -> None:
         """The supervisor saw readiness (health 200 and the model listed): later failures are serving."""
@@ -265,8 +297,9 @@ class LogReader:
 
     @property
     def engine_args(self) -> dict[str, object]:
-        """The arguments vLLM printed as "non-default args: {...}" (plain literals only; {} if none)."""
-        return dict(self._figures.engine_args or {})
+        """The arguments vLLM printed as "non-default args: {...}" (plain literals only), over the memory
+        flags of its config line; a launch's flags where r1sup's own event log is read. {} if none."""
+        return self._figures.arguments()
 
     def collected(self) -> Collected:
         """What the reader gathered so far, as :func:`~r1sup.logparse.verdict.decide` takes it: a copy
@@ -286,6 +319,7 @@ class LogReader:
             serving_death_line=self._serving_death_line,
             blocks_line=figures.blocks_line,
             block_size=figures.block_size,
+            traffic_line=figures.traffic_line,
         )
         return copy.deepcopy(snapshot)
 
@@ -299,7 +333,7 @@ class LogReader:
         return Diagnosis(
             failure=decision.failure,
             line=decision.line,
-            vllm_log=self._recognised or self._figures.matched or decision.failure.cls != NONE,
+            vllm_log=self._recognised or self._figures.matched,
             lines=self._line_no,
         )
 
@@ -310,8 +344,22 @@ class LogReader:
 
     def _progress(self, text: str, events: list[LogLine | Progress] | None, kw: str) -> None:
         """A message starting with the progress keyword ``kw``: its figures (and readiness)."""
-        if self._figures.read(text, events, kw, self._line_no):
+        if kw[0] == "F" and kw.startswith(FAILED_STEP_PREFIX):
+            self._failed_step(text)
+        elif self._figures.read(text, events, kw, self._line_no):
             self._forget_survived()
+
+    def _failed_step(self, text: str) -> None:
+        """vLLM's WARNING "Failed to pickle inputs of failed execution: <error>": a model step failed while
+        serving, and the error it names is a cause like an exception line's (a quiet level, not a quiet
+        message)."""
+        self._figures.saw_traffic(text, self._line_no)
+        cause = text[len(FAILED_STEP_PREFIX) :].lstrip(": ")
+        fam = match_families(cause) if gate(cause) else None
+        if fam is None:
+            return
+        cls, prio, fixed, numbers = fam
+        self._record(self._new_finding(cls, prio, fixed, cause, numbers, _NO_PROCESS_LINE, None, True))
 
     def _handle(
         self,
@@ -321,10 +369,14 @@ class LogReader:
         stamp: re.Match[str] | None | bool = False,
     ) -> None:
         """One line (a segment of one) with its stamp search, when the caller already made it."""
+        if EVENT_MARK in seg and not self._in_event and self._event(seg, events):
+            return
         m = STAMP_RE.search(seg, 0, STAMP_WINDOW) if stamp is False else stamp
         kind, kw = kind_of(m if isinstance(m, re.Match) else None)
         if kind != UNSTAMPED:
-            self._recognised = True
+            if not self._recognised:
+                assert isinstance(m, re.Match)
+                self._recognised = vllm_stamp(m)
             if kind != STAMPED and (
                 len(seg) <= COLLAPSED_LONG
                 or (("ERROR" not in seg and "Traceback" not in seg) or COLLAPSED_ALERT_RE.search(seg) is None)
@@ -332,6 +384,8 @@ class LogReader:
                 if kw is not None:
                     assert isinstance(m, re.Match)
                     self._progress(message(seg, m.start("kw")), events, kw)
+                elif ACCESS_MARK in seg and self._figures.traffic_line is None:
+                    self._figures.saw_traffic(seg, self._line_no)  # uvicorn's access log
                 return
         elif "Warning: " in seg and PYWARN_RE.match(seg) is not None:
             # a Python warning: never the failure, whatever words it holds (the entry of unprefixed
@@ -347,6 +401,8 @@ class LogReader:
         ):
             return  # the source line Python prints under a warning, indented by two spaces: the warning's
         elif " NCCL INFO " in seg or (seg[:1] in "[IW" and GLOG_QUIET_RE.match(seg) is not None):
+            if "cudaDriverVersion " in seg and (dm := _DRIVER_RE.search(seg)) is not None:
+                self._figures.obs["cuda_driver_version"] = int(dm.group("cuda_driver_version"))
             return  # torch's own INFO/WARNING records and NCCL's: as quiet as vLLM's
         elif "%" in seg and len(seg) <= COLLAPSED_LONG and BAR_RE.match(seg) is not None:
             self._bar(seg, events)
@@ -372,10 +428,20 @@ class LogReader:
 
     def _full_line(self, seg: str, line: LogLine, events: list[LogLine | Progress] | None) -> None:
         """A line that may matter: its process's open message and traceback, its frames, its cause."""
-        if line.process is not None:
-            self._recognised = True
+        if not self._recognised:
+            self._recognised = vllm_process(line.process) or (line.level is not None and vllm_stamp_in(seg))
         text = line.text
         stripped = text.lstrip()
+        if self._figures.traffic_line is None and traffic(text):
+            self._figures.traffic_line = self._line_no
+        if "cudaDriverVersion " in seg and (dm := _DRIVER_RE.search(seg)) is not None:
+            # NCCL's INFO record inside a line pasted collapsed
+            self._figures.obs["cuda_driver_version"] = int(dm.group("cuda_driver_version"))
+        if "across cluster]" in seg and (rm := _REPEATED_COUNT_RE.search(seg)) is not None:
+            # Ray folded the same line of other workers into this one: how many printed it
+            count = int(rm.group("repeated_across_cluster"))
+            obs = self._figures.obs
+            obs["repeated_across_cluster"] = max(count, int(obs.get("repeated_across_cluster", 0)))
         if line.level is None:
             pm = RAW_PROGRESS_RE.match(text)
             if pm is not None:  # progress bars and v0's multi-line summaries come unstamped
@@ -470,12 +536,22 @@ class LogReader:
             else:
                 proc.tb.request = True
         fam = match_families(text) if gated else None
+        if not self._recognised:
+            # vLLM's own message, or the exception line (or ERROR record) that ends one of its failures
+            # and names a cause: not a death notice alone, not a keyword in prose
+            self._recognised = vllm_message(stripped) or (
+                fam is not None
+                and fam[1] > P_DEAD
+                and (
+                    header is not None or line.level in ("ERROR", "CRITICAL") or stripped.startswith("Fatal ")
+                )
+            )
+        if "ing method" in text:  # "Error executing method X", "... while processing method X"
+            phase = method_phase(text)
+            if phase is not None:
+                proc.method_phase = phase
+                self._all_phases[phase] = PHASE_RANK[phase]
         if fam is None and header is None:
-            if "executing method" in text:
-                phase = method_phase(text)
-                if phase is not None:
-                    proc.method_phase = phase
-                    self._all_phases[phase] = PHASE_RANK[phase]
             if len(seg) >= WRAP_MIN_WIDTH:
                 # a long message line: a terminal may have wrapped it, the next piece completes it
                 self._open_pending(proc, None, stripped, None, 0, len(seg), speculative=True)
@@ -508,6 +584,30 @@ class LogReader:
             proc.tb = None  # the exception line ends its traceback
         self._open_pending(proc, finding, stripped, tb, len(text) - len(stripped), len(seg))
 
+    def _event(self, seg: str, events: list[LogLine | Progress] | None) -> bool:
+        """A line of r1sup's own JSON event log (logparse.events); False when the line is not one.
+
+        A launch's start begins a new verdict, with the launch's flags as the engine's arguments; a
+        relayed vLLM line is read as vLLM printed it; r1sup's other events change nothing.
+        """
+        event = parse_event(seg)
+        if event is None:
+            return False
+        flags = launched_flags(event)
+        if flags is not None:
+            self._start_launch()
+            self._figures.engine_args = flags
+            return True
+        relayed = relayed_line(event)
+        if relayed is not None:
+            self._recognised = True
+            self._in_event = True
+            try:
+                self._handle(relayed, None, events)
+            finally:
+                self._in_event = False
+        return True
+
     def _learn_boring(self, text: str) -> bool:
         """:func:`boring_text`, remembered by the text: tools print the same raw lines over and over (once
         per process, rank or restart), and the test costs several times a search for the stamp. At most
@@ -527,8 +627,8 @@ class LogReader:
             text = message(seg, 0)
         else:  # behind a process tag or another wrapper
             line = parse_line(seg)
-            if line.process is not None:
-                self._recognised = True
+            if not self._recognised:
+                self._recognised = vllm_process(line.process)
             proc = self._proc(line)
             text = line.text
             pm = RAW_PROGRESS_RE.match(text)
@@ -680,6 +780,8 @@ class LogReader:
         return proc
 
     def _frame(self, proc: _Proc, func: str, file: str, text: str, line: LogLine) -> None:
+        if not self._recognised:
+            self._recognised = vllm_frame(file)
         if proc.tb is None:
             proc.tb = Traceback(self._line_no, process=line.process, pid=line.pid)  # header cut off
         proc.tb.frame(func, file, text, self._all_phases)

@@ -82,6 +82,9 @@ FRAME_PHASE = {
     "init_kv_cache": PHASE_KV_CACHE,
     "_init_cache_engine": PHASE_KV_CACHE,
     "raise_if_cache_size_invalid": PHASE_KV_CACHE,
+    "allocate_gpu_cache": PHASE_KV_CACHE,  # vLLM 0.1-0.2 cache_engine.py
+    "init_cache_engine": PHASE_KV_CACHE,  # vLLM 0.1-0.2 worker.py
+    "_init_cache": _KV_CACHE_WEAK,  # vLLM 0.1-0.2 llm_engine.py: profile, then the cache engines
     "initialize_cache": _KV_CACHE_WEAK,  # V0 worker: allocation, then the warm-up and capture
     "initialize_from_config": _KV_CACHE_WEAK,
     "_initialize_kv_caches": _KV_CACHE_WEAK,  # both engines: profile, size, allocate
@@ -130,8 +133,9 @@ HINT_RE = re.compile(
     r"logits|[Ss]ampler|sample\(|dummy|\bforward\b|compute_logits|model_executable|hidden_states"
 )
 
-# Ray/v0 workers name the method that failed: "Error executing method determine_num_available_blocks".
-_METHOD_RE = re.compile(r"Error executing method '?(?P<method>\w+)")
+# Ray/v0 workers name the method that failed: "Error executing method determine_num_available_blocks",
+# "Exception in worker VllmWorkerProcess while processing method load_model".
+_METHOD_RE = re.compile(r"(?:Error executing|while processing) method '?(?P<method>\w+)")
 
 
 def method_phase(text: str) -> str | None:
@@ -186,6 +190,8 @@ class Traceback:
                 phase = PHASE_KV_CACHE  # v0 allocates the KV cache in CacheEngine's constructor
             elif file.endswith("cuda/graphs.py"):
                 phase = PHASE_CUDA_GRAPH  # torch.cuda.graph: only a capture goes through it
+            elif "/serving_" in file and "entrypoints" in file:
+                phase = PHASE_SERVING  # the OpenAI server's request handlers (serving_chat.py ...)
         if phase is not None:
             self.note(phase, seen)
         if name in REQUEST_FRAMES:

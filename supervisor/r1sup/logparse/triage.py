@@ -39,6 +39,9 @@ _QUICK_WORDS = (
     "initializing", "max model len", "max_model_len", "shutting down", "shutdown", "vllm instance",
     "capturing", "received signal", "explicitly set", "init engine", "starting to load", "loading",
     "warming up", "starting vllm", "chunked prefill", "non-default args",
+    # request traffic (r1sup.logparse.phase)
+    "post /v1", "added request", "received request", "aborted request", "finished request", "avg prompt",
+    "engine 0", "writing input", "failed to pickle", "dumping input", "running:", "port ",
 )  # fmt: skip
 _QUICK_RE = word_start_trie(_QUICK_WORDS)
 

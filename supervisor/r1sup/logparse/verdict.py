@@ -41,7 +41,7 @@ from r1sup.failure import (
     Failure,
     phase_after,
 )
-from r1sup.logparse.families import CONFIG_LIKE, OOM, P_NATIVE
+from r1sup.logparse.families import CONFIG_LIKE, OOM, P_HOST, P_NATIVE
 from r1sup.logparse.figures import BLOCK_SIZE
 from r1sup.logparse.tracebacks import WEAK_PHASE, Traceback, best_key, best_phase, phase_rank
 
@@ -95,10 +95,26 @@ class Collected:
     serving_death_line: int | None = None  # the engine died in its serving loop
     blocks_line: int | None = None  # where v0 printed "# GPU blocks"
     block_size: int = BLOCK_SIZE
+    traffic_line: int | None = None  # the first line of request traffic of the last run (logparse.phase)
 
     @property
     def ready(self) -> bool:
         return self.ready_line is not None or self.marked_ready_line is not None
+
+    @property
+    def serving(self) -> bool:
+        """The log shows the server ready or answering requests."""
+        return self.ready or self.traffic_line is not None
+
+    def served_at(self, finding: Finding) -> bool:
+        """Whether request traffic places a finding in the serving phase: traffic came before it, or
+        after it while its own traceback names no start-up step (a request answered 500 after the OOM
+        that failed it)."""
+        if self.traffic_line is None:
+            return False
+        if self.traffic_line <= finding.line_no:
+            return True
+        return finding.frame_phase is None or finding.frame_phase == PHASE_SERVING
 
     def ready_after(self, line_no: int) -> int | None:
         """The line where readiness was reached after ``line_no`` (None when it was not)."""
@@ -131,7 +147,7 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     specific = _best(c, lambda f: f.prio > P_NATIVE)
     if specific is not None:
         return Decision(_build(c, specific, specific.cls), specific.line_no)
-    host = _best(c, lambda f: f.cls == HOST_OOM)
+    host = _best(c, lambda f: f.cls == HOST_OOM and f.prio >= P_HOST)
     if host is not None:
         return Decision(_build(c, host, HOST_OOM), host.line_no)
     if exit_code in (-9, 137):
@@ -153,10 +169,18 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     requested_stop = c.shutdown_line is not None and exit_code in REQUESTED_STOP_EXITS
     nonzero = exit_code is not None and exit_code != 0 and not requested_stop
     startup_unknown = unknown is not None and not unknown.after_ready and not c.ready
-    if native is None and dead is None and not nonzero and not startup_unknown and cut is None:
+    maybe_host = _best(c, lambda f: f.cls == HOST_OOM and f.prio < P_HOST)
+    if (
+        native is None
+        and dead is None
+        and maybe_host is None
+        and not nonzero
+        and not startup_unknown
+        and cut is None
+    ):
         failure = Failure(
             NONE,
-            phase=PHASE_SERVING if c.ready else PHASE_STARTUP,
+            phase=PHASE_SERVING if c.serving else PHASE_STARTUP,
             evidence=c.ready_text or "",
             numbers=dict(c.observations),
         )
@@ -164,6 +188,8 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     inferred = _infer_v0_kv(c)
     if inferred is not None:
         return Decision(inferred, c.blocks_line)
+    if native is None and maybe_host is not None:
+        return Decision(_build(c, maybe_host, HOST_OOM), maybe_host.line_no)  # Ray's likeliest cause
     if native is not None and (unknown is None or native.line_no < unknown.line_no):
         return Decision(_build(c, native, CUDA_ERROR), native.line_no)  # the earliest unexplained event
     if unknown is not None:
@@ -225,8 +251,9 @@ def _phase_of(c: Collected, finding: Finding) -> tuple[str, bool]:
         return PHASE_SERVING, False
     if finding.fixed_phase is not None:
         return finding.fixed_phase, False
-    if finding.request or c.serving_death_line is not None:
-        return PHASE_SERVING, False  # logged by a request handler, or the engine died in its serving loop
+    if finding.request or c.serving_death_line is not None or c.served_at(finding):
+        # logged by a request handler, the engine died in its serving loop, or requests were being served
+        return PHASE_SERVING, False
     key = finding.frame_phase
     union = best_key(c.frame_phases)
     if union is not None and (key is None or (key in WEAK_PHASE and phase_rank(union) > phase_rank(key))):
@@ -256,7 +283,7 @@ def _build(c: Collected, finding: Finding, cls: str) -> Failure:
 
 
 def _bare(c: Collected, cls: str, evidence: str, detail: str) -> Failure:
-    phase = PHASE_SERVING if c.ready else (best_phase(c.frame_phases) or phase_after(c.reached))
+    phase = PHASE_SERVING if c.serving else (best_phase(c.frame_phases) or phase_after(c.reached))
     return Failure(cls, phase=phase, evidence=evidence, numbers=dict(c.observations), detail=detail)
 
 

@@ -1,0 +1,142 @@
+"""The verified capacity of a configuration that passed the load probe: what it was shown to serve.
+
+Pure: the probe's result, the flags, vLLM's figures and what was asked in, a plain dict out. The dict
+is what the profile records (``capacity``), ``status.json`` and ``r1sup status`` show and ``/metrics``
+exports:
+
+- ``requests``: requests the probe saw running at once (``concurrency_proven``: vLLM's running gauge
+  or the probe's own overlapping streams, never more than it sent); None for a probe that did not
+  measure it (a record saved before r1sup measured it);
+- ``context_tokens``: the context each request may use (``--max-model-len``, else vLLM's figure);
+- ``probe_tokens``: the tokens each of the probe's requests held (prompt and output);
+- ``output_tokens_per_second``, ``ttft_p50_s``, ``ttft_p95_s``: measured at that concurrency;
+- ``kv_cache_tokens``: the KV cache vLLM allocated (its own figure);
+- ``asked_requests``, ``asked_context``: what the config asked for (the target, else the probe's
+  concurrency and ``start.max_model_len``);
+- ``reduced``: the configuration serves less than asked, and ``reduced_because`` says how: fewer
+  requests at once than asked, or a shorter context than asked, or the search's own verdict (a tune
+  result's ``reduced``, which weighs what the box could give).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+FIELDS = (
+    "requests",
+    "context_tokens",
+    "probe_tokens",
+    "output_tokens_per_second",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "kv_cache_tokens",
+    "asked_requests",
+    "asked_context",
+)
+
+
+def asked(config: Any) -> dict[str, int | None]:
+    """What a config asks to serve: requests at once and the context of each."""
+    target, probe = config.target, config.probe
+    return {
+        "requests": target.concurrency or probe.concurrency or 1,
+        "context": target.context or config.start.max_model_len,
+    }
+
+
+def verified(
+    probe: Mapping[str, Any] | None,
+    flags: Mapping[str, Any] | None,
+    observations: Mapping[str, Any] | None,
+    asked_for: Mapping[str, Any] | None = None,
+    reduced: bool | None = None,
+) -> dict[str, Any] | None:
+    """The capacity a passed probe proved; None when there is no passed probe."""
+    if not probe or not probe.get("ok"):
+        return None
+    flags, obs, want = flags or {}, observations or {}, asked_for or {}
+    context = _count(flags.get("max_model_len")) or _count(obs.get("max_model_len"))
+    prompt, output = _count(probe.get("prompt_tokens")), _count(probe.get("output_tokens"))
+    out: dict[str, Any] = {
+        "requests": _count(probe.get("concurrency_proven")),
+        "context_tokens": context,
+        "probe_tokens": (prompt or 0) + (output or 0) or None,
+        "output_tokens_per_second": _number(probe.get("output_tokens_per_s")),
+        "ttft_p50_s": _number(probe.get("ttft_p50_s")),
+        "ttft_p95_s": _number(probe.get("ttft_p95_s")),
+        "kv_cache_tokens": _count(obs.get("kv_cache_tokens")),
+        "asked_requests": _count(want.get("requests")),
+        "asked_context": _count(want.get("context")),
+    }
+    because = shortfalls(out)
+    if reduced and not because:
+        because = ["the search gave up part of what was asked"]
+    out["reduced"] = bool(because)
+    out["reduced_because"] = because
+    return out
+
+
+def shortfalls(c: Mapping[str, Any]) -> list[str]:
+    """How a capacity falls short of what was asked, one phrase each (empty: it does not)."""
+    out = []
+    got, want = c.get("requests"), c.get("asked_requests")
+    if isinstance(got, int) and isinstance(want, int) and got < want:
+        out.append(f"{got} request(s) at once of {want} asked")
+    got, want = c.get("context_tokens"), c.get("asked_context")
+    if isinstance(got, int) and isinstance(want, int) and got < want:
+        out.append(f"context {got:,} of {want:,} asked")
+    return out
+
+
+def text(c: Mapping[str, Any]) -> str:
+    """One line: ``4 request(s) at once of up to 8,192 tokens, 412.3 output tok/s, TTFT p50 0.21s p95
+    0.40s``, and how it falls short of what was asked when it does."""
+    requests = c.get("requests")
+    head = f"{requests} request(s) at once" if requests is not None else "requests at once not measured"
+    if c.get("context_tokens"):
+        head += f" of up to {c['context_tokens']:,} tokens"
+    parts = [head]
+    if c.get("output_tokens_per_second") is not None:
+        parts.append(f"{c['output_tokens_per_second']:.1f} output tok/s")
+    if c.get("ttft_p50_s") is not None:
+        p95 = c.get("ttft_p95_s")
+        parts.append(f"TTFT p50 {c['ttft_p50_s']:.2f}s" + (f" p95 {p95:.2f}s" if p95 is not None else ""))
+    line = ", ".join(parts)
+    if c.get("reduced"):
+        because = "; ".join(c.get("reduced_because") or []) or "less than asked"
+        line += f" (REDUCED: {because})"
+    return line
+
+
+def check(data: Any) -> dict[str, Any]:
+    """A capacity read from a file (a profile): the fields above with their types, else ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError("capacity must be an object")
+    known = {*FIELDS, "reduced", "reduced_because"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"capacity: unknown field(s): {', '.join(unknown)}")
+    for name in FIELDS:
+        value = data.get(name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and (not number or value < 0):
+            raise ValueError(f"capacity.{name} must be a non-negative number or null, got {value!r}")
+    if not isinstance(data.get("reduced", False), bool):
+        raise ValueError("capacity.reduced must be true or false")
+    because = data.get("reduced_because", [])
+    if not isinstance(because, list) or not all(isinstance(b, str) for b in because):
+        raise ValueError("capacity.reduced_because must be a list of strings")
+    return dict(data)
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return int(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
