@@ -28,9 +28,20 @@ launch. Definitions:
 - ``sim s``: the simulated seconds of all launches (start-up, or start-up until the failure plus teardown);
   the probe's serving time is not counted (its simulated clock runs with real time).
 
-Targets (issue 15), smart with ``ladder.first_launch = "planned"``: at least 97% of the scenarios that
-have a feasible configuration end within 95% of the optimum's context with the target met; none of them
-is declared infeasible (exit 3 or 4); median launches 1, at most 3. With ``--first-launch as_configured``
+The ``serving`` family (issue 29) has no ``[target]``: per scenario the report adds the context asked,
+the sequences vLLM runs at once with the user's flags (its default, or ``start.max_num_seqs``; read from
+the auto-fit launch), the context and sequences r1sup serves, whether ``tune`` gave its one-line
+``reduced`` warning, whether ``r1sup plan --config`` (run first, on the same fake box) recommended the
+first launch, and the optimum that keeps at least 32 sequences (or the user's value); "fits w/ vLLM
+seqs": the optimum's search finds the asked context while serving vLLM's default (or the user's).
+
+Targets (issues 15 and 29), smart with ``ladder.first_launch = "planned"``: at least 97% of the
+scenarios that have a feasible configuration end within 95% of the optimum's context with the target
+met; none of them is declared infeasible (exit 3 or 4); median launches 1, at most 2; ``plan --config``
+recommends the first launch in every scenario (its exit 3: ``tune`` launches nothing); ``max_num_seqs``
+never below 16 (nor a lower ``start.max_num_seqs``); without a target, vLLM's default (or the user's)
+wherever the asked context fits with it, and the one-line warning wherever less than half the context
+or fewer sequences are served. With ``--first-launch as_configured``
 (from the user's flags): median launches at most 2, at most 4, and every feasible scenario at least 90%
 of the optimum's context. Exit status 1 when a target is missed.
 
@@ -78,7 +89,9 @@ TUNE_TIMEOUT_S = 240.0
 AUTOFIT_TIMEOUT_S = 60.0
 BLOCK = 16
 TARGET_MEDIAN_LAUNCHES = 1
-TARGET_MAX_LAUNCHES = 3
+TARGET_MAX_LAUNCHES = 2  # from the plan (issue 29)
+SERVING_MIN_SEQS = 32  # the serving scenarios' optimum keeps at least this many sequences (or the user's)
+MIN_SEQS = 16  # ladder.min_max_num_seqs: r1sup never sets fewer
 TARGET_CONTEXT_RATIO = 0.95
 TARGET_WITHIN_SHARE = 0.97
 TARGET_CONTEXT_RATIO_AS_CONFIGURED = 0.90
@@ -101,6 +114,11 @@ class Run:
     conc: int | None = None  # requests of the target's size (target.context tokens) that fit at once
     met: bool = False  # ctx >= target context and the KV cache holds concurrency x context (issue 6)
     flags: dict[str, Any] | None = None
+    seqs: int | None = None  # max_num_seqs the final launch ran with (vLLM's log: what it serves at once)
+    first_flags: dict[str, Any] | None = None  # the first launch's flags (tune's report)
+    plan: dict[str, Any] | None = None  # r1sup plan --config on the same box: verdict, exit, recommended
+    plan_is_first: bool | None = None  # plan's recommendation is the first launch (exit 3: none launched)
+    reduced: dict[str, Any] | None = None  # tune's one-line warning (issue 29), when it gave one
     # what tune's load probe proved (r1sup.capacity): requests that ran at once, output tokens/s (on the
     # fake engine's simulated speed, scaled by the run's time scale: a relative figure only)
     probe_requests: int | None = None
@@ -126,6 +144,8 @@ class Result:
     naive: Run
     autofit: Run
     optimum: dict[str, Any] | None
+    wanted_seqs: int | None = None  # vLLM's default max_num_seqs for the user's flags, or the user's
+    fits_with_wanted: bool = False  # the asked context fits while serving that many (the optimum's search)
 
     @property
     def feasible(self) -> bool:
@@ -153,6 +173,9 @@ class Result:
             "naive": {**asdict(self.naive), "context_ratio": self.context_ratio(self.naive)},
             "autofit": {**asdict(self.autofit), "context_ratio": self.context_ratio(self.autofit)},
             "optimum": self.optimum,
+            "wanted_seqs": self.wanted_seqs,
+            "fits_with_wanted": self.fits_with_wanted,
+            "asked_context": asked_context(self.scenario),
         }
 
 
@@ -225,6 +248,8 @@ def fill_capacity(run: Run, line: Mapping[str, Any], bs: BenchScenario) -> None:
     usable = line.get("usable_kv_tokens")
     run.usable_kv_tokens = int(usable) if usable is not None else max(0, run.num_blocks - 1) * BLOCK
     seqs = (line.get("flags") or {}).get("max_num_seqs")
+    served = (line.get("numbers") or {}).get("max_num_seqs")
+    run.seqs = int(served) if served is not None else seqs
     seqs_ok = seqs is None or seqs >= bs.concurrency
     each = bs.context or run.ctx
     run.conc = run.usable_kv_tokens // each if each else 0
@@ -272,11 +297,13 @@ def run_tune(
             },
             "start": dict(bs.start),
             "ladder": {"first_launch": first_launch, **dict(bs.ladder)},
-            "target": {"concurrency": bs.concurrency, "context": bs.context},
+            "target": {"concurrency": bs.concurrency, "context": bs.context} if bs.has_target else {},
             "probe": {"requests": 2, "output_tokens": 4, "request_timeout_s": 60.0, "timeout_s": 120.0},
             "state": {"dir": str(d / "state")},
         },
     )
+    # r1sup plan --config first: after the tune, the profile it saves would calibrate the plan
+    plan = run_plan(config, sc) if strategy == "smart" and first_launch == "planned" else None
     stdout_path, stderr_path = d / "tune.json", d / "tune.log"
     argv = [
         sys.executable,
@@ -329,6 +356,15 @@ def run_tune(
         run.reason = f"engine recorded {run.launches} launch(es), r1sup counted {counted}; " + run.reason
         run.launches = max(counted, run.launches)
     run.ok = run.exit_code == 0 and bool(report.get("ok"))
+    attempts = report.get("attempts") or []
+    run.first_flags = attempts[0].get("flags") if attempts else None
+    run.reduced = report.get("reduced")
+    if plan is not None:
+        run.plan = plan
+        if run.plan.get("exit_code") == 3:
+            run.plan_is_first = run.launches == 0 and run.exit_code == 3
+        else:
+            run.plan_is_first = run.plan.get("recommended") == run.first_flags
     if run.ok:
         run.flags = report.get("flags")
         proved = report.get("capacity") or {}
@@ -341,6 +377,30 @@ def run_tune(
             if flagged is not None and int(flagged) != run.ctx:
                 run.reason = f"tune reported max_model_len {flagged}, the engine ran {run.ctx}"
     return run
+
+
+def run_plan(config: Path, scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """``r1sup plan --config F --json`` on the same fake box and the fake engine's vLLM version: its
+    verdict, exit status and recommended flags."""
+    import fakevllm
+
+    argv = [sys.executable, "-m", "r1sup.cli", "plan", "--config", str(config), "--json"]
+    argv += ["--vllm-version", fakevllm.__version__]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=engine_env(scenario), cwd=ROOT, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"exit_code": None, "error": "timed out"}
+    try:
+        out = json.loads(done.stdout)
+    except ValueError:
+        return {"exit_code": done.returncode, "error": done.stderr.strip()[-300:]}
+    return {
+        "exit_code": done.returncode,
+        "verdict": out["verdict"]["status"],
+        "recommended": out["recommended"],
+    }
 
 
 def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
@@ -390,6 +450,9 @@ def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
     run.launches = len(launches)
     run.sim_s = round(sum(float(e.get("simulated_seconds") or 0.0) for e in launches), 1)
     run.outcomes = [str(e.get("outcome")) for e in launches]
+    if launches:  # what vLLM serves at once with the user's flags (its default, or theirs)
+        seqs = (launches[0].get("numbers") or {}).get("max_num_seqs")
+        run.seqs = int(seqs) if seqs else None  # 0 or none: refused before vLLM resolved its batch
     if launches and launches[0].get("outcome") == "ready":
         run.ok = True
         run.flags = launches[0].get("flags")
@@ -401,28 +464,46 @@ def run_autofit(bs: BenchScenario, work: Path, time_scale: float) -> Run:
     return run
 
 
-def find_optimum(bs: BenchScenario) -> dict[str, Any] | None:
+def find_optimum(bs: BenchScenario, min_seqs: int = 0) -> dict[str, Any] | None:
+    """The optimum; ``min_seqs``: the fewest sequences it may run at once (issue 29)."""
     scenario = load_scenario(bs.scenario())
     if bs.others_schedule:  # the box as it stays once the other tenant settled
         scenario = scenario.with_others(bs.others_schedule[-1])
     bounds = OptBounds.from_any(ladder_bounds(bs))
     return optimum(
         scenario,
-        bs.concurrency,
-        bs.context,
+        bs.concurrency or None,
+        bs.context or None,
         bounds,
         user_flags=user_flags(bs).to_dict(),
         cli_model=bs.model_id,
+        min_seqs=min_seqs,
     )
 
 
+def asked_context(bs: BenchScenario) -> int:
+    """The context the user asked for: ``start.max_model_len``, else the model's."""
+    asked = bs.start.get("max_model_len")
+    if asked not in (None, -1):
+        return int(asked)
+    return int(load_scenario(bs.scenario()).effective_model(bs.model_id).max_position_embeddings)
+
+
 def run_scenario(bs: BenchScenario, work: Path, time_scale: float, first_launch: str = "planned") -> Result:
+    autofit = run_autofit(bs, work, time_scale)
+    wanted = autofit.seqs  # vLLM's default for the user's flags (or the user's max_num_seqs)
+    if wanted is None:
+        wanted = bs.start.get("max_num_seqs") or None
+    serving = None if bs.has_target else find_optimum(bs, min_seqs=min(SERVING_MIN_SEQS, wanted or 1))
+    full = None if bs.has_target or not wanted else find_optimum(bs, min_seqs=wanted)
     return Result(
         scenario=bs,
         smart=run_tune(bs, "smart", work, time_scale, first_launch),
         naive=run_tune(bs, "naive", work, time_scale, "as_configured"),
-        autofit=run_autofit(bs, work, time_scale),
-        optimum=find_optimum(bs),
+        autofit=autofit,
+        optimum=serving if not bs.has_target else find_optimum(bs),
+        wanted_seqs=wanted,
+        fits_with_wanted=bool(full and full["max_model_len"] >= asked_context(bs)),
     )
 
 
@@ -583,6 +664,62 @@ def summarize(results: Sequence[Result], first_launch: str = "planned") -> list[
         ),
     ]
     if planned:
+        checked = [r for r in results if r.smart.plan_is_first is not None]
+        differ = [r.scenario.id for r in checked if not r.smart.plan_is_first]
+        out.append(
+            Target(
+                "r1sup plan --config recommends the first launch (its exit 3: tune launches nothing)",
+                f"{len(checked) - len(differ)} of {len(checked)}"
+                + (f"; not: {', '.join(differ)}" if differ else ""),
+                not differ and len(checked) == len(results),
+            )
+        )
+    served = [r for r in results if r.smart.ok and r.smart.seqs is not None]
+    floor = [
+        f"{r.scenario.id} {r.smart.seqs}"
+        for r in served
+        if (r.smart.seqs or 0) < min(MIN_SEQS, r.scenario.start.get("max_num_seqs") or MIN_SEQS)
+    ]
+    out.append(
+        Target(
+            f"max_num_seqs never below {MIN_SEQS} (nor a lower start.max_num_seqs)",
+            f"{len(served) - len(floor)} of {len(served)}"
+            + (f"; below: {', '.join(floor)}" if floor else ""),
+            not floor,
+        )
+    )
+    untargeted = [r for r in results if not r.scenario.has_target]
+    if untargeted:
+        fit = [r for r in untargeted if r.fits_with_wanted]
+        kept = [r for r in fit if r.smart.ok and r.smart.seqs == r.wanted_seqs]
+        lost = [f"{r.scenario.id} {r.smart.seqs} of {r.wanted_seqs}" for r in fit if r not in kept]
+        out.append(
+            Target(
+                "no [target]: max_num_seqs is vLLM's default (or the user's) wherever the asked "
+                "context fits with it",
+                f"{len(kept)} of {len(fit)}" + (f"; not: {', '.join(lost)}" if lost else ""),
+                not lost,
+            )
+        )
+        unsaid = [
+            r.scenario.id
+            for r in untargeted
+            if r.smart.ok
+            and (
+                2 * (r.smart.ctx or 0) < asked_context(r.scenario)
+                or (r.smart.seqs or 0) < (r.wanted_seqs or 0)
+            )
+            and not r.smart.reduced
+        ]
+        reduced = [r for r in untargeted if r.smart.reduced]
+        out.append(
+            Target(
+                "less than half the context asked, or fewer sequences, is said in one line with the ways out",
+                f"{len(reduced)} said, {len(unsaid)} unsaid" + (f": {', '.join(unsaid)}" if unsaid else ""),
+                not unsaid,
+            )
+        )
+    if planned:
         good = [
             r for r in feasible if (r.context_ratio(r.smart) or 0) >= TARGET_CONTEXT_RATIO and r.smart.met
         ]
@@ -647,9 +784,64 @@ LEGEND = (
 )
 
 
+def serving_table(results: Sequence[Result]) -> str:
+    """Per scenario: the context asked and what r1sup serves (context, sequences at once), vLLM's
+    defaults, the optimum, and whether ``plan --config`` recommended the first launch."""
+    rows = [
+        [
+            "scenario",
+            "box",
+            "model",
+            "asked",
+            "vLLM seqs",
+            "L",
+            "ctx",
+            "seqs",
+            "reduced",
+            "plan=1st",
+            "opt ctx",
+            "opt seqs",
+            "fits w/ vLLM seqs",
+        ]
+    ]
+    for r in results:
+        s, run, opt = r.scenario, r.smart, r.optimum
+        opt_seqs = "-"
+        if opt is not None:
+            opt_seqs = str(opt["flags"].get("max_num_seqs") or r.wanted_seqs or "default")
+        rows.append(
+            [
+                s.id,
+                s.box,
+                s.model,
+                _k(asked_context(s)),
+                str(r.wanted_seqs or "-"),
+                str(run.launches),
+                _k(run.ctx) if run.ok else ("infeas" if run.infeasible else "-"),
+                str(run.seqs) if run.ok else "-",
+                "yes" if run.reduced else "-",
+                {True: "yes", False: "NO", None: "-"}[run.plan_is_first],
+                _k(opt["max_model_len"]) if opt else "none",
+                opt_seqs,
+                "yes" if r.fits_with_wanted else "no",
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        " ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i]) for i, c in enumerate(row))
+        for row in rows
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def report(results: Sequence[Result], first_launch: str = "planned") -> tuple[str, bool]:
     targets = summarize(results, first_launch)
-    lines = [table(results), "", LEGEND, "", *side_counts(results), "", f"targets (smart, {first_launch}):"]
+    lines = [table(results), "", LEGEND, "", *side_counts(results), ""]
+    untargeted = [r for r in results if not r.scenario.has_target]
+    if untargeted:
+        lines += ["serving (no [target]): what r1sup serves", serving_table(untargeted), ""]
+    lines += [f"targets (smart, {first_launch}):"]
     for t in targets:
         lines.append(f"  {'PASS' if t.passed else 'FAIL'}  {t.name}: {t.measured}")
     return "\n".join(lines), all(t.passed for t in targets)

@@ -69,7 +69,11 @@ class BenchScenario:
 
     @property
     def target(self) -> str:
-        return f"{self.concurrency}x{self.context // 1024}k"
+        return f"{self.concurrency}x{self.context // 1024}k" if self.concurrency else "none"
+
+    @property
+    def has_target(self) -> bool:
+        return bool(self.concurrency and self.context)
 
     def scenario(self) -> dict[str, Any]:
         """The fake engine's scenario (without time_scale and the per-run paths)."""
@@ -370,10 +374,41 @@ ADVERSARIAL: tuple[BenchScenario, ...] = (
 )
 # fmt: on
 
+
+def _v(id: str, gpu: str, model: str, start: Mapping[str, Any], **kw: Any) -> BenchScenario:
+    """A "serving" scenario (issue 29): no [target]; what counts is the context asked and the sequences
+    served at once (vLLM's default, or the user's max_num_seqs)."""
+    return BenchScenario(
+        id=id, gpu=gpu, model=model, concurrency=0, context=0, family="serving", start=start, **kw
+    )
+
+
+H200_141 = {"total_gib": 141.0, "compute_capability": (9, 0)}
+
+# fmt: off
+SERVING: tuple[BenchScenario, ...] = (
+    _v("sv-4090-q7-128k", "RTX 4090", "Qwen-7B", {"max_model_len": 131072},
+       why="fits with fp8 KV and vLLM's 256 sequences"),
+    _v("sv-a100-q32", "A100 80GB", "Qwen-32B", CTX32, why="fits as written (256 sequences on an A100)"),
+    _v("sv-h100-q14-busy", "H100", "Qwen-14B", {}, others_gib=20.0,
+       why="another tenant holds 20 GiB; the model's 131072 tokens"),
+    _v("sv-h200-l70", "H200", "Llama-70B", CTX32, others_gib=0.6, **H200_141,
+       why="bf16 weights leave about a GiB: far less than the context asked"),
+    _v("sv-3090-l8-busy", "RTX 3090", "Llama-8B",
+       {"max_model_len": 131072, "gpu_memory_utilization": 0.85, "max_num_seqs": 4096}, others_gib=3.0,
+       why="3 GiB held by others; the user's 0.85 and 4096 sequences"),
+    _v("sv-4090-q7-s256", "RTX 4090", "Qwen-7B", {**CTX32, "max_num_seqs": 256}, why="the user's 256 fit"),
+    _v("sv-4090-q7-s4096", "RTX 4090", "Qwen-7B", {**CTX32, "max_num_seqs": 4096},
+       why="the user's 4096: more than the sampler warm-up leaves room for"),
+    _v("sv-3090-l8", "RTX 3090", "Llama-8B", {}, why="the model's 131072 tokens; no fp8 e4m3 (cc 8.6)"),
+    _v("sv-l40s-q14", "L40S", "Qwen-14B", CTX32, why="fits as written"),
+)
+# fmt: on
+
 _RATIOS = GRAPH_ESTIMATE_RATIOS
 SCENARIOS = tuple(
     s if s.fixed_ratio else replace(s, graph_estimate_ratio=_RATIOS[i % len(_RATIOS)])
-    for i, s in enumerate(SCENARIOS + ADVERSARIAL)
+    for i, s in enumerate(SCENARIOS + ADVERSARIAL + SERVING)
 )
 
 QUICK = ("4090-q7", "3090-l8", "l4-l70-fp8w")

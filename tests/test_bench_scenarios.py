@@ -33,6 +33,7 @@ def result(sid: str, launches: int, ctx: int | None, opt_ctx: int | None, exit_c
     scenario = bench.by_id([sid])[0]
     ok = exit_code == 0
     smart = bench.Run("smart", exit_code=exit_code, launches=launches, ok=ok, ctx=ctx if ok else None, met=ok)
+    smart.plan_is_first = True  # r1sup plan --config recommended the first launch
     other = bench.Run("naive", exit_code=exit_code, launches=launches, ok=ok, ctx=ctx if ok else None, met=ok)
     optimum = (
         None if opt_ctx is None else {"max_model_len": opt_ctx, "concurrency": 4, "changed": [], "flags": {}}
@@ -41,13 +42,30 @@ def result(sid: str, launches: int, ctx: int | None, opt_ctx: int | None, exit_c
 
 
 # first-launch mode, (launches, smart ctx, optimum ctx, exit code) per scenario -> PASS of each target:
-# planned: launches (median 1, max 3), none feasible declared infeasible, >= 97% within 95% and met;
-# as_configured: launches (median 2, max 4), none feasible declared infeasible, each >= 90%
+# planned: launches (median 1, max 2), none feasible declared infeasible, plan recommends the first launch,
+# max_num_seqs never below 16, >= 97% within 95% and met; as_configured: launches (median 2, max 4), none
+# feasible declared infeasible, max_num_seqs never below 16, each >= 90%
 SUMMARIES = [
-    ("planned", [(1, 32768, 32768, 0), (1, 20000, 20000, 0), (2, None, None, 3)], [True, True, True]),
-    ("planned", [(1, 32768, 32768, 0), (2, 20000, 20000, 0), (2, 8192, 8192, 0)], [False, True, True]),
-    ("planned", [(1, 32768, 32768, 0), (1, 18000, 20000, 0), (1, 8192, 8192, 0)], [True, True, False]),
-    ("planned", [(1, 32768, 32768, 0), (1, 20000, 20000, 0), (4, None, 8192, 3)], [False, False, False]),
+    (
+        "planned",
+        [(1, 32768, 32768, 0), (1, 20000, 20000, 0), (2, None, None, 3)],
+        [True, True, True, True, True],
+    ),
+    (
+        "planned",
+        [(1, 32768, 32768, 0), (2, 20000, 20000, 0), (2, 8192, 8192, 0)],
+        [False, True, True, True, True],
+    ),
+    (
+        "planned",
+        [(1, 32768, 32768, 0), (1, 18000, 20000, 0), (1, 8192, 8192, 0)],
+        [True, True, True, True, False],
+    ),
+    (
+        "planned",
+        [(1, 32768, 32768, 0), (1, 20000, 20000, 0), (3, None, 8192, 3)],
+        [False, False, True, True, False],
+    ),
     (
         "planned",
         [
@@ -57,20 +75,55 @@ SUMMARIES = [
             (2, 4096, 4096, 0),
             (2, 4096, 4096, 0),
         ],
-        [True, True, True],
+        [True, True, True, True, True],
     ),
     (
         "as_configured",
         [(2, 32768, 32768, 0), (3, 20000, 20000, 0), (4, 18500, 20000, 0)],
-        [False, True, True],
+        [False, True, True, True],
     ),
-    ("as_configured", [(1, 32768, 32768, 0), (2, 17000, 20000, 0)], [True, True, False]),
+    ("as_configured", [(1, 32768, 32768, 0), (2, 17000, 20000, 0)], [True, True, True, False]),
     (
         "as_configured",
         [(2, 32768, 32768, 0), (5, 20000, 20000, 0), (2, None, 8192, 3)],
-        [False, False, False],
+        [False, False, True, False],
     ),
 ]
+
+
+def test_the_serving_targets_are_judged_from_the_runs() -> None:
+    # no [target]: vLLM's 256 sequences kept where the asked context fits with them; never below 16;
+    # fewer sequences than vLLM's default said in the one-line warning; plan recommends the first launch
+    kept, fewer = bench.by_id(["sv-4090-q7-128k", "sv-3090-l8"])
+    good = bench.Run("smart", exit_code=0, launches=1, ok=True, ctx=131072, met=True, seqs=256)
+    good.plan_is_first = True
+    cut = bench.Run("smart", exit_code=0, launches=1, ok=True, ctx=108000, met=True, seqs=8)
+    cut.plan_is_first = False
+    opt = {"max_model_len": 131072, "concurrency": 1, "changed": [], "flags": {}}
+    results = [
+        bench.Result(kept, good, bench.Run("naive"), bench.Run("autofit"), opt, 256, True),
+        bench.Result(
+            fewer, cut, bench.Run("naive"), bench.Run("autofit"), {**opt, "max_model_len": 108900}, 256
+        ),
+    ]
+    judged = {t.name.split(":")[0].split(" (")[0]: t for t in bench.summarize(results, "planned")}
+    plan = judged["r1sup plan --config recommends the first launch"]
+    assert not plan.passed and "not: sv-3090-l8" in plan.measured
+    assert not judged["max_num_seqs never below 16"].passed
+    assert judged["no [target]"].passed  # the one where the context fits with 256 kept them
+    said = judged[
+        "less than half the context asked, or fewer sequences, is said in one line with the ways out"
+    ]
+    assert not said.passed and said.measured.endswith("1 unsaid: sv-3090-l8")
+    cut.reduced = {"reason": "reduced: 8 requests at once of the 256 vLLM's default; ways out: ..."}
+    judged = {t.name.split(":")[0].split(" (")[0]: t for t in bench.summarize(results, "planned")}
+    said = judged[
+        "less than half the context asked, or fewer sequences, is said in one line with the ways out"
+    ]
+    assert said.passed
+    text, ok = bench.report(results, "planned")
+    assert "serving (no [target])" in text and not ok
+    assert any(line.startswith("sv-4090-q7-128k ") and " 256 " in line for line in text.splitlines())
 
 
 @pytest.mark.parametrize(("mode", "runs", "expected"), SUMMARIES)
@@ -189,6 +242,11 @@ def test_harness_reports_real_runs(tmp_path: Path) -> None:
         row = next(line for line in lines if line.startswith(sc["id"] + " "))
         for method in ("smart", "naive", "autofit"):
             run = sc[method]
+            if method == "smart" and sc is cannot:
+                # r1sup plan --config says it does not fit (exit 3): tune launches nothing
+                assert run["plan"]["exit_code"] == 3 and run["plan_is_first"] and run["launches"] == 0
+                assert not Path(run["files"]["state"]).exists()
+                continue
             launches = launch_lines(run["files"]["state"])
             assert run["launches"] == len(launches) >= 1
             assert run["sim_s"] == pytest.approx(sum(e["simulated_seconds"] for e in launches), abs=0.06)
@@ -221,6 +279,10 @@ def test_harness_reports_real_runs(tmp_path: Path) -> None:
         assert sc["optimum"] == json.loads(json.dumps(bench.find_optimum(bench.by_id([sc["id"]])[0])))
 
     assert fits["optimum"] is not None and fits["smart"]["ok"]
+    assert (
+        fits["smart"]["plan_is_first"]
+        and fits["smart"]["plan"]["recommended"] == fits["smart"]["first_flags"]
+    )
     assert fits["smart"]["context_ratio"] == pytest.approx(
         fits["smart"]["ctx"] / fits["optimum"]["max_model_len"]
     )

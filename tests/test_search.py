@@ -64,7 +64,8 @@ def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
     assert first != user
     assert first.gpu_memory_utilization == s._util_cap(1) > user.gpu_memory_utilization
     assert first.fp8_kv and first.enforce_eager
-    assert 4096 <= (first.max_model_len or 0) < 16384
+    assert 4096 <= (first.max_model_len or 0) <= 16384
+    assert first.max_num_seqs is not None and first.max_num_seqs >= 16  # ladder.min_max_num_seqs
 
 
 def test_first_lowers_a_users_max_num_seqs_far_beyond_what_the_kv_cache_holds() -> None:
@@ -268,3 +269,132 @@ def test_a_saved_profile_is_checked_against_what_is_free_now() -> None:
     best = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192).first()
     assert search(Q7, gpu(23.99), user).fits_now(best)
     assert not search(Q7, busy_gpu(23.99, 5.0), user).fits_now(best)
+
+
+# --- the objective serves traffic: max_num_seqs is concurrency, never free (issue 29) -----------------
+
+Q32 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"])
+L70 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Llama-70B"])
+
+
+def card(name: str, others_gib: float = 0.0) -> DeviceFacts:
+    spec = catalog.GPUS[name]
+    total = spec["total_gib"]
+    free = int((total - 0.4 - others_gib) * GIB)
+    one = GpuInfo(0, f"NVIDIA {name}", int(total * GIB), free, spec["compute_capability"])
+    return DeviceFacts(backend="cuda", gpus=(one,))
+
+
+def seqs_of(s: S.Search, flags: EngineFlags) -> int:
+    assert s.facts.arch is not None
+    return memmodel.resolve_batch(s.facts.arch, s.facts.device, flags, s.facts.version).max_num_seqs
+
+
+def test_7b_on_a_4090_at_131072_keeps_vllms_256_sequences_with_fp8_kv() -> None:
+    user = EngineFlags(max_model_len=131072)
+    s = search(Q7, card("RTX 4090"), user)
+    first = s.first()
+    assert first.max_num_seqs is None and seqs_of(s, first) == 256  # vLLM's default on a 24 GiB card
+    assert first.fp8_kv and first.max_model_len == 131072
+    assert s.reduction(first) is None
+    assert s.costs(first) == ["kv_cache_dtype fp8: KV cache in 8 bits, a small accuracy cost"]
+
+
+def test_32b_on_an_a100_at_32768_keeps_the_context_and_the_sequences() -> None:
+    # the KV cache just holds 32768 tokens at utilization 0.9 (8.1 GiB predicted for 8.0 needed): within
+    # the margin kept for the model's error, so the first launch takes 0.95, and nothing else changes
+    user = EngineFlags(max_model_len=32768)
+    s = search(Q32, card("A100 80GB"), user)
+    first = s.first()
+    assert first.replace(gpu_memory_utilization=0.9) == user
+    assert seqs_of(s, first) == 256  # an A100 gets vLLM's small defaults
+    assert s.reduction(first) is None
+    raised = f"gpu_memory_utilization 0.9 -> {first.gpu_memory_utilization:g}"
+    assert [c.split(":")[0] for c in s.costs(first)] == [raised]
+
+
+@pytest.mark.parametrize("context", [32768, 131072])
+def test_a_users_256_sequences_are_kept_where_the_context_fits_with_them(context: int) -> None:
+    user = EngineFlags(max_model_len=context, max_num_seqs=256)
+    s = search(Q7, card("RTX 4090"), user)
+    first = s.first()
+    assert first.max_num_seqs == 256
+    assert first.max_model_len == context
+
+
+def test_a_users_4096_sequences_are_lowered_only_to_the_most_that_fit() -> None:
+    user = EngineFlags(max_model_len=32768, max_num_seqs=4096)
+    s = search(Q7, card("RTX 4090"), user)
+    first = s.first()
+    seqs = first.max_num_seqs
+    assert seqs is not None and 16 <= seqs < 4096
+    assert first.max_model_len == 32768
+    # one graph step more no longer gives the context asked, with every other flag the same
+    more = s.score(first.replace(max_num_seqs=seqs + S.SEQS_STEP), margin=True)
+    assert more is None or more.context < 32768
+    reduced = s.reduction(first)
+    assert reduced is not None and reduced["max_num_seqs"] == seqs and reduced["wanted_max_num_seqs"] == 4096
+    assert reduced["reason"].startswith(f"reduced: {seqs} requests at once of the 4096 asked")
+    assert "\n" not in reduced["reason"]
+
+
+@pytest.mark.parametrize("floor", [16, 64])
+def test_max_num_seqs_never_goes_below_the_ladders_floor(floor: int) -> None:
+    # 70B on an H200 beside 0.6 GiB of another process: nothing gives 32768 tokens; the longest context
+    # comes with the fewest sequences, and those stay at ladder.min_max_num_seqs or more
+    user = EngineFlags(max_model_len=32768)
+    s = search(L70, card("H200 141GB", others_gib=0.6), user, min_max_num_seqs=floor)
+    for c in s.ranked(margin=False):
+        assert c.seqs >= floor
+    first = s.first()
+    assert seqs_of(s, first) >= floor
+
+
+def test_a_users_max_num_seqs_below_the_floor_is_kept() -> None:
+    user = EngineFlags(max_model_len=32768, max_num_seqs=4)
+    s = search(Q7, card("RTX 4090"), user)
+    assert s.first().max_num_seqs == 4
+
+
+def test_a_result_that_gives_up_most_of_the_context_names_the_ways_out() -> None:
+    user = EngineFlags(max_model_len=32768)
+    s = search(L70, card("H200 141GB", others_gib=0.6), user)
+    first = s.first()
+    reduced = s.reduction(first)
+    assert reduced is not None and reduced["context"] * 2 < 32768
+    ways = " ".join(reduced["ways_out"])
+    assert "--quantization fp8_per_tensor" in ways  # as vLLM 0.33 spells fp8 weights
+    assert "--tensor-parallel-size 2" in ways
+    # each way out is the same search with that one thing changed: fp8 weights allowed gives the context
+    wider = search(L70, card("H200 141GB", others_gib=0.6), user, allow_weight_quantization=True).first()
+    assert wider.max_model_len == 32768 and wider.quantization == "fp8"
+
+
+def test_lowering_sequences_costs_in_proportion_to_the_concurrency_given_up() -> None:
+    s = search(Q7, card("H100 80GB"), EngineFlags(max_model_len=32768))
+    assert s.wanted_seqs() == 1024
+    f = EngineFlags(max_model_len=32768)
+    costs = [s._cost(f.replace(max_num_seqs=n), n, 32768)[1] for n in (1024, 768, 512, 16)]
+    assert costs[0] == 0 and costs[0] < costs[1] < costs[2] < costs[3]
+    assert costs[2] == pytest.approx(2 * costs[1])
+
+
+def test_a_passed_launch_below_the_asked_context_is_refined_to_what_its_kv_figure_allows() -> None:
+    # the issue's 70B on a 141 GiB H200 beside 0.6 GiB of another process: a launch passed at 2656
+    # tokens and vLLM printed "GPU KV cache size: 9,184 tokens" (and no other memory figure)
+    one = GpuInfo(0, "NVIDIA H200", 141 * GIB, int(140.4 * GIB), (9, 0))
+    device = DeviceFacts(backend="cuda", gpus=(one,))
+    s = search(L70, device, EngineFlags(max_model_len=32768))
+    passed = EngineFlags(
+        max_model_len=2656,
+        gpu_memory_utilization=0.95,
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        max_num_seqs=16,
+    )
+    better = s.refine(passed, {"kv_cache_tokens": 9184.0})
+    assert better is not None
+    allowed = (9184 // 16 - 1) * 16  # one request of the usable blocks (V1 keeps one back)
+    assert 0.95 * allowed <= (better.max_model_len or 0) <= 32768
+    # once refined, a launch that passed at what its figure allows is not refined again
+    assert s.refine(better, {"kv_cache_tokens": float((better.max_model_len or 0) + 16)}) is None

@@ -109,8 +109,8 @@ class Tune:
         return self.proc.named("ladder_step")
 
     def step_changes(self) -> list[dict[str, tuple[Any, Any]]]:
-        """Each step's changes, without the free one: max_num_seqs set where the user left vLLM's default
-        (the search lowers it to what the target and the KV cache can use at once: no cost)."""
+        """Each step's changes, without max_num_seqs set to 16 or more where the user left vLLM's default
+        (the tests that look at the sequences check them on their own)."""
         out = []
         for s in self.steps:
             change = changes(s["old"], s["new"])
@@ -378,14 +378,20 @@ def test_context_that_cannot_fit_goes_straight_to_the_longest_that_does(tmp_path
 
 def test_context_kept_when_vllm_charged_its_graph_estimate(tmp_path: Path):
     # vLLM 0.32 took its CUDA-graph estimate (the fake's: 1.2x the pool) out of the KV budget; fp8 KV,
-    # the top utilization and fewer sequences (fewer graphs: free) hold the 65536 tokens; eager mode,
-    # which costs decode speed, is not needed
+    # the top utilization and either eager mode (decode speed) or far fewer sequences hold the 65536
+    # tokens. Fewer sequences are not free (requests beyond them queue): the context is kept, and vLLM's
+    # 256 sequences are kept unless cutting them costs less than eager mode (a quarter of them or fewer)
     body = fake_body(tmp_path, start={"max_model_len": 65536, "quantization": "fp8"})
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 0, t.explain()
     assert t.classes == ["kv_insufficient", "none"]
-    (change,) = t.step_changes()
-    assert "max_model_len" not in change and "enforce_eager" not in change
+    change = changes(t.steps[0]["old"], t.steps[0]["new"])
+    assert "max_model_len" not in change
+    seqs = t.result["flags"]["max_num_seqs"]
+    if "enforce_eager" in change:
+        assert seqs is None  # eager mode instead of fewer sequences, not both
+    else:
+        assert seqs is not None and seqs >= 64
     assert t.result["flags"]["max_model_len"] == 65536
     ready = t.engine[-1]
     assert ready["outcome"] == "ready" and ready["usable_kv_tokens"] >= 65536
@@ -611,3 +617,79 @@ def test_planned_first_launch_avoids_the_failure(
     assert first_flags["flags"] == t.result["flags"]
     assert [r["outcome"] for r in t.engine] == ["ready"]
     assert_consistent(t)
+
+
+# --- the objective serves traffic; a passed launch's own figures are used (issue 29) -----------------
+
+QWEN_32B = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
+LLAMA_70B = "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"
+
+
+def planned_tune(tmp_path: Path, model: str, gpu: dict[str, Any], start: dict[str, Any]) -> Tune:
+    body = fake_body(tmp_path, model=model, start=start, ladder={"first_launch": "planned"})
+    return run_tune(tmp_path, body, fake_scenario(tmp_path, gpu=gpu))
+
+
+def test_7b_on_a_4090_at_131072_serves_vllms_256_sequences(tmp_path: Path):
+    t = planned_tune(tmp_path, QWEN_7B, {"name": "RTX 4090"}, {"max_model_len": 131072})
+    assert t.code == 0, t.explain()
+    assert t.result["launches"] == 1
+    flags = t.result["flags"]
+    assert flags["max_model_len"] == 131072 and flags["kv_cache_dtype"] == "fp8"
+    assert flags["max_num_seqs"] is None  # vLLM's default: 256 on a 24 GiB card
+    assert t.engine[0]["outcome"] == "ready"
+    assert t.result["reduced"] is None
+    assert t.result["costs"] == ["kv_cache_dtype fp8: KV cache in 8 bits, a small accuracy cost"]
+    assert_consistent(t)
+
+
+def test_32b_on_an_a100_at_32768_keeps_the_context_and_vllms_sequences(tmp_path: Path):
+    start = {"max_model_len": 32768}
+    t = planned_tune(tmp_path, QWEN_32B, {"name": "A100 80GB"}, start)
+    assert t.code == 0, t.explain()
+    assert t.result["launches"] == 1
+    flags = t.result["flags"]
+    assert flags["max_model_len"] == 32768 and flags["max_num_seqs"] is None  # 256 on an A100
+    assert flags["kv_cache_dtype"] == "auto" and not flags["enforce_eager"]
+    assert t.result["reduced"] is None
+    assert_consistent(t)
+
+
+@pytest.mark.parametrize("seqs", [256, 4096])
+def test_a_users_max_num_seqs_is_kept_or_lowered_only_as_needed(tmp_path: Path, seqs: int):
+    t = planned_tune(tmp_path, QWEN_7B, {"name": "RTX 4090"}, {"max_model_len": 32768, "max_num_seqs": seqs})
+    assert t.code == 0, t.explain()
+    served = t.result["flags"]["max_num_seqs"]
+    assert t.result["flags"]["max_model_len"] == 32768
+    if seqs == 256:
+        assert served == 256 and t.result["reduced"] is None
+    else:
+        # 4096 sequences warm the sampler with 4096 rows of the vocabulary: more than the card holds
+        assert 16 <= served < 4096
+        reduced = t.result["reduced"]
+        assert reduced["max_num_seqs"] == served and reduced["wanted_max_num_seqs"] == 4096
+        said = t.proc.named("config_reduced")
+        assert len(said) == 1 and said[0]["reason"] == reduced["reason"]
+    assert_consistent(t)
+
+
+def test_70b_on_an_h200_uses_the_kv_figure_of_its_passed_launch(tmp_path: Path):
+    # 141 GiB, 0.6 GiB held by another process, 32768 tokens asked with vLLM's defaults: the bf16
+    # weights leave about a GiB. The first launch passes below the asked context and vLLM prints its
+    # "GPU KV cache size"; one more launch takes what that figure allows (within 5% of it)
+    gpu = {"name": "H200", "total_gib": 141, "compute_capability": [9, 0], "other_process_gib": 0.6}
+    t = planned_tune(tmp_path, LLAMA_70B, gpu, {"max_model_len": 32768})
+    assert t.code == 0, t.explain()
+    first, last = t.engine[0], t.engine[-1]
+    assert first["outcome"] == "ready" and t.result["launches"] == 2, t.explain()
+    allowed = min(32768, first["usable_kv_tokens"])
+    context = t.result["flags"]["max_model_len"]
+    assert allowed > 1.05 * t.attempts[0]["flags"]["max_model_len"]  # the figure held a longer one
+    assert 0.95 * allowed <= context <= last["usable_kv_tokens"]
+    assert (t.result["flags"]["max_num_seqs"] or 1024) >= 16
+    # less than half the context asked: said in one line, with the ways out that give it
+    reduced = t.result["reduced"]
+    assert reduced["context"] == context and "\n" not in reduced["reason"]
+    assert "--quantization fp8_per_tensor" in reduced["reason"]
+    assert "--tensor-parallel-size" in reduced["reason"]
+    assert len(t.engine) == 2 and [s["new"] for s in t.proc.named("search_refined")] == [t.result["flags"]]

@@ -161,6 +161,12 @@ class LadderSection:
         choices=FIRST_LAUNCH,
     )
     min_max_model_len: int = setting(2048, "never shorten the context below this", minimum=1)
+    min_max_num_seqs: int = setting(
+        16,
+        "never lower max_num_seqs below this on its own (a lower start.max_num_seqs is kept as given)",
+        minimum=1,
+        maximum=65536,
+    )
     min_gpu_memory_utilization: float = setting(
         0.5, "lowest utilization to try", exclusive_minimum=0.0, maximum=1.0
     )

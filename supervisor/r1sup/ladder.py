@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from r1sup import failure as F
-from r1sup import memmodel
+from r1sup import memmodel, policy
 from r1sup.config import LadderSection
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
@@ -34,8 +34,8 @@ UTIL_STEP = 0.05  # blind utilization step, when no number says better
 MIN_BATCHED_TOKENS = 256
 PINNED_RESERVE_GIB = 1.0  # a shrunk pinned KV cache leaves this much (or a fifth) of the free memory free
 PINNED_RESERVE_FRACTION = 0.2
-TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG})
-FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
+TRANSIENT = policy.TRANSIENT  # the policy's (r1sup.policy): one declaration
+FATAL = policy.FATAL
 
 
 _LADDER = LadderSection()  # the defaults of [ladder], declared once in the config
@@ -47,6 +47,7 @@ class Bounds:
 
     strategy: str = _LADDER.strategy
     min_max_model_len: int = _LADDER.min_max_model_len
+    min_max_num_seqs: int = _LADDER.min_max_num_seqs
     min_gpu_memory_utilization: float = _LADDER.min_gpu_memory_utilization
     max_gpu_memory_utilization: float = _LADDER.max_gpu_memory_utilization
     allow_fp8_kv: bool = _LADDER.allow_fp8_kv
@@ -63,6 +64,7 @@ class Bounds:
         return cls(
             strategy=lad.strategy,
             min_max_model_len=lad.min_max_model_len,
+            min_max_num_seqs=lad.min_max_num_seqs,
             min_gpu_memory_utilization=lad.min_gpu_memory_utilization,
             max_gpu_memory_utilization=lad.max_gpu_memory_utilization,
             allow_fp8_kv=lad.allow_fp8_kv,
@@ -302,13 +304,7 @@ def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
 
 
 def _fatal_reason(failure: Failure) -> str:
-    what = {
-        F.PORT_IN_USE: "the port is taken",
-        F.MODEL_NOT_FOUND: "the model cannot be found or accessed",
-        F.CONFIG_ERROR: "vLLM rejected the configuration",
-    }[failure.cls]
-    detail = failure.evidence or failure.detail
-    return f"{what}; no flag change fixes that: {detail}" if detail else what
+    return policy.fatal_reason(failure)
 
 
 def _context(flags: EngineFlags, failure: Failure, facts: Facts) -> int | None:

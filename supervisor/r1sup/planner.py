@@ -45,6 +45,7 @@ from r1sup.memmodel import (
     estimated_max_model_len,
     weight_method,
 )
+from r1sup.search import margin_bytes, request_blocks
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -64,13 +65,12 @@ __all__ = [
     "predict_max_model_len",
 ]
 
-MARGIN_FRACTION = 0.04  # the most of the budget the recommended flags keep spare
-ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed: kept spare for estimate errors
 TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make room (vLLM captures 1..2x of it)
 
 # The [ladder] settings the planner honours; their defaults are the config's own declaration.
 BOUND_KEYS = (
     "min_max_model_len",
+    "min_max_num_seqs",
     "min_gpu_memory_utilization",
     "max_gpu_memory_utilization",
     "allow_fp8_kv",
@@ -189,12 +189,9 @@ class _Eval:
     def max_num_seqs(self) -> int:
         return self.est.batch.max_num_seqs
 
-    def blocks_with_margin(self) -> int:
-        return M.num_blocks(self.kv - self.margin, self.kv_bpt, self.block)
-
     def usable_blocks(self, margin: bool) -> int:
-        """Blocks left for requests (V1 holds one back as the null block)."""
-        return M.usable_blocks(self.blocks_with_margin() if margin else self.num_blocks, self.est.version)
+        """Blocks left for requests (V1 holds one back as the null block): the search's arithmetic."""
+        return request_blocks(self.est, self.kv - self.margin if margin else self.kv)
 
     def context_for(self, concurrency: int, cap: int, margin: bool) -> int:
         """Largest block-aligned context where ``concurrency`` requests fit at once (0 if none)."""
@@ -228,24 +225,13 @@ def _evaluate(
     calibration: Calibration | None = None,
 ) -> _Eval:
     est = M.evaluate(arch, device, flags, version, calibration)
-    return _Eval(est, _margin(est))
+    return _Eval(est, _margin(est, calibration is not None))
 
 
-def _margin(est: M.Estimate) -> int:
-    """KV bytes the recommended flags keep spare: the room for errors of what was estimated.
-
-    Weights and the KV arithmetic are close to exact; the non-torch, activation and charged CUDA-graph
-    figures are estimates until a launch prints them (vLLM's own CUDA-graph estimate varies between
-    launches, issue 45178). Two thirds of the estimated parts are kept spare, at most
-    ``MARGIN_FRACTION`` of the budget. A pinned KV size, or one carried over from a launch's budget, needs
-    none.
-    """
-    if est.flags.kv_cache_memory_bytes is not None or est.non_torch.source == M.REST:
-        return 0
-    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE) + (
-        est.cudagraph_charged if est.cudagraph_estimate.source == M.ESTIMATE else 0
-    )
-    return int(min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget))
+def _margin(est: M.Estimate, calibrated: bool = False) -> int:
+    """KV bytes the recommended flags keep spare for the memory model's error: the search's margin
+    (:func:`r1sup.search.margin_bytes`), for a search that starts from ``calibration`` when one is given."""
+    return margin_bytes(est, calibrated=int(calibrated))
 
 
 # --- predictions ---------------------------------------------------------------------------------
@@ -387,6 +373,11 @@ class Plan:
     verdict_reason: str = ""  # why not as given (or, when it fits, what the KV cache holds)
     layout: dict[str, Any] = field(default_factory=dict)  # GPUs, nodes, pipeline stages
     stage_breakdowns: tuple[Breakdown, ...] = ()  # one GPU of each pipeline stage (a split model only)
+    # what each recommended change costs the user (search.Search.costs), and, when the recommended flags
+    # give up more than half the asked context or serve fewer sequences, why and the ways out
+    # (search.Search.reduction; the same as tune's result)
+    costs: list[str] = field(default_factory=list)
+    reduced: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -437,6 +428,8 @@ class Plan:
             "estimate": self.estimate,
             "verdict": {"status": self.verdict, "reason": self.verdict_reason, "exit_code": self.exit_code},
             "layout": {**self.layout, "stage_breakdowns": [sb.to_dict() for sb in self.stage_breakdowns]},
+            "costs": list(self.costs),
+            "reduced": self.reduced,
         }
 
 
@@ -710,68 +703,105 @@ def plan(
             per_request=target_context,
         )
 
-    # Levers beyond the flags themselves, in the ladder's order: more of the GPUs present, then fp8 weights.
-    # A tensor-parallel size vLLM refuses is replaced by the sizes it accepts up to the same GPU count.
     tp = flags.tensor_parallel_size
-    variants = [flags] if not refused else []
-    if refused:
-        variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
-    if b["allow_tensor_parallel"] and device.source == "probe" and device.count > tp:
-        variants += [
-            flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
-        ]
-    if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
-        variants.append(flags.replace(quantization="fp8"))
-
-    # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
-    # then the earlier variant (fewer GPUs)
-    found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
-    choice: _Choice | None = min(
-        found, key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)), default=None
+    found_by = _search_recommendation(
+        arch, device, flags, b, v, calibration, target_concurrency, target_context, len(stages), auto_fit
     )
-    target_missed = False
-    if choice is None and concurrency > 1:
-        for variant in variants:
-            choice = recommend(variant, 1)
-            if choice is not None:
-                target_missed = True
-                each = target_context or choice.context
-                served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
+    costs: list[str] = []
+    reduced: dict[str, Any] | None = None
+    if found_by is not None:
+        search, searched = found_by
+        if searched.verdict != "does_not_fit":
+            costs, reduced = search.costs(searched.flags), search.reduction(searched.flags)
+        # the search answers "which flags" (the first launch of tune and run, the same code path)
+        recommended = searched.flags if searched.verdict != "does_not_fit" else None
+        choice: _Choice | None = None
+        if recommended is not None:
+            context = recommended.max_model_len or requested_context
+            choice = _Choice(_evaluate(arch, device, recommended, v, calibration), context)
+            if context < requested_context:
                 notes.append(
-                    f"the target of {concurrency} requests of {each} tokens at once is not met; the "
-                    f"recommended flags hold {served} of them at once"
+                    f"one request of {requested_context} tokens does not fit with "
+                    f"{choice.ev.margin / GIB:.2f} GiB kept spare; recommended --max-model-len {context}"
                 )
-                break
-
-    recommended = choice.ev.flags if choice else None
-    if choice is not None:
-        if choice.context < requested_context:
-            notes.append(
-                f"one request of {requested_context} tokens does not fit"
-                + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
-                + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
-                f"recommended --max-model-len {choice.context}"
-            )
-        if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
-            notes.append(
-                f"recommended KV cache dtype {choice.ev.flags.kv_cache_dtype}: half the KV bytes per token"
-            )
+            if recommended.kv_cache_dtype != flags.kv_cache_dtype and recommended.fp8_kv:
+                notes.append(
+                    f"recommended KV cache dtype {recommended.kv_cache_dtype}: half the KV bytes per token"
+                )
+        else:
+            notes.append("nothing within the bounds is predicted to fit; see the ways out")
+        verdict = searched.verdict
+        fits = verdict == "fits"
+        reason = why or searched.reason
+        if verdict == "does_not_fit" and why:
+            reason = f"{why}; {searched.reason}"
     else:
-        notes.append("nothing within the bounds is predicted to fit; see the ways out")
+        # The planner's own branch (CPU backend, pipeline stages, auto-fit). Levers beyond the flags
+        # themselves: more of the GPUs present, then fp8 weights. A tensor-parallel size vLLM refuses is
+        # replaced by the sizes it accepts up to the same GPU count.
+        tp = flags.tensor_parallel_size
+        variants = [flags] if not refused else []
+        if refused:
+            variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
+        if b["allow_tensor_parallel"] and device.source == "probe" and device.count > tp:
+            variants += [
+                flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
+            ]
+        if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
+            variants.append(flags.replace(quantization="fp8"))
 
-    if fits:
-        verdict, reason = "fits", why
-    elif recommended is not None and not target_missed:
-        verdict, reason = "fits_with_changes", why
-    else:
-        verdict = "does_not_fit"
-        reason = why
-        if target_missed and choice is not None:
-            served = choice.ev.usable_blocks(True) // cdiv(target_context or choice.context, choice.ev.block)
-            reason += (
-                f"; within the bounds the target is not met (the recommended flags hold {served} of the "
-                f"{concurrency} requests at once)"
-            )
+        # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
+        # then the earlier variant (fewer GPUs)
+        found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
+        choice = min(
+            found,
+            key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)),
+            default=None,
+        )
+        target_missed = False
+        if choice is None and concurrency > 1:
+            for variant in variants:
+                choice = recommend(variant, 1)
+                if choice is not None:
+                    target_missed = True
+                    each = target_context or choice.context
+                    served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
+                    notes.append(
+                        f"the target of {concurrency} requests of {each} tokens at once is not met; the "
+                        f"recommended flags hold {served} of them at once"
+                    )
+                    break
+
+        recommended = choice.ev.flags if choice else None
+        if choice is not None:
+            if choice.context < requested_context:
+                notes.append(
+                    f"one request of {requested_context} tokens does not fit"
+                    + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
+                    + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
+                    f"recommended --max-model-len {choice.context}"
+                )
+            if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
+                dtype = choice.ev.flags.kv_cache_dtype
+                notes.append(f"recommended KV cache dtype {dtype}: half the KV bytes per token")
+        else:
+            notes.append("nothing within the bounds is predicted to fit; see the ways out")
+
+        if fits:
+            verdict, reason = "fits", why
+        elif recommended is not None and not target_missed:
+            verdict, reason = "fits_with_changes", why
+        else:
+            verdict = "does_not_fit"
+            reason = why
+            if target_missed and choice is not None:
+                served = choice.ev.usable_blocks(True) // cdiv(
+                    target_context or choice.context, choice.ev.block
+                )
+                reason += (
+                    f"; within the bounds the target is not met (the recommended flags hold {served} of the "
+                    f"{concurrency} requests at once)"
+                )
 
     needs_way_out = not fits or recommended is None
     # ways out start from a tensor-parallel size vLLM accepts (the largest up to the one asked for)
@@ -835,7 +865,41 @@ def plan(
             if len(stages) > 1
             else ()
         ),
+        costs=costs,
+        reduced=reduced,
     )
+
+
+def _search_recommendation(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    bounds: Mapping[str, Any],
+    version: Version,
+    calibration: Calibration | None,
+    target_concurrency: int | None,
+    target_context: int | None,
+    stages: int,
+    auto_fit: bool,
+) -> Any:
+    """(the search, its recommendation) (:meth:`r1sup.search.Search.recommend`) for these flags on a GPU box,
+    as the first launch of ``tune`` and ``run`` gets it; None where the planner's own branches answer:
+    the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
+    from r1sup import ladder as L
+    from r1sup import search as S
+
+    if device.backend == "cpu" or not device.gpus or stages > 1 or auto_fit:
+        return None
+    limits = L.Bounds(
+        **{k: bounds[k] for k in BOUND_KEYS if k in bounds},
+        target_concurrency=target_concurrency,
+        target_context=target_context,
+    )
+    facts = S.Facts(
+        arch=arch, device=device, user=flags, bounds=limits, version=version, calibration=calibration
+    )
+    search = S.Search(facts)
+    return search, search.recommend()
 
 
 def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> dict[str, Any]:

@@ -67,6 +67,11 @@ def render_text(record: Mapping[str, Any]) -> str:
         from r1sup.flags import EngineFlags
 
         lines.append("flags: " + " ".join(EngineFlags.from_dict(result["flags"]).to_argv()))
+        for cost in result.get("costs") or []:
+            lines.append(f"  costs: {cost}")
+        reduced = result.get("reduced")
+        if isinstance(reduced, Mapping) and reduced.get("reason"):
+            lines.append(str(reduced["reason"]))
         probe = result.get("probe")
         if probe:
             lines.append("probe: " + probe_text(probe))

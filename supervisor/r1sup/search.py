@@ -1,18 +1,23 @@
 """The search: one pure search over all levers, scored by the memory model. No I/O, no clock.
 
-``Search(facts).first()`` gives the first flags to launch; ``Search.after(outcome)`` the next ones, or
-:class:`GiveUp` with the bound that blocks and the ways out. Every candidate is a set of flags over all the
-levers at once (utilization, KV dtype, eager, ``max_num_seqs``, ``max_num_batched_tokens``, tensor
-parallel, a pinned KV size, fp8 weights; the context is then the longest that fits), evaluated by
+r1sup's one recommender. ``Search(facts).recommend()`` answers "which flags" before any launch, the same
+for ``r1sup plan`` and the first launch of ``tune``/``run`` (flags, verdict, and when nothing fits the
+:class:`GiveUp`: then nothing is launched); ``Search.after(outcome)`` gives the next flags after a
+failure, or :class:`GiveUp` with the bound that blocks and the ways out; ``Search.refine`` the one more
+launch a passed launch's own KV figure allows. Every candidate is a set of flags over all the levers at
+once (utilization, KV dtype, eager, ``max_num_batched_tokens``, tensor parallel, a pinned KV size, fp8
+weights; for each, ``max_num_seqs`` from the sequences the user gets without r1sup down to
+``ladder.min_max_num_seqs``; the context is then the longest that fits), evaluated by
 :mod:`r1sup.memmodel` calibrated with every figure vLLM printed so far on this box, and ranked by one
-lexicographic objective (the README's "The search"):
+objective (the README's "The search"):
 
 1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
    nor ``ladder.min_max_model_len`` (a hard bound);
-2. the longest context, up to the one asked for;
-3. the cheapest set of changes against the user's flags, by :data:`COSTS` (then the fewest that cost
-   something);
-4. the most KV capacity.
+2. the context asked for; when nothing gives it, those within CONTEXT_SLACK of the longest that fits;
+3. the cheapest set of changes against the user's flags, each costing what it takes from the user
+   (:data:`COSTS`; fewer sequences and a shorter context in proportion to what is given up), then the
+   fewest that cost something;
+4. the longest context, the most sequences, the most KV capacity.
 
 A failure adds evidence rather than a rule: the figures calibrate the model (``kv_insufficient``,
 ``no_kv_memory``: what is left for the KV cache, negative too), or add a constraint the model does not
@@ -24,10 +29,12 @@ size per GPU do not load; ``fp8_unsupported``: that fp8 format is excluded on th
 against a failure and left its figures where they were is marked ineffective for that failure and
 credited with nothing afterwards; a configuration that failed is never launched again. The search gives
 up only when no candidate within the bounds is predicted to fit even without the margin kept for the
-model's error, or for fatal classes; transient classes get one retry of the same flags.
+model's error; what no flag fixes (fatal, transient, internal, the attempt budget) is the policy's
+(:mod:`r1sup.policy`).
 
-Without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable config.json) the
-search has nothing to score candidates with and falls back to the ladder's per-class steps
+Explicit branches where there is nothing to score with: the CPU backend (the planner's CPU branch sizes
+the first launch); without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable
+config.json) the first launch is the flags as given and a failure takes the ladder's per-class step
 (:mod:`r1sup.ladder`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline.
 """
 
@@ -42,7 +49,8 @@ from typing import Any
 from r1sup import failure as F
 from r1sup import ladder as L
 from r1sup import memmodel as M
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup import policy as P
+from r1sup.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.hardware import DeviceFacts, GpuInfo
@@ -51,10 +59,13 @@ GIB = 1024**3
 MIB = 1024**2
 
 # What each change to the user's flags costs (objective 3; lower is better; a candidate's cost is the sum
-# over the flags it changes). Lowering max_num_seqs to no fewer than the requests the KV cache holds at
-# once costs nothing (those sequences could never run together); below that it costs throughput.
-COSTS = {
-    "max_num_seqs": 3,
+# over the flags it changes). Lowering max_num_seqs is never free: vLLM admits a request when the KV blocks
+# it uses now are free, not max_model_len's worth, so a cache that holds one request of the full context
+# holds many ordinary ones, and max_num_seqs caps how many run at once. It costs SEQS_COST in proportion
+# to the concurrency given up (1024 -> 512 costs half of it); a shorter context costs CONTEXT_COST in
+# proportion to the tokens given up.
+COSTS: dict[str, float] = {
+    "max_num_seqs": 6,  # x the fraction of the wanted concurrency given up
     "max_num_batched_tokens": 1,  # prefill in smaller chunks
     "gpu_memory_utilization": 1,  # more of the card (or less, when something else needs it)
     "kv_cache_memory_bytes": 1,
@@ -63,7 +74,12 @@ COSTS = {
     "tensor_parallel_size": 5,  # more GPUs
     "quantization": 8,  # fp8 weights, only where ladder.allow_weight_quantization
 }
-FREE_SEQS_COST = 0
+SEQS_COST = COSTS["max_num_seqs"]
+CONTEXT_COST = 10  # x the fraction of the asked context given up
+# When the asked context fits nowhere, candidates within this fraction of the longest context that fits
+# compete on cost (so a few hundred tokens never cost the concurrency of hundreds of sequences)
+CONTEXT_SLACK = 0.03
+SEQS_STEP = 8  # vLLM captures CUDA graphs for batch sizes in steps of 8: max_num_seqs is searched on it
 UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cache_memory_bytes')
 
 # The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
@@ -72,10 +88,12 @@ UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cach
 # records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
 # below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
 MEASURED_KV_ERROR_GIB = 0.2
+ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed
+MARGIN_FRACTION = 0.04  # the most of the budget kept spare for them
 PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
 UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
 REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
-MIN_SEQS_FLOOR = 16  # fewest sequences the search sets on its own (vLLM captures graphs in steps of 8)
+REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
 MIN_BATCHED_TOKENS = 256
 FREE_MARGIN_GIB = L.FREE_MARGIN_GIB
 OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
@@ -157,15 +175,38 @@ class Candidate:
     flags: EngineFlags  # with the context set
     context: int
     meets_target: bool
-    cost: int
+    cost: float
     kv_tokens: int
     est: M.Estimate
     changes: tuple[str, ...]
 
     costed: int = 0  # changes that cost something (a free one does not count against a candidate)
 
-    def key(self) -> tuple[int, int, int, int, int]:
-        return (0 if self.meets_target else 1, -self.context, self.cost, self.costed, -self.kv_tokens)
+    @property
+    def seqs(self) -> int:
+        """The sequences vLLM runs at once with these flags."""
+        return self.est.batch.max_num_seqs
+
+    def key(self) -> tuple[float, int, int, int, int]:
+        return (self.cost, self.costed, -self.context, -self.seqs, -self.kv_tokens)
+
+
+VERDICTS = ("fits", "fits_with_changes", "does_not_fit")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The answer to "which flags" before any launch, the same for ``r1sup plan`` and the first launch of
+    ``tune``/``run``: the flags, the verdict (``fits``: the user's flags as given; ``fits_with_changes``:
+    only with ``flags``; ``does_not_fit``: nothing within the bounds, and ``give_up`` says why and the ways
+    out: ``tune`` then launches nothing), why, and the search's candidate (None when the search has
+    nothing to score with: the CPU backend, an unknown architecture)."""
+
+    flags: EngineFlags
+    verdict: str
+    reason: str
+    candidate: Candidate | None = None
+    give_up: GiveUp | None = None
 
 
 class Search:
@@ -181,18 +222,50 @@ class Search:
     # --- the two questions -----------------------------------------------------------------------
 
     def first(self) -> EngineFlags:
-        """The first launch: the best candidate, or the user's flags when nothing is predicted to fit
-        (the launch then measures what the model could not)."""
-        if not self.usable:
-            return self.facts.user
-        best = self.best(margin=True) or self.best(margin=False)
-        return best.flags if best is not None else self.facts.user
+        """The first launch (:meth:`recommend`'s flags; the user's when nothing is predicted to fit)."""
+        return self.recommend().flags
 
-    def first_reason(self) -> str:
-        flags = self.first()
-        if flags == self.facts.user:
-            return "as configured"
-        return "planned: " + self.facts.user.describe_change(flags)
+    def recommend(self) -> Recommendation:
+        """The first launch and its verdict (:class:`Recommendation`). Without an architecture the flags
+        are the user's (nothing to score them with: the launch measures); on the CPU backend the
+        planner's CPU branch (:func:`r1sup.planner.plan`) sizes the context against the NUMA node."""
+        user = self.facts.user
+        if self.facts.arch is None or not self.facts.device.gpus and self.facts.device.backend != "cpu":
+            return Recommendation(user, "fits", "the model's architecture is unknown: launched as given")
+        if not self.usable:
+            return self._recommend_cpu()
+        best = self.best(margin=True) or self.best(margin=False)
+        if best is None:
+            give_up = self._give_up(None)
+            return Recommendation(user, "does_not_fit", give_up.reason, None, give_up)
+        as_given = user.replace(max_model_len=self.asked_context())
+        if best.flags == as_given:
+            why = f"as given: predicted KV {best.est.kv.gib:.2f} GiB = {best.kv_tokens} tokens"
+            return Recommendation(best.flags, "fits", why, best)
+        return Recommendation(best.flags, "fits_with_changes", self._explain(best), best)
+
+    def _recommend_cpu(self) -> Recommendation:
+        """The CPU backend (vLLM's KV cache in host memory, one NUMA node): the planner's CPU branch."""
+        from r1sup import planner
+
+        arch, user, b = self.facts.arch, self.facts.user, self.facts.bounds
+        assert arch is not None
+        bounds = {k: getattr(b, k) for k in planner.BOUND_KEYS}
+        plan = planner.plan(
+            arch,
+            self.facts.device,
+            user,
+            target_concurrency=b.target_concurrency,
+            target_context=b.target_context,
+            calibration=self.evidence.calibration,
+            bounds=bounds,
+            version=self.facts.version,
+        )
+        if plan.fits or plan.recommended is None:
+            verdict = "fits" if plan.fits else "does_not_fit"
+            give_up = None if plan.fits else GiveUp(plan.verdict_reason, (), EXIT_NO_WORKING_CONFIG)
+            return Recommendation(user, verdict, plan.verdict_reason, None, give_up)
+        return Recommendation(plan.recommended, "fits_with_changes", plan.verdict_reason)
 
     def after(self, outcome: Outcome) -> Decision:
         """What to launch after ``outcome`` (which failed), or why to stop."""
@@ -202,25 +275,20 @@ class Search:
         if outcome.device is not None:
             self.facts = replace(self.facts, device=outcome.device)
         b = self.facts.bounds
-        if failure.cls == F.NONE:
-            return self._stop(ev, GiveUp("nothing failed", exit_code=EXIT_FATAL_FAILURE))
-        if (
-            failure.cls == F.INTERNAL_ERROR
-            or failure.cls in L.FATAL
-            and not self._context_error(flags, failure)
-        ):
-            return self._fallback(ev, outcome)
-        if failure.cls in L.TRANSIENT:
-            return self._fallback(ev, outcome)
-        if ev.attempts >= b.max_attempts:
-            return self._stop(
-                ev,
-                GiveUp(
-                    f"ladder.max_attempts ({b.max_attempts}) reached",
-                    self.facts.suggestions,
-                    bound="ladder.max_attempts",
-                ),
-            )
+        ruled = P.decide(
+            failure,
+            retried=ev.retried,
+            attempts=ev.attempts,
+            max_attempts=b.max_attempts,
+            fixable=self._context_error(flags, failure),
+        )
+        if isinstance(ruled, P.Retry):
+            self.evidence = replace(ev, retried=ev.retried | {failure.cls})
+            return Next(flags, ruled.reason, retry=True)
+        if isinstance(ruled, P.Stop):
+            ways = self.facts.suggestions if ruled.exit_code == EXIT_NO_WORKING_CONFIG else ()
+            bound = "ladder.max_attempts" if "max_attempts" in ruled.reason else ""
+            return self._stop(ev, GiveUp(ruled.reason, ways, ruled.exit_code, bound))
         if b.strategy == "naive" or not self.usable or failure.cls == F.HOST_OOM:
             return self._fallback(ev, outcome)
         ev, note = self._learn(ev, outcome)
@@ -232,22 +300,36 @@ class Search:
         return Next(best.flags, why + self._explain(best))
 
     def refine(self, flags: EngineFlags, figures: Mapping[str, float]) -> EngineFlags | None:
-        """After a launch that passed: the flags once more with what it printed when the calibrated model
-        says a context REFINE_GAIN longer (up to the one asked for) fits; else None. The margin kept for
-        the first launch is the model's error, and this launch measured it away."""
-        if not self.usable or self.facts.bounds.strategy == "naive" or "kv_cache_gib" not in figures:
+        """After a launch that passed below the asked context: one more launch when what it printed holds a
+        context REFINE_GAIN longer (up to the one asked for); else None. vLLM's "GPU KV cache size: N
+        tokens" alone is enough: the same flags hold one request of its usable blocks (the memory does not
+        depend on ``max_model_len``), so the next launch reaches within REFINE_SHORTFALL of that figure;
+        the calibrated model's best candidate is taken instead when it gives as much (the margin kept for
+        the first launch was the model's error, and this launch measured it away)."""
+        if not self.usable or self.facts.bounds.strategy == "naive":
+            return None
+        if "kv_cache_gib" not in figures and not figures.get("kv_cache_tokens"):
             return None
         context = flags.max_model_len or 0
-        if not context or context >= self.asked_context():
+        asked = self.asked_context()
+        if not context or context >= asked:
             return None
         ok = Outcome(flags, Failure(F.NONE), figures)
         ev, _ = self._learn(replace(self.evidence, tried=self.evidence.tried | {flags}), ok)
+        allowed = 0
+        tokens = int(figures.get("kv_cache_tokens") or 0)
+        if tokens and flags.kv_cache_memory_bytes is None:
+            block = M.block_size(self.facts.device.backend)
+            allowed = min(asked, M.usable_blocks(tokens // block, self.facts.version) * block)
         trial = Search(self.facts, ev)
         best = trial.best(margin=True)
-        if best is None or best.context < REFINE_GAIN * context:
-            return None
-        self.evidence = ev
-        return best.flags
+        if best is not None and best.context >= max(REFINE_GAIN * context, REFINE_SHORTFALL * allowed):
+            self.evidence = ev
+            return best.flags
+        if allowed >= REFINE_GAIN * context:
+            self.evidence = ev
+            return flags.replace(max_model_len=allowed)
+        return None
 
     # --- candidates ------------------------------------------------------------------------------
 
@@ -275,6 +357,8 @@ class Search:
         return min(b.min_context, self.asked_context()) if not b.target_context else b.min_context
 
     def candidates(self) -> Iterable[EngineFlags]:
+        """Every combination of the levers but ``max_num_seqs`` (the user's): :meth:`ranked` searches
+        the sequences of each for the most that give its longest context."""
         arch, user, b, ev = self.facts.arch, self.facts.user, self.facts.bounds, self.evidence
         assert arch is not None
         device = self.facts.device
@@ -303,10 +387,8 @@ class Search:
                 tensor_parallel_size=tp, quantization=quant, kv_cache_dtype=kv, enforce_eager=eager
             )
             for util in self._utils(base):
-                for seqs, batched in self._batches(base.replace(gpu_memory_utilization=util)):
-                    f = base.replace(
-                        gpu_memory_utilization=util, max_num_seqs=seqs, max_num_batched_tokens=batched
-                    )
+                for batched in self._batched(base.replace(gpu_memory_utilization=util)):
+                    f = base.replace(gpu_memory_utilization=util, max_num_batched_tokens=batched)
                     yield from self._pinned(f)
 
     def _kv_dtypes(self) -> list[str]:
@@ -317,8 +399,10 @@ class Search:
         if user.kv_cache_dtype in ("fp8", "fp8_e4m3") and not e4m3:
             out = ["fp8_e5m2"]  # vLLM refuses e4m3 below compute capability 8.9
         if b.allow_fp8_kv and device.fp8_kv_supported is not False:
-            # one fp8 format (the same bytes): e4m3 where the card has it, e5m2 once e4m3 failed here
-            out.append("fp8" if e4m3 and "fp8" not in self.evidence.banned_kv else "fp8_e5m2")
+            # one fp8 format (the same bytes): e4m3 where the card is known to have it, e5m2 elsewhere
+            # and once e4m3 failed here
+            known = cc is not None and cc >= (8, 9)
+            out.append("fp8" if known and "fp8" not in self.evidence.banned_kv else "fp8_e5m2")
         if user.kv_cache_dtype in FP8_KV_DTYPES:
             out.append("auto")  # when fp8 fails here
         return list(dict.fromkeys(out))
@@ -353,24 +437,86 @@ class Search:
             out = [min(f.gpu_memory_utilization, cap)] if out else []
         return sorted(set(out), reverse=True)
 
-    def _batches(self, f: EngineFlags) -> list[tuple[int | None, int | None]]:
-        """(max_num_seqs, max_num_batched_tokens): the user's, the target's sequences, and less of both
-        after an out-of-memory profile run (scaled by what it missed)."""
-        arch, b = self.facts.arch, self.facts.bounds
+    def wanted_seqs(self) -> int:
+        """The sequences the user gets without the search: ``start.max_num_seqs``, else vLLM's default for
+        this version and GPU (clamped to its batched tokens, as vLLM does)."""
+        arch = self.facts.arch
         assert arch is not None
-        batch = M.resolve_batch(arch, self.facts.device, f, self.facts.version)
-        seqs, tokens = batch.max_num_seqs, batch.max_num_batched_tokens
-        floor_seqs = b.min_seqs
-        out: list[tuple[int | None, int | None]] = [(f.max_num_seqs, f.max_num_batched_tokens)]
-        want = max(MIN_SEQS_FLOOR, M.cdiv(b.target_concurrency or 1, 8) * 8, floor_seqs)
-        for s in (floor_seqs, want, want * 4, want * 16):  # the target's own concurrency too
-            if s < seqs:
-                out.append((s, f.max_num_batched_tokens))
-        if self.evidence.profile_need > 0 or tokens > 4 * 8192:
-            for t in (tokens // 2, tokens // 4, 2048):
-                if MIN_BATCHED_TOKENS <= t < tokens:
-                    out += [(min(s or seqs, t), t) for s, _ in list(out[: 1 + 3])]
-        return list(dict.fromkeys((s if s is None or s >= floor_seqs else floor_seqs, t) for s, t in out))
+        user = self.facts.user.replace(max_model_len=self.asked_context())
+        return M.resolve_batch(arch, self.facts.device, user, self.facts.version).max_num_seqs
+
+    def min_seqs(self) -> int:
+        """The fewest sequences the search sets: ``ladder.min_max_num_seqs`` and the target's concurrency,
+        never more than the user gets without the search."""
+        b = self.facts.bounds
+        return min(self.wanted_seqs(), max(b.min_max_num_seqs, b.target_concurrency or 1))
+
+    def _batched(self, f: EngineFlags) -> list[int | None]:
+        """``max_num_batched_tokens``: the user's; as many as the wanted sequences when vLLM's would be
+        fewer (vLLM refuses fewer batched tokens than sequences); a half, a quarter, 2048 (a smaller
+        profile peak)."""
+        arch = self.facts.arch
+        assert arch is not None
+        want = self.wanted_seqs()
+        batch = M.resolve_batch(arch, self.facts.device, f.replace(max_num_seqs=want), self.facts.version)
+        tokens = batch.max_num_batched_tokens
+        out: list[int | None] = [f.max_num_batched_tokens]
+        if want > tokens:
+            out.append(want)
+        out += [t for t in (tokens // 2, tokens // 4, 2048) if MIN_BATCHED_TOKENS <= t < tokens]
+        return list(dict.fromkeys(out))
+
+    def _with_seqs(self, f: EngineFlags, seqs: int) -> EngineFlags:
+        """``f`` running ``seqs`` sequences (unset when that is what vLLM would run anyway)."""
+        if self.facts.user.max_num_seqs is None and seqs == self.wanted_seqs():
+            return f.replace(max_num_seqs=None)
+        return f.replace(max_num_seqs=seqs)
+
+    def _seq_choices(self, f: EngineFlags, margin: bool) -> list[Candidate]:
+        """``f`` with the most sequences that give the context asked for (from the wanted ones down to
+        :meth:`min_seqs`, on vLLM's graph step of 8); when no number gives it, the fewest (the longest
+        context), the wanted ones, and the most within CONTEXT_SLACK of that longest context."""
+        arch = self.facts.arch
+        assert arch is not None
+        want = self.wanted_seqs()
+        tokens = M.resolve_batch(arch, self.facts.device, f.replace(max_num_seqs=want), self.facts.version)
+        hi = min(want, tokens.max_num_batched_tokens)
+        lo = min(hi, self.min_seqs())
+        asked = self.asked_context()
+        cache: dict[int, Candidate | None] = {}
+
+        def at(seqs: int) -> Candidate | None:
+            if seqs not in cache:
+                cache[seqs] = self.score(self._with_seqs(f, seqs), margin)
+            return cache[seqs]
+
+        top = at(hi)
+        if top is not None and top.context >= asked or lo == hi:
+            return [top] if top is not None else []
+        bottom = at(lo)
+        if bottom is None:
+            return [top] if top is not None else []
+        grid = [lo] + [n for n in range(M.cdiv(lo + 1, SEQS_STEP) * SEQS_STEP, hi, SEQS_STEP)] + [hi]
+
+        def most(enough: int) -> Candidate:
+            """The candidate with the most sequences whose context is at least ``enough`` (bisection:
+            fewer sequences never give a shorter context; the fewest give ``bottom``'s)."""
+            if top is not None and top.context >= enough:
+                return top
+            good, bad = 0, len(grid) - 1
+            while bad - good > 1:
+                mid = (good + bad) // 2
+                c = at(grid[mid])
+                if c is not None and c.context >= enough:
+                    good = mid
+                else:
+                    bad = mid
+            return at(grid[good]) or bottom
+
+        if bottom.context >= asked:
+            return [most(asked)]
+        out = [bottom, most(int(bottom.context * (1 - CONTEXT_SLACK)))]
+        return out + ([top] if top is not None else [])
 
     def _pinned(self, f: EngineFlags) -> Iterable[EngineFlags]:
         """A pinned KV size as given (or shrunk to what a failed allocation left), or not pinned."""
@@ -386,25 +532,8 @@ class Search:
     # --- scoring ---------------------------------------------------------------------------------
 
     def margin(self, est: M.Estimate) -> int:
-        """Bytes of KV kept spare for the model's error (see MEASURED_KV_ERROR_GIB)."""
-        ev = self.evidence
-        if est.flags.kv_cache_memory_bytes is not None:
-            return 0
-        if est.non_torch.source == M.REST:
-            # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
-            # flags to these keep the calibrated model's error on real logs, shrinking with launches
-            moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
-            if not moved:  # the same flags as measured: exact when vLLM's token count measured it
-                return 0 if ev.exact_kv else int(PRINTED_GIB_STEP * GIB)
-            return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, ev.calibrated)) * GIB)
-        estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
-        if est.cudagraph_estimate.source == M.ESTIMATE:
-            estimated += est.cudagraph_charged
-        if not estimated:
-            return 0
-        base = min(2 / 3 * estimated, 0.04 * est.budget)
-        floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
-        return int(max(floor, base / (1 + ev.calibrated)))
+        """Bytes of KV kept spare for the model's error (:func:`margin_bytes`)."""
+        return margin_bytes(est, self.evidence.calibrated, self.evidence.exact_kv)
 
     def score(self, flags: EngineFlags, margin: bool) -> Candidate | None:
         """``flags`` with the longest context that fits, or None when they cannot run within the bounds."""
@@ -439,8 +568,7 @@ class Search:
         kv = est.kv.bytes - (self.margin(est) if margin else 0)
         if f.kv_cache_memory_bytes is not None and kv > free - (budget - est.kv.bytes):
             return None
-        blocks = M.num_blocks(kv, est.kv_bytes_per_token, est.block_size) if kv > 0 else 0
-        usable = M.usable_blocks(blocks, est.version)
+        usable = request_blocks(est, kv)
         if usable <= 0:
             return None
         context = min(asked, usable * est.block_size)
@@ -448,7 +576,7 @@ class Search:
             context = min(asked, usable // b.target_concurrency * est.block_size)
         if context < self.min_context():
             return None
-        if est.batch.max_num_seqs < b.min_seqs:
+        if est.batch.max_num_seqs < min(b.min_seqs, self.wanted_seqs()):
             return None
         meets = True
         if b.target_concurrency:
@@ -459,7 +587,7 @@ class Search:
         final = f.replace(max_model_len=context)
         if final in ev.tried:
             return None
-        changes, cost, costed = self._cost(final, usable * est.block_size, context)
+        changes, cost, costed = self._cost(final, est.batch.max_num_seqs, context)
         del tp
         return Candidate(final, context, meets, cost, usable * est.block_size, est, changes, costed)
 
@@ -484,25 +612,49 @@ class Search:
         now = est.batch.max_num_seqs
         return int(need * min(1.0, now / then)) if then else need
 
-    def _cost(self, f: EngineFlags, kv_tokens: int, context: int) -> tuple[tuple[str, ...], int, int]:
-        """The changes to the user's flags, their cost, and how many of them cost something."""
+    def _cost(self, f: EngineFlags, seqs: int, context: int) -> tuple[tuple[str, ...], float, int]:
+        """The changes to the user's flags, their cost, and how many of them cost something. Fewer
+        sequences than wanted cost SEQS_COST by the fraction given up; a shorter context than asked
+        CONTEXT_COST by the fraction given up (not a change of flags: the context is always set)."""
         user = self.facts.user.replace(max_model_len=f.max_model_len)
         changes = tuple(name for name in COSTS if getattr(f, name) != getattr(user, name))
-        cost = costed = 0
+        cost = 0.0
+        costed = 0
         for name in changes:
             each = COSTS[name]
             if name == "kv_cache_memory_bytes" and f.kv_cache_memory_bytes is None:
                 each = UNPIN_COST  # the user's pinned KV size dropped for utilization's
-            if name == "max_num_seqs" and f.max_num_seqs is not None:
-                held = max(1, kv_tokens // max(1, self.facts.bounds.target_context or context))
-                each = FREE_SEQS_COST if f.max_num_seqs >= held else COSTS[name]
+            if name == "tensor_parallel_size":  # by the GPUs added
+                each = (
+                    COSTS[name]
+                    * (f.tensor_parallel_size - user.tensor_parallel_size)
+                    / max(1, user.tensor_parallel_size)
+                )
+            if name == "max_num_seqs":
+                want = self.wanted_seqs()
+                each = SEQS_COST * max(0, want - seqs) / want if want else 0.0
             cost += each
             costed += 1 if each else 0
+        asked = self.asked_context()
+        if context < asked:
+            cost += CONTEXT_COST * (asked - context) / asked
         return changes, cost, costed
 
     def ranked(self, margin: bool) -> list[Candidate]:
-        scored = (self.score(f, margin) for f in dict.fromkeys(self.candidates()))
-        return sorted((c for c in scored if c is not None), key=Candidate.key)
+        """The candidates, best first: those that give the asked context (or, when none does, those within
+        CONTEXT_SLACK of the longest that fits) by :meth:`Candidate.key`, then the rest by context."""
+        found: dict[EngineFlags, Candidate] = {}
+        for f in dict.fromkeys(self.candidates()):
+            for c in self._seq_choices(f, margin):
+                found[c.flags] = c
+        if not found:
+            return []
+        longest = max(c.context for c in found.values())
+        asked = self.asked_context()
+        enough = longest if longest >= asked else int(longest * (1 - CONTEXT_SLACK))
+        near = sorted((c for c in found.values() if c.context >= enough), key=Candidate.key)
+        rest = sorted((c for c in found.values() if c.context < enough), key=lambda c: (-c.context, c.key()))
+        return near + rest
 
     def best(self, margin: bool) -> Candidate | None:
         ranked = self.ranked(margin)
@@ -655,8 +807,10 @@ class Search:
 
     # --- stopping --------------------------------------------------------------------------------
 
-    def _give_up(self, failure: Failure) -> GiveUp:
-        """Nothing within the bounds fits even without the margin: name the bound and the ways out."""
+    def _give_up(self, failure: Failure | None) -> GiveUp:
+        """Nothing within the bounds fits even without the margin: name the bound and the ways out
+        (``failure``: the one that led here; None before any launch)."""
+        after = f"after {failure.cls}, " if failure is not None else "before any launch, "
         b = self.facts.bounds
         ways: list[str] = []
         bound = ""
@@ -670,7 +824,7 @@ class Search:
                 f"{b.min_gpu_memory_utilization:g}"
             )
             reason = (
-                f"after {failure.cls}, what is free allows utilization {cap:g}, below "
+                f"{after}what is free allows utilization {cap:g}, below "
                 f"ladder.min_gpu_memory_utilization {b.min_gpu_memory_utilization:g} (held: {held})"
             )
             bound = "ladder.min_gpu_memory_utilization"
@@ -725,7 +879,7 @@ class Search:
             )
         ways += list(self.facts.suggestions)
         reason = (
-            f"after {failure.cls}, no configuration within the bounds is predicted to fit "
+            f"{after}no configuration within the bounds is predicted to fit "
             f"(calibrated by {self.evidence.calibrated} launch(es)); blocked by {bound}"
         )
         return GiveUp(reason, tuple(dict.fromkeys(ways)), EXIT_NO_WORKING_CONFIG, bound)
@@ -762,10 +916,7 @@ class Search:
         est = M.evaluate(self.facts.arch, device, flags, self.facts.version, self.evidence.calibration)
         if est.startup_problem is not None or est.kv.bytes <= 0:
             return False
-        blocks = M.usable_blocks(
-            M.num_blocks(est.kv.bytes, est.kv_bytes_per_token, est.block_size), est.version
-        )
-        return blocks >= M.cdiv(est.batch.max_model_len, est.block_size)
+        return request_blocks(est) >= M.cdiv(est.batch.max_model_len, est.block_size)
 
     def degraded_by_others(self, flags: EngineFlags, found: Mapping[str, Any]) -> str | None:
         """Why ``flags``, found while other processes held GPU memory (``found``: :func:`conditions`), is
@@ -801,6 +952,144 @@ class Search:
             return best
         return None
 
+    # --- what a result gives up ----------------------------------------------------------------------
+
+    def costs(self, flags: EngineFlags) -> list[str]:
+        """What each change of ``flags`` against the user's costs the user, one phrase each (the context
+        first); [] when nothing changed or nothing is known to score it with."""
+        if not self.usable:
+            return []
+        arch, user = self.facts.arch, self.facts.user
+        assert arch is not None
+        out: list[str] = []
+        asked, want = self.asked_context(), self.wanted_seqs()
+        context = flags.max_model_len if flags.max_model_len not in (None, -1) else asked
+        if context < asked:
+            out.append(
+                f"context {context} of the {asked} asked: "
+                f"{100 * (asked - context) / asked:.0f}% of it given up"
+            )
+        seqs = M.resolve_batch(arch, self.facts.device, flags, self.facts.version).max_num_seqs
+        if seqs < want:
+            out.append(
+                f"max_num_seqs {want} -> {seqs}: {seqs} requests run at once instead of {want} "
+                f"({want - seqs} of {want} given up: requests beyond {seqs} queue)"
+            )
+        if flags.enforce_eager and not user.enforce_eager:
+            out.append("enforce_eager: no CUDA graphs, slower decoding (most at small batches)")
+        if flags.fp8_kv and not user.fp8_kv:
+            out.append(f"kv_cache_dtype {flags.kv_cache_dtype}: KV cache in 8 bits, a small accuracy cost")
+        if flags.gpu_memory_utilization > user.gpu_memory_utilization:
+            out.append(
+                f"gpu_memory_utilization {user.gpu_memory_utilization:g} -> "
+                f"{flags.gpu_memory_utilization:g}: more of the card for vLLM, less left for anything else"
+            )
+        elif flags.gpu_memory_utilization < user.gpu_memory_utilization:
+            out.append(
+                f"gpu_memory_utilization {user.gpu_memory_utilization:g} -> "
+                f"{flags.gpu_memory_utilization:g}: a smaller budget (what is free, or room a failure "
+                "showed is needed outside it)"
+            )
+        tokens = M.resolve_batch(arch, self.facts.device, user, self.facts.version).max_num_batched_tokens
+        if flags.max_num_batched_tokens is not None and flags.max_num_batched_tokens < tokens:
+            out.append(
+                f"max_num_batched_tokens {tokens} -> {flags.max_num_batched_tokens}: prompts prefill in "
+                "smaller chunks (slower time to first token on long prompts)"
+            )
+        elif flags.max_num_batched_tokens is not None and flags.max_num_batched_tokens > tokens:
+            out.append(
+                f"max_num_batched_tokens {tokens} -> {flags.max_num_batched_tokens}: as many as the "
+                "sequences (vLLM refuses fewer), more activation memory"
+            )
+        if flags.tensor_parallel_size > user.tensor_parallel_size:
+            tp = flags.tensor_parallel_size
+            out.append(f"tensor_parallel_size {user.tensor_parallel_size} -> {tp}: {tp} GPUs")
+        if flags.quantization != user.quantization and flags.quantization:
+            out.append(f"quantization {flags.quantization}: fp8 weights, a small accuracy cost")
+        if flags.kv_cache_memory_bytes != user.kv_cache_memory_bytes and user.kv_cache_memory_bytes:
+            out.append(
+                "kv_cache_memory_bytes "
+                + (f"shrunk to {flags.kv_cache_memory_bytes}" if flags.kv_cache_memory_bytes else "dropped")
+            )
+        return out
+
+    def reduction(self, flags: EngineFlags) -> dict[str, Any] | None:
+        """When ``flags`` give up more than half the asked context, or run fewer sequences at once than the
+        user gets without r1sup (``start.max_num_seqs`` or vLLM's default): what they give, what was
+        asked, the ways out that would give it, and ``reason``, one line saying so; else None."""
+        if not self.usable:
+            return None
+        arch = self.facts.arch
+        assert arch is not None
+        asked, want = self.asked_context(), self.wanted_seqs()
+        context = flags.max_model_len if flags.max_model_len not in (None, -1) else asked
+        seqs = M.resolve_batch(arch, self.facts.device, flags, self.facts.version).max_num_seqs
+        short, fewer = 2 * context < asked, seqs < want
+        if not (short or fewer):
+            return None
+        ways = self.ways_to(asked, want)
+        gives = []
+        if short:
+            gives.append(f"context {context} of the {asked} asked")
+        if fewer:
+            whose = "asked" if self.facts.user.max_num_seqs else "vLLM's default"
+            gives.append(f"{seqs} requests at once of the {want} {whose}")
+        reason = "reduced: " + " and ".join(gives) + "; "
+        reason += (
+            "ways out: " + "; ".join(ways)
+            if ways
+            else "no way out found (fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU)"
+        )
+        return {
+            "reason": reason,
+            "context": context,
+            "asked_context": asked,
+            "max_num_seqs": seqs,
+            "wanted_max_num_seqs": want,
+            "ways_out": list(ways),
+        }
+
+    def ways_to(self, context: int, seqs: int) -> list[str]:
+        """The ways out that give ``context`` tokens with ``seqs`` sequences, each predicted by the same
+        search with one thing changed: fp8 weights (as this vLLM version spells the flag), tensor parallel
+        over more GPUs like these, a 4-bit checkpoint, a larger GPU of r1sup's catalog."""
+        from r1sup import catalog
+
+        arch, device, user, b = self.facts.arch, self.facts.device, self.facts.user, self.facts.bounds
+        assert arch is not None
+        plain = Evidence(calibration=self.evidence.calibration, calibrated=self.evidence.calibrated)
+
+        def gives(facts: Facts) -> bool:
+            best = Search(facts, plain).best(margin=True)
+            return best is not None and best.context >= context and best.seqs >= seqs
+
+        ways: list[str] = []
+        unquantized = M.weight_method(arch, user) is None
+        if unquantized and gives(replace(self.facts, bounds=replace(b, allow_weight_quantization=True))):
+            ways.append(
+                f"fp8 weights (--quantization {fp8_weights_flag(self.facts.version)}; "
+                "ladder.allow_weight_quantization = true)"
+            )
+        bigger = [t for t in M.valid_tp_sizes(arch, 8) if t > max(device.count, user.tensor_parallel_size)]
+        for tp in bigger:
+            more = replace(device, gpus=(device.gpus[0],) * tp, processes=device.processes)
+            if gives(replace(self.facts, device=more, bounds=replace(b, allow_tensor_parallel=True))):
+                ways.append(f"tensor parallel over {tp} GPUs like this one (--tensor-parallel-size {tp})")
+                break
+        if unquantized and gives(replace(self.facts, user=user.replace(quantization="awq"))):
+            ways.append("a 4-bit AWQ or GPTQ checkpoint of this model")
+        total = device.total_bytes
+        for name, spec in sorted(catalog.GPUS.items(), key=lambda kv: kv[1]["total_gib"]):
+            size = int(spec["total_gib"] * GIB)
+            if size <= total or catalog.gpu_platform(name) != "cuda":
+                continue
+            gpu = GpuInfo(0, f"NVIDIA {name}", size, size, tuple(spec["compute_capability"]))
+            card = replace(device, gpus=(gpu,) * max(1, device.count), processes=())
+            if gives(replace(self.facts, device=card)):
+                ways.append(f"a GPU with more memory ({name}, {spec['total_gib']:g} GiB, gives it)")
+                break
+        return ways
+
     def _explain(self, c: Candidate) -> str:
         est = c.est
         parts = [
@@ -810,6 +1099,47 @@ class Search:
         if not c.meets_target:
             parts.append("the target is not met by any candidate")
         return "; ".join(parts)
+
+
+def margin_bytes(est: M.Estimate, calibrated: int = 0, exact_kv: bool = False) -> int:
+    """Bytes of KV kept spare for the memory model's error (see MEASURED_KV_ERROR_GIB), the one margin of
+    r1sup (``plan`` and every launch of the search): none for a pinned KV size; once a launch measured the
+    KV budget (``calibrated`` launches so far), the calibrated model's error, shrinking with launches;
+    before, two thirds of the overheads still estimated, at most 4% of the budget, divided by
+    1 + ``calibrated``, never below MEASURED_KV_ERROR_GIB."""
+    if est.flags.kv_cache_memory_bytes is not None:
+        return 0
+    if est.non_torch.source == M.REST:
+        # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
+        # flags to these keep the calibrated model's error on real logs, shrinking with launches
+        moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
+        if not moved:  # the same flags as measured: exact when vLLM's token count measured it
+            return 0 if exact_kv else int(PRINTED_GIB_STEP * GIB)
+        return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, calibrated)) * GIB)
+    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
+    if est.cudagraph_estimate.source == M.ESTIMATE:
+        estimated += est.cudagraph_charged
+    if not estimated:
+        return 0
+    base = min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget)
+    floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
+    return int(max(floor, base / (1 + calibrated)))
+
+
+def request_blocks(est: M.Estimate, kv_bytes: int | None = None) -> int:
+    """KV blocks left for requests when ``kv_bytes`` (default: the estimate's) hold the cache: whole
+    blocks, less the one V1 holds back. ``x est.block_size`` is the longest context one request gets;
+    the one blocks-to-context arithmetic of r1sup (``plan`` and the search)."""
+    kv = est.kv.bytes if kv_bytes is None else kv_bytes
+    if kv <= 0:
+        return 0
+    return max(0, M.usable_blocks(M.num_blocks(kv, est.kv_bytes_per_token, est.block_size), est.version))
+
+
+def fp8_weights_flag(version: M.Version) -> str:
+    """``--quantization`` for fp8 weights quantized on the fly from a 16-bit checkpoint, as ``version``
+    spells it: ``fp8_per_tensor`` from vLLM 0.31, ``fp8`` before."""
+    return "fp8_per_tensor" if (version.major, version.minor) >= (0, 31) else "fp8"
 
 
 def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:

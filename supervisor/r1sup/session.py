@@ -130,6 +130,9 @@ def save_profile(
         observations=dict(result.observations),
         attempts=[a.to_dict() for a in result.attempts],
     )
+    reduced = getattr(result, "reduced", None)
+    if reduced:  # the flags give up more than half the asked context or serve fewer sequences than asked
+        conditions = {**(conditions or {}), "reduced": dict(reduced)}
     if conditions:
         profile = replace(profile, conditions=dict(conditions))
     verified = capacity_of(session.config, result)

@@ -82,6 +82,11 @@ class TuneResult:
     profile_path: str | None = None
     live: Launch | None = None  # the running server, when asked to keep it
     history: Any = None  # the search (r1sup.search.Search) with its evidence, to continue from
+    # what each change against the user's flags costs (search.Search.costs), and, when the flags give up
+    # more than half the asked context or serve fewer sequences than asked, why and the ways out
+    # (search.Search.reduction: reason, context, asked_context, max_num_seqs, wanted_max_num_seqs, ways_out)
+    costs: list[str] = field(default_factory=list)
+    reduced: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +102,8 @@ class TuneResult:
             "reason": self.reason,
             "suggestions": self.suggestions,
             "last_failure": self.failure.to_dict() if self.failure else None,
+            "costs": self.costs,
+            "reduced": self.reduced,
         }
 
 
@@ -188,33 +195,28 @@ def new_search(
 
 def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
     """The first launch's flags: the user's (``ladder.first_launch = "as_configured"``), or the search's
-    best candidate (the user's own when they are predicted to fit); on the CPU backend, where the search
-    has no candidates, the planner's recommendation."""
+    recommendation (:meth:`r1sup.search.Search.recommend`, the flags ``r1sup plan`` recommends)."""
+    flags, why, _ = plan_first_decision(config, know, search, log)
+    return flags, why
+
+
+def plan_first_decision(
+    config: Config, know: ModelKnowledge, search: Any, log: Any
+) -> tuple[EngineFlags, str, Any]:
+    """As :func:`plan_first`, with the search's GiveUp when nothing within the bounds is predicted to fit
+    (``r1sup plan``'s exit 3): then nothing is launched."""
     flags = EngineFlags.from_start(config.start)
     if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
-        return flags, "as configured"
-    if not search.usable:  # the CPU backend: the planner's recommendation, as the search has no candidates
-        from r1sup import planner
-
-        plan = planner.plan(
-            know.arch,
-            know.device,
-            flags,
-            target_concurrency=config.target.concurrency,
-            target_context=config.target.context,
-            calibration=search.facts.calibration,
-            bounds=planner.ladder_bounds(config.ladder),
-            version=know.version(),
-        )
-        log.info("plan_made", fits=plan.fits, kv_capacity_tokens=plan.kv_capacity_tokens)
-        if plan.fits or plan.recommended is None:
-            return flags, "as configured" + ("" if plan.fits else " (the planner found nothing that fits)")
-        return plan.recommended, "planned: " + flags.describe_change(plan.recommended)
-    first = search.first()
-    log.info("plan_made", flags=first.to_dict(), changed=flags.describe_change(first))
-    if first == flags:
-        return flags, "as configured"
-    return first, "planned: " + flags.describe_change(first)
+        return flags, "as configured", None
+    rec = search.recommend()
+    log.info(
+        "plan_made", flags=rec.flags.to_dict(), verdict=rec.verdict, changed=flags.describe_change(rec.flags)
+    )
+    if rec.verdict == "does_not_fit":
+        return flags, "the plan: " + rec.reason, rec.give_up
+    if rec.flags == flags:
+        return flags, "as configured", None
+    return rec.flags, "planned: " + flags.describe_change(rec.flags), None
 
 
 # --- what the search reports, as it happens (the daemon turns each into its state, status and metrics)
@@ -401,7 +403,22 @@ class Tuner:
         obs: dict[str, float] = dict(observations or {})
         search = history if isinstance(history, S.Search) else new_search(self.config, self.know, calibration)
         if start is None:
-            start, why = plan_first(self.config, self.know, search, self.log)
+            start, why, give_up = plan_first_decision(self.config, self.know, search, self.log)
+            if give_up is not None:  # r1sup plan's exit 3: nothing within the bounds is predicted to fit
+                result.history = search
+                result.exit_code, result.reason = give_up.exit_code, give_up.reason
+                result.suggestions = list(give_up.suggestions)
+                self.log.error(
+                    "ladder_exhausted",
+                    failure_class=F.NONE,
+                    reason=give_up.reason,
+                    suggestions=list(give_up.suggestions),
+                    exit_code=give_up.exit_code,
+                    launches=0,
+                )
+                if self.record is not None:
+                    self.record.finish(result.to_dict(), final=True)
+                return result
             why = explain_first(why, self.know)
             self.log.info("first_flags", flags=start.to_dict(), reason=why)
         flags = start
@@ -475,6 +492,10 @@ class Tuner:
                 continue
             if failure.cls == F.NONE:
                 result.ok, result.exit_code, result.flags = True, EXIT_OK, flags
+                result.costs = search.costs(flags)
+                result.reduced = search.reduction(flags)
+                if result.reduced is not None:
+                    self.log.warning("config_reduced", **result.reduced)
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
                 result.observations = dict(launch.observations)

@@ -140,7 +140,12 @@ def _utils(bounds: Bounds, user: float) -> list[float]:
 
 
 def _candidates(
-    scenario: Scenario, user: Flags, bounds: Bounds, concurrency: int, cli_model: str | None
+    scenario: Scenario,
+    user: Flags,
+    bounds: Bounds,
+    concurrency: int,
+    cli_model: str | None,
+    min_seqs: int = 0,
 ) -> dict[str, list[Any]]:
     gpu = scenario.gpu
     model = scenario.effective_model(cli_model)
@@ -164,7 +169,7 @@ def _candidates(
         [user.enforce_eager] if not bounds.allow_eager else list(dict.fromkeys([user.enforce_eager, True]))
     )
     seqs: list[int | None] = [user.max_num_seqs]
-    seqs += [s for s in bounds.max_num_seqs_grid if s >= concurrency]
+    seqs += [s for s in bounds.max_num_seqs_grid if s >= max(concurrency, min_seqs)]
     seqs = list(dict.fromkeys(seqs))
     if user.max_num_seqs is not None and user.max_num_seqs < concurrency:
         seqs.remove(user.max_num_seqs)
@@ -187,8 +192,12 @@ def optimum(
     user_flags: Any = None,
     env: Mapping[str, str] | None = None,
     cli_model: str | None = None,
+    min_seqs: int = 0,
 ) -> dict[str, Any] | None:
     """The best feasible configuration r1sup's ladder could reach, by exhaustive search; None if none fits.
+
+    ``min_seqs``: the fewest sequences a configuration may run at once (the user's ``max_num_seqs`` or
+    vLLM's default when lower); issue 29's optimum keeps at least 32 or the user's value.
 
     Searched: tensor parallel size (up to the GPU count), weight quantization (fp8, when allowed),
     KV dtype (auto, fp8, fp8_e5m2, when allowed), eager mode, max_num_seqs (the grid, never below the
@@ -209,7 +218,7 @@ def optimum(
     floor_len = max(b.min_max_model_len, int(target_context or 0), 1)
     if floor_len > cap:
         return None
-    grid = _candidates(scenario, user, b, conc, cli_model)
+    grid = _candidates(scenario, user, b, conc, cli_model, min_seqs)
     names = list(grid)
     best: tuple[Any, ...] | None = None
     best_flags: Flags | None = None
@@ -231,6 +240,8 @@ def optimum(
         searched += 1
         plan = simulate(scenario, cand, env=env, cli_model=cli_model)
         if _outcome(plan) != "ready" or plan.max_num_seqs < conc:
+            continue
+        if plan.max_num_seqs < min_seqs and cand.max_num_seqs != user.max_num_seqs:
             continue
         length = longest(plan)
         if length < floor_len:

@@ -1,0 +1,50 @@
+"""The policy: what no choice of flags fixes (fatal, transient, internal, the attempt budget)."""
+
+from __future__ import annotations
+
+import pytest
+
+from r1sup import failure as F
+from r1sup import policy as P
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
+from r1sup.failure import Failure
+
+
+@pytest.mark.parametrize(
+    ("cls", "retried", "attempts", "fixable", "expected"),
+    [
+        (F.NONE, frozenset(), 1, False, ("stop", EXIT_FATAL_FAILURE)),
+        (F.INTERNAL_ERROR, frozenset(), 1, False, ("stop", EXIT_INTERNAL)),
+        (F.PORT_IN_USE, frozenset(), 1, False, ("stop", EXIT_FATAL_FAILURE)),
+        (F.MODEL_NOT_FOUND, frozenset(), 1, False, ("stop", EXIT_FATAL_FAILURE)),
+        (F.CONFIG_ERROR, frozenset(), 1, False, ("stop", EXIT_FATAL_FAILURE)),
+        (F.CONFIG_ERROR, frozenset(), 1, True, None),  # the search knows the fix
+        (F.HANG, frozenset(), 1, False, ("retry", None)),
+        (F.CUDA_ERROR, frozenset({F.CUDA_ERROR}), 2, False, ("stop", EXIT_FATAL_FAILURE)),
+        (F.ENGINE_DEAD, frozenset({F.HANG}), 2, False, ("retry", None)),  # another class: its own retry
+        (F.ENGINE_DEAD, frozenset(), 8, False, ("stop", EXIT_NO_WORKING_CONFIG)),
+        (F.OOM_RUNTIME, frozenset(), 3, False, None),  # memory: the search's to answer
+        (F.KV_INSUFFICIENT, frozenset(), 8, False, ("stop", EXIT_NO_WORKING_CONFIG)),
+    ],
+)
+def test_decide(cls: str, retried: frozenset[str], attempts: int, fixable: bool, expected: object) -> None:
+    got = P.decide(
+        Failure(cls, F.PHASE_SERVING, "evidence"),
+        retried=retried,
+        attempts=attempts,
+        max_attempts=8,
+        fixable=fixable,
+    )
+    if expected is None:
+        assert got is None
+    elif expected[0] == "retry":
+        assert isinstance(got, P.Retry)
+    else:
+        assert isinstance(got, P.Stop) and got.exit_code == expected[1]
+
+
+def test_a_fatal_reason_names_what_no_flag_fixes() -> None:
+    failure = Failure(F.PORT_IN_USE, F.PHASE_STARTUP, "OSError: [Errno 98] Address already in use")
+    assert P.fatal_reason(failure) == (
+        "the port is taken; no flag change fixes that: OSError: [Errno 98] Address already in use"
+    )
