@@ -45,7 +45,7 @@ from r1sup.memmodel import (
     estimated_max_model_len,
     weight_method,
 )
-from r1sup.search import margin_bytes, request_blocks
+from r1sup.search import FP8_PER_TENSOR_SPELLING, margin_bytes, request_blocks
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -1037,13 +1037,6 @@ def _normalize_flags(flags: EngineFlags) -> EngineFlags:
     if dtype in aliases:
         changes["kv_cache_dtype"] = aliases[dtype]
     return flags.replace(**changes) if changes else flags
-
-
-# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
-# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
-# loader warns "--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor
-# instead". Both spellings start; ``fp8`` is the one every release r1sup knows accepts.
-FP8_PER_TENSOR_SPELLING = Version(0, 32, 0)
 
 
 def fp8_weights_note(version: Version) -> str | None:

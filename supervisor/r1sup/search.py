@@ -1136,10 +1136,17 @@ def request_blocks(est: M.Estimate, kv_bytes: int | None = None) -> int:
     return max(0, M.usable_blocks(M.num_blocks(kv, est.kv_bytes_per_token, est.block_size), est.version))
 
 
+# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
+# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
+# loader warns that ``fp8`` is deprecated for online quantization. Both spellings start there; ``fp8`` is
+# the one every release r1sup knows accepts, and the one the search launches.
+FP8_PER_TENSOR_SPELLING = M.Version(0, 32, 0)
+
+
 def fp8_weights_flag(version: M.Version) -> str:
     """``--quantization`` for fp8 weights quantized on the fly from a 16-bit checkpoint, as ``version``
-    spells it: ``fp8_per_tensor`` from vLLM 0.31, ``fp8`` before."""
-    return "fp8_per_tensor" if (version.major, version.minor) >= (0, 31) else "fp8"
+    spells it: ``fp8_per_tensor`` from :data:`FP8_PER_TENSOR_SPELLING`, ``fp8`` before."""
+    return "fp8_per_tensor" if version >= FP8_PER_TENSOR_SPELLING else "fp8"
 
 
 def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
