@@ -280,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from r1sup import logs
 
         sys.stderr.write(f"r1sup: error: {logs.mask(str(exc))}\n")
+        _termination_message(args, exc.exit_code, str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("r1sup: interrupted\n")
@@ -295,7 +296,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"r1sup: error: {logs.mask(str(fault))}\n")
         if _log_level(args) == "debug":
             sys.stderr.write(logs.mask(fault.trace))
+        _termination_message(args, EXIT_INTERNAL, str(fault))
         return EXIT_INTERNAL
+
+
+def _termination_message(args: argparse.Namespace, code: int, reason: str) -> None:
+    """The verdict of a container's main command (run, tune) where Kubernetes reads it. A failure before
+    the config was read (a config error) finds the file by R1SUP_DAEMON_TERMINATION_LOG or its default;
+    the daemon writes its own failures with the config's daemon.termination_log."""
+    if args.command not in ("run", "tune"):
+        return
+    from r1sup import termination
+
+    termination.write(termination.path_from(None), code, reason)
 
 
 def _log_level(args: argparse.Namespace) -> str:

@@ -34,6 +34,8 @@ from r1sup.bus import (
     LoadingProgress,
     MetricsListening,
     MetricsUnavailable,
+    NoFitRecorded,
+    NoFitRemembered,
     ProfileDegraded,
     ProfileDoesNotFit,
     ProfileFound,
@@ -140,6 +142,10 @@ class LogSink:
                     log.info("profile_found", key=key, flags=dict(flags), updated_at=updated_at)
             case ProfileMissing(key):
                 log.info("profile_missing", key=key)
+            case NoFitRemembered(key, reason, written_at):
+                log.warning("no_fit_remembered", key=key, reason=reason, written_at=written_at)
+            case NoFitRecorded(key, free_gib):
+                log.info("no_fit_recorded", key=key, free_gib=free_gib)
             case ProfileDoesNotFit(key, flags, conditions):
                 log.warning("profile_does_not_fit_now", key=key, flags=dict(flags), **conditions)
             case ProfileDegraded(key, reason):
