@@ -145,7 +145,7 @@ class Daemon:
         if self.config.daemon.metrics_port:
             from r1sup.metrics import Metrics
 
-            self.metrics_sink = MetricsSink(Metrics())
+            self.metrics_sink = MetricsSink(Metrics(), figures=self._served_figures)
             self.bus.subscribe(self.metrics_sink)
         self.systemd = SystemdSink(self.notifier)
         self.status_file = StatusFile(self, self.log)
@@ -287,6 +287,10 @@ class Daemon:
             self.publish(B.MetricsListening(d.metrics_host, d.metrics_port))
         except OSError as exc:
             self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
+
+    def _served_figures(self) -> dict[str, float]:
+        current = self.runner.current
+        return dict(current.observations) if current is not None else {}
 
     def endpoint_view(self) -> Any:
         """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""

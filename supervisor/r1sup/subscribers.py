@@ -15,6 +15,7 @@ finds status.json and ``/metrics`` saying so).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -253,8 +254,9 @@ class StatusFile:
 class MetricsSink:
     """The Prometheus metrics (:class:`r1sup.metrics.Metrics`), and the listener that serves them."""
 
-    def __init__(self, metrics: Any) -> None:
+    def __init__(self, metrics: Any, figures: Callable[[], Mapping[str, float]] = dict) -> None:
         self.metrics = metrics
+        self.figures = figures  # vLLM's start-up figures of the launch that serves
 
     def __call__(self, event: DaemonEvent) -> None:
         m = self.metrics
@@ -271,6 +273,7 @@ class MetricsSink:
                 m.ladder_steps.labels(failure_class=step.failure_class).inc()
             case Serving(_, _, probe, _):
                 m.probe(dict(probe) if probe is not None else None)
+                m.memory(self.figures())
                 m.child_up.set(1)
             case HealthPassed():
                 m.success()
