@@ -145,7 +145,7 @@ def test_every_value_set_renders_what_it_is_for():
     assert "StatefulSet" in kinds["default"] and "LeaderWorkerSet" not in kinds["default"]
     assert "LeaderWorkerSet" in kinds["multinode-deepseek-r1"]
     assert "StatefulSet" not in kinds["multinode-deepseek-r1"]
-    assert "PodMonitor" in kinds["shared-cache-monitoring"]
+    assert "PodMonitor" in kinds["shared-cache-monitoring"] and "Job" in kinds["shared-cache-monitoring"]
 
 
 def test_helm_lint_finds_nothing_above_information():
@@ -212,7 +212,7 @@ def pod_specs(values: str) -> list[dict[str, Any]]:
     """Every pod spec the value set renders (a LeaderWorkerSet's leader and worker)."""
     out = []
     for doc in rendered(values):
-        if doc["kind"] == "StatefulSet":
+        if doc["kind"] in ("StatefulSet", "Job"):
             out.append(doc["spec"]["template"]["spec"])
         elif doc["kind"] == "LeaderWorkerSet":
             lwt = doc["spec"]["leaderWorkerTemplate"]
@@ -222,7 +222,7 @@ def pod_specs(values: str) -> list[dict[str, Any]]:
 
 def served(values: str) -> tuple[dict[str, Any], dict[str, Any], cfg.Config]:
     """(pod spec, r1sup's container, its effective config) of the value set's workload."""
-    (configmap,) = [d for d in by_kind("ConfigMap", values) if "r1sup.toml" in d["data"]]
+    (configmap,) = [d for d in by_kind("ConfigMap", values) if d["metadata"]["name"] == RELEASE]
     (workload,) = by_kind("StatefulSet", values) + by_kind("LeaderWorkerSet", values)
     pod = pod_of(workload)
     container = pod["containers"][0]
@@ -442,6 +442,50 @@ def test_every_pod_runs_restricted(values: str):
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False
             assert context["capabilities"]["drop"] == ["ALL"] and "add" not in context["capabilities"]
+
+
+def test_the_upgrade_gate_tunes_the_new_image_then_gates_against_the_fleets_store():
+    docs = rendered("shared-cache-monitoring")
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    gate_config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"{RELEASE}-gate"
+    )
+    release_config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == RELEASE)
+    # a pre-upgrade hook: it runs with the new values (image, config) before anything is rolled, and its
+    # config is its own (the release's ConfigMap still holds the old one then)
+    for doc in (job, gate_config):
+        assert doc["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    assert int(gate_config["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"]
+    )
+    assert gate_config["data"] == release_config["data"]
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    (sts,) = by_kind("StatefulSet", "shared-cache-monitoring")
+    assert container["image"] == pod_of(sts)["containers"][0]["image"]
+    script = container["args"][0]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    tune, _, gate = script.partition("&&")
+    assert "r1sup --log-format json tune --config /etc/r1sup/r1sup.toml" in tune
+    assert f"exec r1sup profile gate --config /etc/r1sup/r1sup.toml --store {mounts['profiles']}" in gate
+    env = container_env(container)
+    # tune neither reads nor publishes the store: only the gate publishes, and only a profile that holds
+    assert "R1SUP_STATE_PROFILE_STORE" not in env
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    assert volumes["config"]["configMap"]["name"] == gate_config["metadata"]["name"]
+    assert volumes["profiles"]["persistentVolumeClaim"]["claimName"] == "r1sup-fleet-profiles"
+    assert env["R1SUP_SERVER_HOST"] == "127.0.0.1" and "VLLM_API_KEY" not in env
+    config = cfg.build(tomllib.loads(gate_config["data"]["r1sup.toml"]), env={**image_env(), **env})
+    assert (
+        job["spec"]["activeDeadlineSeconds"] >= config.ladder.max_attempts * config.server.startup_timeout_s
+    )
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="upgradeGate needs profileStore.enabled"):
+        render({"upgradeGate": {"enabled": True}, "profileStore": {"enabled": False}})
 
 
 def test_the_multinode_leader_runs_r1sup_after_the_ray_cluster_is_complete():

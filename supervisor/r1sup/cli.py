@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate the file only: do not run server.python, look for the model or check the port",
     )
 
-    p = add("profile", "export or import a tuned profile for identical boxes")
+    p = add("profile", "export, import or gate a tuned profile for identical boxes")
     psub = p.add_subparsers(dest="profile_command", metavar="ACTION", parser_class=_Parser)
     psub.required = True
     pe = psub.add_parser("export", help="write the profile matching this box and config to FILE")
@@ -212,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(pi)
     pi.add_argument("file", metavar="FILE")
     pi.add_argument("--force", action="store_true", help="import even if the fingerprint differs")
+    pg = psub.add_parser(
+        "gate",
+        help="publish this box's tuned profile to the fleet's store if its verified capacity is at least "
+        "that of the store's profile for the previous image; else exit 8 with both side by side",
+    )
+    _add_config_args(pg)
+    pg.add_argument("--store", metavar="DIR", help="the fleet's store (default: state.profile_store)")
 
     p = add("tiny-model", "write the tiny dummy-weight model used by the demo and the tests")
     p.add_argument("dir", metavar="DIR")
