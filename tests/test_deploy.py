@@ -1,11 +1,14 @@
-"""The deployment files, offline: every Kubernetes manifest against the Kubernetes schemas (the ones
-kubernetes-validate bundles; the LeaderWorkerSet against its CRD's schema, vendored in tests/schemas),
-the Compose file against the Compose specification (the compose-spec package's parser), and what r1sup
-relies on in them checked against the config they carry and the image's settings."""
+"""The deployment files, offline: the Helm chart rendered (with Helm's own Go library, through the
+helm-python-sdk package) with its default values and with each example values file, every object
+against the Kubernetes schemas (the ones kubernetes-validate bundles; the LeaderWorkerSet against its
+CRD's schema, vendored in tests/schemas), the Compose file against the Compose specification (the
+compose-spec package's parser), and what r1sup relies on in them checked against the config they
+carry and the image's settings."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import shlex
@@ -21,33 +24,55 @@ from r1sup import config as cfg
 from r1sup.config import tomllib  # tomli on Python 3.10
 
 DEPLOY = ROOT / "deploy"
-KUBE = DEPLOY / "kubernetes"
+CHART = DEPLOY / "helm" / "r1sup"
 DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 LWS_SCHEMA = ROOT / "tests" / "schemas" / "leaderworkerset-v1.json"
-# the oldest Kubernetes the manifests support (fsGroupChangePolicy, startupProbe...) and the newest
-# whose schemas the package bundles
+PODMONITOR_SCHEMA = ROOT / "tests" / "schemas" / "podmonitor-v1.json"
+# the oldest Kubernetes the chart supports (its kubeVersion: preStop's sleep action, fsGroupChangePolicy,
+# startupProbe...) and the newest whose schemas the package bundles
 KUBE_VERSIONS = ("1.30.0", "latest")
+RELEASE = "r1"
+# the default values, and every example values file
+VALUE_SETS = ["default"] + sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
 
 
-def manifests() -> list[tuple[Path, int, dict[str, Any]]]:
-    out = []
-    for path in sorted(KUBE.rglob("*.yaml")):
-        if path.name == "kustomization.yaml":
+def example_values(name: str) -> dict[str, Any] | None:
+    if name == "default":
+        return None
+    return dict(yaml.safe_load((CHART / "examples" / f"{name}.yaml").read_text(encoding="utf-8")))
+
+
+def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The chart's objects as `helm template` renders them with ``values`` over the defaults."""
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:
+        files = chart.render(values, name=RELEASE, namespace="serving", is_install=True)
+    docs = []
+    for path in sorted(files):
+        if not path.endswith(".yaml"):
             continue
-        for n, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
-            if doc is not None:
-                out.append((path, n, doc))
-    return out
+        docs.extend(doc for doc in yaml.safe_load_all(files[path]) if doc is not None)
+    return docs
 
 
-def by_kind(kind: str, where: Path | None = None) -> list[dict[str, Any]]:
-    """The manifests of ``kind`` in the directory ``where`` (None: anywhere)."""
-    return [d for p, _, d in manifests() if d["kind"] == kind and where in (None, p.parent)]
+@functools.cache
+def _rendered(name: str) -> str:
+    return json.dumps(render(example_values(name)))
+
+
+def rendered(name: str) -> list[dict[str, Any]]:
+    """The objects of a value set (a fresh copy: tests may change them)."""
+    return list(json.loads(_rendered(name)))
+
+
+def by_kind(kind: str, name: str = "default") -> list[dict[str, Any]]:
+    return [d for d in rendered(name) if d["kind"] == kind]
 
 
 def strict(schema: Any) -> Any:
-    """The CRD schema as a validator that refuses unknown fields (the API server would prune them
+    """A CRD schema as a validator that refuses unknown fields (the API server would prune them
     silently: a typo would be lost without a word) and knows int-or-string."""
     if isinstance(schema, list):
         return [strict(s) for s in schema]
@@ -63,8 +88,8 @@ def strict(schema: Any) -> Any:
     return out
 
 
-def validate_lws(doc: dict[str, Any]) -> None:
-    vendored = json.loads(LWS_SCHEMA.read_text(encoding="utf-8"))
+def validate_custom(doc: dict[str, Any], schema_file: Path) -> None:
+    vendored = json.loads(schema_file.read_text(encoding="utf-8"))
     schema = strict(vendored["openAPIV3Schema"])
     # metadata is an ObjectMeta, which the CRD leaves open
     schema["properties"]["metadata"] = {"type": "object"}
@@ -72,6 +97,10 @@ def validate_lws(doc: dict[str, Any]) -> None:
         doc["apiVersion"] == f"{vendored['group']}/{vendored['version']}" and doc["kind"] == vendored["kind"]
     )
     jsonschema.Draft7Validator(schema).validate(doc)
+
+
+def validate_lws(doc: dict[str, Any]) -> None:
+    validate_custom(doc, LWS_SCHEMA)
     # the pod templates inside are full PodTemplateSpecs: check them with Kubernetes' own schema too
     import kubernetes_validate
 
@@ -87,21 +116,45 @@ def validate_lws(doc: dict[str, Any]) -> None:
             kubernetes_validate.validate(wrapped, "1.30.0", strict=True)
 
 
-def _id(item: tuple[Path, int, dict[str, Any]]) -> str:
-    path, _, doc = item
-    return f"{path.relative_to(KUBE)}:{doc['kind']}/{doc['metadata']['name']}"
+def all_objects() -> list[tuple[str, dict[str, Any]]]:
+    return [(name, doc) for name in VALUE_SETS for doc in rendered(name)]
 
 
-@pytest.mark.parametrize(("path", "n", "doc"), manifests(), ids=[_id(m) for m in manifests()])
-def test_every_manifest_validates_against_the_kubernetes_schemas(path: Path, n: int, doc: dict[str, Any]):
+def _id(item: tuple[str, dict[str, Any]]) -> str:
+    name, doc = item
+    return f"{name}:{doc['kind']}/{doc['metadata']['name']}"
+
+
+@pytest.mark.parametrize(("values", "doc"), all_objects(), ids=[_id(m) for m in all_objects()])
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(values: str, doc: dict[str, Any]):
     import kubernetes_validate
 
     if doc["kind"] == "LeaderWorkerSet":
         validate_lws(doc)
         return
+    if doc["kind"] == "PodMonitor":
+        validate_custom(doc, PODMONITOR_SCHEMA)
+        return
     latest = kubernetes_validate.latest_version()
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(doc, latest if version == "latest" else version, strict=True)
+
+
+def test_every_value_set_renders_what_it_is_for():
+    kinds = {name: sorted({d["kind"] for d in rendered(name)}) for name in VALUE_SETS}
+    assert "StatefulSet" in kinds["default"] and "LeaderWorkerSet" not in kinds["default"]
+    assert "LeaderWorkerSet" in kinds["multinode-deepseek-r1"]
+    assert "StatefulSet" not in kinds["multinode-deepseek-r1"]
+    assert "PodMonitor" in kinds["shared-cache-monitoring"] and "Job" in kinds["shared-cache-monitoring"]
+
+
+def test_helm_lint_finds_nothing_above_information():
+    import helm_python as helm
+
+    for name in VALUE_SETS:
+        report = helm.lint(str(CHART), example_values(name), strict=True, kube_version="v1.30.0")
+        assert report["errors"] == [], report
+        assert [m for m in report["messages"] if m["severity"] > 1] == [], report
 
 
 def test_strict_validation_catches_what_the_api_server_would_drop():
@@ -112,7 +165,7 @@ def test_strict_validation_catches_what_the_api_server_would_drop():
     typo["spec"]["template"]["spec"]["terminationGracePeriod"] = 180
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(typo, "1.30.0", strict=True)
-    (lws,) = by_kind("LeaderWorkerSet")
+    (lws,) = by_kind("LeaderWorkerSet", "multinode-deepseek-r1")
     bad = copy.deepcopy(lws)
     bad["spec"]["leaderWorkerTemplate"]["sizes"] = 2
     with pytest.raises(jsonschema.ValidationError):
@@ -121,14 +174,11 @@ def test_strict_validation_catches_what_the_api_server_would_drop():
     bad["spec"]["leaderWorkerTemplate"]["size"] = "two"
     with pytest.raises(jsonschema.ValidationError):
         validate_lws(bad)
-
-
-def test_each_kustomization_lists_its_manifests():
-    for kustomization in KUBE.rglob("kustomization.yaml"):
-        data = yaml.safe_load(kustomization.read_text(encoding="utf-8"))
-        listed = set(data["resources"])
-        here = {p.name for p in kustomization.parent.glob("*.yaml")} - {"kustomization.yaml"}
-        assert listed == here - {"secret.example.yaml"}, kustomization  # the key is never committed
+    (monitor,) = by_kind("PodMonitor", "shared-cache-monitoring")
+    bad = copy.deepcopy(monitor)
+    bad["spec"]["podMetricsEndpoints"][0]["paths"] = "/metrics"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(bad, PODMONITOR_SCHEMA)
 
 
 # --- what r1sup relies on ----------------------------------------------------------------------------
@@ -151,82 +201,190 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "<from a secret>") for e in container.get("env", [])}
 
 
-def r1sup_config(configmap: dict[str, Any], env: dict[str, str]) -> cfg.Config:
-    return cfg.build(tomllib.loads(configmap["data"]["r1sup.toml"]), env=env)
-
-
-def served(where: Path) -> tuple[dict[str, Any], dict[str, Any], cfg.Config]:
-    """(pod spec, r1sup's container, its effective config) of the workload in ``where``."""
-    (configmap,) = by_kind("ConfigMap", where)
-    workloads = by_kind("StatefulSet", where) + by_kind("LeaderWorkerSet", where)
-    (workload,) = workloads
+def pod_of(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec that runs r1sup (the leader's in a LeaderWorkerSet)."""
     if workload["kind"] == "StatefulSet":
-        pod = workload["spec"]["template"]["spec"]
-    else:
-        pod = workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]
-    container = pod["containers"][0]  # r1sup's (the leader's in a LeaderWorkerSet)
+        return dict(workload["spec"]["template"]["spec"])
+    return dict(workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"])
+
+
+def pod_specs(values: str) -> list[dict[str, Any]]:
+    """Every pod spec the value set renders (a LeaderWorkerSet's leader and worker)."""
+    out = []
+    for doc in rendered(values):
+        if doc["kind"] in ("StatefulSet", "Job"):
+            out.append(doc["spec"]["template"]["spec"])
+        elif doc["kind"] == "LeaderWorkerSet":
+            lwt = doc["spec"]["leaderWorkerTemplate"]
+            out += [lwt["leaderTemplate"]["spec"], lwt["workerTemplate"]["spec"]]
+    return out
+
+
+def served(values: str) -> tuple[dict[str, Any], dict[str, Any], cfg.Config]:
+    """(pod spec, r1sup's container, its effective config) of the value set's workload."""
+    (configmap,) = [d for d in by_kind("ConfigMap", values) if d["metadata"]["name"] == RELEASE]
+    (workload,) = by_kind("StatefulSet", values) + by_kind("LeaderWorkerSet", values)
+    pod = pod_of(workload)
+    container = pod["containers"][0]
     env = {**image_env(), **container_env(container)}
-    return pod, container, r1sup_config(configmap, env)
+    return pod, container, cfg.build(tomllib.loads(configmap["data"]["r1sup.toml"]), env=env)
 
 
-@pytest.mark.parametrize("where", [KUBE, KUBE / "multinode"], ids=["statefulset", "leaderworkerset"])
-def test_the_config_each_workload_carries_is_valid_with_the_images_settings(where: Path):
-    _, container, config = served(where)
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_config_each_value_set_carries_is_valid_with_the_images_settings(values: str):
+    _, container, config = served(values)
     assert config.server.host == "0.0.0.0"  # reachable from the Service: allowed only with the key
     assert "VLLM_API_KEY" in container_env(container)
     assert config.daemon.metrics_port == 8090 and config.daemon.metrics_host == "0.0.0.0"
     assert config.state.dir.startswith("/var/lib/r1sup/")
 
 
-@pytest.mark.parametrize("where", [KUBE, KUBE / "multinode"], ids=["statefulset", "leaderworkerset"])
-def test_probes_grace_period_gpu_and_volumes(where: Path):
-    pod, container, config = served(where)
+def test_the_config_table_is_written_as_the_toml_r1sup_reads():
+    """Whole numbers stay integers (YAML numbers reach Helm's templates as floats), fractions stay
+    fractions, strings are quoted with their escapes, lists stay lists, and a key set to null is left
+    out; a table nested in a section is refused with the key's name."""
+    values = {
+        "config": {
+            "model": {"name": 'org/m "q" \\ é', "served_name": "m"},
+            "server": {"extra_args": ["--max-num-seqs", "8"], "stop_timeout_s": 12.5},
+            "start": {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "quantization": None},
+            "ladder": {"allow_weight_quantization": False},
+        }
+    }
+    (configmap,) = [d for d in render(values) if d["kind"] == "ConfigMap"]
+    table = tomllib.loads(configmap["data"]["r1sup.toml"])
+    assert table["model"]["name"] == 'org/m "q" \\ é'
+    assert table["server"]["extra_args"] == ["--max-num-seqs", "8"]
+    assert table["server"]["stop_timeout_s"] == 12.5 and table["server"]["port"] == 8000
+    assert table["start"]["max_model_len"] == 4096 and isinstance(table["start"]["max_model_len"], int)
+    assert table["start"]["gpu_memory_utilization"] == 0.9 and "quantization" not in table["start"]
+    assert table["ladder"]["allow_weight_quantization"] is False
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="not a TOML value"):
+        render({"config": {"start": {"nested": {"a": 1}}}})
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_probes_grace_period_gpu_and_volumes(values: str):
+    pod, container, config = served(values)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": config.server.port, "r1sup": config.daemon.metrics_port}
     probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert probes["startupProbe"] == {"path": "/readyz", "port": "r1sup"}
     assert probes["readinessProbe"] == {"path": "/readyz", "port": "r1sup"}
     assert probes["livenessProbe"] == {"path": "/livez", "port": "r1sup"}
-    # the startup budget: a wait for another replica's tune, then every launch the ladder may make
+    # the startup budget: a wait for another replica's tune (for a group: for its Ray cluster), then
+    # every launch the ladder may make
     startup = container["startupProbe"]
     budget = startup["periodSeconds"] * startup["failureThreshold"]
-    wait = config.state.profile_wait_s if ("R1SUP_STATE_PROFILE_STORE" in container_env(container)) else 0
+    env = container_env(container)
+    wait = config.state.profile_wait_s if "R1SUP_STATE_PROFILE_STORE" in env else 0
+    ray = re.search(r"--ray_init_timeout=(\d+)", " ".join(container.get("args", [])))
+    wait += int(ray.group(1)) if ray else 0
     assert budget >= wait + config.ladder.max_attempts * config.server.startup_timeout_s, budget
-    # SIGTERM: r1sup stops vLLM (grace, then the wait for memory and port, and a drain) before SIGKILL;
-    # on SIGTERM the drain of the requests in flight lasts at most server.stop_timeout_s
+    # SIGTERM comes after the preStop pause; then r1sup drains (at most server.stop_timeout_s), stops
+    # vLLM (grace) and waits for the memory and the port, all before Kubernetes' SIGKILL
+    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pause >= 5  # kube-proxy and the ingress take the pod out of rotation in that time
     drain = min(config.daemon.drain_timeout_s, config.server.stop_timeout_s)
-    needed = config.server.stop_timeout_s + config.server.memory_release_timeout_s + drain
+    needed = pause + config.server.stop_timeout_s + config.server.memory_release_timeout_s + drain
     assert pod["terminationGracePeriodSeconds"] > needed
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= config.start.tensor_parallel_size
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert mounts["/var/lib/r1sup"] == "state" and mounts["/etc/r1sup"] == "config"
-    assert container_env(container)["R1SUP_CONFIG"] == "/etc/r1sup/r1sup.toml"
+    assert env["R1SUP_CONFIG"] == "/etc/r1sup/r1sup.toml"
     assert pod["enableServiceLinks"] is False  # no <SERVICE>_PORT variables that could read as R1SUP_*
-    assert pod["securityContext"]["runAsNonRoot"] is True
+    # the verdict of an exit reaches `kubectl describe pod` (r1sup writes it there)
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+
+
+def test_the_derived_budgets_follow_the_config_and_r1sups_defaults():
+    """The chart derives the grace period and the startup budget from the config: with the keys left
+    out, from r1sup's own defaults (the config's declarations), not from figures of its own."""
+    values = {
+        "config": {
+            "server": {"startup_timeout_s": None, "stop_timeout_s": None, "memory_release_timeout_s": None},
+            "ladder": {"max_attempts": None},
+            "state": None,
+        }
+    }
+    docs = render(values)
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    pod = pod_of(sts)
+    env = {**image_env(), **container_env(pod["containers"][0])}
+    config = cfg.build(tomllib.loads(configmap["data"]["r1sup.toml"]), env=env)
+    assert "startup_timeout_s" not in configmap["data"]["r1sup.toml"]
+    startup = pod["containers"][0]["startupProbe"]
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    needed = config.state.profile_wait_s + config.ladder.max_attempts * config.server.startup_timeout_s
+    assert needed <= budget < needed + startup["periodSeconds"]
+    drain = min(config.daemon.drain_timeout_s, config.server.stop_timeout_s)
+    pause = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    whole_stop = pause + config.server.stop_timeout_s + config.server.memory_release_timeout_s + drain
+    assert whole_stop < pod["terminationGracePeriodSeconds"] <= whole_stop + 60
 
 
 def test_the_statefulset_keeps_its_state_on_a_claim_and_shares_the_fleets_store():
     (sts,) = by_kind("StatefulSet")
     claims = {c["metadata"]["name"]: c["spec"]["accessModes"] for c in sts["spec"]["volumeClaimTemplates"]}
-    assert claims["state"] == ["ReadWriteOnce"]
+    assert claims == {"state": ["ReadWriteOnce"], "models": ["ReadWriteOnce"]}
     (pvc,) = by_kind("PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # outlives the release
     pod = sts["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["profiles"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
     (container,) = pod["containers"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert container_env(container)["R1SUP_STATE_PROFILE_STORE"] == mounts["profiles"]
-    (secret,) = [d for p, _, d in manifests() if p.name == "secret.example.yaml"]
     refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] == "VLLM_API_KEY"]
-    assert refs == [{"name": secret["metadata"]["name"], "key": "api-key"}]
-    assert "api-key" in secret["stringData"]
+    assert refs == [{"name": "r1sup-api-key", "key": "api-key"}]
+    assert not by_kind("Secret")  # the key is never in the chart's values nor its objects
 
 
-@pytest.mark.parametrize("where", [KUBE, KUBE / "multinode"], ids=["statefulset", "leaderworkerset"])
-def test_services_select_the_pods_and_name_their_ports(where: Path):
-    pod, container, _ = served(where)
-    workload = (by_kind("StatefulSet", where) + by_kind("LeaderWorkerSet", where))[0]
+def test_a_shared_model_cache_is_one_claim_fetched_into_before_r1sup_starts():
+    (sts,) = by_kind("StatefulSet", "shared-cache-monitoring")
+    pod = sts["spec"]["template"]["spec"]
+    assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == ["state"]
+    claims = {d["metadata"]["name"]: d for d in by_kind("PersistentVolumeClaim", "shared-cache-monitoring")}
+    models = {v["name"]: v for v in pod["volumes"]}["models"]["persistentVolumeClaim"]["claimName"]
+    assert claims[models]["spec"]["accessModes"] == ["ReadWriteMany"]
+    # the existing fleet store is used, not created
+    assert {v["name"]: v for v in pod["volumes"]}["profiles"]["persistentVolumeClaim"]["claimName"] == (
+        "r1sup-fleet-profiles"
+    )
+    assert "r1sup-fleet-profiles" not in claims
+    (fetch,) = pod["initContainers"]
+    (main,) = pod["containers"]
+    assert fetch["image"] == main["image"] and "@sha256:" in main["image"]
+    fetch_mounts = {m["name"]: m["mountPath"] for m in fetch["volumeMounts"]}
+    main_mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert fetch_mounts["models"] == main_mounts["models"] == "/var/cache/r1sup"  # HF_HOME's volume
+    assert image_env()["HF_HOME"].startswith(main_mounts["models"] + "/")
+    env = container_env(fetch)
+    _, _, config = served("shared-cache-monitoring")
+    assert env["MODEL_ID"] == config.model.name and "HF_TOKEN" in env
+    assert "*.safetensors" in json.loads(env["MODEL_ALLOW_PATTERNS"])
+    assert container_env(main)["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_model_fetch_runs_python_that_compiles_and_is_skipped_for_a_local_model():
+    (sts,) = by_kind("StatefulSet")
+    (fetch,) = sts["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["command"][1] == "-c"
+    compile(fetch["command"][2], "fetch-model", "exec")
+    docs = render({"config": {"model": {"name": "/srv/models/r1-14b"}}})
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and "HF_HUB_OFFLINE" not in container_env(pod["containers"][0])
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_services_select_the_pods_and_keep_r1sups_port_off_the_clients_service(values: str):
+    pod, container, config = served(values)
+    (workload,) = by_kind("StatefulSet", values) + by_kind("LeaderWorkerSet", values)
     if workload["kind"] == "StatefulSet":
         labels = workload["spec"]["template"]["metadata"]["labels"]
     else:
@@ -234,14 +392,104 @@ def test_services_select_the_pods_and_name_their_ports(where: Path):
         leader = workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"]
         labels = {**leader, "leaderworkerset.sigs.k8s.io/name": workload["metadata"]["name"]}
     port_names = {p["name"] for p in container["ports"]}
-    for service in by_kind("Service", where):
+    services = {s["metadata"]["name"]: s for s in by_kind("Service", values)}
+    for service in services.values():
         selector = service["spec"]["selector"]
         assert selector.items() <= labels.items(), (selector, labels)
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    clients = services[RELEASE]
+    assert [p["targetPort"] for p in clients["spec"]["ports"]] == ["http"]
+    pods = services[f"{RELEASE}-pods"]
+    assert pods["spec"]["clusterIP"] == "None" and pods["spec"]["publishNotReadyAddresses"] is True
+    assert {p["targetPort"] for p in pods["spec"]["ports"]} == {"http", "r1sup"}
+    if workload["kind"] == "StatefulSet":
+        assert workload["spec"]["serviceName"] == pods["metadata"]["name"]
+    (pdb,) = by_kind("PodDisruptionBudget", values)
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_both_metrics_endpoints_are_scraped(values: str):
+    """r1sup's endpoint by the pods' annotations, vLLM's /metrics (the API port) by the headless
+    Service's; with the Prometheus operator, one PodMonitor for both."""
+    _, container, config = served(values)
+    (workload,) = by_kind("StatefulSet", values) + by_kind("LeaderWorkerSet", values)
+    if workload["kind"] == "StatefulSet":
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+    else:
+        annotations = workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == config.daemon.metrics_port
+    (pods,) = [s for s in by_kind("Service", values) if s["metadata"]["name"].endswith("-pods")]
+    assert int(pods["metadata"]["annotations"]["prometheus.io/port"]) == config.server.port
+    for monitor in by_kind("PodMonitor", values):
+        endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]}
+        assert endpoints == {("r1sup", "/metrics"), ("http", "/metrics")}
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= workload["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_pod_runs_restricted(values: str):
+    """Pod Security "restricted": non-root, seccomp RuntimeDefault, no privilege escalation, every
+    capability dropped (a LeaderWorkerSet's workers too)."""
+    specs = pod_specs(values)
+    assert specs
+    for pod in specs:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"] + pod.get("initContainers", []):
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"]["drop"] == ["ALL"] and "add" not in context["capabilities"]
+
+
+def test_the_upgrade_gate_tunes_the_new_image_then_gates_against_the_fleets_store():
+    docs = rendered("shared-cache-monitoring")
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    gate_config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"{RELEASE}-gate"
+    )
+    release_config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == RELEASE)
+    # a pre-upgrade hook: it runs with the new values (image, config) before anything is rolled, and its
+    # config is its own (the release's ConfigMap still holds the old one then)
+    for doc in (job, gate_config):
+        assert doc["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    assert int(gate_config["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"]
+    )
+    assert gate_config["data"] == release_config["data"]
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    (sts,) = by_kind("StatefulSet", "shared-cache-monitoring")
+    assert container["image"] == pod_of(sts)["containers"][0]["image"]
+    script = container["args"][0]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    tune, _, gate = script.partition("&&")
+    assert "r1sup --log-format json tune --config /etc/r1sup/r1sup.toml" in tune
+    assert f"exec r1sup profile gate --config /etc/r1sup/r1sup.toml --store {mounts['profiles']}" in gate
+    env = container_env(container)
+    # tune neither reads nor publishes the store: only the gate publishes, and only a profile that holds
+    assert "R1SUP_STATE_PROFILE_STORE" not in env
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["state"] == {"name": "state", "emptyDir": {}}
+    assert volumes["config"]["configMap"]["name"] == gate_config["metadata"]["name"]
+    assert volumes["profiles"]["persistentVolumeClaim"]["claimName"] == "r1sup-fleet-profiles"
+    assert env["R1SUP_SERVER_HOST"] == "127.0.0.1" and "VLLM_API_KEY" not in env
+    config = cfg.build(tomllib.loads(gate_config["data"]["r1sup.toml"]), env={**image_env(), **env})
+    assert (
+        job["spec"]["activeDeadlineSeconds"] >= config.ladder.max_attempts * config.server.startup_timeout_s
+    )
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="upgradeGate needs profileStore.enabled"):
+        render({"upgradeGate": {"enabled": True}, "profileStore": {"enabled": False}})
 
 
 def test_the_multinode_leader_runs_r1sup_after_the_ray_cluster_is_complete():
-    (lws,) = by_kind("LeaderWorkerSet")
+    (lws,) = by_kind("LeaderWorkerSet", "multinode-deepseek-r1")
     lwt = lws["spec"]["leaderWorkerTemplate"]
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
@@ -249,15 +497,44 @@ def test_the_multinode_leader_runs_r1sup_after_the_ray_cluster_is_complete():
     assert "multi-node-serving.sh leader" in leader["args"][0] and leader["args"][0].rstrip().endswith("run")
     assert "&& exec r1sup" in leader["args"][0]
     assert "multi-node-serving.sh worker" in worker["args"][0] and "LWS_LEADER_ADDRESS" in worker["args"][0]
-    _, _, config = served(KUBE / "multinode")
+    # both sides wait for each other as long as the values say, not vLLM's script's 300 s
+    timeouts = {re.search(r"--ray_init_timeout=(\d+)", c["args"][0]).group(1) for c in (leader, worker)}  # type: ignore[union-attr]
+    assert timeouts == {"1800"}
+    # the worker is probed: its Ray node must reach the group's head
+    for probe in ("startupProbe", "livenessProbe"):
+        assert "ray health-check" in " ".join(worker[probe]["exec"]["command"])
+    start = worker["startupProbe"]
+    assert start["periodSeconds"] * start["failureThreshold"] >= 1800
+    assert container_env(worker)["NCCL_DEBUG"] == container_env(leader)["NCCL_DEBUG"] == "WARN"
+    _, _, config = served("multinode-deepseek-r1")
     pp = config.server.extra_args[config.server.extra_args.index("--pipeline-parallel-size") + 1]
     assert int(pp) == lwt["size"]  # one pipeline stage per node of the group
     assert config.ladder.first_launch == "as_configured" and not config.ladder.allow_tensor_parallel
 
 
+def test_the_network_values_reach_both_pods_of_a_group():
+    values = example_values("multinode-deepseek-r1") or {}
+    values["multinode"]["network"] = {
+        "env": {"NCCL_IB_HCA": "mlx5"},
+        "resources": {"rdma/rdma_shared_device_a": "1"},
+        "capabilities": ["IPC_LOCK"],
+        "podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+    }
+    (lws,) = [d for d in render(values) if d["kind"] == "LeaderWorkerSet"]
+    validate_lws(lws)
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+        container = template["spec"]["containers"][0]
+        assert container_env(container)["NCCL_IB_HCA"] == "mlx5"
+        assert container["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
+
+
 def test_every_r1sup_variable_in_the_deployment_files_is_a_setting():
     names: set[str] = set(image_env())
-    for _, _, doc in manifests():
+    for _, doc in all_objects():
         names |= set(re.findall(r"\b(R1SUP_[A-Z0-9_]+)", json.dumps(doc)))
     names |= set(re.findall(r"\b(R1SUP_[A-Z0-9_]+)", COMPOSE.read_text(encoding="utf-8")))
     names = {n for n in names if n.startswith("R1SUP_") and not n.startswith("R1SUP_PIP_")}
@@ -273,13 +550,18 @@ def test_every_r1sup_variable_in_the_deployment_files_is_a_setting():
 def test_the_dockerfile_pins_the_vllm_image_and_runs_r1sup_under_tini_as_a_user():
     text = DOCKERFILE.read_text(encoding="utf-8")
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M)
-    assert base and re.fullmatch(r"docker\.io/vllm/vllm-openai:v\d+\.\d+\.\d+", base.group(1)), base
+    # pinned by digest: the tag's content cannot change under a rebuild
+    assert base and re.fullmatch(
+        r"docker\.io/vllm/vllm-openai:v\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", base.group(1)
+    ), base
     assert re.search(r'^ENTRYPOINT \["tini", "--", "r1sup", "--log-format", "json", "run"\]$', text, re.M)
     user = re.findall(r"^USER (\S+)$", text, re.M)
     assert user[-1] != "root" and user[-1].split(":")[0] not in ("0", "root")
     assert 'VOLUME ["/var/lib/r1sup"]' in text
     assert image_env()["R1SUP_STATE_DIR"].startswith("/var/lib/r1sup/")
-    assert "/readyz" in re.search(r"^HEALTHCHECK .*$\n.*$", text, re.M).group(0)  # type: ignore[union-attr]
+    # healthy while the supervisor's loop turns, loading included; ready is another question (/readyz)
+    check = re.search(r"^HEALTHCHECK .*$\n.*$", text, re.M)
+    assert check and "/livez" in check.group(0) and "/readyz" not in check.group(0)
 
 
 # --- Compose ----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Pipeline-parallel layouts (issue 17, point 6): vLLM's layer split, what each stage's GPU holds, and
-``plan`` answering "how many nodes of what", in agreement with deploy/kubernetes/multinode."""
+``plan`` answering "how many nodes of what", in agreement with the Helm chart's multi-node example."""
 
 from __future__ import annotations
 
@@ -145,8 +145,15 @@ def test_one_node_of_h200_holds_the_full_r1() -> None:
 
 
 def multinode_config(tmp_path: Path) -> Path:
+    """r1sup.toml of the chart's multi-node example, as the chart renders it (deploy/helm/r1sup)."""
     yaml = pytest.importorskip("yaml")
-    doc = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "multinode" / "configmap.yaml").read_text())
+    helm = pytest.importorskip("helm_python")
+    chart = ROOT / "deploy" / "helm" / "r1sup"
+    values = yaml.safe_load((chart / "examples" / "multinode-deepseek-r1.yaml").read_text())
+    with helm.Chart.load(str(chart)) as loaded:
+        doc = yaml.safe_load(
+            loaded.render(values, name="r1", namespace="serving")["r1sup/templates/configmap.yaml"]
+        )
     path = tmp_path / "r1sup.toml"
     path.write_text(doc["data"]["r1sup.toml"] + f'\n[state]\ndir = "{tmp_path / "state"}"\n')
     return path
@@ -165,7 +172,7 @@ def r1sup_plan(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_plan_agrees_with_the_multinode_deployment(tmp_path: Path) -> None:
-    """deploy/kubernetes/multinode serves the full R1 with tensor parallel 8 (``[start]``) and pipeline
+    """The chart's multi-node example serves the full R1 with tensor parallel 8 (``[start]``) and pipeline
     parallel 2 (``server.extra_args``) on 2 nodes of 8 x 80 GB: plan reads both and says it fits."""
     config = multinode_config(tmp_path)
     out = r1sup_plan("--config", str(config), "--gpu", "H100 80GB", "--vllm-version", "0.32.0")

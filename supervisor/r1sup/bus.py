@@ -195,6 +195,21 @@ class ProfileMissing:
 
 
 @dataclass(frozen=True)
+class NoFitRemembered:
+    """A previous run's "does not fit" verdict for this fingerprint answers again (r1sup.nofit)."""
+
+    key: str
+    reason: str
+    written_at: str
+
+
+@dataclass(frozen=True)
+class NoFitRecorded:
+    key: str
+    free_gib: float | None
+
+
+@dataclass(frozen=True)
 class ProfileDoesNotFit:
     key: str
     flags: Mapping[str, Any]
@@ -280,6 +295,8 @@ DaemonEvent = (
     | InternalFault
     | ProfileFound
     | ProfileMissing
+    | NoFitRemembered
+    | NoFitRecorded
     | ProfileDoesNotFit
     | ProfileDegraded
     | RetunePlanned

@@ -28,6 +28,7 @@ EXIT_CODE_LINES: dict[int, str] = {
     5: "run gave up: more crashes than daemon.restart_budget allows",
     6: "diagnose: the input is not a vLLM log",
     7: "plan: fits only with the recommended flags (not as given)",
+    8: "profile gate: the new image's verified capacity is below the previous image's (not published)",
     130: "stopped by SIGINT (vLLM stopped first)",
     143: "stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)",
 }
@@ -119,6 +120,7 @@ PROFILE_EXIT_CODES_HELP = exit_codes_help(
         1: None,
         2: "usage or configuration error, no saved profile to export, a profile file that cannot be\n"
         "       read, or a fingerprint that differs (without --force)",
+        8: None,
     }
 )
 TINY_MODEL_EXIT_CODES_HELP = exit_codes_help({0: None, 1: None, 2: None})
@@ -318,7 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate the file only: do not run server.python, look for the model or check the port",
     )
 
-    p = add("profile", "export or import a tuned profile for identical boxes", epilog=PROFILE_EXIT_CODES_HELP)
+    p = add(
+        "profile",
+        "export, import or gate a tuned profile for identical boxes",
+        epilog=PROFILE_EXIT_CODES_HELP,
+    )
     psub = p.add_subparsers(dest="profile_command", metavar="ACTION", parser_class=_Parser)
     psub.required = True
     pe = psub.add_parser(
@@ -338,6 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(pi)
     pi.add_argument("file", metavar="FILE")
     pi.add_argument("--force", action="store_true", help="import even if the fingerprint differs")
+    pg = psub.add_parser(
+        "gate",
+        help="publish this box's tuned profile to the fleet's store if its verified capacity is at least "
+        "that of the store's profile for the previous image; else exit 8 with both side by side",
+        epilog=PROFILE_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_args(pg)
+    pg.add_argument("--store", metavar="DIR", help="the fleet's store (default: state.profile_store)")
 
     p = add(
         "tiny-model",
@@ -410,6 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from r1sup import logs
 
         sys.stderr.write(f"r1sup: error: {logs.mask(str(exc))}\n")
+        _termination_message(args, exc.exit_code, str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("r1sup: interrupted\n")
@@ -425,7 +441,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"r1sup: error: {logs.mask(str(fault))}\n")
         if _log_level(args) == "debug":
             sys.stderr.write(logs.mask(fault.trace))
+        _termination_message(args, EXIT_INTERNAL, str(fault))
         return EXIT_INTERNAL
+
+
+def _termination_message(args: argparse.Namespace, code: int, reason: str) -> None:
+    """The verdict of a container's main command (run, tune) where Kubernetes reads it. A failure before
+    the config was read (a config error) finds the file by R1SUP_DAEMON_TERMINATION_LOG or its default;
+    the daemon writes its own failures with the config's daemon.termination_log."""
+    if args.command not in ("run", "tune"):
+        return
+    from r1sup import termination
+
+    termination.write(termination.path_from(None), code, reason)
 
 
 def _log_level(args: argparse.Namespace) -> str:

@@ -233,6 +233,11 @@ class DaemonSection:
         "serving a profile degraded by other processes' memory: seconds between checks whether it is back",
         exclusive_minimum=0,
     )
+    termination_log: str = setting(
+        "/dev/termination-log",
+        "file that gets the one-line verdict of a non-zero exit (Kubernetes' terminationMessagePath), "
+        "written only where it exists; empty: off",
+    )
 
 
 def _check_store(value: str) -> None:

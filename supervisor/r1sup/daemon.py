@@ -29,6 +29,7 @@ from r1sup import ladder as L
 from r1sup.config import Config
 from r1sup.errors import (
     EXIT_FATAL_FAILURE,
+    EXIT_NO_WORKING_CONFIG,
     EXIT_OK,
     EXIT_RESTART_BUDGET,
     InternalError,
@@ -126,6 +127,10 @@ class Daemon:
         self.next_memory_check = 0.0
         self.know: Any = None
         self.fingerprint: dict[str, Any] | None = None
+        # the "does not fit" verdict: GPU memory free at the bring-up's start, and whether the verdict
+        # came from the state directory (r1sup.nofit) instead of a search
+        self._free_gib_at_start: float | None = None
+        self._no_fit_remembered = False
         self._restarts = 0
         self.started_at = now_iso()
         self.record: Any = None  # r1sup.runrecord.RunLog of this run, for `r1sup report`
@@ -141,7 +146,7 @@ class Daemon:
         if self.config.daemon.metrics_port:
             from r1sup.metrics import Metrics
 
-            self.metrics_sink = MetricsSink(Metrics())
+            self.metrics_sink = MetricsSink(Metrics(), figures=self._served_figures)
             self.bus.subscribe(self.metrics_sink)
         self.systemd = SystemdSink(self.notifier)
         self.status_file = StatusFile(self, self.log)
@@ -287,6 +292,10 @@ class Daemon:
         except OSError as exc:
             self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
 
+    def _served_figures(self) -> dict[str, float]:
+        current = self.runner.current
+        return dict(current.observations) if current is not None else {}
+
     def endpoint_view(self) -> Any:
         """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
         from r1sup.endpoint import View, loop_limit_s
@@ -304,7 +313,10 @@ class Daemon:
         while True:
             live = result.live
             if not result.ok or live is None:
-                return self._fail(result.exit_code, result.reason or "no working configuration")
+                reason = result.reason or "no working configuration"
+                if result.exit_code == EXIT_NO_WORKING_CONFIG and not self._no_fit_remembered:
+                    self._remember_no_fit(reason)
+                return self._fail(result.exit_code, reason)
             end = self._serve(live)
             if end.reload is not None:
                 result = self._reload(live, end.reload)
@@ -315,7 +327,10 @@ class Daemon:
             result = self._recover(live, end)
 
     def _fail(self, code: int, reason: str) -> int:
+        from r1sup import termination
+
         self.publish(B.DaemonFailed(code, reason))
+        termination.write(termination.path_from(self.config.daemon.termination_log), code, reason)
         self.runner.stop_current(reason="failed")
         if self.state not in (State.FAILED, State.STOPPED):
             self.transition(State.FAILED, f"failed: {reason[:200]}")
@@ -373,6 +388,9 @@ class Daemon:
             max(d.drain_timeout_s, self.config.server.stop_timeout_s) if d.drain_timeout_s > 0 else 0,
         )
         key, store = base.key, base.store
+        from r1sup import search
+
+        self._free_gib_at_start = search.conditions(self.know.device).get("free_gib")
         saved = store.load(key) if start is None else None
         why = ""
         shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
@@ -393,6 +411,10 @@ class Daemon:
         measured = None
         if saved is None and start is None:
             self.publish(B.ProfileMissing(key))
+            remembered = self._remembered_no_fit(key)
+            if remembered is not None:
+                shared.release()
+                return remembered
             measured = base.calibration(self.log)
         tuner = self._tuner()
         result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
@@ -405,8 +427,42 @@ class Daemon:
                     self.s, result, self.fingerprint, self._conditions(result, key)
                 )
             self._served(result)
+            self._forget_no_fit()
         shared.release()  # after the publish: the replicas waiting on this key find the profile
         return result
+
+    def _remembered_no_fit(self, key: str) -> TuneResult | None:
+        """The "does not fit" verdict a previous run left for this fingerprint, when it still holds (no
+        more memory free now): the same exit 3 at once, without a second search."""
+        from r1sup import nofit
+
+        verdict = nofit.load(self.config.state.dir)
+        if verdict is None or not nofit.still_holds(verdict, key, self._free_gib_at_start):
+            return None
+        self._no_fit_remembered = True
+        self.publish(B.NoFitRemembered(key, verdict.reason, verdict.written_at))
+        return TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG, reason=verdict.reason)
+
+    def _remember_no_fit(self, reason: str) -> None:
+        from r1sup import nofit, profiles
+
+        if self.fingerprint is None:
+            return
+        key = profiles.fingerprint_key(self.fingerprint)
+        try:
+            nofit.remember(self.config.state.dir, key, reason, self._free_gib_at_start)
+        except R1supError as exc:  # the verdict stands; a restart searches again
+            self.publish(B.StateDirUnusable(str(exc)))
+            return
+        self.publish(B.NoFitRecorded(key, self._free_gib_at_start))
+
+    def _forget_no_fit(self) -> None:
+        from r1sup import nofit
+
+        try:
+            nofit.forget(self.config.state.dir)
+        except OSError as exc:
+            self.publish(B.StateDirUnusable(f"cannot remove {nofit.path_in(self.config.state.dir)}: {exc}"))
 
     def _fitting_profile(self, saved: Any, store: Any, key: str) -> Any:
         """The saved profile when it fits what is free now; else the degraded one kept beside it when that

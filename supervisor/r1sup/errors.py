@@ -9,6 +9,7 @@ EXIT_NO_WORKING_CONFIG = 3
 EXIT_FATAL_FAILURE = 4
 EXIT_RESTART_BUDGET = 5
 EXIT_NOT_A_VLLM_LOG = 6
+EXIT_GATE_FAILED = 8  # `profile gate`: the new image's verified capacity is below the old one's
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 

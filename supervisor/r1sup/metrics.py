@@ -73,6 +73,12 @@ class Metrics:
             "r1sup_kv_cache_tokens", "KV cache size vLLM reported for the flags being served", registry=r
         )
         self.launch_flags = Info("r1sup_launch_flags", "the vLLM flags of the last launch", registry=r)
+        self.gpu_memory = Gauge(
+            "r1sup_gpu_memory_gib",
+            "memory of one GPU by part, from vLLM's start-up figures of the launch being served",
+            ["part"],
+            registry=r,
+        )
         self.verified(None)  # nothing proven yet
         self._server: Any = None
 
@@ -117,6 +123,13 @@ class Metrics:
         if result.get("ok"):
             self.success()
 
+    def memory(self, figures: Mapping[str, float]) -> None:
+        """The GPU memory by part (:func:`memory_parts`) of the launch that serves; parts vLLM did not
+        print are left out."""
+        self.gpu_memory.clear()
+        for part, gib in memory_parts(figures).items():
+            self.gpu_memory.labels(part=part).set(gib)
+
     def success(self) -> None:
         self.last_success.set(time.time())
 
@@ -152,3 +165,22 @@ class _WithoutCreated:
         for family in self.registry.collect():
             family.samples = [s for s in family.samples if not s.name.endswith("_created")]
             yield family
+
+# vLLM's start-up figures (r1sup.logparse.figures) of one GPU -> the dashboard's parts
+MEMORY_PARTS = (
+    ("weights", "weights_gib"),
+    ("non_torch", "non_torch_gib"),
+    ("activation_peak", "peak_activation_gib"),
+    ("cuda_graphs", "cudagraph_gib"),
+    ("kv_cache", "kv_cache_gib"),
+)
+
+
+def memory_parts(figures: Mapping[str, float]) -> dict[str, float]:
+    """One GPU's memory by part as vLLM reported it at start-up, in GiB, and ``free``: the total less every
+    part (what neither vLLM's budget nor its figures hold), when the total is known."""
+    out = {part: float(figures[key]) for part, key in MEMORY_PARTS if figures.get(key) is not None}
+    total = figures.get("total_gib")
+    if total is not None and out:
+        out["free"] = max(0.0, round(float(total) - sum(out.values()), 3))
+    return out

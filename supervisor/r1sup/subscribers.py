@@ -15,6 +15,7 @@ finds status.json and ``/metrics`` saying so).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +35,8 @@ from r1sup.bus import (
     LoadingProgress,
     MetricsListening,
     MetricsUnavailable,
+    NoFitRecorded,
+    NoFitRemembered,
     ProfileDegraded,
     ProfileDoesNotFit,
     ProfileFound,
@@ -141,6 +144,10 @@ class LogSink:
                     log.info("profile_found", key=key, flags=dict(flags), updated_at=updated_at)
             case ProfileMissing(key):
                 log.info("profile_missing", key=key)
+            case NoFitRemembered(key, reason, written_at):
+                log.warning("no_fit_remembered", key=key, reason=reason, written_at=written_at)
+            case NoFitRecorded(key, free_gib):
+                log.info("no_fit_recorded", key=key, free_gib=free_gib)
             case ProfileDoesNotFit(key, flags, conditions):
                 log.warning("profile_does_not_fit_now", key=key, flags=dict(flags), **conditions)
             case ProfileDegraded(key, reason):
@@ -285,8 +292,9 @@ def _set_aside_if_not_a_file(path: Path) -> None:
 class MetricsSink:
     """The Prometheus metrics (:class:`r1sup.metrics.Metrics`), and the listener that serves them."""
 
-    def __init__(self, metrics: Any) -> None:
+    def __init__(self, metrics: Any, figures: Callable[[], Mapping[str, float]] = dict) -> None:
         self.metrics = metrics
+        self.figures = figures  # vLLM's start-up figures of the launch that serves
 
     def __call__(self, event: DaemonEvent) -> None:
         m = self.metrics
@@ -303,6 +311,7 @@ class MetricsSink:
             case Serving(_, _, probe, _, capacity):
                 m.probe(dict(probe) if probe is not None else None)
                 m.verified(capacity)
+                m.memory(self.figures())
                 m.child_up.set(1)
             case HealthPassed():
                 m.success()

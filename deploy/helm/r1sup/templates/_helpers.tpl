@@ -1,0 +1,183 @@
+{{/* The release's objects are named after it (or fullnameOverride). */}}
+{{- define "r1sup.fullname" -}}
+{{- .Values.fullnameOverride | default .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "r1sup.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Values.nameOverride | default "r1sup" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "r1sup.labels" -}}
+{{ include "r1sup.selectorLabels" . }}
+app.kubernetes.io/part-of: r1sup
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "r1sup.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+{{- end -}}
+
+{{/* One TOML value: strings, booleans, whole numbers (YAML numbers reach templates as floats), other
+numbers, and arrays of those. */}}
+{{- define "r1sup.tomlValue" -}}
+{{- if kindIs "string" . -}}
+{{ toJson . }}
+{{- else if kindIs "bool" . -}}
+{{ . }}
+{{- else if kindIs "slice" . -}}
+[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "r1sup.tomlValue" $v }}{{ end }}]
+{{- else if or (kindIs "float64" .) (kindIs "float32" .) -}}
+{{ if eq (float64 (int64 .)) (float64 .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else if or (kindIs "int" .) (kindIs "int64" .) -}}
+{{ . }}
+{{- else -}}
+{{ fail (printf "config: %v is not a TOML value the chart writes (a string, number, boolean or array of them)" .) }}
+{{- end -}}
+{{- end -}}
+
+{{/* r1sup.toml from .Values.config: one table per section; a key set to null is left out. */}}
+{{- define "r1sup.toml" -}}
+{{- range $section, $body := .Values.config }}
+{{- if not (kindIs "map" $body) }}
+{{- fail (printf "config.%s: must be a table of settings" $section) }}
+{{- end }}
+[{{ $section }}]
+{{- range $key, $value := $body }}
+{{- if not (kindIs "invalid" $value) }}
+{{ $key }} = {{ include "r1sup.tomlValue" $value }}
+{{- end }}
+{{- end }}
+{{ end }}
+{{- end -}}
+
+{{/* A setting of the config in whole seconds (or a count), r1sup's default where absent:
+(list $ "section" "key" default) */}}
+{{- define "r1sup.setting" -}}
+{{- $config := (index . 0).Values.config -}}
+{{- $section := index $config (index . 1) | default dict -}}
+{{- if and (hasKey $section (index . 2)) (not (kindIs "invalid" (index $section (index . 2)))) -}}
+{{ index $section (index . 2) | int64 }}
+{{- else -}}
+{{ index . 3 }}
+{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: SIGTERM comes after the preStop pause; r1sup then drains the requests
+in flight (daemon.drain_timeout_s, on SIGTERM at most server.stop_timeout_s), stops vLLM (grace
+server.stop_timeout_s) and waits for the GPU memory and the port (server.memory_release_timeout_s).
+Kubernetes' SIGKILL must come after all of it. */}}
+{{- define "r1sup.graceSeconds" -}}
+{{- $stop := include "r1sup.setting" (list . "server" "stop_timeout_s" 30) | int64 -}}
+{{- $release := include "r1sup.setting" (list . "server" "memory_release_timeout_s" 60) | int64 -}}
+{{- $drain := include "r1sup.setting" (list . "daemon" "drain_timeout_s" 120) | int64 -}}
+{{- add .Values.preStopSleepSeconds $stop $release (min $drain $stop) .Values.terminationSpareSeconds -}}
+{{- end -}}
+
+{{/* The start-up budget in seconds: a wait for another replica's tune (with a profile store; for a
+LeaderWorkerSet, the wait for the Ray cluster instead), then every launch the ladder may make. */}}
+{{- define "r1sup.startupBudget" -}}
+{{- $launch := include "r1sup.setting" (list . "server" "startup_timeout_s" 1800) | int64 -}}
+{{- $attempts := include "r1sup.setting" (list . "ladder" "max_attempts" 8) | int64 -}}
+{{- $wait := 0 -}}
+{{- if .Values.profileStore.enabled -}}
+{{- $wait = include "r1sup.setting" (list . "state" "profile_wait_s" 3600) | int64 -}}
+{{- end -}}
+{{- if .Values.multinode.enabled -}}
+{{- $wait = add $wait .Values.multinode.rayInitTimeoutSeconds -}}
+{{- end -}}
+{{- add $wait (mul $attempts $launch) -}}
+{{- end -}}
+
+{{- define "r1sup.startupFailureThreshold" -}}
+{{- $period := int64 .Values.probes.startupPeriodSeconds -}}
+{{- div (add (include "r1sup.startupBudget" . | int64) $period -1) $period -}}
+{{- end -}}
+
+{{- define "r1sup.profileStoreClaim" -}}
+{{- .Values.profileStore.existingClaim | default (printf "%s-profiles" (include "r1sup.fullname" .)) -}}
+{{- end -}}
+
+{{- define "r1sup.modelsClaim" -}}
+{{- .Values.models.existingClaim | default (printf "%s-models" (include "r1sup.fullname" .)) -}}
+{{- end -}}
+
+{{- define "r1sup.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 0
+fsGroup: 10001
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "r1sup.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+{{- if not .Values.multinode.enabled }}
+readOnlyRootFilesystem: true
+{{- end }}
+capabilities:
+  drop: ["ALL"]
+  {{- with .Values.multinode.network.capabilities }}
+  {{- if $.Values.multinode.enabled }}
+  add: {{ toJson . }}
+  {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{- define "r1sup.hfTokenEnv" -}}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.hfToken.secretName }}
+      key: {{ .Values.hfToken.key }}
+      optional: true
+{{- end -}}
+
+{{/* The init container that fetches the model into the Hugging Face cache (HF_HOME of the image). */}}
+{{- define "r1sup.fetchModel" -}}
+- name: fetch-model
+  image: {{ include "r1sup.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - {{ .Values.image.vllmPython }}
+    - -c
+    - |
+      import json, os
+      from huggingface_hub import snapshot_download
+      path = snapshot_download(
+          os.environ["MODEL_ID"],
+          revision=os.environ.get("MODEL_REVISION") or None,
+          allow_patterns=json.loads(os.environ["MODEL_ALLOW_PATTERNS"]),
+      )
+      print("model in the cache:", path, flush=True)
+  env:
+    - name: MODEL_ID
+      value: {{ .Values.config.model.name | quote }}
+    - name: MODEL_REVISION
+      value: {{ .Values.config.model.revision | default "" | quote }}
+    - name: MODEL_ALLOW_PATTERNS
+      value: {{ toJson .Values.modelFetch.allowPatterns | quote }}
+    {{- include "r1sup.hfTokenEnv" . | nindent 4 }}
+  resources:
+    {{- toYaml .Values.modelFetch.resources | nindent 4 }}
+  securityContext:
+    {{- include "r1sup.containerSecurityContext" . | nindent 4 }}
+  volumeMounts:
+    - name: models
+      mountPath: /var/cache/r1sup
+    - name: tmp
+      mountPath: /tmp
+{{- end -}}
+
+{{/* The model is fetched unless model.name is a local path. */}}
+{{- define "r1sup.fetchEnabled" -}}
+{{- if and .Values.modelFetch.enabled (not (hasPrefix "/" .Values.config.model.name)) -}}true{{- end -}}
+{{- end -}}
