@@ -148,6 +148,19 @@ def text(c: Mapping[str, Any]) -> str:
     return line
 
 
+def wave_text(wave: Mapping[str, Any] | None) -> str:
+    """``; wave: 16 of 16 ran at once, ~256 prompt tokens, 812.0 tok/s`` (empty without a wave)."""
+    if not wave:
+        return ""
+    if wave.get("skipped"):
+        return f"; no concurrency wave ({wave['skipped']})"
+    proven = wave.get("concurrency_proven")
+    return (
+        f"; wave: {proven} of {wave.get('sent')} ran at once, ~{wave.get('prompt_tokens')} prompt tokens, "
+        f"{wave.get('output_tokens_per_s') or 0:.1f} tok/s"
+    )
+
+
 def check(data: Any) -> dict[str, Any]:
     """A capacity read from a file (a profile): the fields above with their types, else ValueError."""
     if not isinstance(data, dict):

@@ -50,6 +50,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from r1sup import capacity
+
 if TYPE_CHECKING:
     import httpx
 
@@ -142,21 +144,8 @@ class ProbeResult:
             f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{ran}, "
             f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
             f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
-            + wave_text(self.wave)
+            + capacity.wave_text(self.wave)
         )
-
-
-def wave_text(wave: Mapping[str, Any] | None) -> str:
-    """``; wave: 16 of 16 ran at once, ~256 prompt tokens, 812.0 tok/s`` (empty without a wave)."""
-    if not wave:
-        return ""
-    if wave.get("skipped"):
-        return f"; no concurrency wave ({wave['skipped']})"
-    proven = wave.get("concurrency_proven")
-    return (
-        f"; wave: {proven} of {wave.get('sent')} ran at once, ~{wave.get('prompt_tokens')} prompt tokens, "
-        f"{wave.get('output_tokens_per_s') or 0:.1f} tok/s"
-    )
 
 
 def wave_output_tokens(output_tokens: int) -> int:
