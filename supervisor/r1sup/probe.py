@@ -26,6 +26,13 @@ A launch with the flags of a saved profile that passed the full probe on a box o
 fingerprint gets the short probe (:func:`probe_requests`): one wave of ``concurrency`` requests of the
 same size, instead of ``probe.requests``.
 
+Once the context requests passed, the **concurrency wave** shows how many requests vLLM runs at once:
+ordinary requests (``WAVE_PROMPT_TOKENS`` of prompt, at least ``WAVE_OUTPUT_TOKENS`` of output), all sent
+at once, as many as the launch's ``max_num_seqs`` and vLLM's KV figure allow, up to
+``probe.max_concurrency`` (:func:`wave_size`, computed by the runner), within what is left of the
+probe's timeout. Its result (``wave``) has the same figures as the context requests' (running and
+waiting peaks, streams, proven, tokens/s, TTFT); a failed wave request fails the probe.
+
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
 profile. A later probe of the same flags reuses it (:func:`recorded_prompt`) when it was made for the
@@ -121,8 +128,8 @@ class ProbeResult:
     concurrency_proven: int | None = None
     queued: bool = False  # fewer requests ran at once than were sent at once
     timed_out: bool = False
-    # the concurrency wave: what it sent, what ran at once and what it measured (:class:`WaveResult`
-    # as a dict); None when the spec asked for none
+    # the concurrency wave (:func:`_wave`): what it sent, what ran at once, what vLLM's figures allow
+    # (``limit``) and what it measured, or why it was skipped; None when the spec asked for none
     wave: dict[str, Any] | None = None
     # the probe's own machinery failed (the child crashed or could not import): {"where", "error"};
     # r1sup's fault, never the engine's
@@ -159,7 +166,8 @@ def wave_size(
     """How many ordinary requests of ``request_tokens`` (prompt and output) the concurrency wave sends
     at once: what vLLM would run together, bounded by ``cap`` (``probe.max_concurrency``).
 
-    vLLM runs at most ``max_num_seqs`` sequences (None: vLLM's default, never below the cap) and admits
+    vLLM runs at most ``max_num_seqs`` sequences (None: vLLM's default, 256 or more on GPUs; where it
+    is lower than the cap the requests beyond it wait, and the wave records what ran) and admits
     a request only when the KV blocks it holds are free: of vLLM's own ``KV cache size`` figure (None:
     not printed, the gauges will say what ran) the blocks less one (vLLM keeps a null block), each
     request taking its tokens rounded up to whole blocks. Never below 1."""
