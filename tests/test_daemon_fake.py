@@ -101,6 +101,7 @@ def test_runtime_oom_steps_down_saves_the_profile_and_serves_again(tmp_path: Pat
     # the 7th completion of each engine runs out of memory: the probe sends 4, the test the rest
     scenario = fake_scenario(tmp_path, runtime={"fail_after_requests": 6, "failure": "oom"})
     body = daemon_body(tmp_path)
+    body["probe"] = {**body.get("probe", {}), "max_concurrency": 1}  # no concurrency wave: 4 requests
     port = body["server"]["port"]
     with running(tmp_path, body, scenario) as (proc, config):
         proc.wait_event("serving", START_S)

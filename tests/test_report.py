@@ -66,14 +66,17 @@ def test_tune_prints_what_report_prints_later(tuned: dict[str, Any]) -> None:
     assert "predicted |W" in out and "measured  |W" in out
     assert "loading weights" in out and "load probe" in out  # the phases and how long each took
     # what the probe proved, and the same in the profile saved
+    # (the concurrency wave's ordinary requests first when more of them were seen running together)
     assert re.search(
-        r"^capacity: 1 request\(s\) at once of up to \d[\d,]* tokens, [\d.]+ output tok/s", out, re.M
+        r"^capacity: \d+ request\(s\) at once (of ~\d+ prompt tokens; 1 )?of up to \d[\d,]* tokens, "
+        r"[\d.]+ output tok/s",
+        out,
+        re.M,
     )
     (saved,) = (tuned["state"] / "profiles").glob("*.json")
     capacity = json.loads(saved.read_text())["capacity"]
-    assert (
-        capacity["requests"] == 1 and capacity["asked_requests"] == 1 and capacity["context_tokens"] >= 2048
-    )
+    assert capacity["context_requests"] == 1 and capacity["asked_requests"] == 1
+    assert capacity["requests"] >= 1 and capacity["context_tokens"] >= 2048
     again = cli("report", "--config", str(tuned["config"]))
     assert again.returncode == 0, again.stderr
     assert again.stdout == out

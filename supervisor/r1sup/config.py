@@ -195,6 +195,13 @@ class ProbeSection:
     output_tokens: int = setting(16, "max_tokens of each request", minimum=1)
     request_timeout_s: float = setting(300.0, "timeout of one request", exclusive_minimum=0)
     timeout_s: float = setting(900.0, "timeout of the whole probe", exclusive_minimum=0)
+    max_concurrency: int = setting(
+        16,
+        "most ordinary requests (~256 prompt tokens) the probe sends at once to prove the concurrency "
+        "vLLM gives (fewer when max_num_seqs or vLLM's KV figure holds fewer); 1: none",
+        minimum=1,
+        maximum=256,
+    )
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,13 @@ A launch with the flags of a saved profile that passed the full probe on a box o
 fingerprint gets the short probe (:func:`probe_requests`): one wave of ``concurrency`` requests of the
 same size, instead of ``probe.requests``.
 
+Once the context requests passed, the **concurrency wave** shows how many requests vLLM runs at once:
+ordinary requests (``WAVE_PROMPT_TOKENS`` of prompt, at least ``WAVE_OUTPUT_TOKENS`` of output), all sent
+at once, as many as the launch's ``max_num_seqs`` and vLLM's KV figure allow, up to
+``probe.max_concurrency`` (:func:`wave_size`, computed by the runner), within what is left of the
+probe's timeout. Its result (``wave``) has the same figures as the context requests' (running and
+waiting peaks, streams, proven, tokens/s, TTFT); a failed wave request fails the probe.
+
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
 profile. A later probe of the same flags reuses it (:func:`recorded_prompt`) when it was made for the
@@ -50,6 +57,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from r1sup import capacity
+
 if TYPE_CHECKING:
     import httpx
 
@@ -65,6 +74,9 @@ PROMPT_MARGIN_TOKENS = 8
 PROMPT_FILL = 0.97  # a built prompt holds at least this fraction of the tokens asked for
 SHORT_PROMPT_TOKENS = 64  # a short probe's prompts once vLLM's KV figure matches the proven launch's
 POLL_S = 0.05  # /metrics is read this often while the requests run
+WAVE_PROMPT_TOKENS = 256  # the prompt of an ordinary request, as the concurrency wave sends it
+WAVE_OUTPUT_TOKENS = 32  # at least this many tokens each, so that the wave's streams overlap in time
+WAVE_SEED = 100_000  # the wave's prompts are seeded from here (never a context prompt's seed)
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,10 @@ class ProbeSpec:
     timeout_s: float
     api_key: str | None = None
     sizing: dict[str, Any] | None = None  # a passed probe's record of its prompts (ProbeResult.sizing)
+    # the concurrency wave (:func:`wave_size`): this many ordinary requests sent at once after the
+    # context requests passed, with prompts of ``wave_prompt_tokens``; 0: none
+    wave_requests: int = 0
+    wave_prompt_tokens: int = WAVE_PROMPT_TOKENS
 
 
 @dataclass
@@ -112,6 +128,9 @@ class ProbeResult:
     concurrency_proven: int | None = None
     queued: bool = False  # fewer requests ran at once than were sent at once
     timed_out: bool = False
+    # the concurrency wave (:func:`_wave`): what it sent, what ran at once, what vLLM's figures allow
+    # (``limit``) and what it measured, or why it was skipped; None when the spec asked for none
+    wave: dict[str, Any] | None = None
     # the probe's own machinery failed (the child crashed or could not import): {"where", "error"};
     # r1sup's fault, never the engine's
     internal: dict[str, str] | None = None
@@ -132,7 +151,34 @@ class ProbeResult:
             f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{ran}, "
             f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
             f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
+            + capacity.wave_text(self.wave)
         )
+
+
+def wave_output_tokens(output_tokens: int) -> int:
+    """max_tokens of each of the wave's requests: the probe's, and at least ``WAVE_OUTPUT_TOKENS``."""
+    return max(output_tokens, WAVE_OUTPUT_TOKENS)
+
+
+def wave_size(
+    cap: int, max_num_seqs: int | None, kv_cache_tokens: float | None, block_size: int, request_tokens: int
+) -> int:
+    """How many ordinary requests of ``request_tokens`` (prompt and output) the concurrency wave sends
+    at once: what vLLM would run together, bounded by ``cap`` (``probe.max_concurrency``).
+
+    vLLM runs at most ``max_num_seqs`` sequences (None: vLLM's default, 256 or more on GPUs; where it
+    is lower than the cap the requests beyond it wait, and the wave records what ran) and admits
+    a request only when the KV blocks it holds are free: of vLLM's own ``KV cache size`` figure (None:
+    not printed, the gauges will say what ran) the blocks less one (vLLM keeps a null block), each
+    request taking its tokens rounded up to whole blocks. Never below 1."""
+    n = cap
+    if max_num_seqs:
+        n = min(n, max_num_seqs)
+    if kv_cache_tokens is not None and block_size > 0:
+        blocks = int(kv_cache_tokens) // block_size - 1
+        each = -(-max(1, request_tokens) // block_size)
+        n = min(n, blocks // each)
+    return max(1, n)
 
 
 def probe_requests(
@@ -392,6 +438,109 @@ class Clients:
         )
 
 
+@dataclass
+class _Sent:
+    """What one batch of requests did: sent ``concurrency`` at a time (the context requests), or all
+    at once (the concurrency wave)."""
+
+    succeeded: int = 0
+    error_count: int = 0
+    errors: list[str] = field(default_factory=list)
+    output_tokens_total: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # (first, last token), monotonic
+    peaks: dict[str, float] = field(default_factory=dict)  # /metrics while they ran, and just after
+    final: dict[str, float] = field(default_factory=dict)  # /metrics just after
+    duration_s: float = 0.0
+    timed_out: bool = False
+
+    def tokens_per_s(self) -> float | None:
+        return round(self.output_tokens_total / self.duration_s, 2) if self.duration_s > 0 else None
+
+
+async def _send(
+    http: httpx.AsyncClient,
+    client: Any,
+    spec: ProbeSpec,
+    texts: list[str],
+    concurrency: int,
+    timeout_s: float,
+    label: str,
+    output_tokens: int,
+) -> _Sent:
+    """Send ``texts`` as streamed chat completions, ``concurrency`` at a time, within ``timeout_s``;
+    /metrics is polled meanwhile."""
+    sent = _Sent()
+    stop = asyncio.Event()
+    poller = asyncio.create_task(_poll_metrics(http, sent.peaks, stop))
+    sem = asyncio.Semaphore(concurrency)
+    t0 = time.monotonic()
+
+    async def one(i: int) -> None:
+        async with sem:
+            start = time.monotonic()
+            first: float | None = None
+            tokens = 0
+            try:
+                stream = await client.chat.completions.create(
+                    model=spec.model,
+                    messages=[{"role": "user", "content": texts[i]}],
+                    max_tokens=output_tokens,
+                    temperature=0.0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                usage_tokens = None
+                last = start
+                async for chunk in stream:
+                    if chunk.choices and delivers(chunk.choices[0]):
+                        last = time.monotonic()
+                        if first is None:
+                            first = last - start
+                        tokens += 1
+                    if chunk.usage is not None:
+                        usage_tokens = chunk.usage.completion_tokens
+                sent.output_tokens_total += usage_tokens if usage_tokens is not None else tokens
+                if first is not None:
+                    sent.ttfts.append(first)
+                    sent.spans.append((start + first, last))
+                sent.succeeded += 1
+            except Exception as exc:
+                if not request_error(exc):
+                    raise  # r1sup's own bug: the child fails and the parent says so
+                sent.error_count += 1
+                if len(sent.errors) < 5:
+                    sent.errors.append(f"{label} {i}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    tasks = [asyncio.create_task(one(i)) for i in range(len(texts))]
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=max(0.001, timeout_s))
+    except asyncio.TimeoutError:
+        sent.timed_out = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        sent.error_count = len(texts) - sent.succeeded
+        sent.errors.append(f"probe timed out after {timeout_s:.0f}s")
+    sent.duration_s = time.monotonic() - t0
+    stop.set()
+    await poller
+    sent.final = await _scrape(http)
+    keep_peaks(sent.peaks, sent.final)
+    return sent
+
+
+def _proven(sent: _Sent, at_once: int) -> tuple[int | None, int | None, int, int]:
+    """(running peak, waiting peak, streams peak, requests proven at once) of requests sent
+    ``at_once`` at a time."""
+    running = waiting = None
+    if "running" in sent.peaks:
+        running = int(sent.peaks["running"])
+        waiting = int(sent.peaks.get("waiting", 0.0))
+    streams = most_at_once(sent.spans)
+    return running, waiting, streams, proven_concurrency(at_once, running, streams)
+
+
 async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
     result = ProbeResult(
         ok=False, requests=spec.requests, concurrency=spec.concurrency, output_tokens=spec.output_tokens
@@ -402,95 +551,109 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
     client = clients.openai
     async with clients.http as http:
         prompts = _Prompts(http, spec)
-        metrics: dict[str, float] = {}
         baseline = await _scrape(http)
-        stop = asyncio.Event()
-        poller = asyncio.create_task(_poll_metrics(http, metrics, stop))
-        ttfts: list[float] = []
-        spans: list[tuple[float, float]] = []  # (first token, last token) of each request, monotonic
-        sem = asyncio.Semaphore(spec.concurrency)
-
         built, result.sizing_reused = await prompts.all()  # all first, so the load itself is concurrent
         result.prompt_tokens = max(p.tokens for p in built)
         t0 = time.monotonic()
-
-        async def one(i: int) -> None:
-            async with sem:
-                text = built[i].text
-                start = time.monotonic()
-                first: float | None = None
-                tokens = 0
-                try:
-                    stream = await client.chat.completions.create(
-                        model=spec.model,
-                        messages=[{"role": "user", "content": text}],
-                        max_tokens=spec.output_tokens,
-                        temperature=0.0,
-                        stream=True,
-                        stream_options={"include_usage": True},
-                    )
-                    usage_tokens = None
-                    last = start
-                    async for chunk in stream:
-                        if chunk.choices and delivers(chunk.choices[0]):
-                            last = time.monotonic()
-                            if first is None:
-                                first = last - start
-                            tokens += 1
-                        if chunk.usage is not None:
-                            usage_tokens = chunk.usage.completion_tokens
-                    result.output_tokens_total += usage_tokens if usage_tokens is not None else tokens
-                    if first is not None:
-                        ttfts.append(first)
-                        spans.append((start + first, last))
-                    result.succeeded += 1
-                except Exception as exc:
-                    if not request_error(exc):
-                        raise  # r1sup's own bug: the child fails and the parent says so
-                    result.error_count += 1
-                    if len(result.errors) < 5:
-                        result.errors.append(f"request {i}: {type(exc).__name__}: {str(exc)[:300]}")
-
-        tasks = [asyncio.create_task(one(i)) for i in range(spec.requests)]
-        try:
-            await asyncio.wait_for(asyncio.gather(*tasks), timeout=spec.timeout_s)
-        except asyncio.TimeoutError:
-            result.timed_out = True
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            result.error_count = spec.requests - result.succeeded
-            result.errors.append(f"probe timed out after {spec.timeout_s:.0f}s")
-        result.duration_s = time.monotonic() - t0
-        stop.set()
-        await poller
-        final = await _scrape(http)
+        texts = [p.text for p in built]
+        main = await _send(
+            http, client, spec, texts, spec.concurrency, spec.timeout_s, "request", spec.output_tokens
+        )
+        wave: _Sent | None = None
+        calls = prompts.calls  # the context prompts' sizing (the wave sizes one prompt of its own)
+        if spec.wave_requests:
+            wave, result.wave = await _wave(http, client, spec, prompts, main, t0)
         await client.close()
-    keep_peaks(metrics, final)  # the baseline came before any request: not a peak of the probe's
-    if "kv_usage" in baseline:
+    result.succeeded, result.error_count = main.succeeded, main.error_count
+    result.errors = list(main.errors)
+    result.output_tokens_total = main.output_tokens_total
+    result.timed_out = main.timed_out
+    result.duration_s = main.duration_s
+    metrics = main.peaks
+    if "kv_usage" in baseline:  # the baseline came before any request: only its KV usage counts
         metrics["kv_usage"] = max(metrics.get("kv_usage", 0.0), baseline["kv_usage"])
+    final = main.final
+    if wave is not None:
+        final = wave.final or final
+        if "kv_usage" in wave.peaks:
+            metrics["kv_usage"] = max(metrics.get("kv_usage", 0.0), wave.peaks["kv_usage"])
+        result.error_count += wave.error_count
+        result.errors.extend(wave.errors[: max(0, 5 - len(result.errors))])
+        result.timed_out = result.timed_out or wave.timed_out
     if "kv_usage" in metrics:
         result.peak_kv_usage = round(metrics["kv_usage"], 4)
-    if "running" in metrics:
-        result.running_peak = int(metrics["running"])
-        result.waiting_peak = int(metrics.get("waiting", 0.0))
-    result.streams_peak = most_at_once(spans)
     sent = min(spec.concurrency, spec.requests)
-    result.concurrency_proven = proven_concurrency(sent, result.running_peak, result.streams_peak)
+    result.running_peak, result.waiting_peak, result.streams_peak, result.concurrency_proven = _proven(
+        main, sent
+    )
     result.queued = result.succeeded > 0 and result.concurrency_proven < sent
     if "preemptions" in final:
         result.preemptions = int(final["preemptions"] - baseline.get("preemptions", 0.0))
     result.prompt_tokens_estimated = prompts.estimated
-    result.tokenize_calls = prompts.calls
+    result.tokenize_calls = calls
     if not prompts.estimated:
         result.sizing = sizing_record(spec.model, spec.prompt_tokens, built)
-    result.ttft_p50_s = _round(percentile(ttfts, 0.5))
-    result.ttft_p95_s = _round(percentile(ttfts, 0.95))
-    if result.duration_s > 0:
-        result.output_tokens_per_s = round(result.output_tokens_total / result.duration_s, 2)
+    result.ttft_p50_s = _round(percentile(main.ttfts, 0.5))
+    result.ttft_p95_s = _round(percentile(main.ttfts, 0.95))
+    result.output_tokens_per_s = main.tokens_per_s()
     result.duration_s = round(result.duration_s, 3)
-    result.ok = result.succeeded == spec.requests and not result.timed_out
+    wave_ok = wave is None or wave.error_count == 0
+    result.ok = result.succeeded == spec.requests and not result.timed_out and wave_ok
     return result
+
+
+async def _wave(
+    http: httpx.AsyncClient,
+    client: Any,
+    spec: ProbeSpec,
+    prompts: _Prompts,
+    main: _Sent,
+    t0: float,
+) -> tuple[_Sent | None, dict[str, Any]]:
+    """The concurrency wave: ``spec.wave_requests`` ordinary requests sent at once, once the context
+    requests all passed, within what is left of the probe's timeout (and one request's). Its prompts
+    are one sized prompt's word count over distinct seeds (the first word differs), so their size is
+    that prompt's, within a token or two."""
+    n = spec.wave_requests
+    output = wave_output_tokens(spec.output_tokens)
+    record: dict[str, Any] = {"requests": n, "output_tokens": output}
+    if n < 2:
+        skipped = "vLLM would run no more than one such request at once"
+        return None, {**record, "limit": n, "skipped": skipped}
+    if main.succeeded < spec.requests or main.error_count or main.timed_out:
+        return None, {**record, "skipped": "the context requests did not all pass"}
+    left = spec.timeout_s - (time.monotonic() - t0)
+    if left < 1.0:
+        return None, {**record, "skipped": "no time left in probe.timeout_s"}
+    calls = prompts.calls
+    first = await prompts.build(WAVE_SEED, spec.wave_prompt_tokens)
+    texts = [first.text] + [prompt_text(WAVE_SEED + i, first.words) for i in range(1, n)]
+    left = spec.timeout_s - (time.monotonic() - t0)
+    timeout = min(left, spec.request_timeout_s)
+    sent = await _send(http, client, spec, texts, n, timeout, "wave request", output)
+    running, waiting, streams, proven = _proven(sent, n)
+    proven = proven if sent.succeeded else 0
+    queued = sent.succeeded > 0 and proven < n
+    record.update(
+        sent=n,
+        prompt_tokens=first.tokens,
+        tokenize_calls=prompts.calls - calls,
+        succeeded=sent.succeeded,
+        running_peak=running,
+        waiting_peak=waiting,
+        streams_peak=streams,
+        concurrency_proven=proven,
+        queued=queued,
+        # what vLLM's figures allow at once, as the wave found it: all it sent, unless requests
+        # waited (then what ran); fewer proven with none waiting is a wave too short to overlap
+        limit=proven if queued and waiting else n,
+        output_tokens_total=sent.output_tokens_total,
+        output_tokens_per_s=sent.tokens_per_s(),
+        ttft_p50_s=_round(percentile(sent.ttfts, 0.5)),
+        ttft_p95_s=_round(percentile(sent.ttfts, 0.95)),
+        duration_s=round(sent.duration_s, 3),
+    )
+    return sent, record
 
 
 def delivers(choice: Any) -> bool:

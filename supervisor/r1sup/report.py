@@ -178,6 +178,7 @@ def probe_text(p: Mapping[str, Any]) -> str:
         f"TTFT p50 {_num(p.get('ttft_p50_s'))}s p95 {_num(p.get('ttft_p95_s'))}s, "
         f"{_num(p.get('output_tokens_per_s'))} output tok/s, "
         f"peak KV usage {_pct(p.get('peak_kv_usage'))}, preemptions {p.get('preemptions')}"
+        + capacity.wave_text(p.get("wave"))
     )
 
 

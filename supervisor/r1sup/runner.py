@@ -441,7 +441,15 @@ class Runner:
 
     def probe(self, launch: Launch) -> Failure:
         """Run the load probe against the launched server; NONE when it passed."""
-        from r1sup.probe import ProbeSpec, default_prompt_tokens, probe_requests, short_prompt_tokens
+        from r1sup.probe import (
+            WAVE_PROMPT_TOKENS,
+            ProbeSpec,
+            default_prompt_tokens,
+            probe_requests,
+            short_prompt_tokens,
+            wave_output_tokens,
+            wave_size,
+        )
 
         p = self.config.probe
         tgt = self.config.target
@@ -467,6 +475,15 @@ class Runner:
         )
         if brief is not None:
             prompt_tokens = brief
+        # the concurrency wave: ordinary requests, as many at once as vLLM would run (bounded)
+        wave_prompt = min(WAVE_PROMPT_TOKENS, default_prompt_tokens(context, p.output_tokens))
+        wave = wave_size(
+            p.max_concurrency,
+            launch.flags.max_num_seqs,
+            launch.observations.get("kv_cache_tokens"),
+            launch.reader.block_size,
+            wave_prompt + wave_output_tokens(p.output_tokens),
+        )
         spec = ProbeSpec(
             base_url=self.endpoint.base,
             model=launch.spec.served_name,
@@ -479,6 +496,8 @@ class Runner:
             api_key=self.api_key,
             # the record sizes prompts of the full probe's length: short prompts are sized anew
             sizing=None if brief else _sizing(proven),
+            wave_requests=wave,
+            wave_prompt_tokens=wave_prompt,
         )
         self.log.info(
             "probe_started",
@@ -490,6 +509,8 @@ class Runner:
             **({"short": "the profile passed the full probe"} if short else {}),
             **({"prompts": "short: vLLM allocated the KV cache the full probe passed with"} if brief else {}),
             **({"sizing": "the profile's record"} if spec.sizing else {}),
+            wave_requests=wave,
+            wave_prompt_tokens=wave_prompt,
         )
         child = self._take_probe_process(launch)
         self._probe_proc = child
@@ -842,4 +863,12 @@ def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
         "duration_s",
         "tokenize_calls",
     )
-    return {k: result.get(k) for k in keys}
+    fields = {k: result.get(k) for k in keys}
+    wave = result.get("wave")
+    if isinstance(wave, Mapping):  # the concurrency wave: sent, ran at once, its size and tokens/s
+        fields["wave"] = {
+            k: wave.get(k)
+            for k in ("sent", "concurrency_proven", "waiting_peak", "prompt_tokens", "output_tokens_per_s")
+            if wave.get(k) is not None
+        } | ({"skipped": wave["skipped"]} if wave.get("skipped") else {})
+    return fields

@@ -296,6 +296,11 @@ class LogReader:
         return self._figures.engine_device
 
     @property
+    def block_size(self) -> int:
+        """The KV block size in tokens the engine's config line printed (vLLM's default when not seen)."""
+        return self._figures.block_size
+
+    @property
     def engine_args(self) -> dict[str, object]:
         """The arguments vLLM printed as "non-default args: {...}" (plain literals only), over the memory
         flags of its config line; a launch's flags where r1sup's own event log is read. {} if none."""
