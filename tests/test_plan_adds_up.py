@@ -120,7 +120,12 @@ def test_every_way_out_fits_as_its_own_command_says(case: tuple[Any, ...]) -> No
         # planned again exactly as given, the same target and the model split the same way: it fits,
         # with the figures the way out claimed
         split = M.pipelined(a, way.pipeline_parallel_size) if way.pipeline_parallel_size > 1 else a
-        again = planner.plan(split, device, way.flags, target_concurrency=conc, target_context=ctx)
+        # ways out ignore the ladder's bounds (a person decides): one below the utilization floor is
+        # planned again with the floor at it
+        floor = {"min_gpu_memory_utilization": min(0.5, way.flags.gpu_memory_utilization)}
+        again = planner.plan(
+            split, device, way.flags, target_concurrency=conc, target_context=ctx, bounds=floor
+        )
         assert again.verdict == "fits" and again.fits and again.exit_code == 0, (
             way.title,
             again.verdict_reason,

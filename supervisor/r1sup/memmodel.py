@@ -1526,16 +1526,6 @@ def _free_note(device: DeviceFacts, utilization: float, requested: int, context:
     )
 
 
-def max_startable_utilization(device: DeviceFacts, tp: int, version: Version | str | None = None) -> float:
-    """Highest utilization (2 decimals) whose request fits in the memory that is free now."""
-    total = device.total_bytes
-    if not total:
-        return 0.0
-    free = device.free_bytes or total
-    room = free - context_bytes(device, tp, as_version(version))
-    return max(0.0, math.floor(room / total * 100) / 100)
-
-
 def fp8_weight_saving_gib(
     arch: ModelArch, flags: EngineFlags, measured_weights_gib: float | None = None
 ) -> float:

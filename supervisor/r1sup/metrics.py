@@ -166,6 +166,7 @@ class _WithoutCreated:
             family.samples = [s for s in family.samples if not s.name.endswith("_created")]
             yield family
 
+
 # vLLM's start-up figures (r1sup.logparse.figures) of one GPU -> the dashboard's parts
 MEMORY_PARTS = (
     ("weights", "weights_gib"),

@@ -45,7 +45,7 @@ from r1sup.memmodel import (
     estimated_max_model_len,
     weight_method,
 )
-from r1sup.search import FP8_PER_TENSOR_SPELLING, margin_bytes, request_blocks
+from r1sup.search import FP8_PER_TENSOR_SPELLING, margin_bytes, request_blocks, startable_utilization
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -499,7 +499,7 @@ def _recommend(
     cc = device.compute_capability
     if device.backend != "cpu" and _e4m3(base.kv_cache_dtype) and cc is not None and cc < (8, 9):
         base = base.replace(kv_cache_dtype="fp8_e5m2")
-    start_max = M.max_startable_utilization(device, base.tensor_parallel_size, version)
+    start_max = startable_utilization(device, base.tensor_parallel_size, version)
     lo, hi = bounds["min_gpu_memory_utilization"], bounds["max_gpu_memory_utilization"]
     pinned = base.kv_cache_memory_bytes is not None
     if not pinned and base.gpu_memory_utilization > start_max:
@@ -1184,6 +1184,11 @@ def _suggestion(
     )
 
 
+def _at_util(at_util: str, flags: EngineFlags) -> str:
+    """A way out's "at --gpu-memory-utilization U (what is free)", with the utilization it runs at."""
+    return f" at --gpu-memory-utilization {flags.gpu_memory_utilization:g} (what is free)" if at_util else ""
+
+
 MAX_PP_SUGGESTED = 8  # the most nodes (pipeline stages) a way out proposes
 
 
@@ -1209,7 +1214,7 @@ def _suggestions(
     """
     out: list[Suggestion] = []
     pinned = flags.kv_cache_memory_bytes is not None
-    start_max = M.max_startable_utilization(device, flags.tensor_parallel_size, version)
+    start_max = startable_utilization(device, flags.tensor_parallel_size, version)
     at_util = ""
     if not pinned and device.free_bytes and flags.gpu_memory_utilization > start_max:
         if start_max <= 0:
@@ -1218,6 +1223,10 @@ def _suggestions(
         at_util = f" at --gpu-memory-utilization {start_max:g} (what is free)"
 
     def fit(f: EngineFlags, a: ModelArch = arch) -> _Choice | None:
+        if at_util and f.tensor_parallel_size != flags.tensor_parallel_size:
+            # more GPUs, more CUDA context and communication memory on each: what is free allows less
+            util = startable_utilization(device, f.tensor_parallel_size, version)
+            f = f.replace(gpu_memory_utilization=min(f.gpu_memory_utilization, util))
         return _way_out(
             a,
             device,
@@ -1288,7 +1297,7 @@ def _suggestions(
         if found:
             tp, choice = next(((t, c) for t, c in found if c.context >= context), found[0])
             requires = f"{tp} GPUs like this one" + (f" ({have} present)" if have is not None else "")
-            title = f"tensor parallel over {tp} GPUs" + at_util
+            title = f"tensor parallel over {tp} GPUs" + _at_util(at_util, choice.ev.flags)
             out.append(_suggestion("tensor_parallel", title, choice, arch, context, requires))
             single_node_fits = choice.context >= context
     offload = _offload_gib(
@@ -1349,7 +1358,8 @@ def _multi_node(
         name = M.gpu_name(device) or "GPU"
         where = f"{nodes} nodes" if nodes > 1 else "one node"
         title = (
-            f"{where} of {gpus_per_node} x {name}: tensor parallel {tp} x pipeline parallel {pp}" + at_util
+            f"{where} of {gpus_per_node} x {name}: tensor parallel {tp} x pipeline parallel {pp}"
+            + _at_util(at_util, choice.ev.flags)
         )
         return _suggestion(
             "pipeline_parallel",

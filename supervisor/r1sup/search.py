@@ -410,10 +410,8 @@ class Search:
     def _util_cap(self, tp: int) -> float:
         b, device, ev = self.facts.bounds, self.facts.device, self.evidence
         cap = b.max_gpu_memory_utilization
-        total = device.total_bytes
-        if device.free_bytes and total:
-            room = device.free_bytes - M.context_bytes(device, tp, self.facts.version) - FREE_MARGIN_GIB * GIB
-            cap = min(cap, math.floor(room / total * 100) / 100)
+        if device.free_bytes and device.total_bytes:
+            cap = min(cap, startable_utilization(device, tp, self.facts.version))
         if ev.util_cap is not None:
             cap = min(cap, ev.util_cap)
         return cap
@@ -1141,6 +1139,17 @@ def request_blocks(est: M.Estimate, kv_bytes: int | None = None) -> int:
 # loader warns that ``fp8`` is deprecated for online quantization. Both spellings start there; ``fp8`` is
 # the one every release r1sup knows accepts, and the one the search launches.
 FP8_PER_TENSOR_SPELLING = M.Version(0, 32, 0)
+
+
+def startable_utilization(device: DeviceFacts, tp: int, version: M.Version | str | None = None) -> float:
+    """The highest utilization (2 decimals) whose request fits in what is free now, less the CUDA context
+    and :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows" for the search and ``plan``."""
+    total = device.total_bytes
+    if not total:
+        return 0.0
+    free = device.free_bytes or total
+    room = free - M.context_bytes(device, tp, M.as_version(version)) - FREE_MARGIN_GIB * GIB
+    return max(0.0, math.floor(room / total * 100) / 100)
 
 
 def fp8_weights_flag(version: M.Version) -> str:
