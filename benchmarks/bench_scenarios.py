@@ -6,7 +6,8 @@ GPU engine (``tests/fakevllm``) and the fake NVML (``tests/fakenvml``):
 - ``smart`` and ``naive``: the real CLI, ``python -m r1sup.cli --log-format json tune --config F --json
   --strategy S``. ``smart`` runs with ``ladder.first_launch = "planned"`` (the planner predicts the first
   launch; ``--first-launch as_configured`` starts it from the user's ``[start]`` to measure the ladder
-  alone). ``naive`` is the seed's walk done by hand: it always starts from the user's ``[start]``;
+  alone). ``naive`` is the seed's walk done by hand (``r1sup.naive``, the baseline kept for this
+  benchmark): it always starts from the user's ``[start]``;
 - ``auto-fit``: the engine alone with vLLM's ``--max-model-len -1`` and the user's other flags;
 - ``optimum``: ``fakevllm.optimum.optimum``, the best feasible configuration by exhaustive search over the
   fake engine's own accounting, within the same ladder bounds.

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from r1sup import failure as F
-from r1sup import ladder as L
+from r1sup import search as S
+from r1sup.bounds import Bounds, Facts
 from r1sup.errors import InternalError
 from r1sup.flags import EngineFlags
 from r1sup.probe import child_failure, request_error
@@ -80,11 +81,13 @@ def test_transport_errors_are_the_requests_and_bugs_are_the_probes() -> None:
 
 
 @pytest.mark.parametrize("strategy", ["smart", "naive"])
-def test_the_ladder_never_steps_for_an_internal_error(strategy: str) -> None:
+def test_the_search_never_steps_for_an_internal_error(strategy: str) -> None:
     failure = F.Failure(F.INTERNAL_ERROR, evidence="KeyError: 'x'", detail="r1sup.probe (_run, line 1)")
-    bounds = L.Bounds(strategy=strategy)
-    decision = L.next_step(EngineFlags(max_model_len=8192), failure, L.History(), bounds, L.Facts())
-    assert isinstance(decision, L.GiveUp) and decision.exit_code == 1
+    flags = EngineFlags(max_model_len=8192)
+    device = S.device_from_ladder_facts(Facts(total_gib=24.0))
+    search = S.Search(S.Facts(arch=None, device=device, user=flags, bounds=Bounds(strategy=strategy)))
+    decision = search.after(S.Outcome(flags, failure))
+    assert isinstance(decision, S.GiveUp) and decision.exit_code == 1
     assert "r1sup.probe" in decision.reason and not failure.memory
 
 

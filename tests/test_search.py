@@ -12,8 +12,8 @@ import pytest
 
 from r1sup import catalog, memmodel
 from r1sup import failure as F
-from r1sup import ladder as L
 from r1sup import search as S
+from r1sup.bounds import Bounds
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
@@ -31,7 +31,7 @@ def gpu(total_gib: float, free_gib: float | None = None, cc: tuple[int, int] = (
 
 
 def search(arch, device, user: EngineFlags, **bounds) -> S.Search:
-    return S.Search(S.Facts(arch=arch, device=device, user=user, bounds=L.Bounds(**bounds)))
+    return S.Search(S.Facts(arch=arch, device=device, user=user, bounds=Bounds(**bounds)))
 
 
 def oom(cls: str, tried_gib: float, free_gib: float, phase: str = F.PHASE_SERVING) -> Failure:

@@ -22,10 +22,9 @@ from typing import Any
 
 import tenacity
 
-from r1sup import __version__, fleet, health, liveness, logs, watch
+from r1sup import __version__, fleet, health, liveness, logs, policy, watch
 from r1sup import bus as B
 from r1sup import failure as F
-from r1sup import ladder as L
 from r1sup.config import Config
 from r1sup.errors import (
     EXIT_FATAL_FAILURE,
@@ -666,7 +665,7 @@ class Daemon:
                 )
                 self._served(result)
             return result
-        if failure.cls not in L.TRANSIENT:
+        if failure.cls not in policy.TRANSIENT:
             return TuneResult(
                 ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}"
             )

@@ -1,8 +1,10 @@
-"""The engine flags r1sup manages, as one frozen value shared by planner, ladder, launcher and profiles."""
+"""The engine flags r1sup manages: one frozen value shared by the planner, the search, the launcher and
+profiles; and the flags a logged launch ran with (:func:`flags_from_log`)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,3 +131,51 @@ def _show(value: Any) -> str:
     if isinstance(value, float):
         return _fmt_float(value)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# --- the flags a logged launch ran with (``r1sup diagnose``) -----------------------------------
+
+# vLLM's argument names (as "non-default args" prints them) -> EngineFlags fields
+_ARG_FIELDS = {
+    "max_model_len": "max_model_len",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "enforce_eager": "enforce_eager",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "quantization": "quantization",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "cpu_offload_gb": "cpu_offload_gb",
+}
+_TYPES: dict[str, type] = {
+    "max_model_len": int,
+    "gpu_memory_utilization": float,
+    "kv_cache_dtype": str,
+    "enforce_eager": bool,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "quantization": str,
+    "tensor_parallel_size": int,
+    "kv_cache_memory_bytes": int,
+    "cpu_offload_gb": float,
+}
+
+
+def flags_from_log(args: Mapping[str, object], numbers: Mapping[str, float]) -> EngineFlags:
+    """The flags a logged launch ran with: vLLM's "non-default args", then the figures its messages
+    printed (the context and utilization of the failed check)."""
+    values: dict[str, Any] = {}
+    for arg, name in _ARG_FIELDS.items():
+        value = args.get(arg)
+        kind = _TYPES[name]
+        if value is None or isinstance(value, bool) != (kind is bool):
+            continue
+        if kind is not str and not isinstance(value, (int, float)):
+            continue
+        values[name] = value if kind is str else kind(value)
+    if "max_model_len" not in values and numbers.get("max_model_len"):
+        values["max_model_len"] = int(numbers["max_model_len"])
+    if "gpu_memory_utilization" not in values and numbers.get("gpu_memory_utilization"):
+        values["gpu_memory_utilization"] = float(numbers["gpu_memory_utilization"])
+    return EngineFlags(**values)

@@ -885,12 +885,12 @@ def _search_recommendation(
     """(the search, its recommendation) (:meth:`r1sup.search.Search.recommend`) for these flags on a GPU box,
     as the first launch of ``tune`` and ``run`` gets it; None where the planner's own branches answer:
     the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
-    from r1sup import ladder as L
     from r1sup import search as S
+    from r1sup.bounds import Bounds
 
     if device.backend == "cpu" or not device.gpus or stages > 1 or auto_fit:
         return None
-    limits = L.Bounds(
+    limits = Bounds(
         **{k: bounds[k] for k in BOUND_KEYS if k in bounds},
         target_concurrency=target_concurrency,
         target_context=target_context,

@@ -34,8 +34,9 @@ model's error; what no flag fixes (fatal, transient, internal, the attempt budge
 
 Explicit branches where there is nothing to score with: the CPU backend (the planner's CPU branch sizes
 the first launch); without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable
-config.json) the first launch is the flags as given and a failure takes the ladder's per-class step
-(:mod:`r1sup.ladder`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline.
+config.json) the first launch is the flags as given and a failure takes one step per failure class
+(:mod:`r1sup.blind`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline
+(:mod:`r1sup.naive`).
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from r1sup import blind
+from r1sup import bounds as B
 from r1sup import failure as F
-from r1sup import ladder as L
 from r1sup import memmodel as M
 from r1sup import policy as P
 from r1sup.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
-from r1sup.flags import FP8_KV_DTYPES, EngineFlags
+from r1sup.flags import FP8_KV_DTYPES, EngineFlags, flags_from_log
 from r1sup.hardware import DeviceFacts, GpuInfo
 
 GIB = 1024**3
@@ -95,7 +97,7 @@ UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
 REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
 REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
 MIN_BATCHED_TOKENS = 256
-FREE_MARGIN_GIB = L.FREE_MARGIN_GIB
+FREE_MARGIN_GIB = B.FREE_MARGIN_GIB
 OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
 DEGRADED_KV_RATIO = 1.05  # without them, 5% more KV tokens (or a longer context) makes it degraded
 
@@ -107,10 +109,10 @@ class Facts:
     arch: M.ModelArch | None
     device: DeviceFacts
     user: EngineFlags  # the user's [start]
-    bounds: L.Bounds = field(default_factory=L.Bounds)
+    bounds: B.Bounds = field(default_factory=B.Bounds)
     version: M.Version = M.NEWEST_KNOWN
     calibration: M.Calibration | None = None  # from an earlier launch on this box (a saved profile)
-    ladder_facts: L.Facts | None = None  # for the fallback without an architecture
+    ladder_facts: B.Facts | None = None  # for the branch without an architecture (r1sup.blind)
     suggestions: tuple[str, ...] = ()  # the planner's ways out, added to a give-up
 
 
@@ -217,7 +219,7 @@ class Search:
         self.evidence = evidence or Evidence(
             calibration=facts.calibration, calibrated=int(bool(facts.calibration))
         )
-        self._history = L.History()  # the fallback's own state (no architecture, naive)
+        self._history = blind.History()  # the blind branch's own state (no architecture, naive)
 
     # --- the two questions -----------------------------------------------------------------------
 
@@ -748,7 +750,7 @@ class Search:
                 # vLLM takes a pinned size as given: only a smaller one fits (what was free, less a reserve
                 # for the graphs and the sampler that allocate after it)
                 room = flags.kv_cache_memory_bytes - missing
-                shrunk = int(room - max(L.PINNED_RESERVE_GIB * GIB, L.PINNED_RESERVE_FRACTION * room))
+                shrunk = int(room - max(B.PINNED_RESERVE_GIB * GIB, B.PINNED_RESERVE_FRACTION * room))
                 ev = replace(ev, pinned_cap=min(shrunk, ev.pinned_cap or 1 << 62))
             note = f"the KV allocation missed {missing / GIB:.2f} GiB"
         elif cls == F.FP8_UNSUPPORTED:
@@ -887,18 +889,18 @@ class Search:
         return give_up
 
     def _fallback(self, ev: Evidence, outcome: Outcome) -> Decision:
-        """The ladder's per-class step (fatal and transient classes, naive, no architecture)."""
+        """The blind branch's per-class step (no architecture, the CPU backend, host OOM, naive)."""
         self.evidence = ev
-        lf = self.facts.ladder_facts or L.Facts()
-        decision = L.next_step(
+        lf = self.facts.ladder_facts or B.Facts()
+        decision = blind.next_step(
             outcome.flags, outcome.failure, self._history, self.facts.bounds, lf, outcome.figures
         )
-        if isinstance(decision, L.GiveUp):
+        if isinstance(decision, blind.GiveUp):
             return GiveUp(decision.reason, decision.suggestions, decision.exit_code)
         self._history = decision.history
-        if decision.flags in ev.tried and not decision.retry:
+        if decision.flags in ev.tried:
             return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
-        return Next(decision.flags, decision.reason, decision.retry)
+        return Next(decision.flags, decision.reason)
 
     # --- transient conditions ----------------------------------------------------------------------
 
@@ -1184,7 +1186,7 @@ def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
     return replace(device, gpus=gpus, processes=())
 
 
-def device_from_ladder_facts(facts: L.Facts) -> DeviceFacts:
+def device_from_ladder_facts(facts: B.Facts) -> DeviceFacts:
     """A DeviceFacts for a diagnosis without a probe (one GPU of the log's total)."""
     total = int((facts.total_gib or 0) * GIB)
     free = int((facts.free_gib if facts.free_gib is not None else facts.total_gib or 0) * GIB)
@@ -1206,16 +1208,16 @@ def advise(
 
     The search decides with the default ``[ladder]`` bounds, the box as the log printed it (one GPU of its
     total and free memory) and the model when the log names one r1sup's catalog knows; without the model
-    it falls back to the ladder's per-class steps. The advice is the change r1sup would make, or its reason
+    it takes the blind branch's per-class steps. The advice is the change r1sup would make, or its reason
     to stop, never another one.
     """
     from r1sup import catalog
 
     n = failure.numbers
-    flags = L.flags_from_log(engine_args or {}, n)
+    flags = flags_from_log(engine_args or {}, n)
     total = n.get("total_gib") or n.get("device_total_gib") or n.get("node_total_gib")
     backend = "cpu" if device == "cpu" else "cuda"
-    lf = L.Facts(
+    lf = B.Facts(
         backend=backend,
         total_gib=total,
         free_gib=n.get("free_gib"),

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from r1sup import bounds as B
 from r1sup import failure as F
-from r1sup import ladder as L
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
 from r1sup.failure import Failure
@@ -23,7 +23,7 @@ from r1sup.runner import Launch, Runner
 
 @dataclass
 class ModelKnowledge:
-    """What r1sup knows about the box and the model before launching (for planner and ladder)."""
+    """What r1sup knows about the box and the model before launching (for the planner and the search)."""
 
     device: DeviceFacts | None = None
     arch: Any = None  # memmodel.ModelArch, when the model's config.json was found
@@ -108,7 +108,7 @@ class TuneResult:
 
 
 def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowledge:
-    """Device facts and the model's architecture, best effort: missing pieces only make the ladder blunter.
+    """Device facts and the model's architecture, best effort: missing pieces only make the search blunter.
 
     ``engine`` is the preflight's :class:`r1sup.preflight.EngineEnv` (the versions of vLLM and torch)."""
     from r1sup import devices, memmodel, modelinfo
@@ -141,7 +141,7 @@ def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
         know.vllm_version = str(versions["vllm"])
 
 
-def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> L.Facts:
+def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.Facts:
     from r1sup import memmodel
 
     device = know.device
@@ -152,7 +152,7 @@ def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[st
     holders: tuple[str, ...] = ()
     if device:
         holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
-    return L.Facts(
+    return B.Facts(
         backend=backend,
         total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
         free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
@@ -184,7 +184,7 @@ def new_search(
             arch=know.arch,
             device=know.device or DeviceFacts(backend="cpu"),
             user=user,
-            bounds=L.Bounds.from_config(config),
+            bounds=B.Bounds.from_config(config),
             version=know.version(),
             calibration=calibration,
             ladder_facts=ladder_facts(know, user, suggestions),
@@ -375,7 +375,7 @@ class Tuner:
         self.runner = runner
         self.log = log
         self.know = know if know is not None else gather_knowledge(config, log)
-        self.bounds = L.Bounds.from_config(config)
+        self.bounds = B.Bounds.from_config(config)
         self.record = record  # r1sup.runrecord.RunLog: every attempt for `r1sup report`
 
     def refresh_device(self) -> None:

@@ -92,7 +92,7 @@ def not_a_log_reason(diagnosis: Diagnosis) -> str:
 
 
 def report(diagnosis: Diagnosis, advice: str) -> dict[str, Any]:
-    """The ``--json`` object (``advice``: what r1sup's ladder would do next, see ladder.advise)."""
+    """The ``--json`` object (``advice``: what r1sup's search would do next, see search.advise)."""
     failure = diagnosis.failure
     return {
         "vllm_log": diagnosis.vllm_log,

