@@ -162,7 +162,7 @@ def test_a_terminal_gets_one_updating_progress_line(tmp_path: Path) -> None:
 # --- --help: each command lists the exit codes it can return ---------------------------------------
 
 HELP_EXIT_CODES = {
-    "": {0, 1, 2, 3, 4, 5, 6, 7, 130, 143},
+    "": {0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 143},
     "run": {0, 1, 2, 3, 4, 5},
     "tune": {0, 1, 2, 3, 4, 130, 143},
     "plan": {0, 1, 2, 3, 7},
@@ -170,9 +170,10 @@ HELP_EXIT_CODES = {
     "status": {0, 1, 2},
     "report": {0, 1, 2},
     "check": {0, 1, 2, 4},
-    "profile": {0, 1, 2},
+    "profile": {0, 1, 2, 8},
     "profile export": {0, 1, 2},
     "profile import": {0, 1, 2},
+    "profile gate": {0, 1, 2, 8},
     "tiny-model": {0, 1, 2},
 }
 

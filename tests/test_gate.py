@@ -70,12 +70,15 @@ def test_fingerprints_are_compared_without_what_the_image_changes():
 # --- the command after a real tune ---------------------------------------------------------------------
 
 
-def previous_image(profile: dict[str, Any], **probe: Any) -> dict[str, Any]:
-    """The same box's profile as the previous image (vLLM 0.31.0) would have left it in the store."""
+def previous_image(profile: dict[str, Any], more_requests: int = 0) -> dict[str, Any]:
+    """The same box's profile as the previous image (vLLM 0.31.0) would have left it in the store, having
+    verified ``more_requests`` more requests at once (in its probe and in its capacity record)."""
     old = copy.deepcopy(profile)
     old["fingerprint"]["versions"]["vllm"] = "0.31.0"
     old["key"] = profiles.fingerprint_key(old["fingerprint"])
-    old["probe"].update(probe)
+    old["probe"]["concurrency"] += more_requests
+    if isinstance(old.get("capacity"), dict) and isinstance(old["capacity"].get("requests"), int):
+        old["capacity"]["requests"] += more_requests
     old["created_at"] = old["updated_at"] = "2026-01-01T00:00:00+00:00"
     return old
 
@@ -110,12 +113,13 @@ def test_the_gate_publishes_a_profile_that_holds_and_refuses_one_that_verifies_l
         return code, proc, fleet
 
     # the previous image verified more requests at once: refused, both side by side, nothing published
-    better = previous_image(new, concurrency=new["probe"]["concurrency"] + 4)
+    better = previous_image(new, more_requests=4)
     code, proc, fleet = gate_against(better)
     assert code == EXIT_GATE_FAILED, proc.tail()
     report = proc.stdout_text()
     assert "vLLM 0.31.0" in report and "vLLM 0.32.0" in report and "LOWER" in report
-    assert str(new["probe"]["concurrency"] + 4) in report
+    assert gate.capacity_of(better).requests == gate.capacity_of(new).requests + 4
+    assert str(gate.capacity_of(better).requests) in report
     assert "requests at once" in "".join(proc.stderr)
     assert not (fleet / "profiles" / f"{new['key']}.json").exists()
 

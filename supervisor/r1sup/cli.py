@@ -120,9 +120,17 @@ PROFILE_EXIT_CODES_HELP = exit_codes_help(
         1: None,
         2: "usage or configuration error, no saved profile to export, a profile file that cannot be\n"
         "       read, or a fingerprint that differs (without --force)",
+    }
+)
+PROFILE_GATE_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "published: the new image's profile verifies at least the previous image's",
+        1: None,
+        2: "usage or configuration error, or no profile of this box and config to gate",
         8: None,
     }
 )
+PROFILE_GROUP_EXIT_CODES_HELP = exit_codes_help({0: None, 1: None, 2: None, 8: None})
 TINY_MODEL_EXIT_CODES_HELP = exit_codes_help({0: None, 1: None, 2: None})
 # Commands that log nothing: structlog is neither imported nor configured for them (start-up time).
 SILENT_COMMANDS = frozenset({"diagnose"})
@@ -323,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "profile",
         "export, import or gate a tuned profile for identical boxes",
-        epilog=PROFILE_EXIT_CODES_HELP,
+        epilog=PROFILE_GROUP_EXIT_CODES_HELP,
     )
     psub = p.add_subparsers(dest="profile_command", metavar="ACTION", parser_class=_Parser)
     psub.required = True
@@ -348,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         "gate",
         help="publish this box's tuned profile to the fleet's store if its verified capacity is at least "
         "that of the store's profile for the previous image; else exit 8 with both side by side",
-        epilog=PROFILE_EXIT_CODES_HELP,
+        epilog=PROFILE_GATE_EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_config_args(pg)
