@@ -9,6 +9,7 @@ accuracy of 8-bit values) are named, not guessed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,19 +17,8 @@ from r1sup.flags import EngineFlags
 from r1sup.planner import Plan, fp8_weights_note
 
 # the order in which changes are listed: the context first (what the user asked for), then the rest as
-# vLLM's command line orders them
-_ORDER = (
-    "max_model_len",
-    "gpu_memory_utilization",
-    "kv_cache_dtype",
-    "enforce_eager",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "quantization",
-    "tensor_parallel_size",
-    "kv_cache_memory_bytes",
-    "cpu_offload_gb",
-)
+# EngineFlags (and so vLLM's command line) orders them
+_ORDER = tuple(f.name for f in dataclasses.fields(EngineFlags))
 
 
 @dataclass(frozen=True)
