@@ -471,10 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _termination_message(args: argparse.Namespace, code: int, reason: str) -> None:
-    """The verdict of a container's main command (run, tune) where Kubernetes reads it. A failure before
-    the config was read (a config error) finds the file by R1SUP_DAEMON_TERMINATION_LOG or its default;
-    the daemon writes its own failures with the config's daemon.termination_log."""
-    if args.command not in ("run", "tune"):
+    """The verdict of a container's main command (run, tune, worker) where Kubernetes reads it. A failure
+    before the config was read (a config error) finds the file by R1SUP_DAEMON_TERMINATION_LOG or its
+    default; the daemon writes its own failures with the config's daemon.termination_log."""
+    if args.command not in ("run", "tune", "worker"):
         return
     from r1sup import termination
 
