@@ -588,6 +588,9 @@ def test_the_multinode_default_is_vllms_own_mode_a_leader_node_0_and_headless_wo
     mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
     assert mounts["config"] == "/etc/r1sup" and mounts["state"] == image_env()["HOME"]
     assert {v["name"]: v for v in wpod["volumes"]}["config"]["configMap"]["name"] == RELEASE
+    # no Ray: every container of the group runs on a read-only root file system, as on one box
+    for container in (leader, worker):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # the leader's start-up budget has no Ray wait in it
     assert "--ray_init_timeout" not in leader["args"][0]
     assert container_env(worker)["NCCL_DEBUG"] == container_env(leader)["NCCL_DEBUG"] == "WARN"

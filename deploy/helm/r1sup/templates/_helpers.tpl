@@ -149,7 +149,9 @@ seccompProfile:
 
 {{- define "r1sup.containerSecurityContext" -}}
 allowPrivilegeEscalation: false
-{{- if not .Values.multinode.enabled }}
+{{- if not (and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "ray")) }}
+{{- /* r1sup and vLLM (mp over nodes too) write to HOME, /tmp and /dev/shm only; Ray's pods keep a
+writable root file system, as before */}}
 readOnlyRootFilesystem: true
 {{- end }}
 capabilities:
