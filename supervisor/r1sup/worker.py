@@ -234,9 +234,14 @@ class Worker:
     def start_engine(self, launch: multinode.LeaderLaunch, flags: EngineFlags) -> None:
         spec = worker_spec(self.config, flags)
         self.starts += 1
-        self.engine = Engine(spec, self.events, self.starts)
-        self.engine.start()
-        self.running = self.joined = launch.key
+        self.joined = launch.key  # joined once, started or not: the next try is the leader's next launch
+        engine = Engine(spec, self.events, self.starts)
+        try:
+            engine.start()
+        except OSError as exc:  # server.python missing, not executable: the leader's launch fails too
+            self.log.error("worker_vllm_start_failed", leader_launch=launch.launches, error=str(exc))
+            return
+        self.engine, self.running = engine, launch.key
         self.log.info(
             "worker_vllm_started",
             leader_launch=launch.launches,
