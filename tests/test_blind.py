@@ -11,6 +11,7 @@ from r1sup import search as S
 from r1sup.bounds import Bounds, Facts
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 
 TINY_CPU = Facts(
@@ -57,7 +58,9 @@ def step(
     history: blind.History | None = None,
     obs: dict | None = None,
 ) -> blind.Decision:
-    return blind.next_step(flags, failure, history or blind.History(), bounds or Bounds(), facts, obs)
+    return blind.next_step(
+        flags, failure, history or blind.History(), bounds or Bounds(), facts, Figures.from_dict(obs)
+    )
 
 
 def test_pinned_budget_goes_to_longest_fp8_context_in_one_step():

@@ -18,6 +18,7 @@ import pytest
 from r1sup import catalog, planner
 from r1sup import memmodel as M
 from r1sup import search as S
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.planner import Calibration, arch_from_config
@@ -466,12 +467,12 @@ def test_margin_is_kept_for_the_estimated_parts_only() -> None:
     estimated = est.non_torch.bytes + est.activation.bytes + est.cudagraph_charged
     assert ev.margin == int(min(S.ESTIMATE_MARGIN * estimated, S.MARGIN_FRACTION * est.budget))
     # a logged activation and graph estimate leave only the non-torch estimate uncertain
-    cal = Calibration(flags, {"peak_activation_gib": 0.7, "cudagraph_estimated_gib": 0.4})
+    cal = Calibration(flags, Figures(peak_activation_gib=0.7, cudagraph_estimated_gib=0.4))
     seen = planner._evaluate(arch(Q7), gpu(24), flags, v, cal)
     assert seen.margin == int(S.ESTIMATE_MARGIN * seen.est.non_torch.bytes) < ev.margin
     # a launch's budget and KV size make the prediction exact; a pinned KV size is exact too
     exact = planner._evaluate(
-        arch(Q7), gpu(24), flags, v, Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
+        arch(Q7), gpu(24), flags, v, Calibration(flags, Figures(requested_gib=21.6, kv_cache_gib=5.0))
     )
     pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), v)
     # (the search's margin, the one r1sup keeps: vLLM's print precision of the measured budget)
@@ -527,7 +528,7 @@ def test_measured_terms_replace_the_estimates() -> None:
     }
     flags = EngineFlags(max_model_len=8192)
     estimated = planner.plan(arch(Q7), gpu(24), flags)
-    measured = planner.plan(arch(Q7), gpu(24), flags, calibration=Calibration(flags, figures))
+    measured = planner.plan(arch(Q7), gpu(24), flags, calibration=Calibration(flags, Figures(**figures)))
     b = measured.breakdown
     assert (b.weights_gib, b.non_torch_gib, b.activation_gib, b.cudagraph_charged_gib) == pytest.approx(
         (15.0, 0.4, 1.5, 0.25)
@@ -544,7 +545,7 @@ def test_measured_terms_replace_the_estimates() -> None:
 
 def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
     flags = EngineFlags(max_model_len=8192)
-    cal = Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
+    cal = Calibration(flags, Figures(requested_gib=21.6, kv_cache_gib=5.0))
     p = planner.plan(arch(Q7), gpu(24), flags, calibration=cal)
     assert p.breakdown.kv_gib == pytest.approx(5.0, abs=1e-6)
     # utilization 0.95 adds 1.2 GiB to the same box's budget: all of it goes to KV
@@ -557,7 +558,9 @@ def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
 
 def test_measured_cuda_graphs_do_not_count_when_eager() -> None:
     flags = EngineFlags(max_model_len=8192, enforce_eager=True)
-    cal = Calibration(EngineFlags(max_model_len=8192), {"cudagraph_gib": 2.0, "cudagraph_estimated_gib": 2.5})
+    cal = Calibration(
+        EngineFlags(max_model_len=8192), Figures(cudagraph_gib=2.0, cudagraph_estimated_gib=2.5)
+    )
     p = planner.plan(arch(Q7), gpu(24), flags, calibration=cal)
     assert p.breakdown.cudagraph_gib == 0 and p.breakdown.cudagraph_charged_gib == 0
 

@@ -16,6 +16,8 @@ from r1sup import failure as F
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
 from r1sup.runner import Launch, Runner
@@ -74,7 +76,7 @@ class TuneResult:
     flags: EngineFlags | None = None
     probe: dict[str, Any] | None = None
     command: list[str] = field(default_factory=list)
-    observations: dict[str, float] = field(default_factory=dict)
+    figures: Figures = NO_FIGURES  # what vLLM printed at the launch that passed
     attempts: list[Attempt] = field(default_factory=list)
     failure: Failure | None = None
     reason: str = ""
@@ -97,7 +99,7 @@ class TuneResult:
             "probe": self.probe,
             "profile_path": self.profile_path,
             "command": self.command,
-            "observations": self.observations,
+            "observations": self.figures.to_dict(),
             "attempts": [a.to_dict() for a in self.attempts],
             "reason": self.reason,
             "suggestions": self.suggestions,
@@ -287,7 +289,7 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> Any:
         if all(p.fingerprint.get(k) == fingerprint.get(k) for k in CALIBRATION_KEYS)
     ]
     for profile in same:  # this box's own profile first, then the newest
-        figures = {k: float(v) for k, v in profile.observations.items() if isinstance(v, (int, float))}
+        figures = profile.observations
         if not figures:
             continue
         try:
@@ -312,7 +314,7 @@ class Footing:
         """The planner's calibration from an earlier launch on this box (logged), or None."""
         measured = calibration(self.store, self.fingerprint)
         if measured is not None:
-            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures.to_dict())
         return measured
 
 
@@ -328,13 +330,13 @@ def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
     return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
 
 
-def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: dict[str, float]) -> Any:
+def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: Figures) -> Any:
     """A calibration from one launch's figures (None when it printed none of the memory terms)."""
     from r1sup import memmodel
 
-    if not any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
+    if not figures.measures_memory:
         return None
-    return memmodel.Calibration(flags=flags, figures=dict(figures), version=know.version())
+    return memmodel.Calibration(flags=flags, figures=figures, version=know.version())
 
 
 def planner_suggestions(
@@ -391,7 +393,6 @@ class Tuner:
         start: EngineFlags | None = None,
         *,
         keep_running: bool = False,
-        observations: dict[str, float] | None = None,
         history: Any = None,
         why: str = "",
         calibration: Any = None,
@@ -400,7 +401,6 @@ class Tuner:
         from r1sup import search as S
 
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
-        obs: dict[str, float] = dict(observations or {})
         search = history if isinstance(history, S.Search) else new_search(self.config, self.know, calibration)
         if start is None:
             start, why, give_up = plan_first_decision(self.config, self.know, search, self.log)
@@ -449,8 +449,8 @@ class Tuner:
                 elif self.config.probe.enabled:
                     self.publish(Probing(attempt, flags))
                     failure = self.runner.probe(launch)
-            obs.update(launch.observations)
-            calibration = launch_calibration(self.know, flags, launch.observations) or calibration
+            figures = launch.figures
+            calibration = launch_calibration(self.know, flags, figures) or calibration
             record = Attempt(
                 number=attempt,
                 flags=flags.to_dict(),
@@ -462,14 +462,10 @@ class Tuner:
                 where=failure.detail[:200] if failure.cls != F.NONE else "",
                 why=why or "as given",
                 phase_seconds=launch.progress.durations(time.monotonic()) if launch.progress else {},
-                memory=self._memory(flags, launch.observations),
+                memory=self._memory(flags, figures),
             )
             result.attempts.append(record)
-            better = (
-                search.refine(flags, dict(launch.observations))
-                if failure.cls == F.NONE and good is None
-                else None
-            )
+            better = search.refine(flags, figures) if failure.cls == F.NONE and good is None else None
             if better is not None:
                 # it passed, and what it printed says a longer context fits: once more with that, and
                 # back to these flags should that fail
@@ -498,7 +494,7 @@ class Tuner:
                     self.log.warning("config_reduced", **result.reduced)
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
-                result.observations = dict(launch.observations)
+                result.figures = figures
                 if keep_running:
                     result.live = launch
                 else:
@@ -522,7 +518,7 @@ class Tuner:
                     attempt=attempt,
                     failure_class=failure.cls,
                     flags=flags.to_dict(),
-                    kv_cache_gib=launch.observations.get("kv_cache_gib"),
+                    kv_cache_gib=figures.kv_cache_gib,
                 )
                 why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
                 continue
@@ -539,7 +535,7 @@ class Tuner:
                 bounds=self.bounds,
             )
             self.refresh_device()  # what is free now that this launch is gone (another tenant may have moved)
-            outcome = S.Outcome(flags, failure, dict(launch.observations), self.know.device)
+            outcome = S.Outcome(flags, failure, figures, self.know.device)
             decision = search.after(outcome)
             if isinstance(decision, S.GiveUp):
                 record.change = f"give up: {decision.reason}"
@@ -601,7 +597,7 @@ class Tuner:
         version = self.know.version().started(compile_cache="cold")
         try:
             calibration = memmodel.Calibration(
-                flags=flags, figures={"compile_cache_cold": 0.0}, version=version
+                flags=flags, figures=Figures(compile_cache_cold=0.0), version=version
             )
             est = memmodel.evaluate(self.know.arch, self.know.device, flags, version, calibration)
         except (ValueError, ZeroDivisionError) as exc:
@@ -619,12 +615,12 @@ class Tuner:
             note="proven on a warm torch.compile cache; this start compiles from nothing",
         )
 
-    def _memory(self, flags: EngineFlags, observations: dict[str, float]) -> list[dict[str, Any]]:
+    def _memory(self, flags: EngineFlags, figures: Figures) -> list[dict[str, Any]]:
         """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""
         from r1sup.runrecord import attempt_memory
 
         try:
-            return attempt_memory(self.know, flags, self.config, observations)
+            return attempt_memory(self.know, flags, self.config, figures)
         except Exception as exc:  # noqa: BLE001 - a picture is never worth a failed search
             self.log.debug("memory_chart_unavailable", error=f"{type(exc).__name__}: {exc}")
             return []

@@ -66,7 +66,7 @@ def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> tuple[Di
         reader.engine_args,
         reader.engine_version,
         reader.engine_device,
-        reader.observations,
+        reader.figures,
     )
     return diagnosis, advice
 

@@ -476,7 +476,7 @@ def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibr
     charts: list[memchart.GpuChart] = []
     measured = None
     if calibration is not None:
-        measured = memchart.from_observations(
+        measured = memchart.from_figures(
             calibration.figures,
             total_gib=plan.breakdown.total_gib,
             free_gib=plan.breakdown.free_gib,
