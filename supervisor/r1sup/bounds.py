@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from r1sup import memmodel
-from r1sup.config import LadderSection
+from r1sup.config import Config, LadderSection
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts, GpuInfo
 
@@ -29,7 +29,8 @@ _LADDER = LadderSection()  # the defaults of [ladder], declared once in the conf
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the search may change and within which limits ([ladder] and [target] of the config)."""
+    """What the search and the planner may change and within which limits ([ladder] and [target] of the
+    config): the one shape of the bounds, from :meth:`from_config` or the defaults."""
 
     strategy: str = _LADDER.strategy
     min_max_model_len: int = _LADDER.min_max_model_len
@@ -45,8 +46,9 @@ class Bounds:
     target_context: int | None = None
 
     @classmethod
-    def from_config(cls, config: object) -> Bounds:
-        lad, tgt = config.ladder, config.target  # type: ignore[attr-defined]
+    def from_config(cls, config: Config) -> Bounds:
+        """The config's ``[ladder]`` and ``[target]``: the one place they become bounds."""
+        lad, tgt = config.ladder, config.target
         return cls(
             strategy=lad.strategy,
             min_max_model_len=lad.min_max_model_len,

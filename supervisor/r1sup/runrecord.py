@@ -21,6 +21,7 @@ from typing import Any
 
 from r1sup import __version__, capacity
 from r1sup import memchart as M
+from r1sup.bounds import Bounds
 from r1sup.figures import Figures
 from r1sup.hardware import GIB
 from r1sup.logs import get_logger, mask_value
@@ -193,7 +194,7 @@ def attempt_memory(know: Any, flags: Any, config: Any, figures: Figures) -> list
             flags,
             target_concurrency=config.target.concurrency,
             target_context=config.target.context,
-            bounds=planner.ladder_bounds(config.ladder),
+            bounds=Bounds.from_config(config),
             version=know.version(),
         )
         predicted = M.from_planner(plan.breakdown)

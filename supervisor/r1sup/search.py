@@ -254,7 +254,6 @@ class Search:
 
         arch, user, b = self.facts.arch, self.facts.user, self.facts.bounds
         assert arch is not None
-        bounds = {k: getattr(b, k) for k in planner.BOUND_KEYS}
         plan = planner.plan(
             arch,
             self.facts.device,
@@ -262,7 +261,7 @@ class Search:
             target_concurrency=b.target_concurrency,
             target_context=b.target_context,
             calibration=self.evidence.calibration,
-            bounds=bounds,
+            bounds=b,
             version=self.facts.version,
         )
         if plan.fits or plan.recommended is None:

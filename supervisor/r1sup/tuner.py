@@ -353,7 +353,7 @@ def planner_suggestions(
             flags,
             target_concurrency=config.target.concurrency,
             target_context=config.target.context,
-            bounds=planner.ladder_bounds(config.ladder),
+            bounds=B.Bounds.from_config(config),
             calibration=calibration,
             version=know.version(),
         )
