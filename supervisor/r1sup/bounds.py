@@ -97,6 +97,43 @@ class Facts:
     gpu_name: str | None = None  # for vLLM's batch defaults (A100s get the small ones)
     vllm_version: str | None = None  # None: the newest the memory model knows
     arch: Any = None  # memmodel.ModelArch when the model's config.json is known
+    # the device as probed, kept as it is (the figures above are its view); None where they come from a
+    # log (r1sup diagnose) or a test: then :meth:`device` builds one GPU of ``total_gib`` from them
+    box: DeviceFacts | None = None
+
+    @classmethod
+    def of_device(
+        cls,
+        device: DeviceFacts | None,
+        *,
+        kv_bytes_per_token: int | None = None,
+        model_max_len: int | None = None,
+        suggestions: tuple[str, ...] = (),
+        vllm_version: str | None = None,
+        arch: Any = None,
+    ) -> Facts:
+        """The facts of a probed box (None: not probed, a CUDA box of unknown size) and the model."""
+        backend = device.backend if device else "cuda"
+        holders: tuple[str, ...] = ()
+        if device:
+            holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
+        return cls(
+            backend=backend,
+            total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
+            free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
+            compute_capability=device.compute_capability if device else None,
+            gpu_count=max(1, device.count) if device else 1,
+            fp8_kv_supported=device.fp8_kv_supported if device else None,
+            model_max_len=model_max_len,
+            kv_bytes_per_token=kv_bytes_per_token,
+            block_size=memmodel.block_size(backend),
+            holders=holders,
+            suggestions=suggestions,
+            gpu_name=memmodel.gpu_name(device) if device else None,
+            vllm_version=vllm_version,
+            arch=arch,
+            box=device,
+        )
 
     def version(self) -> memmodel.Version:
         try:
@@ -105,7 +142,10 @@ class Facts:
             return memmodel.NEWEST_KNOWN
 
     def device(self) -> DeviceFacts:
-        """The box as the memory model reads it (one GPU of ``total_gib``)."""
+        """The box as the memory model reads it: the probed one, else one GPU of ``total_gib`` (``gpu_count``
+        alike; the host's memory on the CPU backend)."""
+        if self.box is not None:
+            return self.box
         total = int((self.total_gib or 0) * GIB)
         free = int((self.free_gib if self.free_gib is not None else self.total_gib or 0) * GIB)
         if self.backend == "cpu":

@@ -1193,14 +1193,6 @@ def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
     return replace(device, gpus=gpus, processes=())
 
 
-def device_from_ladder_facts(facts: B.Facts) -> DeviceFacts:
-    """A DeviceFacts for a diagnosis without a probe (one GPU of the log's total)."""
-    total = int((facts.total_gib or 0) * GIB)
-    free = int((facts.free_gib if facts.free_gib is not None else facts.total_gib or 0) * GIB)
-    gpu = GpuInfo(0, facts.gpu_name or "", total, free, facts.compute_capability)
-    return DeviceFacts(backend=facts.backend, gpus=(gpu,) * max(1, facts.gpu_count))
-
-
 # --- what r1sup would do with a log (``r1sup diagnose``) ------------------------------------------
 
 
@@ -1250,7 +1242,7 @@ def advise(
     search = Search(
         Facts(
             arch=arch,
-            device=device_from_ladder_facts(lf),
+            device=lf.device(),
             user=flags,
             version=lf.version(),
             ladder_facts=lf,

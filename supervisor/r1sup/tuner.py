@@ -146,27 +146,14 @@ def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
 def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.Facts:
     from r1sup import memmodel
 
-    device = know.device
-    backend = device.backend if device else "cuda"
     bpt = None
     if know.arch is not None:
         bpt = memmodel.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
-    holders: tuple[str, ...] = ()
-    if device:
-        holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
-    return B.Facts(
-        backend=backend,
-        total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
-        free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
-        compute_capability=device.compute_capability if device else None,
-        gpu_count=max(1, device.count) if device else 1,
-        fp8_kv_supported=device.fp8_kv_supported if device else None,
-        model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
+    return B.Facts.of_device(
+        know.device,
         kv_bytes_per_token=bpt,
-        block_size=memmodel.block_size(backend),
-        holders=holders,
+        model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
         suggestions=suggestions,
-        gpu_name=memmodel.gpu_name(device) if device else None,
         vllm_version=str(know.version()),
         arch=know.arch,
     )
