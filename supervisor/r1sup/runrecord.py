@@ -21,7 +21,6 @@ from typing import Any
 
 from r1sup import __version__, capacity
 from r1sup import memchart as M
-from r1sup.bounds import Bounds
 from r1sup.figures import Figures
 from r1sup.hardware import GIB
 from r1sup.logs import get_logger, mask_value
@@ -181,22 +180,14 @@ def device_summary(device: Any) -> dict[str, Any] | None:
 def attempt_memory(know: Any, flags: Any, config: Any, figures: Figures) -> list[dict[str, Any]]:
     """The memory of each device this attempt used: predicted (the planner, for these flags on the box
     as probed before the launch) and measured (what vLLM printed), as plain dicts for the record."""
+    from r1sup.knowledge import plan_for
+
     device = know.device
     if device is None:
         return []
     predicted: M.Breakdown | None = None
-    if know.arch is not None:
-        from r1sup import planner
-
-        plan = planner.plan(
-            know.arch,
-            device,
-            flags,
-            target_concurrency=config.target.concurrency,
-            target_context=config.target.context,
-            bounds=Bounds.from_config(config),
-            version=know.version(),
-        )
+    plan = plan_for(config, know, flags)
+    if plan is not None:
         predicted = M.from_planner(plan.breakdown)
     charts: list[dict[str, Any]] = []
     if not device.gpus:

@@ -19,34 +19,15 @@ from r1sup.failure import Failure
 from r1sup.figures import EMPTY as NO_FIGURES
 from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts
+from r1sup.knowledge import (
+    ModelKnowledge,
+    explain_first,
+    ladder_facts,
+    launch_calibration,
+    new_search,
+    planner_suggestions,
+)
 from r1sup.runner import Launch, Runner
-
-
-@dataclass
-class ModelKnowledge:
-    """What r1sup knows about the box and the model before launching (for the planner and the search)."""
-
-    device: DeviceFacts | None = None
-    arch: Any = None  # memmodel.ModelArch, when the model's config.json was found
-    config_hash: str | None = None
-    notes: list[str] = field(default_factory=list)
-    # of server.python's vLLM, from the preflight (vllm.__version__; else the fingerprint's: adopt_versions)
-    vllm_version: str | None = None
-    torch_version: str | None = None
-
-    def versions(self) -> dict[str, str | None]:
-        """As the fingerprint keys them."""
-        return {"vllm": self.vllm_version, "torch": self.torch_version}
-
-    def version(self) -> Any:
-        """The vLLM version the memory model sizes for (memmodel.Version; the newest it knows if unknown)."""
-        from r1sup import memmodel
-
-        try:
-            return memmodel.as_version(self.vllm_version)
-        except ValueError:
-            return memmodel.NEWEST_KNOWN
 
 
 @dataclass
@@ -141,45 +122,6 @@ def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
     versions = fingerprint.get("versions")
     if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
         know.vllm_version = str(versions["vllm"])
-
-
-def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.Facts:
-    from r1sup import memmodel
-
-    bpt = None
-    if know.arch is not None:
-        bpt = memmodel.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
-    return B.Facts.of_device(
-        know.device,
-        kv_bytes_per_token=bpt,
-        model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
-        suggestions=suggestions,
-        vllm_version=str(know.version()),
-        arch=know.arch,
-    )
-
-
-def new_search(
-    config: Config, know: ModelKnowledge, calibration: Any = None, suggestions: tuple[str, ...] = ()
-) -> Any:
-    """The search for this bring-up (r1sup.search.Search): the box, the model, the user's flags and
-    bounds, and the calibration of an earlier launch on this box (memmodel.Calibration, or None)."""
-    from r1sup import search as S
-    from r1sup.hardware import DeviceFacts
-
-    user = EngineFlags.from_start(config.start)
-    return S.Search(
-        S.Facts(
-            arch=know.arch,
-            device=know.device or DeviceFacts(backend="cpu"),
-            user=user,
-            bounds=B.Bounds.from_config(config),
-            version=know.version(),
-            calibration=calibration,
-            ladder_facts=ladder_facts(know, user, suggestions),
-            suggestions=suggestions,
-        )
-    )
 
 
 def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
@@ -315,38 +257,6 @@ def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
     store = profiles.ProfileStore(config.state.dir)
     runner.expected_phases = runrecord.expected_phases(store, fingerprint)
     return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
-
-
-def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: Figures) -> Any:
-    """A calibration from one launch's figures (None when it printed none of the memory terms)."""
-    from r1sup import memmodel
-
-    if not figures.measures_memory:
-        return None
-    return memmodel.Calibration(flags=flags, figures=figures, version=know.version())
-
-
-def planner_suggestions(
-    config: Config, know: ModelKnowledge, flags: EngineFlags, calibration: Any = None
-) -> tuple[str, ...]:
-    if know.arch is None or know.device is None:
-        return ()
-    from r1sup import planner
-
-    try:
-        plan = planner.plan(
-            know.arch,
-            know.device,
-            flags,
-            target_concurrency=config.target.concurrency,
-            target_context=config.target.context,
-            bounds=B.Bounds.from_config(config),
-            calibration=calibration,
-            version=know.version(),
-        )
-    except (ValueError, ZeroDivisionError):
-        return ()
-    return tuple(str(getattr(s, "summary", s)) for s in plan.suggestions)
 
 
 class Tuner:
@@ -618,18 +528,6 @@ class Tuner:
         self.record.attempt(attempt.to_dict())
         if result is not None:
             self.record.finish(result.to_dict(), final=result.live is None)
-
-
-def explain_first(why: str, know: ModelKnowledge) -> str:
-    """The first launch's reason with what the box looked like, e.g. ``planned: gpu_memory_utilization
-    0.9 -> 0.72 (free 17.4 of 23.6 GiB; pid 4242 python holds 6.0 GiB)``."""
-    device = know.device
-    if device is None or not device.gpus:
-        return why
-    free, total = device.free_bytes / GIB, device.total_bytes / GIB
-    facts = [f"free {free:.1f} of {total:.1f} GiB"]
-    facts += [f"pid {p.pid} {p.name} holds {p.used_bytes / GIB:.1f} GiB" for p in device.processes[:3]]
-    return f"{why} ({'; '.join(facts)})"
 
 
 def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
