@@ -9,6 +9,7 @@ from typing import Any
 from r1sup import catalog, planner, profiles
 from r1sup import config as cfg
 from r1sup import memmodel as M
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions, status_line
@@ -40,7 +41,7 @@ def save(store: profiles.ProfileStore, fingerprint: dict, flags: EngineFlags, ob
         flags=flags,
         command=["vllm"],
         probe={"ok": True},
-        observations=observations,
+        observations=Figures(**observations),
     )
     assert store.save(profile) is not None
 
@@ -52,7 +53,7 @@ def test_calibration_carries_a_launch_to_another_target_on_the_same_box(tmp_path
     found = calibration(store, fp(target={"concurrency": 8, "context": 4096}))
     assert found is not None
     assert found.flags == EngineFlags(max_model_len=32768)  # the flags the figures were measured with
-    assert dict(found.figures) == figures and str(found.version) == "0.33.0"
+    assert found.figures.to_dict() == figures and str(found.version) == "0.33.0"
     # the memory model moves them to other flags: fp8 weights shrink the measured 14.2 GiB
     know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
     fp8 = M.evaluate(know.arch, BOX, EngineFlags(quantization="fp8"), "0.33.0", found)
@@ -132,7 +133,7 @@ class ScriptedRunner:
             spec=SimpleNamespace(display=("vllm", "serve")),
             failure=failure,
             ready=outcome == "ok",
-            observations={},
+            figures=Figures(),
             progress=None,
             probe={"ok": True} if outcome == "ok" else None,
         )

@@ -36,6 +36,7 @@ from r1sup.errors import (
 )
 from r1sup.events import CheckDone, ChildEOF, ChildOutput
 from r1sup.failure import Failure
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.loop import Done, Phase, ReloadRequested, Signalled, Stop, StopRequested
 from r1sup.notify import Notifier
@@ -291,9 +292,9 @@ class Daemon:
         except OSError as exc:
             self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
 
-    def _served_figures(self) -> dict[str, float]:
+    def _served_figures(self) -> Figures:
         current = self.runner.current
-        return dict(current.observations) if current is not None else {}
+        return current.figures if current is not None else Figures()
 
     def endpoint_view(self) -> Any:
         """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
@@ -634,10 +635,10 @@ class Daemon:
             search = self.history
             if not isinstance(search, S.Search):
                 search = new_search(
-                    self.config, self.know, launch_calibration(self.know, flags, dict(launch.observations))
+                    self.config, self.know, launch_calibration(self.know, flags, launch.figures)
                 )
             self._tuner().refresh_device()
-            decision = search.after(S.Outcome(flags, failure, dict(launch.observations), self.know.device))
+            decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
             if isinstance(decision, S.GiveUp):
                 return TuneResult(
                     ok=False,

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from r1sup.figures import Figures
+
 STATES = (
     "planning",
     "launching",
@@ -123,7 +125,7 @@ class Metrics:
         if result.get("ok"):
             self.success()
 
-    def memory(self, figures: Mapping[str, float]) -> None:
+    def memory(self, figures: Figures) -> None:
         """The GPU memory by part (:func:`memory_parts`) of the launch that serves; parts vLLM did not
         print are left out."""
         self.gpu_memory.clear()
@@ -167,21 +169,17 @@ class _WithoutCreated:
             yield family
 
 
-# vLLM's start-up figures (r1sup.logparse.figures) of one GPU -> the dashboard's parts
-MEMORY_PARTS = (
-    ("weights", "weights_gib"),
-    ("non_torch", "non_torch_gib"),
-    ("activation_peak", "peak_activation_gib"),
-    ("cuda_graphs", "cudagraph_gib"),
-    ("kv_cache", "kv_cache_gib"),
-)
-
-
-def memory_parts(figures: Mapping[str, float]) -> dict[str, float]:
+def memory_parts(figures: Figures) -> dict[str, float]:
     """One GPU's memory by part as vLLM reported it at start-up, in GiB, and ``free``: the total less every
     part (what neither vLLM's budget nor its figures hold), when the total is known."""
-    out = {part: float(figures[key]) for part, key in MEMORY_PARTS if figures.get(key) is not None}
-    total = figures.get("total_gib")
-    if total is not None and out:
-        out["free"] = max(0.0, round(float(total) - sum(out.values()), 3))
+    parts = (
+        ("weights", figures.weights_gib),
+        ("non_torch", figures.non_torch_gib),
+        ("activation_peak", figures.peak_activation_gib),
+        ("cuda_graphs", figures.cudagraph_gib),
+        ("kv_cache", figures.kv_cache_gib),
+    )
+    out = {part: float(gib) for part, gib in parts if gib is not None}
+    if figures.total_gib is not None and out:
+        out["free"] = max(0.0, round(float(figures.total_gib) - sum(out.values()), 3))
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from r1sup import failure as F
@@ -21,6 +21,8 @@ from r1sup.config import Config
 from r1sup.errors import InternalError
 from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as EMPTY_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_leftovers, port_holder
 from r1sup.logparse import LogLine, LogReader, Progress
@@ -70,12 +72,12 @@ class Launch:
         return self.engine.proc is not None
 
     @property
-    def observations(self) -> dict[str, float]:
+    def figures(self) -> Figures:
         """What vLLM printed, and ``compile_cache_cold`` (1.0: this launch compiled from nothing)."""
-        obs = dict(self.reader.observations)
+        figures = self.reader.figures
         if self.compile_cache is not None:
-            obs["compile_cache_cold"] = 1.0 if self.compile_cache == "cold" else 0.0
-        return obs
+            figures = replace(figures, compile_cache_cold=1.0 if self.compile_cache == "cold" else 0.0)
+        return figures
 
 
 @dataclass(frozen=True)
@@ -236,12 +238,12 @@ class Runner:
         launch = self.current
         if launch is None:
             return {"progress": None}
-        obs = launch.observations
+        figures = launch.figures
         out: dict[str, Any] = {
             "attempt": launch.attempt,
-            "max_model_len": launch.flags.max_model_len or _int(obs.get("max_model_len")),
-            "kv_cache_tokens": _int(obs.get("kv_cache_tokens")),
-            "memory_gib": memory_in_use_gib(obs, launch.flags.tensor_parallel_size),
+            "max_model_len": launch.flags.max_model_len or _int(figures.max_model_len),
+            "kv_cache_tokens": _int(figures.kv_cache_tokens),
+            "memory_gib": figures.memory_in_use_gib(launch.flags.tensor_parallel_size),
             "progress": None,
         }
         if launch.progress is not None and not launch.progress.ended:
@@ -409,23 +411,22 @@ class Runner:
         self,
         flags: EngineFlags | None,
         probe: Mapping[str, Any] | None = None,
-        observations: Mapping[str, float] | None = None,
+        figures: Figures = EMPTY_FIGURES,
     ) -> None:
         """A saved profile's flags, the record of its full probe and the figures vLLM printed when it
         passed (its KV cache): a launch with those flags gets the short probe; None forgets it."""
         if flags is None or probe is None:
             self.proven = None
             return
-        obs = observations or {}
         self.proven = Proven(
-            flags.to_dict(), dict(probe), obs.get("kv_cache_tokens"), obs.get("compile_cache_cold")
+            flags.to_dict(), dict(probe), figures.kv_cache_tokens, figures.compile_cache_cold
         )
 
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
         tgt = self.config.target
-        obs = launch.observations
-        tokens = obs.get("kv_cache_tokens")
+        figures = launch.figures
+        tokens = figures.kv_cache_tokens
         if tgt.concurrency and tgt.context and tokens is not None:
             need = tgt.concurrency * tgt.context
             if tokens < need:
@@ -434,7 +435,7 @@ class Runner:
                     F.PHASE_KV_CACHE,
                     evidence=f"KV cache holds {int(tokens)} tokens; the target needs {tgt.concurrency} x "
                     f"{tgt.context} = {need}",
-                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": obs.get("kv_cache_gib", 0.0)},
+                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": figures.kv_cache_gib or 0.0},
                     detail="target",
                 )
         return None
@@ -453,12 +454,7 @@ class Runner:
 
         p = self.config.probe
         tgt = self.config.target
-        context = (
-            tgt.context
-            or launch.flags.max_model_len
-            or int(launch.observations.get("max_model_len", 0))
-            or 2048
-        )
+        context = tgt.context or launch.flags.max_model_len or int(launch.figures.max_model_len or 0) or 2048
         concurrency = p.concurrency or tgt.concurrency or 1
         prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
         same = (
@@ -467,9 +463,7 @@ class Runner:
         proven = same.probe if same is not None else None
         requests, short = probe_requests(p.requests, concurrency, prompt_tokens, proven)
         brief = (
-            short_prompt_tokens(
-                prompt_tokens, same.kv_cache_tokens, launch.observations.get("kv_cache_tokens")
-            )
+            short_prompt_tokens(prompt_tokens, same.kv_cache_tokens, launch.figures.kv_cache_tokens)
             if same is not None and short and not p.prompt_tokens
             else None
         )
@@ -480,7 +474,7 @@ class Runner:
         wave = wave_size(
             p.max_concurrency,
             launch.flags.max_num_seqs,
-            launch.observations.get("kv_cache_tokens"),
+            launch.figures.kv_cache_tokens,
             launch.reader.block_size,
             wave_prompt + wave_output_tokens(p.output_tokens),
         )
@@ -540,7 +534,7 @@ class Runner:
                     ran_at_once=result.get("concurrency_proven"),
                     waiting_peak=result.get("waiting_peak"),
                     max_num_seqs=launch.flags.max_num_seqs,
-                    kv_cache_tokens=_int(launch.observations.get("kv_cache_tokens")),
+                    kv_cache_tokens=_int(launch.figures.kv_cache_tokens),
                 )
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
@@ -812,19 +806,6 @@ def _first(result: Mapping[str, Any]) -> str:
 
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def memory_in_use_gib(obs: Mapping[str, float], gpus: int = 1) -> float | None:
-    """Device memory vLLM holds by its own account (weights, non-torch, CUDA graphs, KV cache, summed
-    over the tensor-parallel GPUs); None before it printed its figures."""
-    weights, kv = obs.get("weights_gib"), obs.get("kv_cache_gib")
-    if weights is None or kv is None:
-        return None
-    non_torch = obs.get("non_torch_gib")
-    if non_torch is None and obs.get("consumed_gib") is not None:
-        non_torch = max(0.0, obs["consumed_gib"] - weights)
-    per_gpu = weights + (non_torch or 0.0) + (obs.get("cudagraph_gib") or 0.0) + kv
-    return round(per_gpu * max(1, gpus), 2)
 
 
 def _folded(launch: Launch) -> dict[str, Any]:

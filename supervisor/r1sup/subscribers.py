@@ -15,7 +15,7 @@ finds status.json and ``/metrics`` saying so).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +57,7 @@ from r1sup.bus import (
     StopSignalled,
 )
 from r1sup.errors import R1supError
+from r1sup.figures import Figures
 from r1sup.notify import Notifier
 from r1sup.session import now_iso
 from r1sup.tuner import AttemptFailed, LadderStepped, Launching
@@ -292,7 +293,7 @@ def _set_aside_if_not_a_file(path: Path) -> None:
 class MetricsSink:
     """The Prometheus metrics (:class:`r1sup.metrics.Metrics`), and the listener that serves them."""
 
-    def __init__(self, metrics: Any, figures: Callable[[], Mapping[str, float]] = dict) -> None:
+    def __init__(self, metrics: Any, figures: Callable[[], Figures] = Figures) -> None:
         self.metrics = metrics
         self.figures = figures  # vLLM's start-up figures of the launch that serves
 

@@ -16,35 +16,18 @@ from r1sup import failure as F
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts
+from r1sup.knowledge import (
+    ModelKnowledge,
+    explain_first,
+    ladder_facts,
+    launch_calibration,
+    new_search,
+    planner_suggestions,
+)
 from r1sup.runner import Launch, Runner
-
-
-@dataclass
-class ModelKnowledge:
-    """What r1sup knows about the box and the model before launching (for the planner and the search)."""
-
-    device: DeviceFacts | None = None
-    arch: Any = None  # memmodel.ModelArch, when the model's config.json was found
-    config_hash: str | None = None
-    notes: list[str] = field(default_factory=list)
-    # of server.python's vLLM, from the preflight (vllm.__version__; else the fingerprint's: adopt_versions)
-    vllm_version: str | None = None
-    torch_version: str | None = None
-
-    def versions(self) -> dict[str, str | None]:
-        """As the fingerprint keys them."""
-        return {"vllm": self.vllm_version, "torch": self.torch_version}
-
-    def version(self) -> Any:
-        """The vLLM version the memory model sizes for (memmodel.Version; the newest it knows if unknown)."""
-        from r1sup import memmodel
-
-        try:
-            return memmodel.as_version(self.vllm_version)
-        except ValueError:
-            return memmodel.NEWEST_KNOWN
 
 
 @dataclass
@@ -74,7 +57,7 @@ class TuneResult:
     flags: EngineFlags | None = None
     probe: dict[str, Any] | None = None
     command: list[str] = field(default_factory=list)
-    observations: dict[str, float] = field(default_factory=dict)
+    figures: Figures = NO_FIGURES  # what vLLM printed at the launch that passed
     attempts: list[Attempt] = field(default_factory=list)
     failure: Failure | None = None
     reason: str = ""
@@ -97,7 +80,7 @@ class TuneResult:
             "probe": self.probe,
             "profile_path": self.profile_path,
             "command": self.command,
-            "observations": self.observations,
+            "observations": self.figures.to_dict(),
             "attempts": [a.to_dict() for a in self.attempts],
             "reason": self.reason,
             "suggestions": self.suggestions,
@@ -139,58 +122,6 @@ def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
     versions = fingerprint.get("versions")
     if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
         know.vllm_version = str(versions["vllm"])
-
-
-def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.Facts:
-    from r1sup import memmodel
-
-    device = know.device
-    backend = device.backend if device else "cuda"
-    bpt = None
-    if know.arch is not None:
-        bpt = memmodel.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
-    holders: tuple[str, ...] = ()
-    if device:
-        holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
-    return B.Facts(
-        backend=backend,
-        total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
-        free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
-        compute_capability=device.compute_capability if device else None,
-        gpu_count=max(1, device.count) if device else 1,
-        fp8_kv_supported=device.fp8_kv_supported if device else None,
-        model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
-        kv_bytes_per_token=bpt,
-        block_size=memmodel.block_size(backend),
-        holders=holders,
-        suggestions=suggestions,
-        gpu_name=memmodel.gpu_name(device) if device else None,
-        vllm_version=str(know.version()),
-        arch=know.arch,
-    )
-
-
-def new_search(
-    config: Config, know: ModelKnowledge, calibration: Any = None, suggestions: tuple[str, ...] = ()
-) -> Any:
-    """The search for this bring-up (r1sup.search.Search): the box, the model, the user's flags and
-    bounds, and the calibration of an earlier launch on this box (memmodel.Calibration, or None)."""
-    from r1sup import search as S
-    from r1sup.hardware import DeviceFacts
-
-    user = EngineFlags.from_start(config.start)
-    return S.Search(
-        S.Facts(
-            arch=know.arch,
-            device=know.device or DeviceFacts(backend="cpu"),
-            user=user,
-            bounds=B.Bounds.from_config(config),
-            version=know.version(),
-            calibration=calibration,
-            ladder_facts=ladder_facts(know, user, suggestions),
-            suggestions=suggestions,
-        )
-    )
 
 
 def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
@@ -287,7 +218,7 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> Any:
         if all(p.fingerprint.get(k) == fingerprint.get(k) for k in CALIBRATION_KEYS)
     ]
     for profile in same:  # this box's own profile first, then the newest
-        figures = {k: float(v) for k, v in profile.observations.items() if isinstance(v, (int, float))}
+        figures = profile.observations
         if not figures:
             continue
         try:
@@ -312,7 +243,7 @@ class Footing:
         """The planner's calibration from an earlier launch on this box (logged), or None."""
         measured = calibration(self.store, self.fingerprint)
         if measured is not None:
-            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures.to_dict())
         return measured
 
 
@@ -326,38 +257,6 @@ def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
     store = profiles.ProfileStore(config.state.dir)
     runner.expected_phases = runrecord.expected_phases(store, fingerprint)
     return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
-
-
-def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: dict[str, float]) -> Any:
-    """A calibration from one launch's figures (None when it printed none of the memory terms)."""
-    from r1sup import memmodel
-
-    if not any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
-        return None
-    return memmodel.Calibration(flags=flags, figures=dict(figures), version=know.version())
-
-
-def planner_suggestions(
-    config: Config, know: ModelKnowledge, flags: EngineFlags, calibration: Any = None
-) -> tuple[str, ...]:
-    if know.arch is None or know.device is None:
-        return ()
-    from r1sup import planner
-
-    try:
-        plan = planner.plan(
-            know.arch,
-            know.device,
-            flags,
-            target_concurrency=config.target.concurrency,
-            target_context=config.target.context,
-            bounds=planner.ladder_bounds(config.ladder),
-            calibration=calibration,
-            version=know.version(),
-        )
-    except (ValueError, ZeroDivisionError):
-        return ()
-    return tuple(str(getattr(s, "summary", s)) for s in plan.suggestions)
 
 
 class Tuner:
@@ -391,7 +290,6 @@ class Tuner:
         start: EngineFlags | None = None,
         *,
         keep_running: bool = False,
-        observations: dict[str, float] | None = None,
         history: Any = None,
         why: str = "",
         calibration: Any = None,
@@ -400,7 +298,6 @@ class Tuner:
         from r1sup import search as S
 
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
-        obs: dict[str, float] = dict(observations or {})
         search = history if isinstance(history, S.Search) else new_search(self.config, self.know, calibration)
         if start is None:
             start, why, give_up = plan_first_decision(self.config, self.know, search, self.log)
@@ -449,8 +346,8 @@ class Tuner:
                 elif self.config.probe.enabled:
                     self.publish(Probing(attempt, flags))
                     failure = self.runner.probe(launch)
-            obs.update(launch.observations)
-            calibration = launch_calibration(self.know, flags, launch.observations) or calibration
+            figures = launch.figures
+            calibration = launch_calibration(self.know, flags, figures) or calibration
             record = Attempt(
                 number=attempt,
                 flags=flags.to_dict(),
@@ -462,14 +359,10 @@ class Tuner:
                 where=failure.detail[:200] if failure.cls != F.NONE else "",
                 why=why or "as given",
                 phase_seconds=launch.progress.durations(time.monotonic()) if launch.progress else {},
-                memory=self._memory(flags, launch.observations),
+                memory=self._memory(flags, figures),
             )
             result.attempts.append(record)
-            better = (
-                search.refine(flags, dict(launch.observations))
-                if failure.cls == F.NONE and good is None
-                else None
-            )
+            better = search.refine(flags, figures) if failure.cls == F.NONE and good is None else None
             if better is not None:
                 # it passed, and what it printed says a longer context fits: once more with that, and
                 # back to these flags should that fail
@@ -498,7 +391,7 @@ class Tuner:
                     self.log.warning("config_reduced", **result.reduced)
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
-                result.observations = dict(launch.observations)
+                result.figures = figures
                 if keep_running:
                     result.live = launch
                 else:
@@ -522,7 +415,7 @@ class Tuner:
                     attempt=attempt,
                     failure_class=failure.cls,
                     flags=flags.to_dict(),
-                    kv_cache_gib=launch.observations.get("kv_cache_gib"),
+                    kv_cache_gib=figures.kv_cache_gib,
                 )
                 why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
                 continue
@@ -539,7 +432,7 @@ class Tuner:
                 bounds=self.bounds,
             )
             self.refresh_device()  # what is free now that this launch is gone (another tenant may have moved)
-            outcome = S.Outcome(flags, failure, dict(launch.observations), self.know.device)
+            outcome = S.Outcome(flags, failure, figures, self.know.device)
             decision = search.after(outcome)
             if isinstance(decision, S.GiveUp):
                 record.change = f"give up: {decision.reason}"
@@ -601,7 +494,7 @@ class Tuner:
         version = self.know.version().started(compile_cache="cold")
         try:
             calibration = memmodel.Calibration(
-                flags=flags, figures={"compile_cache_cold": 0.0}, version=version
+                flags=flags, figures=Figures(compile_cache_cold=0.0), version=version
             )
             est = memmodel.evaluate(self.know.arch, self.know.device, flags, version, calibration)
         except (ValueError, ZeroDivisionError) as exc:
@@ -619,12 +512,12 @@ class Tuner:
             note="proven on a warm torch.compile cache; this start compiles from nothing",
         )
 
-    def _memory(self, flags: EngineFlags, observations: dict[str, float]) -> list[dict[str, Any]]:
+    def _memory(self, flags: EngineFlags, figures: Figures) -> list[dict[str, Any]]:
         """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""
         from r1sup.runrecord import attempt_memory
 
         try:
-            return attempt_memory(self.know, flags, self.config, observations)
+            return attempt_memory(self.know, flags, self.config, figures)
         except Exception as exc:  # noqa: BLE001 - a picture is never worth a failed search
             self.log.debug("memory_chart_unavailable", error=f"{type(exc).__name__}: {exc}")
             return []
@@ -635,18 +528,6 @@ class Tuner:
         self.record.attempt(attempt.to_dict())
         if result is not None:
             self.record.finish(result.to_dict(), final=result.live is None)
-
-
-def explain_first(why: str, know: ModelKnowledge) -> str:
-    """The first launch's reason with what the box looked like, e.g. ``planned: gpu_memory_utilization
-    0.9 -> 0.72 (free 17.4 of 23.6 GiB; pid 4242 python holds 6.0 GiB)``."""
-    device = know.device
-    if device is None or not device.gpus:
-        return why
-    free, total = device.free_bytes / GIB, device.total_bytes / GIB
-    facts = [f"free {free:.1f} of {total:.1f} GiB"]
-    facts += [f"pid {p.pid} {p.name} holds {p.used_bytes / GIB:.1f} GiB" for p in device.processes[:3]]
-    return f"{why} ({'; '.join(facts)})"
 
 
 def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
