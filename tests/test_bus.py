@@ -11,20 +11,21 @@ from typing import Any
 import structlog
 from structlog.testing import capture_logs
 
-from r1sup import bus as B
 from r1sup import config as cfg
 from r1sup import daemon as daemon_module
+from r1sup import events as E
 from r1sup import failure as F
 from r1sup import liveness
+from r1sup.bus import Bus
 from r1sup.daemon import Daemon
-from r1sup.events import EventQueue
+from r1sup.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.flags import EngineFlags
 from r1sup.metrics import Metrics
 from r1sup.notify import Notifier
 from r1sup.runner import Runner
 from r1sup.session import Session
 from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
-from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing, TuneResult
+from r1sup.tuner import TuneResult
 from r1sup_proc import write_config
 from test_daemon_events import Recorded
 
@@ -46,11 +47,11 @@ class Calls:
 
 
 def test_each_subscriber_gets_each_event_once_in_the_order_they_subscribed():
-    bus = B.Bus(Calls())
+    bus = Bus(Calls())
     seen: list[tuple[str, object]] = []
     for name in ("first", "second", "third"):
         bus.subscribe(lambda event, name=name: seen.append((name, event)))
-    one, two = B.StatusText("one"), B.ProfileMissing("k")
+    one, two = E.StatusText("one"), E.ProfileMissing("k")
     bus.publish(one)
     bus.publish(two)
     assert seen == [
@@ -65,7 +66,7 @@ def test_each_subscriber_gets_each_event_once_in_the_order_they_subscribed():
 
 def test_a_subscriber_that_raises_is_logged_and_the_others_still_get_the_event():
     log = Calls()
-    bus = B.Bus(log)
+    bus = Bus(log)
     seen: list[str] = []
 
     class Broken:
@@ -75,8 +76,8 @@ def test_a_subscriber_that_raises_is_logged_and_the_others_still_get_the_event()
     bus.subscribe(lambda event: seen.append("before"))
     bus.subscribe(Broken())
     bus.subscribe(lambda event: seen.append("after"))
-    bus.publish(B.Stopping())
-    bus.publish(B.Stopping())
+    bus.publish(E.Stopping())
+    bus.publish(E.Stopping())
     assert seen == ["before", "after", "before", "after"]
     failed = [fields for level, event, fields in log.calls if event == "subscriber_failed"]
     assert len(failed) == 2 and {level for level, _, _ in log.calls} == {"error"}
@@ -131,7 +132,7 @@ def f(self, level):
     self.note("ladder_step")
     statefiles.atomic_write_json(path, {})
     Tuner(self.config, self.runner, self.log)   # handing the logger on is no write
-    self.publish(B.Stopping())
+    self.publish(E.Stopping())
 """
     assert sink_writes(source) == [
         "line 2: import structlog",
@@ -157,19 +158,19 @@ def test_log_lines_keep_their_documented_names_and_fields():
     verdict = liveness.Verdict(
         liveness.HUNG, liveness.EVIDENCE_STALL, "no progress for 300 s", figures={"running": 2}
     )
-    step = LadderStepped(3, FIRST, SECOND, OOM.cls)
+    step = SearchStepped(3, FIRST, SECOND, OOM.cls)
     with capture_logs() as logs:
         sink = LogSink(structlog.get_logger())
-        sink(B.StateChanged("probing", "serving", "serving tiny"))
-        sink(B.ServingFailed(OOM, 12.345))
-        sink(B.StepAfterServing(step, OOM.evidence, "context halved"))
-        sink(B.LivenessJudged(1, verdict, changed=True))
+        sink(E.StateChanged("probing", "serving", "serving tiny"))
+        sink(E.ServingFailed(OOM, 12.345))
+        sink(E.StepAfterServing(step, OOM.evidence, "context halved"))
+        sink(E.LivenessJudged(1, verdict, changed=True))
         sink(
-            B.LivenessJudged(1, liveness.Verdict(liveness.ALIVE, liveness.EVIDENCE_PROGRESS, "moved"), False)
+            E.LivenessJudged(1, liveness.Verdict(liveness.ALIVE, liveness.EVIDENCE_PROGRESS, "moved"), False)
         )
-        sink(B.RestartScheduled(2, 5, 4.4567))
-        sink(B.ProfileFound("abc", {"max_model_len": 4096}, degraded=True))
-        sink(B.HealthPassed())  # no line: a metric only
+        sink(E.RestartScheduled(2, 5, 4.4567))
+        sink(E.ProfileFound("abc", {"max_model_len": 4096}, degraded=True))
+        sink(E.HealthPassed())  # no line: a metric only
     assert [(e["log_level"], e["event"]) for e in logs] == [
         ("info", "state_changed"),
         ("error", "serving_failed"),
@@ -219,10 +220,10 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
     sink(Launching(1, FIRST))  # noted, not written yet
     assert not (tmp_path / "status.json").exists() and sink.doc is None
     source.state = "launching"
-    sink(B.StateChanged("planning", "launching", "attempt 1: launching vLLM"))
+    sink(E.StateChanged("planning", "launching", "attempt 1: launching vLLM"))
     sink(AttemptFailed(1, OOM))
-    sink(LadderStepped(2, FIRST, SECOND, OOM.cls))
-    sink(B.ProfileFound("k", {}, degraded=True))  # the degraded variant is not a recent event
+    sink(SearchStepped(2, FIRST, SECOND, OOM.cls))
+    sink(E.ProfileFound("k", {}, degraded=True))  # the degraded variant is not a recent event
     doc = on_disk(tmp_path)
     assert doc == sink.doc and doc["state"] == "launching"
     events = [
@@ -236,7 +237,7 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
             {"failure_class": "oom_runtime", "phase": "serving", "evidence": OOM.evidence},
         ),
     ]  # the ladder step is noted and shown at the next write
-    sink(B.StatusText("x"))
+    sink(E.StatusText("x"))
     assert on_disk(tmp_path)["recent_events"][-1] == {
         **sink.recent[-1],
         "event": "ladder_step",
@@ -247,8 +248,8 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
 def test_status_file_keeps_the_last_twenty_events(tmp_path: Path):
     sink = StatusFile(Source(tmp_path), Calls())
     for n in range(25):
-        sink(B.ProfileStoreHit(f"k{n}"))
-    sink(B.StatusText("x"))
+        sink(E.ProfileStoreHit(f"k{n}"))
+    sink(E.StatusText("x"))
     assert [e["key"] for e in on_disk(tmp_path)["recent_events"]] == [f"k{n}" for n in range(5, 25)]
 
 
@@ -271,7 +272,7 @@ def test_loading_progress_paces_status_json_and_status_lines_each_its_own_way(tm
         now = 100.0 + tick / 10
         phase = "weights" if now < 105.5 else "kv_cache"
         source.now = now
-        event = B.LoadingProgress(now, phase, f"{phase} at {now:.1f}")
+        event = E.LoadingProgress(now, phase, f"{phase} at {now:.1f}")
         files(event)
         sent = len(notifier.sent)
         systemd(event)
@@ -286,7 +287,7 @@ def test_status_write_failure_is_a_log_line_not_an_error(tmp_path: Path):
     (tmp_path / "file").write_text("", encoding="utf-8")
     log = Calls()
     sink = StatusFile(Source(tmp_path / "file" / "state"), log)
-    sink(B.StatusText("x"))
+    sink(E.StatusText("x"))
     assert [(level, event) for level, event, _ in log.calls] == [("warning", "status_write_failed")]
     assert sink.doc is not None  # /status still answers with what the file would hold
 
@@ -294,14 +295,14 @@ def test_status_write_failure_is_a_log_line_not_an_error(tmp_path: Path):
 def test_metrics_follow_the_events():
     sink = MetricsSink(Metrics())
     value = sink.metrics.registry.get_sample_value
-    sink(B.StateChanged("planning", "launching"))
+    sink(E.StateChanged("planning", "launching"))
     sink(Launching(1, FIRST))
     sink(AttemptFailed(1, OOM))
-    sink(LadderStepped(2, FIRST, SECOND, OOM.cls))
+    sink(SearchStepped(2, FIRST, SECOND, OOM.cls))
     sink(Launching(2, SECOND))
-    sink(B.StateChanged("probing", "serving", "serving"))
+    sink(E.StateChanged("probing", "serving", "serving"))
     sink(
-        B.Serving(SECOND, "tuned", {"ok": True, "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "duration_s": 3.0}, "s")
+        E.Serving(SECOND, "tuned", {"ok": True, "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "duration_s": 3.0}, "s")
     )
     assert (
         value("r1sup_state", {"state": "serving"}) == 1.0
@@ -311,25 +312,25 @@ def test_metrics_follow_the_events():
     assert value("r1sup_failures_total", {"failure_class": "oom_runtime"}) == 1.0
     assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 1.0
     assert value("r1sup_child_up") == 1.0 and value("r1sup_probe_ttft_seconds", {"quantile": "0.95"}) == 0.4
-    sink(B.ServingFailed(F.Failure(F.ENGINE_DEAD, F.PHASE_SERVING), 30.0))
-    sink(B.RestartScheduled(1, 5, 2.0))
+    sink(E.ServingFailed(F.Failure(F.ENGINE_DEAD, F.PHASE_SERVING), 30.0))
+    sink(E.RestartScheduled(1, 5, 2.0))
     assert value("r1sup_child_up") == 0.0 and value("r1sup_restarts_total") == 1.0
     assert value("r1sup_failures_total", {"failure_class": "engine_dead"}) == 1.0
-    sink(B.StepAfterServing(LadderStepped(3, SECOND, FIRST, OOM.cls), "", ""))
+    sink(E.StepAfterServing(SearchStepped(3, SECOND, FIRST, OOM.cls), "", ""))
     assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 2.0
 
 
 def test_systemd_lines_one_status_per_fact_ready_once():
     notifier = Recorded()
     sink = SystemdSink(notifier)
-    sink(B.StateChanged("planning", "planning", "planning"))
-    sink(B.StateChanged("probing", "serving", None))  # no status: no line
-    sink(B.Serving(FIRST, "persisted", None, "serving tiny on port 8000"))
-    sink(B.ConfigReloaded(changed=False, applied=True))
-    sink(B.ConfigReloaded(changed=True, applied=False))
-    sink(B.ReloadFailed("r1sup.toml: bad"))
-    sink(B.Serving(FIRST, "tuned", None, "serving again"))  # READY=1 only the first time
-    sink(B.Stopping())
+    sink(E.StateChanged("planning", "planning", "planning"))
+    sink(E.StateChanged("probing", "serving", None))  # no status: no line
+    sink(E.Serving(FIRST, "persisted", None, "serving tiny on port 8000"))
+    sink(E.ConfigReloaded(changed=False, applied=True))
+    sink(E.ConfigReloaded(changed=True, applied=False))
+    sink(E.ReloadFailed("r1sup.toml: bad"))
+    sink(E.Serving(FIRST, "tuned", None, "serving again"))  # READY=1 only the first time
+    sink(E.Stopping())
     assert notifier.sent == [
         "STATUS=planning",
         "READY=1",
@@ -355,7 +356,7 @@ def test_systemd_watchdog_at_half_the_interval_and_the_start_timeout_extended_wh
     for tick in range(0, 250):  # 25 s, a turn every 0.1 s; starting for the first 15 s
         now = 1000.0 + tick / 10
         sent = len(notifier.sent)
-        sink(B.Heartbeat(now, starting=now < 1015.0))
+        sink(E.Heartbeat(now, starting=now < 1015.0))
         pings += [(round(now - 1000.0, 1), line) for line in notifier.sent[sent:]]
     assert [t for t, line in pings if line == "WATCHDOG=1"] == [float(t) for t in range(0, 25, 2)]
     assert [(t, line) for t, line in pings if line != "WATCHDOG=1"] == [

@@ -19,13 +19,13 @@ from r1sup import health
 from r1sup import progress as P
 from r1sup.config import Config
 from r1sup.errors import InternalError
-from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
+from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Signalled
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_leftovers, port_holder
 from r1sup.logparse import LogLine, LogReader, Progress
 from r1sup.logs import get_logger
-from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, StopRequested, Waiting
+from r1sup.loop import TURN_S, Done, Loop, Phase, StopRequested, Waiting
 
 if TYPE_CHECKING:
     from r1sup.probe import Connection as ProbeConnection

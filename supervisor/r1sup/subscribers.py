@@ -1,4 +1,5 @@
-"""The bus's subscribers: each turns the daemon's events (:mod:`r1sup.bus`) into one sink's form.
+"""The bus's subscribers: each turns the daemon's events (:mod:`r1sup.events`, published on
+:mod:`r1sup.bus`) into one sink's form.
 
 - :class:`LogSink`: the structlog line (the event names and fields the README documents);
 - :class:`StatusFile`: ``status.json`` (and the same document for r1sup's ``/status``), with the
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from r1sup import liveness
-from r1sup.bus import (
+from r1sup.errors import R1supError
+from r1sup.events import (
+    AttemptFailed,
     ConfigReloaded,
     DaemonEvent,
     DaemonFailed,
@@ -31,6 +34,7 @@ from r1sup.bus import (
     HealthPassed,
     Heartbeat,
     InternalFault,
+    Launching,
     LivenessJudged,
     LoadingProgress,
     MetricsListening,
@@ -47,6 +51,7 @@ from r1sup.bus import (
     Reloading,
     RestartScheduled,
     RetunePlanned,
+    SearchStepped,
     Serving,
     ServingFailed,
     StateChanged,
@@ -56,10 +61,8 @@ from r1sup.bus import (
     Stopping,
     StopSignalled,
 )
-from r1sup.errors import R1supError
 from r1sup.notify import Notifier
 from r1sup.session import now_iso
-from r1sup.tuner import AttemptFailed, LadderStepped, Launching
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
@@ -211,7 +214,7 @@ class StatusFile:
                     evidence=failure.evidence[:200],
                 )
                 self.write()
-            case (LadderStepped() as step) | StepAfterServing(step=step):
+            case (SearchStepped() as step) | StepAfterServing(step=step):
                 self.note("ladder_step", status=step.status)
             case ServingFailed(failure, _):
                 self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
@@ -306,7 +309,7 @@ class MetricsSink:
                 m.launched(flags.to_dict())
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
-            case (LadderStepped() as step) | StepAfterServing(step=step):
+            case (SearchStepped() as step) | StepAfterServing(step=step):
                 m.ladder_steps.labels(failure_class=step.failure_class).inc()
             case Serving(_, _, probe, _, capacity):
                 m.probe(dict(probe) if probe is not None else None)
@@ -357,7 +360,7 @@ class SystemdSink:
                 if phase != last_phase or now - sent >= PROGRESS_STATUS_S:
                     n.status(text)
                     self._progress = (phase, now)
-            case (LadderStepped() as step) | StepAfterServing(step=step):
+            case (SearchStepped() as step) | StepAfterServing(step=step):
                 n.status(step.status)
             case Heartbeat(now, starting):
                 self._heartbeat(now, starting)

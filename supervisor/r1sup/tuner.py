@@ -15,6 +15,7 @@ from r1sup import bounds as B
 from r1sup import failure as F
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
+from r1sup.events import AttemptFailed, Launching, Probing, Retrying, SearchEvent, SearchStepped
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
@@ -56,7 +57,7 @@ class Attempt:
     phase: str
     evidence: str
     seconds: float
-    change: str = ""  # what the ladder did next, and why
+    change: str = ""  # what the search did next, and why
     where: str = ""  # where the root cause was seen (process, pid, line of vLLM's output)
     why: str = ""  # why these flags were launched (the plan, the previous failure, a saved profile)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # loading phases (r1sup.progress)
@@ -126,9 +127,9 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
         know.arch = memmodel.arch_from_config(model_config)
         know.config_hash = modelinfo.config_hash(model_config)
     except ConfigError as exc:
-        know.notes.append(f"model architecture unknown ({exc.message}); the ladder uses vLLM's numbers only")
+        know.notes.append(f"model architecture unknown ({exc.message}); the search uses vLLM's numbers only")
     except (ValueError, KeyError, TypeError) as exc:
-        know.notes.append(f"model config.json not understood ({exc}); the ladder uses vLLM's numbers only")
+        know.notes.append(f"model config.json not understood ({exc}); the search uses vLLM's numbers only")
     for note in know.notes:
         log.info("planner_note", note=note)
     return know
@@ -217,57 +218,6 @@ def plan_first_decision(
     if rec.flags == flags:
         return flags, "as configured", None
     return rec.flags, "planned: " + flags.describe_change(rec.flags), None
-
-
-# --- what the search reports, as it happens (the daemon turns each into its state, status and metrics)
-
-
-@dataclass(frozen=True)
-class Launching:
-    attempt: int
-    flags: EngineFlags
-
-
-@dataclass(frozen=True)
-class Probing:
-    attempt: int
-    flags: EngineFlags
-
-
-@dataclass(frozen=True)
-class AttemptFailed:
-    attempt: int
-    failure: Failure
-
-
-@dataclass(frozen=True)
-class LadderStepped:
-    """The next launch's flags after a failure: ``attempt`` is the number of the launch they go to."""
-
-    attempt: int
-    old: EngineFlags
-    new: EngineFlags
-    failure_class: str
-
-    @property
-    def status(self) -> str:
-        return status_line(self.attempt, self.old, self.new, self.failure_class)
-
-
-@dataclass(frozen=True)
-class Retrying:
-    """A transient failure: the same flags again after ``seconds`` (launch ``attempt``)."""
-
-    attempt: int
-    seconds: float
-    failure_class: str
-
-    @property
-    def status(self) -> str:
-        return f"attempt {self.attempt}: retry in {self.seconds:.1f}s ({self.failure_class})"
-
-
-SearchEvent = Launching | Probing | AttemptFailed | LadderStepped | Retrying
 
 
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
@@ -566,7 +516,7 @@ class Tuner:
                 change=flags.describe_change(decision.flags),
                 reason=decision.reason,
             )
-            self.publish(LadderStepped(attempt + 1, flags, decision.flags, failure.cls))
+            self.publish(SearchStepped(attempt + 1, flags, decision.flags, failure.cls))
             self._record(record, None)
             why = f"attempt {attempt} failed ({failure.cls}): {decision.reason}"
             if decision.retry:
@@ -647,10 +597,3 @@ def explain_first(why: str, know: ModelKnowledge) -> str:
     facts = [f"free {free:.1f} of {total:.1f} GiB"]
     facts += [f"pid {p.pid} {p.name} holds {p.used_bytes / GIB:.1f} GiB" for p in device.processes[:3]]
     return f"{why} ({'; '.join(facts)})"
-
-
-def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
-    """``attempt 2: context 8192 -> 3712 (kv_insufficient)``: for systemd's STATUS= and humans."""
-    return (
-        f"attempt {attempt}: {old.describe_change(new).replace('max_model_len', 'context')} ({failure_class})"
-    )
