@@ -310,6 +310,8 @@ def test_metrics_follow_the_events():
     )
     assert value("r1sup_launches_total") == 2.0 and value("r1sup_max_model_len") == 4096.0
     assert value("r1sup_failures_total", {"failure_class": "oom_runtime"}) == 1.0
+    # the search's steps, and the same count under the old name (an alias for one release)
+    assert value("r1sup_search_steps_total", {"failure_class": "oom_runtime"}) == 1.0
     assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 1.0
     assert value("r1sup_child_up") == 1.0 and value("r1sup_probe_ttft_seconds", {"quantile": "0.95"}) == 0.4
     sink(E.ServingFailed(F.Failure(F.ENGINE_DEAD, F.PHASE_SERVING), 30.0))
@@ -317,6 +319,7 @@ def test_metrics_follow_the_events():
     assert value("r1sup_child_up") == 0.0 and value("r1sup_restarts_total") == 1.0
     assert value("r1sup_failures_total", {"failure_class": "engine_dead"}) == 1.0
     sink(E.StepAfterServing(SearchStepped(3, SECOND, FIRST, OOM.cls), "", ""))
+    assert value("r1sup_search_steps_total", {"failure_class": "oom_runtime"}) == 2.0
     assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 2.0
 
 

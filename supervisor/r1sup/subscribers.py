@@ -310,7 +310,7 @@ class MetricsSink:
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
             case (SearchStepped() as step) | StepAfterServing(step=step):
-                m.ladder_steps.labels(failure_class=step.failure_class).inc()
+                m.search_step(step.failure_class)
             case Serving(_, _, probe, _, capacity):
                 m.probe(dict(probe) if probe is not None else None)
                 m.verified(capacity)
