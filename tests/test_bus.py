@@ -151,6 +151,122 @@ def test_daemon_py_writes_to_no_sink_outside_the_subscribers():
     assert sink_writes(source) == []
 
 
+# --- the whole package: status.json, the metrics and sd_notify are the subscribers' alone -----------
+
+PACKAGE = Path(daemon_module.__file__).parent
+# where each sink is defined; the subscribers are its only writers
+SINK_MODULES = frozenset({"subscribers.py", "notify.py", "metrics.py"})
+NOTIFY_CALLS = frozenset(n for n in vars(Notifier) if not n.startswith("_")) - {"enabled"}
+METRIC_CALLS = frozenset(n for n in vars(Metrics) if not n.startswith("_"))
+METRIC_CALLS |= {"inc", "dec", "set", "labels", "observe"}
+STATUS_NAMES = frozenset({"STATUS_FILE", "status.json"})
+WRITERS = frozenset({"atomic_write_json", "write_text", "write_bytes", "dump"})
+
+
+def _names_status(node: ast.AST) -> bool:
+    return any(
+        (isinstance(n, ast.Name) and n.id in STATUS_NAMES)
+        or (isinstance(n, ast.Constant) and n.value in STATUS_NAMES)
+        for n in ast.walk(node)
+    )
+
+
+def systemd_metrics_status_writes(source: str) -> list[str]:
+    """A call of a notifier's or a metrics object's method (sd_notify, Prometheus), and a file write in
+    a function that names status.json (``STATUS_FILE`` or the name itself) in its code."""
+    found: set[tuple[int, str]] = set()
+    tree = ast.parse(source)
+    notifiers, metrics = {"notifier"}, {"metrics"}
+    for node in ast.walk(tree):  # local names for them: ``n = self.notifier``
+        if isinstance(node, ast.Assign) and (value := _chain(node.value)):
+            names = {t.id for t in node.targets if isinstance(t, ast.Name)}
+            notifiers |= names if value[-1] == "notifier" else set()
+            metrics |= names if value[-1] == "metrics" else set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not (chain := _chain(node.func)):
+            continue
+        receivers, method = set(chain[:-1]), chain[-1]
+        if receivers & notifiers and method in NOTIFY_CALLS:
+            found.add((node.lineno, ".".join(chain)))
+        if receivers & metrics and method in METRIC_CALLS:
+            found.add((node.lineno, ".".join(chain)))
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes or [tree]:  # each function on its own
+        if not _names_status(scope):
+            continue
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call) and (chain := _chain(node.func)) and chain[-1] in WRITERS:
+                found.add((node.lineno, ".".join(chain)))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_the_package_check_finds_sd_notify_metrics_and_status_json_writes():
+    source = """
+STATUS_FILE = "status.json"
+def f(self, m):
+    self.notifier.ready("serving")
+    self.notifier.enabled  # a property: no write
+    self.metrics.launches.inc()
+    self.metrics.set_state("serving")
+    metrics.get("kv_usage")  # a dict of figures: no write
+    n = self.s.notifier
+    n.stopping()
+    statefiles.atomic_write_json(Path(d) / STATUS_FILE, {})
+def g(path):
+    path.write_text("a report")  # no status.json named here
+"""
+    assert systemd_metrics_status_writes(source) == [
+        "line 4: self.notifier.ready",
+        "line 6: self.metrics.launches.inc",
+        "line 7: self.metrics.set_state",
+        "line 10: n.stopping",
+        "line 11: statefiles.atomic_write_json",
+    ]
+    assert systemd_metrics_status_writes("statefiles.atomic_write_json(path, doc)") == []  # not status.json
+
+
+def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name not in SINK_MODULES:
+            writes = systemd_metrics_status_writes(path.read_text(encoding="utf-8"))
+            if writes:
+                found[name] = writes
+    assert found == {}
+    # and the check does see the subscribers' own writes: systemd's, the metrics' and status.json's
+    theirs = " ".join(systemd_metrics_status_writes((PACKAGE / "subscribers.py").read_text(encoding="utf-8")))
+    assert "n.ready" in theirs and "m.probe" in theirs  # the sinks' local names for them
+    assert "self.metrics.serve" in theirs and "statefiles.atomic_write_json" in theirs
+
+
+# The modules that still write log lines themselves, besides the bus (``subscriber_failed``) and the
+# subscribers: what is not (yet) an event. Exact, so that a new direct writer fails here and one moved
+# behind the bus takes its module off this list.
+DIRECT_LOGGERS = {
+    "runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
+    "tuner.py": "the search's plan, first flags, refinement, success, giving up (step and retry: events)",
+    "fleet.py": "the shared profile store's lease and publication",
+    "preflight.py": "the preflight's cache and its import check",
+    "statefiles.py": "files set aside, the state directory's lock",
+    "session.py": "file permissions at start-up",
+    "commands/tune.py": "an interrupted or failed tune",
+    "logs.py": "the logging set-up itself (structlog)",
+}
+
+
+def test_the_modules_that_still_log_directly_are_the_known_ones():
+    direct = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        writes = [w for w in sink_writes(path.read_text(encoding="utf-8")) if "log" in w]
+        if writes and name not in ("bus.py", "subscribers.py"):
+            direct[name] = writes
+    assert sorted(direct) == sorted(DIRECT_LOGGERS), {
+        n: w for n, w in direct.items() if n not in DIRECT_LOGGERS
+    }
+
+
 # --- each subscriber's form ---------------------------------------------------------------------
 
 
@@ -171,6 +287,10 @@ def test_log_lines_keep_their_documented_names_and_fields():
         sink(E.RestartScheduled(2, 5, 4.4567))
         sink(E.ProfileFound("abc", {"max_model_len": 4096}, degraded=True))
         sink(E.HealthPassed())  # no line: a metric only
+        # the search's step and retry, written by the log's sink too (in the daemon and in `tune`)
+        sink(SearchStepped(3, FIRST, SECOND, OOM.cls, OOM.evidence, "a shorter context fits"))
+        sink(E.Retrying(4, 2.5, F.ENGINE_DEAD))
+        sink(Launching(4, SECOND))  # no line: the runner's launch_started says it
     assert [(e["log_level"], e["event"]) for e in logs] == [
         ("info", "state_changed"),
         ("error", "serving_failed"),
@@ -179,6 +299,8 @@ def test_log_lines_keep_their_documented_names_and_fields():
         ("debug", "liveness"),
         ("info", "restart_backoff"),
         ("info", "profile_found"),
+        ("info", "ladder_step"),
+        ("info", "retry_backoff"),
     ]
     assert logs[0] == {
         "event": "state_changed",
@@ -197,6 +319,31 @@ def test_log_lines_keep_their_documented_names_and_fields():
     assert logs[3]["running"] == 2 and logs[3]["launch"] == 1 and logs[3]["verdict"] == "hung"
     assert logs[5]["seconds"] == 4.46 and logs[5]["restart"] == 2 and logs[5]["budget"] == 5
     assert logs[6]["degraded"] is True and "updated_at" not in logs[6]
+    assert logs[7] == {
+        "event": "ladder_step",
+        "log_level": "info",
+        "attempt": 2,  # the launch that failed; the new flags go to launch 3
+        "failure_class": "oom_runtime",
+        "evidence": OOM.evidence,
+        "old": FIRST.to_dict(),
+        "new": SECOND.to_dict(),
+        "change": FIRST.describe_change(SECOND),
+        "reason": "a shorter context fits",
+    }
+    retry = {"event": "retry_backoff", "log_level": "info", "seconds": 2.5, "failure_class": "engine_dead"}
+    assert logs[8] == retry
+
+
+def test_a_tuner_without_a_bus_logs_the_searchs_events_through_the_log_sink(tmp_path: Path):
+    from r1sup.tuner import ModelKnowledge, Tuner
+
+    body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
+    config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})
+    with capture_logs() as logs:
+        log = structlog.get_logger()
+        tuner = Tuner(config, Runner(config, EventQueue(), log=log), log, know=ModelKnowledge())
+        tuner.publish(SearchStepped(2, FIRST, SECOND, OOM.cls, OOM.evidence, "halved"))
+    assert [(e["event"], e["attempt"], e["reason"]) for e in logs] == [("ladder_step", 1, "halved")]
 
 
 class Source:

@@ -143,7 +143,7 @@ class Daemon:
         self.clock: Callable[[], float] = lambda: self.runner.clock()
         self.heartbeat = self.clock()  # the loop's last turn, for /livez
         self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
-        self.runner.hooks.on_tick = self._on_tick
+        self.runner.tick = self._on_tick
         # each fact is published once; the subscribers write the sinks (metrics first, the log line
         # last: when it appears, status.json, /metrics and systemd already say so)
         self.bus = Bus(self.log)

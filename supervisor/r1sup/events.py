@@ -134,12 +134,15 @@ class AttemptFailed:
 @dataclass(frozen=True)
 class SearchStepped:
     """After a failure the search chose the next launch's flags: ``attempt`` is the number of the launch
-    they go to. Logged as ``ladder_step`` (the event name the README documents)."""
+    they go to; ``evidence`` the failure's, ``reason`` the search's. Logged as ``ladder_step`` (the event
+    name the README documents)."""
 
     attempt: int
     old: EngineFlags
     new: EngineFlags
     failure_class: str
+    evidence: str = ""
+    reason: str = ""
 
     @property
     def status(self) -> str:

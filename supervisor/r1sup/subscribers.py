@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from r1sup import liveness
+from r1sup.bus import Bus
 from r1sup.errors import R1supError
 from r1sup.events import (
     AttemptFailed,
@@ -50,6 +51,7 @@ from r1sup.events import (
     ReloadFailed,
     Reloading,
     RestartScheduled,
+    Retrying,
     RetunePlanned,
     SearchStepped,
     Serving,
@@ -105,6 +107,19 @@ class LogSink:
                     probe=verdict.probe,
                     **dict(verdict.figures),
                 )
+            case SearchStepped(attempt, old, new, failure_class, evidence, reason):
+                log.info(
+                    "ladder_step",
+                    attempt=attempt - 1,  # the launch that failed (the step's flags go to the next)
+                    failure_class=failure_class,
+                    evidence=evidence[:300],
+                    old=old.to_dict(),
+                    new=new.to_dict(),
+                    change=old.describe_change(new),
+                    reason=reason,
+                )
+            case Retrying(_, seconds, failure_class):
+                log.info("retry_backoff", seconds=seconds, failure_class=failure_class)
             case StepAfterServing(step, evidence, reason):
                 log.info(
                     "ladder_step",
@@ -165,6 +180,14 @@ class LogSink:
                 log.warning("metrics_unavailable", host=host, port=port, error=error)
             case StateDirUnusable(error):
                 log.warning("state_dir_unusable", error=error)
+
+
+def logging_bus(log: Any) -> Bus:
+    """A bus whose one subscriber is the log: where nothing else follows the events (``r1sup tune``
+    has no status.json, metrics or systemd), their log lines are still written by the log's sink."""
+    bus = Bus(log)
+    bus.subscribe(LogSink(log))
+    return bus
 
 
 class StatusSource(Protocol):

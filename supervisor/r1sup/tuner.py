@@ -20,6 +20,7 @@ from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
 from r1sup.runner import Launch, Runner
+from r1sup.subscribers import logging_bus
 
 
 @dataclass
@@ -321,7 +322,8 @@ class Tuner:
         record: Any = None,
     ) -> None:
         self.config = config
-        self.publish = publish or (lambda event: None)
+        # what the search reports goes as events: to the daemon's bus, else to a bus that logs them
+        self.publish = publish or logging_bus(log).publish
         self.runner = runner
         self.log = log
         self.know = know if know is not None else gather_knowledge(config, log)
@@ -506,22 +508,12 @@ class Tuner:
                 self._record(record, result)
                 return result
             record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
-            self.log.info(
-                "ladder_step",
-                attempt=attempt,
-                failure_class=failure.cls,
-                evidence=failure.evidence[:300],
-                old=flags.to_dict(),
-                new=decision.flags.to_dict(),
-                change=flags.describe_change(decision.flags),
-                reason=decision.reason,
-            )
-            self.publish(SearchStepped(attempt + 1, flags, decision.flags, failure.cls))
+            new, reason = decision.flags, decision.reason
+            self.publish(SearchStepped(attempt + 1, flags, new, failure.cls, failure.evidence, reason))
             self._record(record, None)
             why = f"attempt {attempt} failed ({failure.cls}): {decision.reason}"
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
-                self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
                 self.publish(Retrying(attempt + 1, delay, failure.cls))
                 self.runner.sleep(delay)
             flags = decision.flags
