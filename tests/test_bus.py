@@ -245,7 +245,7 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
 # behind the bus takes its module off this list.
 DIRECT_LOGGERS = {
     "runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
-    "tuner.py": "the search's plan, first flags, refinement, success, giving up (step and retry: events)",
+    "tuner.py": "what is known before the search (device, model, plan, calibration), the cold-cache check",
     "fleet.py": "the shared profile store's lease and publication",
     "preflight.py": "the preflight's cache and its import check",
     "statefiles.py": "files set aside, the state directory's lock",
@@ -332,6 +332,68 @@ def test_log_lines_keep_their_documented_names_and_fields():
     }
     retry = {"event": "retry_backoff", "log_level": "info", "seconds": 2.5, "failure_class": "engine_dead"}
     assert logs[8] == retry
+
+
+def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
+    short = F.Failure(F.KV_INSUFFICIENT, F.PHASE_KV_CACHE, evidence="4 sequences fit, 8 asked")
+    with capture_logs() as logs:
+        sink = LogSink(structlog.get_logger())
+        sink(E.FirstFlags(FIRST, "as configured"))
+        sink(E.CapacityShort(1, short))
+        sink(E.SearchRefined(SECOND, FIRST))
+        sink(E.ColdCacheRelaunch(2, OOM.cls, FIRST, 3.5))
+        sink(E.ConfigReduced({"reason": "context halved", "context": 4096}))
+        sink(E.SearchSucceeded(3, FIRST))
+        sink(E.SearchGaveUp(F.NONE, "does not fit", ("a smaller model",), 3, launches=0))
+        sink(E.SearchGaveUp(OOM.cls, "no flags left", (), 3))
+        sink(E.SearchGaveUp(F.CONFIG_ERROR, "bad flag", (), 4, fatal=True))
+    flags = FIRST.to_dict()
+    assert logs == [
+        {"event": "first_flags", "log_level": "info", "flags": flags, "reason": "as configured"},
+        {
+            "event": "failure_classified",
+            "log_level": "error",
+            "attempt": 1,
+            "failure_class": F.KV_INSUFFICIENT,
+            "evidence": "4 sequences fit, 8 asked",
+        },
+        {"event": "search_refined", "log_level": "info", "old": SECOND.to_dict(), "new": flags},
+        {
+            "event": "compile_cache_cold_relaunch",
+            "log_level": "warning",
+            "attempt": 2,
+            "failure_class": OOM.cls,
+            "flags": flags,
+            "kv_cache_gib": 3.5,
+        },
+        {"event": "config_reduced", "log_level": "warning", "reason": "context halved", "context": 4096},
+        {"event": "tune_succeeded", "log_level": "info", "launches": 3, "flags": flags},
+        {
+            "event": "ladder_exhausted",
+            "log_level": "error",
+            "failure_class": F.NONE,
+            "reason": "does not fit",
+            "suggestions": ["a smaller model"],
+            "exit_code": 3,
+            "launches": 0,
+        },
+        {
+            "event": "ladder_exhausted",
+            "log_level": "error",
+            "failure_class": OOM.cls,
+            "reason": "no flags left",
+            "suggestions": [],
+            "exit_code": 3,
+        },
+        {
+            "event": "fatal_failure",
+            "log_level": "error",
+            "failure_class": F.CONFIG_ERROR,
+            "reason": "bad flag",
+            "suggestions": [],
+            "exit_code": 4,
+        },
+    ]
 
 
 def test_a_tuner_without_a_bus_logs_the_searchs_events_through_the_log_sink(tmp_path: Path):

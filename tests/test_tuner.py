@@ -162,15 +162,22 @@ def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Pa
     result = T.Tuner(config, runner, log=structlog_null(), know=know, publish=seen.append).run(start)  # type: ignore[arg-type]
     assert result.ok and result.launches == 2, result.reason
     kinds = [type(e).__name__ for e in seen]
-    assert kinds == ["Launching", "AttemptFailed", "SearchStepped", "Launching"]
-    launching, failed, step, again = seen
+    # the flags found give up part of what was asked (ConfigReduced says what), then the success
+    assert kinds == [
+        *("Launching", "AttemptFailed", "SearchStepped"),
+        *("Launching", "ConfigReduced", "SearchSucceeded"),
+    ], result.reduced
+    launching, failed, step, again, reduced, succeeded = seen
+    assert isinstance(reduced, E.ConfigReduced) and reduced.reduction == result.reduced
     assert isinstance(launching, E.Launching) and launching.attempt == 1 and launching.flags == start
-    assert isinstance(failed, T.AttemptFailed) and failed.failure.cls == "oom_cudagraph"
+    assert isinstance(failed, E.AttemptFailed) and failed.failure.cls == "oom_cudagraph"
     assert isinstance(step, E.SearchStepped) and step.old == start and step.new == runner.launched[1]
+    assert step.evidence == failed.failure.evidence and step.reason  # what the ladder_step line says
     # the STATUS= line of the step, computed where the step is
     assert step.status.startswith("attempt 2: context 8192 -> ") and step.status.endswith(" (oom_cudagraph)")
     assert "gpu_memory_utilization 0.9 -> " in step.status, step.status
     assert isinstance(again, E.Launching) and again.attempt == 2 and again.flags == step.new
+    assert isinstance(succeeded, E.SearchSucceeded) and succeeded == E.SearchSucceeded(2, step.new)
 
 
 def structlog_null() -> Any:

@@ -162,7 +162,81 @@ class Retrying:
         return f"attempt {self.attempt}: retry in {self.seconds:.1f}s ({self.failure_class})"
 
 
-SearchEvent = Launching | Probing | AttemptFailed | SearchStepped | Retrying
+@dataclass(frozen=True)
+class FirstFlags:
+    """The flags of a search's first launch and why (the plan, the config, a saved profile)."""
+
+    flags: EngineFlags
+    reason: str
+
+
+@dataclass(frozen=True)
+class CapacityShort:
+    """Launch ``attempt`` started but gives less than the config's target (``failure``, before its probe)."""
+
+    attempt: int
+    failure: Failure
+
+
+@dataclass(frozen=True)
+class SearchRefined:
+    """A launch passed and its own figures say a longer context fits: once more with ``new``."""
+
+    old: EngineFlags
+    new: EngineFlags
+
+
+@dataclass(frozen=True)
+class ColdCacheRelaunch:
+    """A profile proven on a warm torch.compile cache failed on a cold one: the same flags again."""
+
+    attempt: int
+    failure_class: str
+    flags: EngineFlags
+    kv_cache_gib: float | None
+
+
+@dataclass(frozen=True)
+class ConfigReduced:
+    """The flags found give up more than half the asked context or serve fewer sequences than asked:
+    why and the ways out (``r1sup.search.Search.reduction``)."""
+
+    reduction: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SearchSucceeded:
+    launches: int
+    flags: EngineFlags
+
+
+@dataclass(frozen=True)
+class SearchGaveUp:
+    """No flags within the bounds (``fatal``: a failure no flags change, its own exit code); ``launches``
+    is given when nothing was launched (the plan said it does not fit)."""
+
+    failure_class: str
+    reason: str
+    suggestions: tuple[str, ...]
+    exit_code: int
+    fatal: bool = False
+    launches: int | None = None
+
+
+SearchEvent = (
+    Launching
+    | Probing
+    | AttemptFailed
+    | SearchStepped
+    | Retrying
+    | FirstFlags
+    | CapacityShort
+    | SearchRefined
+    | ColdCacheRelaunch
+    | ConfigReduced
+    | SearchSucceeded
+    | SearchGaveUp
+)
 
 
 def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
@@ -427,6 +501,13 @@ DaemonEvent = (
     | AttemptFailed
     | SearchStepped
     | Retrying
+    | FirstFlags
+    | CapacityShort
+    | SearchRefined
+    | ColdCacheRelaunch
+    | ConfigReduced
+    | SearchSucceeded
+    | SearchGaveUp
     | StateChanged
     | StatusText
     | LoadingProgress

@@ -25,6 +25,9 @@ from r1sup.bus import Bus
 from r1sup.errors import R1supError
 from r1sup.events import (
     AttemptFailed,
+    CapacityShort,
+    ColdCacheRelaunch,
+    ConfigReduced,
     ConfigReloaded,
     DaemonEvent,
     DaemonFailed,
@@ -32,6 +35,7 @@ from r1sup.events import (
     DrainFinished,
     DrainSkipped,
     DrainStarted,
+    FirstFlags,
     HealthPassed,
     Heartbeat,
     InternalFault,
@@ -53,7 +57,10 @@ from r1sup.events import (
     RestartScheduled,
     Retrying,
     RetunePlanned,
+    SearchGaveUp,
+    SearchRefined,
     SearchStepped,
+    SearchSucceeded,
     Serving,
     ServingFailed,
     StateChanged,
@@ -120,6 +127,34 @@ class LogSink:
                 )
             case Retrying(_, seconds, failure_class):
                 log.info("retry_backoff", seconds=seconds, failure_class=failure_class)
+            case FirstFlags(flags, reason):
+                log.info("first_flags", flags=flags.to_dict(), reason=reason)
+            case CapacityShort(attempt, failure):
+                fields = {"failure_class": failure.cls, "evidence": failure.evidence}
+                log.error("failure_classified", attempt=attempt, **fields)
+            case SearchRefined(old, new):
+                log.info("search_refined", old=old.to_dict(), new=new.to_dict())
+            case ColdCacheRelaunch(attempt, failure_class, flags, kv_cache_gib):
+                log.warning(
+                    "compile_cache_cold_relaunch",
+                    attempt=attempt,
+                    failure_class=failure_class,
+                    flags=flags.to_dict(),
+                    kv_cache_gib=kv_cache_gib,
+                )
+            case ConfigReduced(reduction):
+                log.warning("config_reduced", **reduction)
+            case SearchSucceeded(launches, flags):
+                log.info("tune_succeeded", launches=launches, flags=flags.to_dict())
+            case SearchGaveUp(failure_class, reason, suggestions, exit_code, fatal, launches):
+                log.error(
+                    "fatal_failure" if fatal else "ladder_exhausted",
+                    failure_class=failure_class,
+                    reason=reason,
+                    suggestions=list(suggestions),
+                    exit_code=exit_code,
+                    **({} if launches is None else {"launches": launches}),
+                )
             case StepAfterServing(step, evidence, reason):
                 log.info(
                     "ladder_step",

@@ -15,7 +15,21 @@ from r1sup import bounds as B
 from r1sup import failure as F
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
-from r1sup.events import AttemptFailed, Launching, Probing, Retrying, SearchEvent, SearchStepped
+from r1sup.events import (
+    AttemptFailed,
+    CapacityShort,
+    ColdCacheRelaunch,
+    ConfigReduced,
+    FirstFlags,
+    Launching,
+    Probing,
+    Retrying,
+    SearchEvent,
+    SearchGaveUp,
+    SearchRefined,
+    SearchStepped,
+    SearchSucceeded,
+)
 from r1sup.failure import Failure
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
@@ -360,19 +374,13 @@ class Tuner:
                 result.history = search
                 result.exit_code, result.reason = give_up.exit_code, give_up.reason
                 result.suggestions = list(give_up.suggestions)
-                self.log.error(
-                    "ladder_exhausted",
-                    failure_class=F.NONE,
-                    reason=give_up.reason,
-                    suggestions=list(give_up.suggestions),
-                    exit_code=give_up.exit_code,
-                    launches=0,
-                )
+                suggested = tuple(give_up.suggestions)
+                self.publish(SearchGaveUp(F.NONE, give_up.reason, suggested, give_up.exit_code, launches=0))
                 if self.record is not None:
                     self.record.finish(result.to_dict(), final=True)
                 return result
             why = explain_first(why, self.know)
-            self.log.info("first_flags", flags=start.to_dict(), reason=why)
+            self.publish(FirstFlags(start, why))
         flags = start
         good: EngineFlags | None = None  # flags that passed before a refined launch
         attempt = 0
@@ -392,12 +400,7 @@ class Tuner:
             if failure.cls == F.NONE and launch.ready:
                 failure = self.runner.capacity_failure(launch) or F.NO_FAILURE
                 if failure.cls != F.NONE:
-                    self.log.error(
-                        "failure_classified",
-                        attempt=attempt,
-                        failure_class=failure.cls,
-                        evidence=failure.evidence,
-                    )
+                    self.publish(CapacityShort(attempt, failure))
                 elif self.config.probe.enabled:
                     self.publish(Probing(attempt, flags))
                     failure = self.runner.probe(launch)
@@ -431,7 +434,7 @@ class Tuner:
                 )
                 self._record(record, None)
                 self.runner.stop(launch, reason="refined by its own figures")
-                self.log.info("search_refined", old=flags.to_dict(), new=better.to_dict())
+                self.publish(SearchRefined(flags, better))
                 why = f"attempt {attempt} passed; its figures say a longer context fits"
                 flags = better
                 continue
@@ -447,7 +450,7 @@ class Tuner:
                 result.costs = search.costs(flags)
                 result.reduced = search.reduction(flags)
                 if result.reduced is not None:
-                    self.log.warning("config_reduced", **result.reduced)
+                    self.publish(ConfigReduced(result.reduced))
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
                 result.observations = dict(launch.observations)
@@ -455,7 +458,7 @@ class Tuner:
                     result.live = launch
                 else:
                     self.runner.stop(launch, reason="tune finished")
-                self.log.info("tune_succeeded", launches=result.launches, flags=flags.to_dict())
+                self.publish(SearchSucceeded(result.launches, flags))
                 self._record(record, result)
                 return result
             if not warmed and self._cold_start_of_warm_profile(flags, launch, failure):
@@ -469,13 +472,8 @@ class Tuner:
                 )
                 self._record(record, None)
                 self.runner.stop(launch, reason=f"cold compile cache: {failure.cls}")
-                self.log.warning(
-                    "compile_cache_cold_relaunch",
-                    attempt=attempt,
-                    failure_class=failure.cls,
-                    flags=flags.to_dict(),
-                    kv_cache_gib=launch.observations.get("kv_cache_gib"),
-                )
+                kv_cache_gib = launch.observations.get("kv_cache_gib")
+                self.publish(ColdCacheRelaunch(attempt, failure.cls, flags, kv_cache_gib))
                 why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
                 continue
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
@@ -498,13 +496,9 @@ class Tuner:
                 result.exit_code = decision.exit_code
                 result.reason = decision.reason
                 result.suggestions = list(decision.suggestions)
-                self.log.error(
-                    "ladder_exhausted" if decision.exit_code == EXIT_NO_WORKING_CONFIG else "fatal_failure",
-                    failure_class=failure.cls,
-                    reason=decision.reason,
-                    suggestions=list(decision.suggestions),
-                    exit_code=decision.exit_code,
-                )
+                fatal = decision.exit_code != EXIT_NO_WORKING_CONFIG
+                suggested = tuple(decision.suggestions)
+                self.publish(SearchGaveUp(failure.cls, decision.reason, suggested, decision.exit_code, fatal))
                 self._record(record, result)
                 return result
             record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
