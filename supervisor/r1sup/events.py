@@ -6,7 +6,8 @@ Three families, all here and nowhere else:
   exit, the result of a check that ran off the loop, and what the signal handlers queued
   (:class:`Signalled`, :class:`ReloadRequested`);
 - **the search's** (:data:`SearchEvent`): what a bring-up (:class:`r1sup.tuner.Tuner`) reports as it
-  happens: a launch, its probe, a failure, the search's next flags (:class:`SearchStepped`), a retry;
+  happens: its first flags, a launch, its probe, a failure, the search's next flags
+  (:class:`SearchStepped`), a retry, a refinement, the success or giving up;
 - **the daemon's** (:data:`DaemonEvent`, which includes the search's): the facts it publishes on its bus
   (:mod:`r1sup.bus`), which only the subscribers (:mod:`r1sup.subscribers`) turn into log lines,
   ``status.json``, the Prometheus metrics and sd_notify.
