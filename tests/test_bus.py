@@ -251,6 +251,7 @@ DIRECT_LOGGERS = {
     "statefiles.py": "files set aside, the state directory's lock",
     "session.py": "file permissions at start-up",
     "commands/tune.py": "an interrupted or failed tune",
+    "worker.py": "r1sup worker, a headless vLLM of a multi-node group (a process of its own, with no bus)",
     "logs.py": "the logging set-up itself (structlog)",
 }
 
