@@ -245,7 +245,7 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
 # behind the bus takes its module off this list.
 DIRECT_LOGGERS = {
     "runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
-    "tuner.py": "what is known before the search (device, model, plan, calibration), the cold-cache check",
+    "tuner.py": "what is known before a search: the device, the model, the plan, the calibration",
     "fleet.py": "the shared profile store's lease and publication",
     "preflight.py": "the preflight's cache and its import check",
     "statefiles.py": "files set aside, the state directory's lock",
@@ -348,6 +348,10 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
         sink(E.SearchGaveUp(F.NONE, "does not fit", ("a smaller model",), 3, launches=0))
         sink(E.SearchGaveUp(OOM.cls, "no flags left", (), 3))
         sink(E.SearchGaveUp(F.CONFIG_ERROR, "bad flag", (), 4, fatal=True))
+        sink(E.ColdCacheAhead(FIRST, 12000.0, 1.234, 4096, True))
+        sink(E.EstimateUnavailable("memory_chart", "ValueError: no GPU"))
+        sink(E.DeviceProbeFailed("NVMLError: gone", search=True))
+        sink(E.DeviceProbeFailed("NVMLError: gone"))  # while serving: at debug
     flags = FIRST.to_dict()
     assert logs == [
         {"event": "first_flags", "log_level": "info", "flags": flags, "reason": "as configured"},
@@ -394,6 +398,19 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
             "suggestions": [],
             "exit_code": 4,
         },
+        {
+            "event": "compile_cache_cold",
+            "log_level": "warning",
+            "flags": flags,
+            "proven_kv_cache_tokens": 12000.0,
+            "predicted_kv_gib": 1.23,
+            "predicted_context": 4096,
+            "context_fits": True,
+            "note": "proven on a warm torch.compile cache; this start compiles from nothing",
+        },
+        {"event": "memory_chart_unavailable", "log_level": "debug", "error": "ValueError: no GPU"},
+        {"event": "device_probe_failed", "log_level": "warning", "error": "NVMLError: gone"},
+        {"event": "device_probe_failed", "log_level": "debug", "error": "NVMLError: gone"},
     ]
 
 

@@ -224,6 +224,36 @@ class SearchGaveUp:
     launches: int | None = None
 
 
+@dataclass(frozen=True)
+class DeviceProbeFailed:
+    """NVML could not be read: while serving a debug line; ``search``: the search's look before its next
+    flags (a warning: they are chosen without what is free now)."""
+
+    error: str
+    search: bool = False
+
+
+@dataclass(frozen=True)
+class ColdCacheAhead:
+    """Before a launch of a profile proven on a warm torch.compile cache, on a cold one: the memory
+    model's prediction for the cold start against the proven context (vLLM decides)."""
+
+    flags: EngineFlags
+    proven_kv_cache_tokens: float | None
+    predicted_kv_gib: float
+    predicted_context: int
+    context_fits: bool
+
+
+@dataclass(frozen=True)
+class EstimateUnavailable:
+    """A figure the search shows but does not need could not be computed (``what``: ``compile_cache_check``
+    or ``memory_chart``)."""
+
+    what: str
+    error: str
+
+
 SearchEvent = (
     Launching
     | Probing
@@ -237,6 +267,9 @@ SearchEvent = (
     | ConfigReduced
     | SearchSucceeded
     | SearchGaveUp
+    | ColdCacheAhead
+    | EstimateUnavailable
+    | DeviceProbeFailed
 )
 
 
@@ -473,11 +506,6 @@ class ProfileStoreHit:
 
 
 @dataclass(frozen=True)
-class DeviceProbeFailed:
-    error: str
-
-
-@dataclass(frozen=True)
 class MetricsListening:
     host: str
     port: int
@@ -509,6 +537,8 @@ DaemonEvent = (
     | ConfigReduced
     | SearchSucceeded
     | SearchGaveUp
+    | ColdCacheAhead
+    | EstimateUnavailable
     | StateChanged
     | StatusText
     | LoadingProgress

@@ -26,6 +26,7 @@ from r1sup.errors import R1supError
 from r1sup.events import (
     AttemptFailed,
     CapacityShort,
+    ColdCacheAhead,
     ColdCacheRelaunch,
     ConfigReduced,
     ConfigReloaded,
@@ -35,6 +36,7 @@ from r1sup.events import (
     DrainFinished,
     DrainSkipped,
     DrainStarted,
+    EstimateUnavailable,
     FirstFlags,
     HealthPassed,
     Heartbeat,
@@ -207,8 +209,20 @@ class LogSink:
                 log.warning("profile_degraded", key=key, reason=reason)
             case RetunePlanned(best_key):
                 log.info("retune_planned", best_key=best_key, reason="memory is back")
-            case DeviceProbeFailed(error):
-                log.debug("device_probe_failed", error=error)
+            case DeviceProbeFailed(error, search):
+                (log.warning if search else log.debug)("device_probe_failed", error=error)
+            case ColdCacheAhead(flags, proven_kv_cache_tokens, predicted_kv_gib, predicted_context, fits):
+                log.warning(
+                    "compile_cache_cold",
+                    flags=flags.to_dict(),
+                    proven_kv_cache_tokens=proven_kv_cache_tokens,
+                    predicted_kv_gib=round(predicted_kv_gib, 2),
+                    predicted_context=predicted_context,
+                    context_fits=fits,
+                    note="proven on a warm torch.compile cache; this start compiles from nothing",
+                )
+            case EstimateUnavailable(what, error):
+                log.debug(f"{what}_unavailable", error=error)
             case MetricsListening(host, port):
                 log.info("metrics_listening", host=host, port=port)
             case MetricsUnavailable(host, port, error):

@@ -18,8 +18,11 @@ from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
 from r1sup.events import (
     AttemptFailed,
     CapacityShort,
+    ColdCacheAhead,
     ColdCacheRelaunch,
     ConfigReduced,
+    DeviceProbeFailed,
+    EstimateUnavailable,
     FirstFlags,
     Launching,
     Probing,
@@ -350,7 +353,7 @@ class Tuner:
         try:
             self.know.device = devices.probe()
         except Exception as exc:  # noqa: BLE001
-            self.log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+            self.publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
 
     def run(
         self,
@@ -541,19 +544,12 @@ class Tuner:
             )
             est = memmodel.evaluate(self.know.arch, self.know.device, flags, version, calibration)
         except (ValueError, ZeroDivisionError) as exc:
-            self.log.debug("compile_cache_check_unavailable", error=str(exc))
+            self.publish(EstimateUnavailable("compile_cache_check", str(exc)))
             return
         length = flags.max_model_len or self.know.arch.max_position_embeddings
         cold_context = est.max_model_len(self.know.arch.max_position_embeddings)
-        self.log.warning(
-            "compile_cache_cold",
-            flags=flags.to_dict(),
-            proven_kv_cache_tokens=proven.kv_cache_tokens,
-            predicted_kv_gib=round(est.kv.gib, 2),
-            predicted_context=cold_context,
-            context_fits=cold_context >= length,
-            note="proven on a warm torch.compile cache; this start compiles from nothing",
-        )
+        fits = cold_context >= length
+        self.publish(ColdCacheAhead(flags, proven.kv_cache_tokens, est.kv.gib, cold_context, fits))
 
     def _memory(self, flags: EngineFlags, observations: dict[str, float]) -> list[dict[str, Any]]:
         """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""
@@ -562,7 +558,7 @@ class Tuner:
         try:
             return attempt_memory(self.know, flags, self.config, observations)
         except Exception as exc:  # noqa: BLE001 - a picture is never worth a failed search
-            self.log.debug("memory_chart_unavailable", error=f"{type(exc).__name__}: {exc}")
+            self.publish(EstimateUnavailable("memory_chart", f"{type(exc).__name__}: {exc}"))
             return []
 
     def _record(self, attempt: Attempt, result: TuneResult | None) -> None:
