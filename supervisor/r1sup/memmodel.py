@@ -3,7 +3,7 @@
 One function per term, each a function of the vLLM version and each naming the vLLM code it mirrors;
 :func:`evaluate` puts them together the way vLLM's start-up does and returns a :class:`Estimate` with
 every term's value and where it came from (``estimate``, or ``measured`` from a launch of the same
-box, model and version, see :class:`Calibration`). Planner, ladder, ``diagnose`` and the benchmarks
+box, model and version, see :class:`Calibration`). Planner, search, ``diagnose`` and the benchmarks
 use this module and no arithmetic of their own. No I/O, no clock; sizes are integer bytes.
 
 How vLLM V1 sizes the KV cache (``vllm/v1/worker/gpu_worker.py``, ``Worker.init_device`` and
@@ -922,7 +922,7 @@ GRAPH_BASE_GIB = 0.45
 GRAPH_BYTES_PER_GRAPH_LAYER = 148 * 1024
 # fitted: vLLM's estimate / the captured pool, median of the real logs that print both (0.7x to 3.4x)
 GRAPH_ESTIMATE_RATIO = 1.0
-# Policy, not memory (planner and ladder): eager mode decodes slower, so it is taken for a context only
+# Policy, not memory (planner and search): eager mode decodes slower, so it is taken for a context only
 # when it keeps the requested one or gives one this much longer than keeping the CUDA graphs does.
 EAGER_MIN_GAIN = 1.05
 

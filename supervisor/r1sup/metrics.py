@@ -40,7 +40,20 @@ class Metrics:
         self.state = Gauge("r1sup_state", "1 for the daemon's current state", ["state"], registry=r)
         self.launches = Counter("r1sup_launches", "vLLM launches", registry=r)
         self.failures = Counter("r1sup_failures", "classified failures", ["failure_class"], registry=r)
-        self.ladder_steps = Counter("r1sup_ladder_steps", "ladder steps taken", ["failure_class"], registry=r)
+        self.search_steps = Counter(
+            "r1sup_search_steps",
+            "the search's steps: new flags chosen after a failure",
+            ["failure_class"],
+            registry=r,
+        )
+        # the same count under its name of 0.1.0, for one release (dashboards and alerts move to
+        # r1sup_search_steps_total; the search is no longer a ladder)
+        self.ladder_steps = Counter(
+            "r1sup_ladder_steps",
+            "deprecated: r1sup_search_steps_total under its old name, removed after 0.2",
+            ["failure_class"],
+            registry=r,
+        )
         self.restarts = Counter("r1sup_restarts", "restarts after transient failures", registry=r)
         self.child_up = Gauge("r1sup_child_up", "1 while vLLM is serving and healthy", registry=r)
         self.probe_ttft = Gauge(
@@ -109,6 +122,11 @@ class Metrics:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+    def search_step(self, failure_class: str) -> None:
+        """The search chose new flags after a ``failure_class`` failure (both names counted)."""
+        self.search_steps.labels(failure_class=failure_class).inc()
+        self.ladder_steps.labels(failure_class=failure_class).inc()
 
     def set_state(self, state: str) -> None:
         for s in STATES:

@@ -19,15 +19,15 @@ from r1sup import health
 from r1sup import progress as P
 from r1sup.config import Config
 from r1sup.errors import InternalError
-from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
+from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Signalled
 from r1sup.failure import Failure
 from r1sup.figures import EMPTY as EMPTY_FIGURES
 from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_leftovers, port_holder
-from r1sup.logparse import LogLine, LogReader, Progress
+from r1sup.logparse import LogLine, LogReader
 from r1sup.logs import get_logger
-from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, StopRequested, Waiting
+from r1sup.loop import TURN_S, Done, Loop, Phase, StopRequested, Waiting
 
 if TYPE_CHECKING:
     from r1sup.probe import Connection as ProbeConnection
@@ -99,13 +99,11 @@ class Proven:
 
 @dataclass
 class Hooks:
-    """Ways the runner touches the world beyond the child, swappable in tests."""
+    """Ways the runner looks at the device beyond the child, swappable in tests. (What the runner
+    reports goes as events: :mod:`r1sup.events`; the daemon's heartbeat is :attr:`Runner.tick`.)"""
 
     memory_released: Callable[[Sequence[int]], bool] | None = None
     gpu_processes: Callable[[], list[Any]] = field(default=lambda: [])
-    on_progress: Callable[[Launch, Progress], None] = field(default=lambda launch, progress: None)
-    on_line: Callable[[Launch, LogLine], None] = field(default=lambda launch, line: None)
-    on_tick: Callable[[], None] = field(default=lambda: None)  # each turn of a waiting loop
 
 
 class Runner:
@@ -153,9 +151,8 @@ class Runner:
         # its flags gets the short probe (probe.probe_requests); set by prove_with
         self.proven: Proven | None = None
         self.clock: Callable[[], float] = time.monotonic  # the loop's clock (a replay test's fake one)
-        self.loop = Loop(
-            events, clock=lambda: self.clock(), tick=lambda: self.hooks.on_tick(), fault=self._fault
-        )
+        self.tick: Callable[[], None] = lambda: None  # each turn of a waiting loop (the daemon's heartbeat)
+        self.loop = Loop(events, clock=lambda: self.clock(), tick=lambda: self.tick(), fault=self._fault)
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -193,13 +190,11 @@ class Runner:
                 if isinstance(item, LogLine):
                     if self.relay:
                         self._relay(launch, item)
-                    self.hooks.on_line(launch, item)
                 else:
                     if launch.progress is not None:
                         step = launch.progress.observe(item.kind, item.numbers, self.clock())
                         if step is not None:
                             self._progress_step(launch, step)
-                    self.hooks.on_progress(launch, item)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
             launch.engine.eof = True
 

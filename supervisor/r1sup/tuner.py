@@ -15,6 +15,24 @@ from r1sup import bounds as B
 from r1sup import failure as F
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
+from r1sup.events import (
+    AttemptFailed,
+    CapacityShort,
+    ColdCacheAhead,
+    ColdCacheRelaunch,
+    ConfigReduced,
+    DeviceProbeFailed,
+    EstimateUnavailable,
+    FirstFlags,
+    Launching,
+    Probing,
+    Retrying,
+    SearchEvent,
+    SearchGaveUp,
+    SearchRefined,
+    SearchStepped,
+    SearchSucceeded,
+)
 from r1sup.failure import Failure
 from r1sup.figures import EMPTY as NO_FIGURES
 from r1sup.figures import Figures
@@ -28,6 +46,7 @@ from r1sup.knowledge import (
     planner_suggestions,
 )
 from r1sup.runner import Launch, Runner
+from r1sup.subscribers import logging_bus
 
 
 @dataclass
@@ -39,7 +58,7 @@ class Attempt:
     phase: str
     evidence: str
     seconds: float
-    change: str = ""  # what the ladder did next, and why
+    change: str = ""  # what the search did next, and why
     where: str = ""  # where the root cause was seen (process, pid, line of vLLM's output)
     why: str = ""  # why these flags were launched (the plan, the previous failure, a saved profile)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # loading phases (r1sup.progress)
@@ -109,9 +128,9 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
         know.arch = memmodel.arch_from_config(model_config)
         know.config_hash = modelinfo.config_hash(model_config)
     except ConfigError as exc:
-        know.notes.append(f"model architecture unknown ({exc.message}); the ladder uses vLLM's numbers only")
+        know.notes.append(f"model architecture unknown ({exc.message}); the search uses vLLM's numbers only")
     except (ValueError, KeyError, TypeError) as exc:
-        know.notes.append(f"model config.json not understood ({exc}); the ladder uses vLLM's numbers only")
+        know.notes.append(f"model config.json not understood ({exc}); the search uses vLLM's numbers only")
     for note in know.notes:
         log.info("planner_note", note=note)
     return know
@@ -148,57 +167,6 @@ def plan_first_decision(
     if rec.flags == flags:
         return flags, "as configured", None
     return rec.flags, "planned: " + flags.describe_change(rec.flags), None
-
-
-# --- what the search reports, as it happens (the daemon turns each into its state, status and metrics)
-
-
-@dataclass(frozen=True)
-class Launching:
-    attempt: int
-    flags: EngineFlags
-
-
-@dataclass(frozen=True)
-class Probing:
-    attempt: int
-    flags: EngineFlags
-
-
-@dataclass(frozen=True)
-class AttemptFailed:
-    attempt: int
-    failure: Failure
-
-
-@dataclass(frozen=True)
-class LadderStepped:
-    """The next launch's flags after a failure: ``attempt`` is the number of the launch they go to."""
-
-    attempt: int
-    old: EngineFlags
-    new: EngineFlags
-    failure_class: str
-
-    @property
-    def status(self) -> str:
-        return status_line(self.attempt, self.old, self.new, self.failure_class)
-
-
-@dataclass(frozen=True)
-class Retrying:
-    """A transient failure: the same flags again after ``seconds`` (launch ``attempt``)."""
-
-    attempt: int
-    seconds: float
-    failure_class: str
-
-    @property
-    def status(self) -> str:
-        return f"attempt {self.attempt}: retry in {self.seconds:.1f}s ({self.failure_class})"
-
-
-SearchEvent = Launching | Probing | AttemptFailed | LadderStepped | Retrying
 
 
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
@@ -270,7 +238,8 @@ class Tuner:
         record: Any = None,
     ) -> None:
         self.config = config
-        self.publish = publish or (lambda event: None)
+        # what the search reports goes as events: to the daemon's bus, else to a bus that logs them
+        self.publish = publish or logging_bus(log).publish
         self.runner = runner
         self.log = log
         self.know = know if know is not None else gather_knowledge(config, log)
@@ -283,7 +252,7 @@ class Tuner:
         try:
             self.know.device = devices.probe()
         except Exception as exc:  # noqa: BLE001
-            self.log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+            self.publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
 
     def run(
         self,
@@ -305,19 +274,13 @@ class Tuner:
                 result.history = search
                 result.exit_code, result.reason = give_up.exit_code, give_up.reason
                 result.suggestions = list(give_up.suggestions)
-                self.log.error(
-                    "ladder_exhausted",
-                    failure_class=F.NONE,
-                    reason=give_up.reason,
-                    suggestions=list(give_up.suggestions),
-                    exit_code=give_up.exit_code,
-                    launches=0,
-                )
+                suggested = tuple(give_up.suggestions)
+                self.publish(SearchGaveUp(F.NONE, give_up.reason, suggested, give_up.exit_code, launches=0))
                 if self.record is not None:
                     self.record.finish(result.to_dict(), final=True)
                 return result
             why = explain_first(why, self.know)
-            self.log.info("first_flags", flags=start.to_dict(), reason=why)
+            self.publish(FirstFlags(start, why))
         flags = start
         good: EngineFlags | None = None  # flags that passed before a refined launch
         attempt = 0
@@ -337,12 +300,7 @@ class Tuner:
             if failure.cls == F.NONE and launch.ready:
                 failure = self.runner.capacity_failure(launch) or F.NO_FAILURE
                 if failure.cls != F.NONE:
-                    self.log.error(
-                        "failure_classified",
-                        attempt=attempt,
-                        failure_class=failure.cls,
-                        evidence=failure.evidence,
-                    )
+                    self.publish(CapacityShort(attempt, failure))
                 elif self.config.probe.enabled:
                     self.publish(Probing(attempt, flags))
                     failure = self.runner.probe(launch)
@@ -372,7 +330,7 @@ class Tuner:
                 )
                 self._record(record, None)
                 self.runner.stop(launch, reason="refined by its own figures")
-                self.log.info("search_refined", old=flags.to_dict(), new=better.to_dict())
+                self.publish(SearchRefined(flags, better))
                 why = f"attempt {attempt} passed; its figures say a longer context fits"
                 flags = better
                 continue
@@ -388,7 +346,7 @@ class Tuner:
                 result.costs = search.costs(flags)
                 result.reduced = search.reduction(flags)
                 if result.reduced is not None:
-                    self.log.warning("config_reduced", **result.reduced)
+                    self.publish(ConfigReduced(result.reduced))
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
                 result.figures = figures
@@ -396,7 +354,7 @@ class Tuner:
                     result.live = launch
                 else:
                     self.runner.stop(launch, reason="tune finished")
-                self.log.info("tune_succeeded", launches=result.launches, flags=flags.to_dict())
+                self.publish(SearchSucceeded(result.launches, flags))
                 self._record(record, result)
                 return result
             if not warmed and self._cold_start_of_warm_profile(flags, launch, failure):
@@ -410,13 +368,7 @@ class Tuner:
                 )
                 self._record(record, None)
                 self.runner.stop(launch, reason=f"cold compile cache: {failure.cls}")
-                self.log.warning(
-                    "compile_cache_cold_relaunch",
-                    attempt=attempt,
-                    failure_class=failure.cls,
-                    flags=flags.to_dict(),
-                    kv_cache_gib=figures.kv_cache_gib,
-                )
+                self.publish(ColdCacheRelaunch(attempt, failure.cls, flags, figures.kv_cache_gib))
                 why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
                 continue
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
@@ -439,32 +391,18 @@ class Tuner:
                 result.exit_code = decision.exit_code
                 result.reason = decision.reason
                 result.suggestions = list(decision.suggestions)
-                self.log.error(
-                    "ladder_exhausted" if decision.exit_code == EXIT_NO_WORKING_CONFIG else "fatal_failure",
-                    failure_class=failure.cls,
-                    reason=decision.reason,
-                    suggestions=list(decision.suggestions),
-                    exit_code=decision.exit_code,
-                )
+                fatal = decision.exit_code != EXIT_NO_WORKING_CONFIG
+                suggested = tuple(decision.suggestions)
+                self.publish(SearchGaveUp(failure.cls, decision.reason, suggested, decision.exit_code, fatal))
                 self._record(record, result)
                 return result
             record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
-            self.log.info(
-                "ladder_step",
-                attempt=attempt,
-                failure_class=failure.cls,
-                evidence=failure.evidence[:300],
-                old=flags.to_dict(),
-                new=decision.flags.to_dict(),
-                change=flags.describe_change(decision.flags),
-                reason=decision.reason,
-            )
-            self.publish(LadderStepped(attempt + 1, flags, decision.flags, failure.cls))
+            new, reason = decision.flags, decision.reason
+            self.publish(SearchStepped(attempt + 1, flags, new, failure.cls, failure.evidence, reason))
             self._record(record, None)
             why = f"attempt {attempt} failed ({failure.cls}): {decision.reason}"
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
-                self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
                 self.publish(Retrying(attempt + 1, delay, failure.cls))
                 self.runner.sleep(delay)
             flags = decision.flags
@@ -498,19 +436,12 @@ class Tuner:
             )
             est = memmodel.evaluate(self.know.arch, self.know.device, flags, version, calibration)
         except (ValueError, ZeroDivisionError) as exc:
-            self.log.debug("compile_cache_check_unavailable", error=str(exc))
+            self.publish(EstimateUnavailable("compile_cache_check", str(exc)))
             return
         length = flags.max_model_len or self.know.arch.max_position_embeddings
         cold_context = est.max_model_len(self.know.arch.max_position_embeddings)
-        self.log.warning(
-            "compile_cache_cold",
-            flags=flags.to_dict(),
-            proven_kv_cache_tokens=proven.kv_cache_tokens,
-            predicted_kv_gib=round(est.kv.gib, 2),
-            predicted_context=cold_context,
-            context_fits=cold_context >= length,
-            note="proven on a warm torch.compile cache; this start compiles from nothing",
-        )
+        fits = cold_context >= length
+        self.publish(ColdCacheAhead(flags, proven.kv_cache_tokens, est.kv.gib, cold_context, fits))
 
     def _memory(self, flags: EngineFlags, figures: Figures) -> list[dict[str, Any]]:
         """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""
@@ -519,7 +450,7 @@ class Tuner:
         try:
             return attempt_memory(self.know, flags, self.config, figures)
         except Exception as exc:  # noqa: BLE001 - a picture is never worth a failed search
-            self.log.debug("memory_chart_unavailable", error=f"{type(exc).__name__}: {exc}")
+            self.publish(EstimateUnavailable("memory_chart", f"{type(exc).__name__}: {exc}"))
             return []
 
     def _record(self, attempt: Attempt, result: TuneResult | None) -> None:
@@ -528,10 +459,3 @@ class Tuner:
         self.record.attempt(attempt.to_dict())
         if result is not None:
             self.record.finish(result.to_dict(), final=result.live is None)
-
-
-def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
-    """``attempt 2: context 8192 -> 3712 (kv_insufficient)``: for systemd's STATUS= and humans."""
-    return (
-        f"attempt {attempt}: {old.describe_change(new).replace('max_model_len', 'context')} ({failure_class})"
-    )
