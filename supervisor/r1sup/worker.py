@@ -23,7 +23,7 @@ from r1sup import multinode
 from r1sup.config import Config
 from r1sup.endpoint import Endpoint, View, loop_limit_s
 from r1sup.errors import ConfigError
-from r1sup.events import ChildOutput, EventQueue
+from r1sup.events import ChildOutput, EventQueue, Signalled
 from r1sup.flags import EngineFlags
 from r1sup.launcher import (
     CHILD_MARK_VAR,
@@ -37,10 +37,10 @@ from r1sup.launcher import (
     resolve_model,
 )
 from r1sup.logs import get_logger
+from r1sup.loop import Done, Loop, Phase, Stop, StopRequested
 
 FETCH_TIMEOUT_S = 3.0
 MAX_STATUS_BYTES = 1024 * 1024  # the leader's status document is a few KiB
-TURN_S = 0.2  # the longest the loop waits for output before it looks at signals and the clock again
 
 
 def check_worker_config(config: Config) -> None:
@@ -140,6 +140,7 @@ class Worker:
         check_worker_config(config)
         self.config = config
         self.events = events or EventQueue()
+        self.loop = Loop(self.events, clock=clock)
         self.fetch = fetch
         self.clock = clock
         self.out = out if out is not None else sys.stdout
@@ -265,22 +266,42 @@ class Worker:
         )
 
     def wait(self, seconds: float) -> None:
-        """Forward vLLM's output for ``seconds``; a signal ends the wait within :data:`TURN_S`."""
-        deadline = self.clock() + seconds
-        while not self.events.signals:
-            left = deadline - self.clock()
-            if left <= 0:
-                return
-            event = self.events.get(timeout=min(TURN_S, left))
-            if isinstance(event, ChildOutput):
-                self.out.write(event.line + "\n")
-                self.out.flush()
+        """Forward vLLM's output for ``seconds``; a signal ends the wait within the loop's turn."""
+        try:
+            self.loop.run(Forwarding(self.out, until=self.clock() + seconds))
+        except StopRequested:
+            return
 
     def drain_output(self) -> None:
-        while True:
-            event = self.events.get(timeout=0)
+        """Forward what vLLM printed and is still queued (after a stop), then return."""
+        self.loop.run(Forwarding(self.out, until=self.clock(), drain=True))
+
+
+class Forwarding(Phase):
+    """The worker's one phase: vLLM's lines go to ``out`` until ``until``; with ``drain``, until the
+    queue is empty (a stop's last lines), signals or not."""
+
+    ticks = False
+    faults = False
+
+    def __init__(self, out: Any, until: float, drain: bool = False) -> None:
+        self.out = out
+        self.until = until
+        self.drain = drain
+
+    def due(self, now: float) -> float:
+        return 0.0 if self.drain else self.until - now
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        return None if self.drain else Stop(signal.signum)
+
+    def on(self, event: Any, now: float) -> Any:
+        if isinstance(event, ChildOutput):
+            self.out.write(event.line + "\n")
+        if self.drain:
             if event is None:
                 self.out.flush()
-                return
-            if isinstance(event, ChildOutput):
-                self.out.write(event.line + "\n")
+                return Done()
+            return None
+        self.out.flush()
+        return Done() if now >= self.until else None
