@@ -12,11 +12,10 @@ import pytest
 from r1sup import config as cfg
 from r1sup import failure as F
 from r1sup.daemon import Daemon, IllegalTransition, State
-from r1sup.events import EventQueue
+from r1sup.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.flags import EngineFlags
 from r1sup.runner import Runner
 from r1sup.session import Session
-from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing
 from r1sup_proc import write_config
 from replay import Recorded
 
@@ -50,7 +49,7 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
     d.on_search(Launching(1, first))
     assert d.state is State.LAUNCHING and d.flags == first
     d.on_search(AttemptFailed(1, oom))
-    d.on_search(LadderStepped(2, first, second, oom.cls))
+    d.on_search(SearchStepped(2, first, second, oom.cls))
     d.on_search(Launching(2, second))
     d.on_search(Probing(2, second))
     assert d.state is State.PROBING and d.flags == second

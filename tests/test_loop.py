@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from r1sup.events import ChildOutput, EventQueue
-from r1sup.loop import Done, Loop, LoopReentered, Phase, ReloadRequested, Signalled, StopRequested, Waiting
+from r1sup.events import ChildOutput, EventQueue, ReloadRequested, Signalled
+from r1sup.loop import Done, Loop, LoopReentered, Phase, StopRequested, Waiting
 from replay import FakeClock, ScriptedQueue
 
 PACKAGE = Path(__file__).resolve().parents[1] / "supervisor" / "r1sup"

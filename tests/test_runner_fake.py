@@ -24,6 +24,7 @@ from r1sup import config as cfg
 from r1sup import failure as F
 from r1sup.capacity import asked, verified
 from r1sup.events import EventQueue
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.logs import get_logger
 from r1sup.probe import (
@@ -348,12 +349,15 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
         full_size = launch.probe["prompt_tokens"]
         # vLLM allocated this launch the KV cache the full probe passed with: short prompts
-        kv = launch.observations["kv_cache_tokens"]
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, {"kv_cache_tokens": kv})
+        kv = launch.figures.kv_cache_tokens
+        assert kv is not None
+        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv))
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] <= SHORT_PROMPT_TOKENS
         # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, {"kv_cache_tokens": kv + 1})
+        runner.prove_with(
+            launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv + 1)
+        )
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] > SHORT_PROMPT_TOKENS
     finally:
@@ -475,7 +479,7 @@ def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
             assert [(e["sent_at_once"], e["ran_at_once"], e["max_num_seqs"]) for e in queued] == [(4, 1, 1)]
         else:
             assert not p["queued"] and not queued
-        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
         assert capacity is not None and capacity["context_requests"] == proven
         assert capacity["asked_requests"] == 4 and capacity["reduced"] == (proven < 4)
         # the concurrency wave: none where vLLM runs one sequence (the user's own max_num_seqs, as
@@ -522,7 +526,7 @@ def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_
         assert wave["running_peak"] == 2 and not wave["queued"]
         (passed,) = [e for e in logs if e["event"] == "probe_passed"]
         assert passed["wave"]["sent"] == 2 and passed["wave"]["concurrency_proven"] == 2
-        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
         assert capacity is not None and (capacity["requests"], capacity["context_requests"]) == (2, 1)
         assert (capacity["asked_concurrent"], capacity["concurrent_limit"]) == (16, 2) and capacity["reduced"]
         size = capacity["concurrent_prompt_tokens"]

@@ -5,7 +5,7 @@ and exit 0 (a second one forces), SIGHUP reloads the config. While serving: ``/h
 ``daemon.health_interval_s``, vLLM's progress figures (``/metrics``, its stats line) every
 ``daemon.liveness_interval_s`` and the engine's processes; :mod:`r1sup.liveness` decides from them
 whether the engine is alive, idle or hung (a one-token completion breaks the tie when it is idle).
-A memory failure steps down the ladder and saves the new profile; a transient one restarts with
+A memory failure takes the search's next flags and saves the new profile; a transient one restarts with
 capped exponential backoff with jitter (tenacity), the budget reset after a stable period; beyond it
 r1sup exits 5 for systemd's limits. A stop r1sup chooses (SIGTERM, a reload that changes flags)
 first lets the requests in flight finish (state ``draining``).
@@ -23,8 +23,9 @@ from typing import Any, Protocol
 import tenacity
 
 from r1sup import __version__, fleet, health, liveness, logs, policy, watch
-from r1sup import bus as B
+from r1sup import events as B  # the bus's events (r1sup.events; B.X reads: the event X)
 from r1sup import failure as F
+from r1sup.bus import Bus
 from r1sup.config import Config
 from r1sup.errors import (
     EXIT_FATAL_FAILURE,
@@ -34,21 +35,28 @@ from r1sup.errors import (
     InternalError,
     R1supError,
 )
-from r1sup.events import CheckDone, ChildEOF, ChildOutput
+from r1sup.events import (
+    AttemptFailed,
+    CheckDone,
+    ChildEOF,
+    ChildOutput,
+    Launching,
+    Probing,
+    ReloadRequested,
+    Retrying,
+    SearchEvent,
+    SearchStepped,
+    Signalled,
+)
 from r1sup.failure import Failure
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
-from r1sup.loop import Done, Phase, ReloadRequested, Signalled, Stop, StopRequested
+from r1sup.loop import Done, Phase, Stop, StopRequested
 from r1sup.notify import Notifier
 from r1sup.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
 from r1sup.session import Session, now_iso, save_profile
 from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
 from r1sup.tuner import (
-    AttemptFailed,
-    LadderStepped,
-    Launching,
-    Probing,
-    Retrying,
-    SearchEvent,
     Tuner,
     TuneResult,
     footing,
@@ -137,10 +145,10 @@ class Daemon:
         self.clock: Callable[[], float] = lambda: self.runner.clock()
         self.heartbeat = self.clock()  # the loop's last turn, for /livez
         self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
-        self.runner.hooks.on_tick = self._on_tick
+        self.runner.tick = self._on_tick
         # each fact is published once; the subscribers write the sinks (metrics first, the log line
         # last: when it appears, status.json, /metrics and systemd already say so)
-        self.bus = B.Bus(self.log)
+        self.bus = Bus(self.log)
         self.publish = self.bus.publish
         self.metrics_sink: MetricsSink | None = None
         if self.config.daemon.metrics_port:
@@ -296,9 +304,9 @@ class Daemon:
         except OSError as exc:
             self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
 
-    def _served_figures(self) -> dict[str, float]:
+    def _served_figures(self) -> Figures:
         current = self.runner.current
-        return dict(current.observations) if current is not None else {}
+        return current.figures if current is not None else Figures()
 
     def endpoint_view(self) -> Any:
         """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
@@ -642,10 +650,10 @@ class Daemon:
             search = self.history
             if not isinstance(search, S.Search):
                 search = new_search(
-                    self.config, self.know, launch_calibration(self.know, flags, dict(launch.observations))
+                    self.config, self.know, launch_calibration(self.know, flags, launch.figures)
                 )
             self._tuner().refresh_device()
-            decision = search.after(S.Outcome(flags, failure, dict(launch.observations), self.know.device))
+            decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
             if isinstance(decision, S.GiveUp):
                 return TuneResult(
                     ok=False,
@@ -654,7 +662,7 @@ class Daemon:
                     suggestions=list(decision.ways_out),
                 )
             self.history = search
-            step = LadderStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
+            step = SearchStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
             self.publish(B.StepAfterServing(step, failure.evidence, decision.reason))
             result = self._tuner().run(
                 decision.flags,

@@ -33,6 +33,7 @@ from r1sup.config import Config
 from r1sup.events import ChildEOF, ChildOutput, EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.logs import MASK
+from r1sup.multinode import node_args
 
 MAX_LINE_BYTES = 64 * 1024
 CHILD_MARK_VAR = "R1SUP_INSTANCE"
@@ -92,6 +93,7 @@ def build_spec(
     if config.model.revision:
         argv += ["--revision", config.model.revision]
     argv += flags.to_argv()
+    argv += node_args(config.multinode, 0)  # the leader: node 0 of a group (nothing on one box)
     argv += list(managed)
     argv += list(server.extra_args)
     env = engine_env(config, base_env)

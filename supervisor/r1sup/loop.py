@@ -7,11 +7,11 @@ an exit) is a :class:`Phase`. :meth:`Loop.run` turns the loop for it::
     outcome = phase.on(event, now)
 
 ``on`` returns None to go on, another phase to hand over to, or :class:`Done` with the phase's outcome.
-Before each read the loop hands the phase what the signal handlers queued (:class:`Signalled`, and
-:class:`ReloadRequested` to a phase that takes reloads) and, for phases that want it, calls the tick
-(watchdog, start timeout, the progress line). A stop signal a phase does not take ends the loop as
-:class:`StopRequested`, raised here and nowhere else; a fault of r1sup's own (an exception in a check
-thread) is raised here too.
+Before each read the loop hands the phase what the signal handlers queued (``Signalled``, and
+``ReloadRequested`` to a phase that takes reloads: events of :mod:`r1sup.events`, as the queue's are)
+and, for phases that want it, calls the tick (watchdog, start timeout, the progress line). A stop
+signal a phase does not take ends the loop as :class:`StopRequested`, raised here and nowhere else; a
+fault of r1sup's own (an exception in a check thread) is raised here too.
 
 A phase never enters the loop from its own turn: it hands over to another phase (a flush of the output
 that explains a failure, the stop after it) and that phase's outcome ends the run; a run inside a run
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from r1sup.events import EventQueue
+from r1sup.events import EventQueue, ReloadRequested, Signalled
 
 TURN_S = 0.2  # the longest a turn waits for an event: signals and timers are looked at this often
 
@@ -46,19 +46,6 @@ class StopRequested(Exception):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(f"signal {signum}")
-
-
-@dataclass(frozen=True)
-class Signalled:
-    """SIGTERM/SIGINT queued by the handler: the first one's number and how many came so far."""
-
-    signum: int
-    count: int
-
-
-@dataclass(frozen=True)
-class ReloadRequested:
-    """SIGHUP queued by the handler (given only to a phase with ``reloads = True``)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from r1sup import failure as F
@@ -22,13 +22,15 @@ from r1sup import health
 from r1sup import progress as P
 from r1sup.config import Config
 from r1sup.errors import InternalError, R1supError
-from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
+from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Signalled
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as EMPTY_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec
-from r1sup.logparse import LogLine, LogReader, Progress
+from r1sup.logparse import LogLine, LogReader
 from r1sup.logs import get_logger
-from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, Stop, StopRequested, Waiting
+from r1sup.loop import TURN_S, Done, Loop, Phase, Stop, StopRequested, Waiting
 from r1sup.world import World
 
 if TYPE_CHECKING:
@@ -75,12 +77,12 @@ class Launch:
         return self.engine.proc is not None
 
     @property
-    def observations(self) -> dict[str, float]:
+    def figures(self) -> Figures:
         """What vLLM printed, and ``compile_cache_cold`` (1.0: this launch compiled from nothing)."""
-        obs = dict(self.reader.observations)
+        figures = self.reader.figures
         if self.compile_cache is not None:
-            obs["compile_cache_cold"] = 1.0 if self.compile_cache == "cold" else 0.0
-        return obs
+            figures = replace(figures, compile_cache_cold=1.0 if self.compile_cache == "cold" else 0.0)
+        return figures
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,11 @@ class Proven:
 
 @dataclass
 class Hooks:
-    """Ways the runner touches the world beyond the child, swappable in tests."""
+    """Ways the runner looks at the device beyond the child, swappable in tests. (What the runner
+    reports goes as events: :mod:`r1sup.events`; the daemon's heartbeat is :attr:`Runner.tick`.)"""
 
     memory_released: Callable[[Sequence[int]], bool] | None = None
     gpu_processes: Callable[[], list[Any]] = field(default=lambda: [])
-    on_progress: Callable[[Launch, Progress], None] = field(default=lambda launch, progress: None)
-    on_line: Callable[[Launch, LogLine], None] = field(default=lambda launch, line: None)
-    on_tick: Callable[[], None] = field(default=lambda: None)  # each turn of a waiting loop
 
 
 CheckFn = Callable[[], tuple[bool, str, Any]]  # a check's work: (ok, detail, payload)
@@ -190,9 +190,8 @@ class Runner:
         # its flags gets the short probe (probe.probe_requests); set by prove_with
         self.proven: Proven | None = None
         self.clock: Callable[[], float] = self.world.clock  # the loop's clock (a replay test's fake one)
-        self.loop = Loop(
-            events, clock=lambda: self.clock(), tick=lambda: self.hooks.on_tick(), fault=self.take_fault
-        )
+        self.tick: Callable[[], None] = lambda: None  # each turn of a waiting loop (the daemon's heartbeat)
+        self.loop = Loop(events, clock=lambda: self.clock(), tick=lambda: self.tick(), fault=self.take_fault)
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -260,13 +259,11 @@ class Runner:
                 if isinstance(item, LogLine):
                     if self.relay:
                         self._relay(launch, item)
-                    self.hooks.on_line(launch, item)
                 else:
                     if launch.progress is not None:
                         step = launch.progress.observe(item.kind, item.numbers, self.clock())
                         if step is not None:
                             self._progress_step(launch, step)
-                    self.hooks.on_progress(launch, item)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
             launch.engine.eof = True
 
@@ -305,12 +302,12 @@ class Runner:
         launch = self.current
         if launch is None:
             return {"progress": None}
-        obs = launch.observations
+        figures = launch.figures
         out: dict[str, Any] = {
             "attempt": launch.attempt,
-            "max_model_len": launch.flags.max_model_len or _int(obs.get("max_model_len")),
-            "kv_cache_tokens": _int(obs.get("kv_cache_tokens")),
-            "memory_gib": memory_in_use_gib(obs, launch.flags.tensor_parallel_size),
+            "max_model_len": launch.flags.max_model_len or _int(figures.max_model_len),
+            "kv_cache_tokens": _int(figures.kv_cache_tokens),
+            "memory_gib": figures.memory_in_use_gib(launch.flags.tensor_parallel_size),
             "progress": None,
         }
         if launch.progress is not None and not launch.progress.ended:
@@ -479,23 +476,22 @@ class Runner:
         self,
         flags: EngineFlags | None,
         probe: Mapping[str, Any] | None = None,
-        observations: Mapping[str, float] | None = None,
+        figures: Figures = EMPTY_FIGURES,
     ) -> None:
         """A saved profile's flags, the record of its full probe and the figures vLLM printed when it
         passed (its KV cache): a launch with those flags gets the short probe; None forgets it."""
         if flags is None or probe is None:
             self.proven = None
             return
-        obs = observations or {}
         self.proven = Proven(
-            flags.to_dict(), dict(probe), obs.get("kv_cache_tokens"), obs.get("compile_cache_cold")
+            flags.to_dict(), dict(probe), figures.kv_cache_tokens, figures.compile_cache_cold
         )
 
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
         tgt = self.config.target
-        obs = launch.observations
-        tokens = obs.get("kv_cache_tokens")
+        figures = launch.figures
+        tokens = figures.kv_cache_tokens
         if tgt.concurrency and tgt.context and tokens is not None:
             need = tgt.concurrency * tgt.context
             if tokens < need:
@@ -504,7 +500,7 @@ class Runner:
                     F.PHASE_KV_CACHE,
                     evidence=f"KV cache holds {int(tokens)} tokens; the target needs {tgt.concurrency} x "
                     f"{tgt.context} = {need}",
-                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": obs.get("kv_cache_gib", 0.0)},
+                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": figures.kv_cache_gib or 0.0},
                     detail="target",
                 )
         return None
@@ -523,12 +519,7 @@ class Runner:
 
         p = self.config.probe
         tgt = self.config.target
-        context = (
-            tgt.context
-            or launch.flags.max_model_len
-            or int(launch.observations.get("max_model_len", 0))
-            or 2048
-        )
+        context = tgt.context or launch.flags.max_model_len or int(launch.figures.max_model_len or 0) or 2048
         concurrency = p.concurrency or tgt.concurrency or 1
         prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
         same = (
@@ -537,9 +528,7 @@ class Runner:
         proven = same.probe if same is not None else None
         requests, short = probe_requests(p.requests, concurrency, prompt_tokens, proven)
         brief = (
-            short_prompt_tokens(
-                prompt_tokens, same.kv_cache_tokens, launch.observations.get("kv_cache_tokens")
-            )
+            short_prompt_tokens(prompt_tokens, same.kv_cache_tokens, launch.figures.kv_cache_tokens)
             if same is not None and short and not p.prompt_tokens
             else None
         )
@@ -550,7 +539,7 @@ class Runner:
         wave = wave_size(
             p.max_concurrency,
             launch.flags.max_num_seqs,
-            launch.observations.get("kv_cache_tokens"),
+            launch.figures.kv_cache_tokens,
             launch.reader.block_size,
             wave_prompt + wave_output_tokens(p.output_tokens),
         )
@@ -610,7 +599,7 @@ class Runner:
                     ran_at_once=result.get("concurrency_proven"),
                     waiting_peak=result.get("waiting_peak"),
                     max_num_seqs=launch.flags.max_num_seqs,
-                    kv_cache_tokens=_int(launch.observations.get("kv_cache_tokens")),
+                    kv_cache_tokens=_int(launch.figures.kv_cache_tokens),
                 )
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
@@ -974,19 +963,6 @@ def _first(result: Mapping[str, Any]) -> str:
 
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def memory_in_use_gib(obs: Mapping[str, float], gpus: int = 1) -> float | None:
-    """Device memory vLLM holds by its own account (weights, non-torch, CUDA graphs, KV cache, summed
-    over the tensor-parallel GPUs); None before it printed its figures."""
-    weights, kv = obs.get("weights_gib"), obs.get("kv_cache_gib")
-    if weights is None or kv is None:
-        return None
-    non_torch = obs.get("non_torch_gib")
-    if non_torch is None and obs.get("consumed_gib") is not None:
-        non_torch = max(0.0, obs["consumed_gib"] - weights)
-    per_gpu = weights + (non_torch or 0.0) + (obs.get("cudagraph_gib") or 0.0) + kv
-    return round(per_gpu * max(1, gpus), 2)
 
 
 def _folded(launch: Launch) -> dict[str, Any]:

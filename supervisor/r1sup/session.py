@@ -104,7 +104,7 @@ def capacity_of(config: Any, result: Any) -> dict[str, Any] | None:
     return capacity.verified(
         result.probe,
         flags,
-        dict(result.observations),
+        result.figures,
         capacity.asked(config),
         reduced=getattr(result, "reduced", None),
     )
@@ -131,7 +131,7 @@ def save_profile(
         flags=result.flags,
         command=list(result.command),
         probe=result.probe,
-        observations=dict(result.observations),
+        observations=result.figures,
         attempts=[a.to_dict() for a in result.attempts],
     )
     reduced = getattr(result, "reduced", None)
