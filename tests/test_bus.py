@@ -623,8 +623,8 @@ def test_serving_reaches_every_sink_before_its_log_line(tmp_path: Path):
     d = Daemon(Session(config, None, log, events, Runner(config, events, log=Calls()), {}), notifier=notifier)
     assert d.metrics_sink is not None
     metrics = d.metrics_sink.metrics
-    d._on_search(Launching(1, FIRST))
-    d._on_search(Probing(1, FIRST))
+    d.on_search(Launching(1, FIRST))
+    d.on_search(Probing(1, FIRST))
     d._served(TuneResult(ok=True, exit_code=0, flags=FIRST, probe={"ok": True}))
     assert seen_at_log == {"state": "serving", "up": 1.0, "ready": True}
     assert [event for _, event, _ in log.calls] == ["state_changed"] * 3 + ["serving"]

@@ -46,12 +46,12 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
     d, notifier = daemon(tmp_path)
     first, second = EngineFlags(max_model_len=8192), EngineFlags(max_model_len=4096)
     oom = F.Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, evidence="CUDA out of memory")
-    d._on_search(Launching(1, first))
+    d.on_search(Launching(1, first))
     assert d.state is State.LAUNCHING and d.flags == first
-    d._on_search(AttemptFailed(1, oom))
-    d._on_search(SearchStepped(2, first, second, oom.cls))
-    d._on_search(Launching(2, second))
-    d._on_search(Probing(2, second))
+    d.on_search(AttemptFailed(1, oom))
+    d.on_search(SearchStepped(2, first, second, oom.cls))
+    d.on_search(Launching(2, second))
+    d.on_search(Probing(2, second))
     assert d.state is State.PROBING and d.flags == second
     assert statuses(notifier) == [
         "attempt 1: launching vLLM",
@@ -68,4 +68,4 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
 def test_an_event_the_state_table_forbids_is_refused(tmp_path: Path):
     d, _ = daemon(tmp_path)
     with pytest.raises(IllegalTransition, match="planning -> probing"):
-        d._on_search(Probing(1, EngineFlags()))
+        d.on_search(Probing(1, EngineFlags()))

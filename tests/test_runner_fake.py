@@ -47,6 +47,7 @@ from r1sup.probe import (
     wave_size,
 )
 from r1sup.runner import Launch, Runner
+from r1sup.world import World
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
 
@@ -227,12 +228,12 @@ def test_a_probe_child_that_died_while_it_waited_is_r1sups_failure() -> None:
 # --- the runner on the fake engine -------------------------------------------------------------------
 
 
-def make_runner(tmp_path: Path, **scenario_fields: Any) -> tuple[Runner, Path]:
+def make_runner(tmp_path: Path, world: World | None = None, **scenario_fields: Any) -> tuple[Runner, Path]:
     scenario = fake_scenario(tmp_path, **scenario_fields)
     body = fake_body(tmp_path, model=QWEN_7B, server={"env": fake_env(scenario)})
     path = write_config(tmp_path / "r1sup.toml", body)
     config = cfg.load(path, environ={})
-    return Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False), path
+    return Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False, world=world), path
 
 
 def probe_children() -> list[psutil.Process]:
@@ -292,18 +293,25 @@ def test_an_engine_whose_readiness_line_is_not_seen_is_found_ready_by_polling(tm
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_probe_child_starts_with_the_engine_and_runs_the_probe(tmp_path: Path) -> None:
-    runner, path = make_runner(tmp_path)
+    made: list[ProbeProcess] = []  # the probe's children, as the runner's world makes them
+
+    def probe_process(connection: Any) -> ProbeProcess:
+        made.append(ProbeProcess(connection=connection))
+        return made[-1]
+
+    runner, path = make_runner(tmp_path, world=World(probe_process=probe_process))
     launch = None
     try:
         launch = launch_ready(runner)
         waiting = probe_children()
         assert len(waiting) == 1, "one probe child, started before vLLM was ready"
+        assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe["succeeded"] == 4
-        assert runner._probe_proc is not None and runner._probe_proc.pid == waiting[0].pid  # noqa: SLF001
+        assert made[0].used and len(made) == 1  # the probe ran in the child started with the engine
         # a second probe of the same launch starts a child of its own
         assert runner.probe(launch) == F.NO_FAILURE
-        assert runner._probe_proc.pid != waiting[0].pid  # noqa: SLF001
+        assert len(made) == 2 and made[1].used and made[1].pid != waiting[0].pid
     finally:
         cleanup(runner, launch, path)
 

@@ -34,7 +34,11 @@ class Session:
 
         key = preflight.key(self.config)
         if self.checked is None or self.checked[0] != key:
-            result = preflight.run(self.config, log=self.log, check=self.runner.check_signals, cache=True)
+            # the import of vLLM takes up to minutes: a check off the loop's thread, the loop turning
+            world, config, log = self.runner.world, self.config, self.log
+            result = self.runner.off_loop(
+                "preflight", lambda cancelled: world.preflight(config, log, cancelled)
+            )
             self.checked = (key, result)
         return self.checked[1]
 

@@ -242,15 +242,13 @@ class Tuner:
         self.publish = publish or logging_bus(log).publish
         self.runner = runner
         self.log = log
-        self.know = know if know is not None else gather_knowledge(config, log)
+        self.know = know if know is not None else runner.world.knowledge(config, log)
         self.bounds = B.Bounds.from_config(config)
         self.record = record  # r1sup.runrecord.RunLog: every attempt for `r1sup report`
 
     def refresh_device(self) -> None:
-        from r1sup import devices
-
         try:
-            self.know.device = devices.probe()
+            self.know.device = self.runner.world.device()
         except Exception as exc:  # noqa: BLE001
             self.publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
 

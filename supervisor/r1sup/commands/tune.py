@@ -67,11 +67,11 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup import fleet, runrecord
     from r1sup.flags import EngineFlags
-    from r1sup.tuner import footing, gather_knowledge
+    from r1sup.tuner import footing
 
     config = session.config
     checked = session.preflight()  # before any model load; raises with nothing launched
-    know = gather_knowledge(config, session.log, engine=checked.engine)
+    know = session.runner.world.knowledge(config, session.log, engine=checked.engine)
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
     tuner = Tuner(config, session.runner, session.log, know=know, record=record)
     record.device(know.device)
