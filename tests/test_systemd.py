@@ -259,7 +259,8 @@ def test_vllm_serves_under_the_units_system_call_filter(tmp_path: Path, tiny_mod
     assert probe.returncode == 7
 
     port = free_port()
-    body = tiny_engine_config(tmp_path, tiny_model, port, daemon={"health_interval_s": 1.0})
+    # compiled, as in production: the compile warm-up's system calls (Inductor runs the C++ compiler)
+    body = tiny_engine_config(tmp_path, tiny_model, port, compiled=True, daemon={"health_interval_s": 1.0})
     config = write_config(tmp_path / "r1sup.toml", body)
     log = (tmp_path / "r1sup.log").open("w")
     argv = [sys.executable, str(SECCOMP_RUN), str(allowed), "r1sup.cli", "--log-format", "json"]

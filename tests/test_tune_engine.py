@@ -26,7 +26,10 @@ def run_tune(config: Path, *extra: str, timeout: float = 800) -> tuple[int, dict
 
 
 def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Path, tiny_model: Path):
-    body = tiny_engine_config(tmp_path, tiny_model, free_port(), start={"max_model_len": 32768})
+    # compiled: the phases below include the compile warm-up ("profiling")
+    body = tiny_engine_config(
+        tmp_path, tiny_model, free_port(), start={"max_model_len": 32768}, compiled=True
+    )
     config = write_config(tmp_path / "c.toml", body)
     try:
         code, result, proc = run_tune(config)
@@ -85,6 +88,7 @@ def test_bf16_only_takes_vllms_estimate(tmp_path: Path, tiny_model: Path):
         kill_engine_processes(config)
 
 
+@pytest.mark.serial  # its second launch takes nearly all free memory: no engine beside it
 def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path, tiny_model: Path):
     body = tiny_engine_config(
         tmp_path,
