@@ -39,9 +39,9 @@ from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engi
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
-MAX_TOKENS = 12
+MAX_TOKENS = 32
 WORKERS = 4
-MOST_REQUESTS = 400  # the flood's bound in count (it ends by itself well before); the timeout bounds time
+MOST_REQUESTS = 1500  # the flood's bound in count (it ends by itself well before); the timeout bounds time
 PACE_S = 1.0  # until both replicas serve, one worker sends, pausing this long between requests
 AFTER_ROLL = 12  # requests the flood still sends once A has exited (all to B)
 UNREADY_S = 1.5  # A's /readyz is 503 this long before vLLM stops taking requests (> the Service's poll)
@@ -255,6 +255,10 @@ def test_a_rolling_restart_under_a_flood_loses_no_accepted_request(tmp_path: Pat
         stop.set()
         service.close()
         print("answers:", Counter((r, what[:80]) for r, what in answers).most_common(8))
+        wanted = ("stop_requested", "state_changed", "drain_started", "drain_finished", "engine_stopped")
+        for e in proc_a.events:
+            if e.get("event") in wanted:
+                print("A:", e.get("timestamp"), e.get("event"), {k: e.get(k) for k in ("new", "seconds")})
         for proc, config in ((proc_a, config_a), (proc_b, config_b)):
             if proc.proc.poll() is None:
                 proc.signal(signal.SIGTERM)
