@@ -893,8 +893,9 @@ class Serving(Phase):
 class Draining(Phase):
     """A stop r1sup chose waits for the requests in flight (see :meth:`Daemon._drain`), in two steps.
 
-    Open: vLLM takes requests; the step ends at the first read of ``/metrics`` begun after ``quiet_at``
-    that shows none pending. Closing (a vLLM that drains itself): SIGTERM to its API server, which
+    Open: vLLM takes requests; the step ends once ``QUIET_READS`` reads of ``/metrics`` in a row, begun
+    after ``quiet_at``, show none pending (a request still in vLLM's HTTP layer is not in its figures
+    yet). Closing (a vLLM that drains itself): SIGTERM to its API server, which
     finishes what it holds and exits. An older vLLM ends at the open step. Either ends at ``deadline``;
     a vLLM still open at the midpoint between ``quiet_at`` and ``deadline`` is closed then (the rest is
     for the requests in flight), and one closed at or after the deadline still gets ``CLOSE_S``. For a
@@ -902,6 +903,7 @@ class Draining(Phase):
     shutdown."""
 
     READ_EVERY_S = 0.5
+    QUIET_READS = 2
     CLOSE_S = 5.0  # the least a vLLM asked to close gets to finish what slipped in since the last read
 
     def __init__(
@@ -927,6 +929,7 @@ class Draining(Phase):
         self.for_shutdown = for_shutdown
         self.next_read = daemon.clock()
         self.read_since: float | None = None  # when the read in progress began
+        self.quiet_reads = 0  # reads in a row begun after quiet_at that showed none pending
         self.closing = False
         self.complete = False
 
@@ -958,7 +961,8 @@ class Draining(Phase):
                 self.figures = read.figures
                 self.d.set_status(liveness.drain_status(read.figures))
                 quiet = read.figures.pending == 0 and began is not None and began >= self.quiet_at
-                if quiet and not self.closing:
+                self.quiet_reads = self.quiet_reads + 1 if quiet else 0
+                if self.quiet_reads >= self.QUIET_READS and not self.closing:
                     if not self.itself:
                         self.complete = True
                         return Done()
