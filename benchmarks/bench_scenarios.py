@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -80,7 +81,7 @@ import psutil  # noqa: E402
 from fakevllm.optimum import Bounds as OptBounds  # noqa: E402
 from fakevllm.optimum import optimum  # noqa: E402
 from fakevllm.scenario import load_scenario  # noqa: E402
-from r1sup import planner  # noqa: E402
+from r1sup.bounds import Bounds  # noqa: E402
 from r1sup.flags import EngineFlags  # noqa: E402
 from r1sup_proc import write_config  # noqa: E402
 from scenarios import QUICK, QUICK_ADVERSARIAL, SCENARIOS, BenchScenario, by_id  # noqa: E402
@@ -265,8 +266,8 @@ def user_flags(bs: BenchScenario) -> EngineFlags:
     return EngineFlags(**dict(bs.start))
 
 
-def ladder_bounds(bs: BenchScenario) -> dict[str, Any]:
-    return {**planner.DEFAULT_BOUNDS, **dict(bs.ladder)}
+def ladder_bounds(bs: BenchScenario) -> Bounds:
+    return dataclasses.replace(Bounds(), **dict(bs.ladder))
 
 
 # --- the three ways ---------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from r1sup.notify import Notifier
 from r1sup.runner import Runner
 from r1sup.session import Session
 from r1sup.tuner import ModelKnowledge
+from r1sup.world import World
 from r1sup_proc import write_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
@@ -150,6 +151,8 @@ class Script:
     completion_s: Callable[[float], float | None] = lambda s: CHECK_LATENCY_S
     drain_s: float | None = None  # asked to drain (SIGTERM to its leader): exits this much later
     # (None: once its figures show nothing pending)
+    term_ignored: bool = False  # SIGTERM to its group does nothing: only SIGKILL ends it
+    teardown: list[str] = field(default_factory=list)  # lines it prints after SIGTERM, 0.5 s apart
 
 
 class FakeEngine:
@@ -222,10 +225,31 @@ class FakeEngine:
                 self._exit(at, 0)
                 return
 
-    def stop(self, timeout: float, **kwargs: Any) -> StopReport:
+    def begin_stop(self) -> bool:
+        """SIGTERM to its group: it prints its teardown lines and exits (unless the script ignores it)."""
         self.stopped_by = "stop"
-        if self.alive():
-            self._exit(self.h.clock(), -15)
+        if not self.alive():
+            return False
+        now, s = self.h.clock(), self.script
+        for i, line in enumerate(s.teardown):
+            self.h.queue.at(now + (i + 1) * 0.5, ChildOutput(self.launch_id, line))
+        if not s.term_ignored:
+            self._exit(now + 0.5 * len(s.teardown), -15)
+        return True
+
+    def group_exited(self) -> bool:
+        return not self.alive()
+
+    def kill_group(self) -> bool:
+        """SIGKILL to its group: gone at once."""
+        if not self.alive():
+            return False
+        self.stopped_by = "sigkill"
+        self.exit_at = None
+        self._exit(self.h.clock(), -9)
+        return True
+
+    def finish_stop(self, release_timeout: float = 60.0, memory_released: Any = None) -> StopReport:
         return StopReport()
 
 
@@ -283,7 +307,7 @@ def h100() -> DeviceFacts:
 class Replay:
     """One daemon in process: ``run()`` turns its loop on the fake clock until it exits."""
 
-    def __init__(self, tmp_path: Path, monkeypatch: Any, scripts: list[Script], **sections: dict[str, Any]):
+    def __init__(self, tmp_path: Path, scripts: list[Script], **sections: dict[str, Any]):
         self.tmp = tmp_path
         self.scripts = scripts
         self.clock = FakeClock()
@@ -313,23 +337,27 @@ class Replay:
         }
         self.config_path = write_config(tmp_path / "r1sup.toml", body)
         config = cfg.load(self.config_path, environ={})
-        runner = Runner(config, self.queue, log=self.log)
-        runner.clock = self.clock
-        runner.run_check = self._check  # type: ignore[method-assign]
         know = ModelKnowledge(
             device=h100(), arch=memmodel.arch_from_config(catalog.MODELS[MODEL]), vllm_version="0.33.0"
         )
-        monkeypatch.setattr("r1sup.runner.Engine", lambda spec, events, n: FakeEngine(self, spec, events, n))
-        monkeypatch.setattr("r1sup.runner.kill_leftovers", lambda instance: [])
-        monkeypatch.setattr("r1sup.runner.port_holder", lambda host, port, instance: None)
-        monkeypatch.setattr("r1sup.probe.ProbeProcess", FakeProbeProcess)
-        monkeypatch.setattr("r1sup.tuner.gather_knowledge", lambda config, log, engine=None: know)
-        monkeypatch.setattr("r1sup.devices.probe", h100)
-        monkeypatch.setattr("r1sup.watch.ProcessWatch", lambda pid: None)
-        monkeypatch.setattr("r1sup.watch.read_metrics", self._read_metrics)
+        # what the preflight answers (a test may make it raise)
+        self.preflight: Callable[[], Any] = lambda: SimpleNamespace(engine=None)
+        # the world as the daemon reaches it: fake engines on the timeline, checks answered by the script
+        self.world = World(
+            engine=lambda spec, events, n: FakeEngine(self, spec, events, n),
+            kill_leftovers=lambda instance: [],
+            port_holder=lambda host, port, instance: None,
+            probe_process=FakeProbeProcess,
+            device=h100,
+            process_watch=lambda pid: None,
+            read_metrics=self._read_metrics,
+            knowledge=lambda config, log, engine=None: know,
+            preflight=lambda config, log, check: self.preflight(),
+            clock=self.clock,
+            checks=self._check,
+        )
+        runner = Runner(config, self.queue, log=self.log, world=self.world)
         session = Session(config, None, self.log, self.queue, runner, {})
-        session.checked = (None, SimpleNamespace(engine=None))
-        monkeypatch.setattr(Session, "preflight", lambda self: SimpleNamespace(engine=None))
         self.daemon = Daemon(session, notifier=self.notifier)
         self.hooks: list[tuple[State, int, Callable[[], None]]] = []
         self.watchers: list[Callable[[State, State], None]] = []
@@ -384,19 +412,14 @@ class Replay:
 
     def at_serving(self, count: int, action: Callable[[], None]) -> None:
         """Run ``action`` the moment the daemon reaches serving for the ``count``-th time."""
-        original = self.daemon._served
-        served = [0]
-
-        def hooked(result: Any) -> None:
-            original(result)
-            served[0] += 1
-            if served[0] == count:
-                action()
-
-        self.daemon._served = hooked  # type: ignore[method-assign]
+        self.on_entering(State.SERVING, action, count)
 
     def _check(self, kind: str, launch: Any, fn: Callable[[], Any]) -> None:
         now = self.clock()
+        if kind in ("preflight", "stopped", "devices"):  # the fakes answer these: what fn returns
+            number = launch.number if launch is not None else 0
+            self.queue.at(now + CHECK_LATENCY_S, CheckDone(kind, number, *fn()))
+            return
         engine = self.engine(launch.number)
         s = engine.script
         since = now - engine.started_at

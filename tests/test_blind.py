@@ -11,6 +11,7 @@ from r1sup import search as S
 from r1sup.bounds import Bounds, Facts
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 
 TINY_CPU = Facts(
@@ -57,7 +58,9 @@ def step(
     history: blind.History | None = None,
     obs: dict | None = None,
 ) -> blind.Decision:
-    return blind.next_step(flags, failure, history or blind.History(), bounds or Bounds(), facts, obs)
+    return blind.next_step(
+        flags, failure, history or blind.History(), bounds or Bounds(), facts, Figures.from_dict(obs)
+    )
 
 
 def test_pinned_budget_goes_to_longest_fp8_context_in_one_step():
@@ -261,7 +264,7 @@ def test_fatal_classes_stop_with_4(cls: str):
 
 def blind_search(facts: Facts, flags: EngineFlags, **bounds: object) -> S.Search:
     """The search with no architecture: every failure goes through the policy, then the blind branch."""
-    device = S.device_from_ladder_facts(facts)
+    device = facts.device()
     return S.Search(
         S.Facts(arch=None, device=device, user=flags, bounds=Bounds(**bounds), ladder_facts=facts)
     )
@@ -493,3 +496,16 @@ def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
     d = step(flags, fail, old, bounds)
     assert isinstance(d, blind.Step)
     assert not d.flags.enforce_eager and d.flags.max_model_len < 16384
+
+
+def test_a_probed_device_is_kept_as_it_is_and_a_logs_figures_make_one() -> None:
+    from r1sup import devices
+    from r1sup.hardware import GIB
+
+    box = devices.from_catalog("RTX 4090", count=2)
+    facts = Facts.of_device(box)
+    assert facts.device() is box  # no round trip through GiB figures
+    assert (facts.total_gib, facts.gpu_count, facts.backend) == (box.total_bytes / GIB, 2, "cuda")
+    printed = Facts(total_gib=24.0, free_gib=20.0, gpu_count=2)  # what a log printed: no device
+    device = printed.device()
+    assert (device.count, device.total_bytes, device.free_bytes) == (2, 24 * GIB, 20 * GIB)

@@ -11,20 +11,21 @@ from typing import Any
 import structlog
 from structlog.testing import capture_logs
 
-from r1sup import bus as B
 from r1sup import config as cfg
 from r1sup import daemon as daemon_module
+from r1sup import events as E
 from r1sup import failure as F
 from r1sup import liveness
+from r1sup.bus import Bus
 from r1sup.daemon import Daemon
-from r1sup.events import EventQueue
+from r1sup.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.flags import EngineFlags
 from r1sup.metrics import Metrics
 from r1sup.notify import Notifier
 from r1sup.runner import Runner
 from r1sup.session import Session
 from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
-from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing, TuneResult
+from r1sup.tuner import TuneResult
 from r1sup_proc import write_config
 from test_daemon_events import Recorded
 
@@ -46,11 +47,11 @@ class Calls:
 
 
 def test_each_subscriber_gets_each_event_once_in_the_order_they_subscribed():
-    bus = B.Bus(Calls())
+    bus = Bus(Calls())
     seen: list[tuple[str, object]] = []
     for name in ("first", "second", "third"):
         bus.subscribe(lambda event, name=name: seen.append((name, event)))
-    one, two = B.StatusText("one"), B.ProfileMissing("k")
+    one, two = E.StatusText("one"), E.ProfileMissing("k")
     bus.publish(one)
     bus.publish(two)
     assert seen == [
@@ -65,7 +66,7 @@ def test_each_subscriber_gets_each_event_once_in_the_order_they_subscribed():
 
 def test_a_subscriber_that_raises_is_logged_and_the_others_still_get_the_event():
     log = Calls()
-    bus = B.Bus(log)
+    bus = Bus(log)
     seen: list[str] = []
 
     class Broken:
@@ -75,8 +76,8 @@ def test_a_subscriber_that_raises_is_logged_and_the_others_still_get_the_event()
     bus.subscribe(lambda event: seen.append("before"))
     bus.subscribe(Broken())
     bus.subscribe(lambda event: seen.append("after"))
-    bus.publish(B.Stopping())
-    bus.publish(B.Stopping())
+    bus.publish(E.Stopping())
+    bus.publish(E.Stopping())
     assert seen == ["before", "after", "before", "after"]
     failed = [fields for level, event, fields in log.calls if event == "subscriber_failed"]
     assert len(failed) == 2 and {level for level, _, _ in log.calls} == {"error"}
@@ -131,7 +132,7 @@ def f(self, level):
     self.note("ladder_step")
     statefiles.atomic_write_json(path, {})
     Tuner(self.config, self.runner, self.log)   # handing the logger on is no write
-    self.publish(B.Stopping())
+    self.publish(E.Stopping())
 """
     assert sink_writes(source) == [
         "line 2: import structlog",
@@ -150,6 +151,123 @@ def test_daemon_py_writes_to_no_sink_outside_the_subscribers():
     assert sink_writes(source) == []
 
 
+# --- the whole package: status.json, the metrics and sd_notify are the subscribers' alone -----------
+
+PACKAGE = Path(daemon_module.__file__).parent
+# where each sink is defined; the subscribers are its only writers
+SINK_MODULES = frozenset({"subscribers.py", "notify.py", "metrics.py"})
+NOTIFY_CALLS = frozenset(n for n in vars(Notifier) if not n.startswith("_")) - {"enabled"}
+METRIC_CALLS = frozenset(n for n in vars(Metrics) if not n.startswith("_"))
+METRIC_CALLS |= {"inc", "dec", "set", "labels", "observe"}
+STATUS_NAMES = frozenset({"STATUS_FILE", "status.json"})
+WRITERS = frozenset({"atomic_write_json", "write_text", "write_bytes", "dump"})
+
+
+def _names_status(node: ast.AST) -> bool:
+    return any(
+        (isinstance(n, ast.Name) and n.id in STATUS_NAMES)
+        or (isinstance(n, ast.Constant) and n.value in STATUS_NAMES)
+        for n in ast.walk(node)
+    )
+
+
+def systemd_metrics_status_writes(source: str) -> list[str]:
+    """A call of a notifier's or a metrics object's method (sd_notify, Prometheus), and a file write in
+    a function that names status.json (``STATUS_FILE`` or the name itself) in its code."""
+    found: set[tuple[int, str]] = set()
+    tree = ast.parse(source)
+    notifiers, metrics = {"notifier"}, {"metrics"}
+    for node in ast.walk(tree):  # local names for them: ``n = self.notifier``
+        if isinstance(node, ast.Assign) and (value := _chain(node.value)):
+            names = {t.id for t in node.targets if isinstance(t, ast.Name)}
+            notifiers |= names if value[-1] == "notifier" else set()
+            metrics |= names if value[-1] == "metrics" else set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not (chain := _chain(node.func)):
+            continue
+        receivers, method = set(chain[:-1]), chain[-1]
+        if receivers & notifiers and method in NOTIFY_CALLS:
+            found.add((node.lineno, ".".join(chain)))
+        if receivers & metrics and method in METRIC_CALLS:
+            found.add((node.lineno, ".".join(chain)))
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes or [tree]:  # each function on its own
+        if not _names_status(scope):
+            continue
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call) and (chain := _chain(node.func)) and chain[-1] in WRITERS:
+                found.add((node.lineno, ".".join(chain)))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_the_package_check_finds_sd_notify_metrics_and_status_json_writes():
+    source = """
+STATUS_FILE = "status.json"
+def f(self, m):
+    self.notifier.ready("serving")
+    self.notifier.enabled  # a property: no write
+    self.metrics.launches.inc()
+    self.metrics.set_state("serving")
+    metrics.get("kv_usage")  # a dict of figures: no write
+    n = self.s.notifier
+    n.stopping()
+    statefiles.atomic_write_json(Path(d) / STATUS_FILE, {})
+def g(path):
+    path.write_text("a report")  # no status.json named here
+"""
+    assert systemd_metrics_status_writes(source) == [
+        "line 4: self.notifier.ready",
+        "line 6: self.metrics.launches.inc",
+        "line 7: self.metrics.set_state",
+        "line 10: n.stopping",
+        "line 11: statefiles.atomic_write_json",
+    ]
+    assert systemd_metrics_status_writes("statefiles.atomic_write_json(path, doc)") == []  # not status.json
+
+
+def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name not in SINK_MODULES:
+            writes = systemd_metrics_status_writes(path.read_text(encoding="utf-8"))
+            if writes:
+                found[name] = writes
+    assert found == {}
+    # and the check does see the subscribers' own writes: systemd's, the metrics' and status.json's
+    theirs = " ".join(systemd_metrics_status_writes((PACKAGE / "subscribers.py").read_text(encoding="utf-8")))
+    assert "n.ready" in theirs and "m.probe" in theirs  # the sinks' local names for them
+    assert "self.metrics.serve" in theirs and "statefiles.atomic_write_json" in theirs
+
+
+# The modules that still write log lines themselves, besides the bus (``subscriber_failed``) and the
+# subscribers: what is not (yet) an event. Exact, so that a new direct writer fails here and one moved
+# behind the bus takes its module off this list.
+DIRECT_LOGGERS = {
+    "runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
+    "tuner.py": "what is known before a search: the device, the model, the plan, the calibration",
+    "fleet.py": "the shared profile store's lease and publication",
+    "preflight.py": "the preflight's cache and its import check",
+    "statefiles.py": "files set aside, the state directory's lock",
+    "session.py": "file permissions at start-up",
+    "commands/tune.py": "an interrupted or failed tune",
+    "worker.py": "r1sup worker, a headless vLLM of a multi-node group (a process of its own, with no bus)",
+    "logs.py": "the logging set-up itself (structlog)",
+}
+
+
+def test_the_modules_that_still_log_directly_are_the_known_ones():
+    direct = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        writes = [w for w in sink_writes(path.read_text(encoding="utf-8")) if "log" in w]
+        if writes and name not in ("bus.py", "subscribers.py"):
+            direct[name] = writes
+    assert sorted(direct) == sorted(DIRECT_LOGGERS), {
+        n: w for n, w in direct.items() if n not in DIRECT_LOGGERS
+    }
+
+
 # --- each subscriber's form ---------------------------------------------------------------------
 
 
@@ -157,19 +275,23 @@ def test_log_lines_keep_their_documented_names_and_fields():
     verdict = liveness.Verdict(
         liveness.HUNG, liveness.EVIDENCE_STALL, "no progress for 300 s", figures={"running": 2}
     )
-    step = LadderStepped(3, FIRST, SECOND, OOM.cls)
+    step = SearchStepped(3, FIRST, SECOND, OOM.cls)
     with capture_logs() as logs:
         sink = LogSink(structlog.get_logger())
-        sink(B.StateChanged("probing", "serving", "serving tiny"))
-        sink(B.ServingFailed(OOM, 12.345))
-        sink(B.StepAfterServing(step, OOM.evidence, "context halved"))
-        sink(B.LivenessJudged(1, verdict, changed=True))
+        sink(E.StateChanged("probing", "serving", "serving tiny"))
+        sink(E.ServingFailed(OOM, 12.345))
+        sink(E.StepAfterServing(step, OOM.evidence, "context halved"))
+        sink(E.LivenessJudged(1, verdict, changed=True))
         sink(
-            B.LivenessJudged(1, liveness.Verdict(liveness.ALIVE, liveness.EVIDENCE_PROGRESS, "moved"), False)
+            E.LivenessJudged(1, liveness.Verdict(liveness.ALIVE, liveness.EVIDENCE_PROGRESS, "moved"), False)
         )
-        sink(B.RestartScheduled(2, 5, 4.4567))
-        sink(B.ProfileFound("abc", {"max_model_len": 4096}, degraded=True))
-        sink(B.HealthPassed())  # no line: a metric only
+        sink(E.RestartScheduled(2, 5, 4.4567))
+        sink(E.ProfileFound("abc", {"max_model_len": 4096}, degraded=True))
+        sink(E.HealthPassed())  # no line: a metric only
+        # the search's step and retry, written by the log's sink too (in the daemon and in `tune`)
+        sink(SearchStepped(3, FIRST, SECOND, OOM.cls, OOM.evidence, "a shorter context fits"))
+        sink(E.Retrying(4, 2.5, F.ENGINE_DEAD))
+        sink(Launching(4, SECOND))  # no line: the runner's launch_started says it
     assert [(e["log_level"], e["event"]) for e in logs] == [
         ("info", "state_changed"),
         ("error", "serving_failed"),
@@ -178,6 +300,8 @@ def test_log_lines_keep_their_documented_names_and_fields():
         ("debug", "liveness"),
         ("info", "restart_backoff"),
         ("info", "profile_found"),
+        ("info", "ladder_step"),
+        ("info", "retry_backoff"),
     ]
     assert logs[0] == {
         "event": "state_changed",
@@ -196,6 +320,110 @@ def test_log_lines_keep_their_documented_names_and_fields():
     assert logs[3]["running"] == 2 and logs[3]["launch"] == 1 and logs[3]["verdict"] == "hung"
     assert logs[5]["seconds"] == 4.46 and logs[5]["restart"] == 2 and logs[5]["budget"] == 5
     assert logs[6]["degraded"] is True and "updated_at" not in logs[6]
+    assert logs[7] == {
+        "event": "ladder_step",
+        "log_level": "info",
+        "attempt": 2,  # the launch that failed; the new flags go to launch 3
+        "failure_class": "oom_runtime",
+        "evidence": OOM.evidence,
+        "old": FIRST.to_dict(),
+        "new": SECOND.to_dict(),
+        "change": FIRST.describe_change(SECOND),
+        "reason": "a shorter context fits",
+    }
+    retry = {"event": "retry_backoff", "log_level": "info", "seconds": 2.5, "failure_class": "engine_dead"}
+    assert logs[8] == retry
+
+
+def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
+    short = F.Failure(F.KV_INSUFFICIENT, F.PHASE_KV_CACHE, evidence="4 sequences fit, 8 asked")
+    with capture_logs() as logs:
+        sink = LogSink(structlog.get_logger())
+        sink(E.FirstFlags(FIRST, "as configured"))
+        sink(E.CapacityShort(1, short))
+        sink(E.SearchRefined(SECOND, FIRST))
+        sink(E.ColdCacheRelaunch(2, OOM.cls, FIRST, 3.5))
+        sink(E.ConfigReduced({"reason": "context halved", "context": 4096}))
+        sink(E.SearchSucceeded(3, FIRST))
+        sink(E.SearchGaveUp(F.NONE, "does not fit", ("a smaller model",), 3, launches=0))
+        sink(E.SearchGaveUp(OOM.cls, "no flags left", (), 3))
+        sink(E.SearchGaveUp(F.CONFIG_ERROR, "bad flag", (), 4, fatal=True))
+        sink(E.ColdCacheAhead(FIRST, 12000.0, 1.234, 4096, True))
+        sink(E.EstimateUnavailable("memory_chart", "ValueError: no GPU"))
+        sink(E.DeviceProbeFailed("NVMLError: gone", search=True))
+        sink(E.DeviceProbeFailed("NVMLError: gone"))  # while serving: at debug
+    flags = FIRST.to_dict()
+    assert logs == [
+        {"event": "first_flags", "log_level": "info", "flags": flags, "reason": "as configured"},
+        {
+            "event": "failure_classified",
+            "log_level": "error",
+            "attempt": 1,
+            "failure_class": F.KV_INSUFFICIENT,
+            "evidence": "4 sequences fit, 8 asked",
+        },
+        {"event": "search_refined", "log_level": "info", "old": SECOND.to_dict(), "new": flags},
+        {
+            "event": "compile_cache_cold_relaunch",
+            "log_level": "warning",
+            "attempt": 2,
+            "failure_class": OOM.cls,
+            "flags": flags,
+            "kv_cache_gib": 3.5,
+        },
+        {"event": "config_reduced", "log_level": "warning", "reason": "context halved", "context": 4096},
+        {"event": "tune_succeeded", "log_level": "info", "launches": 3, "flags": flags},
+        {
+            "event": "ladder_exhausted",
+            "log_level": "error",
+            "failure_class": F.NONE,
+            "reason": "does not fit",
+            "suggestions": ["a smaller model"],
+            "exit_code": 3,
+            "launches": 0,
+        },
+        {
+            "event": "ladder_exhausted",
+            "log_level": "error",
+            "failure_class": OOM.cls,
+            "reason": "no flags left",
+            "suggestions": [],
+            "exit_code": 3,
+        },
+        {
+            "event": "fatal_failure",
+            "log_level": "error",
+            "failure_class": F.CONFIG_ERROR,
+            "reason": "bad flag",
+            "suggestions": [],
+            "exit_code": 4,
+        },
+        {
+            "event": "compile_cache_cold",
+            "log_level": "warning",
+            "flags": flags,
+            "proven_kv_cache_tokens": 12000.0,
+            "predicted_kv_gib": 1.23,
+            "predicted_context": 4096,
+            "context_fits": True,
+            "note": "proven on a warm torch.compile cache; this start compiles from nothing",
+        },
+        {"event": "memory_chart_unavailable", "log_level": "debug", "error": "ValueError: no GPU"},
+        {"event": "device_probe_failed", "log_level": "warning", "error": "NVMLError: gone"},
+        {"event": "device_probe_failed", "log_level": "debug", "error": "NVMLError: gone"},
+    ]
+
+
+def test_a_tuner_without_a_bus_logs_the_searchs_events_through_the_log_sink(tmp_path: Path):
+    from r1sup.tuner import ModelKnowledge, Tuner
+
+    body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
+    config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})
+    with capture_logs() as logs:
+        log = structlog.get_logger()
+        tuner = Tuner(config, Runner(config, EventQueue(), log=log), log, know=ModelKnowledge())
+        tuner.publish(SearchStepped(2, FIRST, SECOND, OOM.cls, OOM.evidence, "halved"))
+    assert [(e["event"], e["attempt"], e["reason"]) for e in logs] == [("ladder_step", 1, "halved")]
 
 
 class Source:
@@ -219,10 +447,10 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
     sink(Launching(1, FIRST))  # noted, not written yet
     assert not (tmp_path / "status.json").exists() and sink.doc is None
     source.state = "launching"
-    sink(B.StateChanged("planning", "launching", "attempt 1: launching vLLM"))
+    sink(E.StateChanged("planning", "launching", "attempt 1: launching vLLM"))
     sink(AttemptFailed(1, OOM))
-    sink(LadderStepped(2, FIRST, SECOND, OOM.cls))
-    sink(B.ProfileFound("k", {}, degraded=True))  # the degraded variant is not a recent event
+    sink(SearchStepped(2, FIRST, SECOND, OOM.cls))
+    sink(E.ProfileFound("k", {}, degraded=True))  # the degraded variant is not a recent event
     doc = on_disk(tmp_path)
     assert doc == sink.doc and doc["state"] == "launching"
     events = [
@@ -236,7 +464,7 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
             {"failure_class": "oom_runtime", "phase": "serving", "evidence": OOM.evidence},
         ),
     ]  # the ladder step is noted and shown at the next write
-    sink(B.StatusText("x"))
+    sink(E.StatusText("x"))
     assert on_disk(tmp_path)["recent_events"][-1] == {
         **sink.recent[-1],
         "event": "ladder_step",
@@ -247,8 +475,8 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
 def test_status_file_keeps_the_last_twenty_events(tmp_path: Path):
     sink = StatusFile(Source(tmp_path), Calls())
     for n in range(25):
-        sink(B.ProfileStoreHit(f"k{n}"))
-    sink(B.StatusText("x"))
+        sink(E.ProfileStoreHit(f"k{n}"))
+    sink(E.StatusText("x"))
     assert [e["key"] for e in on_disk(tmp_path)["recent_events"]] == [f"k{n}" for n in range(5, 25)]
 
 
@@ -271,7 +499,7 @@ def test_loading_progress_paces_status_json_and_status_lines_each_its_own_way(tm
         now = 100.0 + tick / 10
         phase = "weights" if now < 105.5 else "kv_cache"
         source.now = now
-        event = B.LoadingProgress(now, phase, f"{phase} at {now:.1f}")
+        event = E.LoadingProgress(now, phase, f"{phase} at {now:.1f}")
         files(event)
         sent = len(notifier.sent)
         systemd(event)
@@ -286,7 +514,7 @@ def test_status_write_failure_is_a_log_line_not_an_error(tmp_path: Path):
     (tmp_path / "file").write_text("", encoding="utf-8")
     log = Calls()
     sink = StatusFile(Source(tmp_path / "file" / "state"), log)
-    sink(B.StatusText("x"))
+    sink(E.StatusText("x"))
     assert [(level, event) for level, event, _ in log.calls] == [("warning", "status_write_failed")]
     assert sink.doc is not None  # /status still answers with what the file would hold
 
@@ -294,14 +522,14 @@ def test_status_write_failure_is_a_log_line_not_an_error(tmp_path: Path):
 def test_metrics_follow_the_events():
     sink = MetricsSink(Metrics())
     value = sink.metrics.registry.get_sample_value
-    sink(B.StateChanged("planning", "launching"))
+    sink(E.StateChanged("planning", "launching"))
     sink(Launching(1, FIRST))
     sink(AttemptFailed(1, OOM))
-    sink(LadderStepped(2, FIRST, SECOND, OOM.cls))
+    sink(SearchStepped(2, FIRST, SECOND, OOM.cls))
     sink(Launching(2, SECOND))
-    sink(B.StateChanged("probing", "serving", "serving"))
+    sink(E.StateChanged("probing", "serving", "serving"))
     sink(
-        B.Serving(SECOND, "tuned", {"ok": True, "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "duration_s": 3.0}, "s")
+        E.Serving(SECOND, "tuned", {"ok": True, "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "duration_s": 3.0}, "s")
     )
     assert (
         value("r1sup_state", {"state": "serving"}) == 1.0
@@ -309,27 +537,30 @@ def test_metrics_follow_the_events():
     )
     assert value("r1sup_launches_total") == 2.0 and value("r1sup_max_model_len") == 4096.0
     assert value("r1sup_failures_total", {"failure_class": "oom_runtime"}) == 1.0
+    # the search's steps, and the same count under the old name (an alias for one release)
+    assert value("r1sup_search_steps_total", {"failure_class": "oom_runtime"}) == 1.0
     assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 1.0
     assert value("r1sup_child_up") == 1.0 and value("r1sup_probe_ttft_seconds", {"quantile": "0.95"}) == 0.4
-    sink(B.ServingFailed(F.Failure(F.ENGINE_DEAD, F.PHASE_SERVING), 30.0))
-    sink(B.RestartScheduled(1, 5, 2.0))
+    sink(E.ServingFailed(F.Failure(F.ENGINE_DEAD, F.PHASE_SERVING), 30.0))
+    sink(E.RestartScheduled(1, 5, 2.0))
     assert value("r1sup_child_up") == 0.0 and value("r1sup_restarts_total") == 1.0
     assert value("r1sup_failures_total", {"failure_class": "engine_dead"}) == 1.0
-    sink(B.StepAfterServing(LadderStepped(3, SECOND, FIRST, OOM.cls), "", ""))
+    sink(E.StepAfterServing(SearchStepped(3, SECOND, FIRST, OOM.cls), "", ""))
+    assert value("r1sup_search_steps_total", {"failure_class": "oom_runtime"}) == 2.0
     assert value("r1sup_ladder_steps_total", {"failure_class": "oom_runtime"}) == 2.0
 
 
 def test_systemd_lines_one_status_per_fact_ready_once():
     notifier = Recorded()
     sink = SystemdSink(notifier)
-    sink(B.StateChanged("planning", "planning", "planning"))
-    sink(B.StateChanged("probing", "serving", None))  # no status: no line
-    sink(B.Serving(FIRST, "persisted", None, "serving tiny on port 8000"))
-    sink(B.ConfigReloaded(changed=False, applied=True))
-    sink(B.ConfigReloaded(changed=True, applied=False))
-    sink(B.ReloadFailed("r1sup.toml: bad"))
-    sink(B.Serving(FIRST, "tuned", None, "serving again"))  # READY=1 only the first time
-    sink(B.Stopping())
+    sink(E.StateChanged("planning", "planning", "planning"))
+    sink(E.StateChanged("probing", "serving", None))  # no status: no line
+    sink(E.Serving(FIRST, "persisted", None, "serving tiny on port 8000"))
+    sink(E.ConfigReloaded(changed=False, applied=True))
+    sink(E.ConfigReloaded(changed=True, applied=False))
+    sink(E.ReloadFailed("r1sup.toml: bad"))
+    sink(E.Serving(FIRST, "tuned", None, "serving again"))  # READY=1 only the first time
+    sink(E.Stopping())
     assert notifier.sent == [
         "STATUS=planning",
         "READY=1",
@@ -355,7 +586,7 @@ def test_systemd_watchdog_at_half_the_interval_and_the_start_timeout_extended_wh
     for tick in range(0, 250):  # 25 s, a turn every 0.1 s; starting for the first 15 s
         now = 1000.0 + tick / 10
         sent = len(notifier.sent)
-        sink(B.Heartbeat(now, starting=now < 1015.0))
+        sink(E.Heartbeat(now, starting=now < 1015.0))
         pings += [(round(now - 1000.0, 1), line) for line in notifier.sent[sent:]]
     assert [t for t, line in pings if line == "WATCHDOG=1"] == [float(t) for t in range(0, 25, 2)]
     assert [(t, line) for t, line in pings if line != "WATCHDOG=1"] == [
@@ -392,8 +623,8 @@ def test_serving_reaches_every_sink_before_its_log_line(tmp_path: Path):
     d = Daemon(Session(config, None, log, events, Runner(config, events, log=Calls()), {}), notifier=notifier)
     assert d.metrics_sink is not None
     metrics = d.metrics_sink.metrics
-    d._on_search(Launching(1, FIRST))
-    d._on_search(Probing(1, FIRST))
+    d.on_search(Launching(1, FIRST))
+    d.on_search(Probing(1, FIRST))
     d._served(TuneResult(ok=True, exit_code=0, flags=FIRST, probe={"ok": True}))
     assert seen_at_log == {"state": "serving", "up": 1.0, "ready": True}
     assert [event for _, event, _ in log.calls] == ["state_changed"] * 3 + ["serving"]

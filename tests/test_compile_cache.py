@@ -13,6 +13,7 @@ import pytest
 
 from r1sup import devices, profiles
 from r1sup import memmodel as M
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.memmodel import Calibration, Version
 
@@ -55,7 +56,7 @@ def _warm_launch(version: Version) -> tuple[M.ModelArch, object, EngineFlags, Ca
     device = devices.from_catalog("RTX 4090")
     flags = EngineFlags(max_model_len=8192, gpu_memory_utilization=0.9)
     figures = {"peak_activation_gib": REAL_PEAKS["warm"], "compile_cache_cold": 0.0}
-    return arch, device, flags, Calibration(flags=flags, figures=figures, version=version)
+    return arch, device, flags, Calibration(flags=flags, figures=Figures(**figures), version=version)
 
 
 def test_a_warm_peak_sizes_a_warm_start_and_the_cold_estimate_a_cold_one() -> None:
@@ -72,7 +73,7 @@ def test_a_warm_peak_sizes_a_warm_start_and_the_cold_estimate_a_cold_one() -> No
     assert any("warm torch.compile cache" in n for n in on_cold.notes)
     # a peak measured cold holds for any start
     cold = Calibration(
-        flags=flags, figures={"peak_activation_gib": REAL_PEAKS["cold"], "compile_cache_cold": 1.0}
+        flags=flags, figures=Figures(peak_activation_gib=REAL_PEAKS["cold"], compile_cache_cold=1.0)
     )
     assert M.evaluate(arch, device, flags, v, cold).activation.gib == pytest.approx(
         REAL_PEAKS["cold"], abs=0.01

@@ -175,6 +175,7 @@ HELP_EXIT_CODES = {
     "profile import": {0, 1, 2},
     "profile gate": {0, 1, 2, 8},
     "tiny-model": {0, 1, 2},
+    "worker": {0, 1, 2},
 }
 
 

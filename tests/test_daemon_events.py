@@ -12,11 +12,10 @@ import pytest
 from r1sup import config as cfg
 from r1sup import failure as F
 from r1sup.daemon import Daemon, IllegalTransition, State
-from r1sup.events import EventQueue
+from r1sup.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.flags import EngineFlags
 from r1sup.runner import Runner
 from r1sup.session import Session
-from r1sup.tuner import AttemptFailed, LadderStepped, Launching, Probing
 from r1sup_proc import write_config
 from replay import Recorded
 
@@ -47,12 +46,12 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
     d, notifier = daemon(tmp_path)
     first, second = EngineFlags(max_model_len=8192), EngineFlags(max_model_len=4096)
     oom = F.Failure(F.OOM_CUDAGRAPH, F.PHASE_CUDA_GRAPH, evidence="CUDA out of memory")
-    d._on_search(Launching(1, first))
+    d.on_search(Launching(1, first))
     assert d.state is State.LAUNCHING and d.flags == first
-    d._on_search(AttemptFailed(1, oom))
-    d._on_search(LadderStepped(2, first, second, oom.cls))
-    d._on_search(Launching(2, second))
-    d._on_search(Probing(2, second))
+    d.on_search(AttemptFailed(1, oom))
+    d.on_search(SearchStepped(2, first, second, oom.cls))
+    d.on_search(Launching(2, second))
+    d.on_search(Probing(2, second))
     assert d.state is State.PROBING and d.flags == second
     assert statuses(notifier) == [
         "attempt 1: launching vLLM",
@@ -69,4 +68,4 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
 def test_an_event_the_state_table_forbids_is_refused(tmp_path: Path):
     d, _ = daemon(tmp_path)
     with pytest.raises(IllegalTransition, match="planning -> probing"):
-        d._on_search(Probing(1, EngineFlags()))
+        d.on_search(Probing(1, EngineFlags()))

@@ -33,14 +33,26 @@ PODMONITOR_SCHEMA = ROOT / "tests" / "schemas" / "podmonitor-v1.json"
 # startupProbe...) and the newest whose schemas the package bundles
 KUBE_VERSIONS = ("1.30.0", "latest")
 RELEASE = "r1"
-# the default values, and every example values file
-VALUE_SETS = ["default"] + sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
+# LeaderWorkerSet's variables in a group's pods (its webhook sets them; the workers add LWS_WORKER_INDEX)
+LWS_ENV = {"LWS_LEADER_ADDRESS": "r1-0.r1.serving", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "0"}
+# the default values, every example values file, and the multi-node example on Ray (its default backend
+# is vLLM's own multi-node mode, mp)
+RAY = "+ray"
+VALUE_SETS = (
+    ["default"]
+    + sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
+    + [f"multinode-deepseek-r1{RAY}"]
+)
 
 
 def example_values(name: str) -> dict[str, Any] | None:
     if name == "default":
         return None
-    return dict(yaml.safe_load((CHART / "examples" / f"{name}.yaml").read_text(encoding="utf-8")))
+    base = name.removesuffix(RAY)
+    values = dict(yaml.safe_load((CHART / "examples" / f"{base}.yaml").read_text(encoding="utf-8")))
+    if name.endswith(RAY):
+        values["multinode"]["backend"] = "ray"
+    return values
 
 
 def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -143,8 +155,8 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(values: 
 def test_every_value_set_renders_what_it_is_for():
     kinds = {name: sorted({d["kind"] for d in rendered(name)}) for name in VALUE_SETS}
     assert "StatefulSet" in kinds["default"] and "LeaderWorkerSet" not in kinds["default"]
-    assert "LeaderWorkerSet" in kinds["multinode-deepseek-r1"]
-    assert "StatefulSet" not in kinds["multinode-deepseek-r1"]
+    for name in ("multinode-deepseek-r1", f"multinode-deepseek-r1{RAY}"):
+        assert "LeaderWorkerSet" in kinds[name] and "StatefulSet" not in kinds[name]
     assert "PodMonitor" in kinds["shared-cache-monitoring"] and "Job" in kinds["shared-cache-monitoring"]
 
 
@@ -226,7 +238,7 @@ def served(values: str) -> tuple[dict[str, Any], dict[str, Any], cfg.Config]:
     (workload,) = by_kind("StatefulSet", values) + by_kind("LeaderWorkerSet", values)
     pod = pod_of(workload)
     container = pod["containers"][0]
-    env = {**image_env(), **container_env(container)}
+    env = {**image_env(), **container_env(container), **started_env(container, LWS_ENV)}
     return pod, container, cfg.build(tomllib.loads(configmap["data"]["r1sup.toml"]), env=env)
 
 
@@ -269,7 +281,10 @@ def test_the_config_table_is_written_as_the_toml_r1sup_reads():
 def test_probes_grace_period_gpu_and_volumes(values: str):
     pod, container, config = served(values)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": config.server.port, "r1sup": config.daemon.metrics_port}
+    expected = {"http": config.server.port, "r1sup": config.daemon.metrics_port}
+    if config.multinode.nnodes > 1 and config.multinode.backend == "mp":
+        expected["rendezvous"] = config.multinode.master_port  # the workers' way in
+    assert ports == expected
     probes = {k: container[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert probes["startupProbe"] == {"path": "/readyz", "port": "r1sup"}
     assert probes["readinessProbe"] == {"path": "/readyz", "port": "r1sup"}
@@ -488,11 +503,106 @@ def test_the_upgrade_gate_tunes_the_new_image_then_gates_against_the_fleets_stor
         render({"upgradeGate": {"enabled": True}, "profileStore": {"enabled": False}})
 
 
-def test_the_multinode_leader_runs_r1sup_after_the_ray_cluster_is_complete():
-    (lws,) = by_kind("LeaderWorkerSet", "multinode-deepseek-r1")
+def started_env(container: dict[str, Any], lws: dict[str, str]) -> dict[str, str]:
+    """The ``R1SUP_*`` assignments the container's shell makes before it execs r1sup, with
+    LeaderWorkerSet's variables (``lws``) as its webhook sets them in each pod."""
+    script = " ".join(container.get("args", []))
+    out = {}
+    for name, value in re.findall(r'\b(R1SUP_\w+)=("[^"]*"|\S+)', script):
+        out[name] = re.sub(r"\$\{(\w+)\}", lambda m: lws[m.group(1)], value.strip('"'))
+    return out
+
+
+def group(values: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(the LeaderWorkerSet's leaderWorkerTemplate, the leader's container, the worker's)."""
+    (lws,) = by_kind("LeaderWorkerSet", values)
     lwt = lws["spec"]["leaderWorkerTemplate"]
-    leader = lwt["leaderTemplate"]["spec"]["containers"][0]
-    worker = lwt["workerTemplate"]["spec"]["containers"][0]
+    return lwt, lwt["leaderTemplate"]["spec"]["containers"][0], lwt["workerTemplate"]["spec"]["containers"][0]
+
+
+def node_config(values: str, container: dict[str, Any], rank: int) -> cfg.Config:
+    """r1sup's config in one pod of the group: the ConfigMap's file, the image's variables, the
+    container's, and what its shell sets from LeaderWorkerSet's (node ``rank``)."""
+    (configmap,) = [d for d in by_kind("ConfigMap", values) if d["metadata"]["name"] == RELEASE]
+    lws = {**LWS_ENV, "LWS_WORKER_INDEX": str(rank)}
+    env = {**image_env(), **container_env(container), **started_env(container, lws)}
+    if "VLLM_API_KEY" in env:
+        env["VLLM_API_KEY"] = "k"
+    return cfg.build(tomllib.loads(configmap["data"]["r1sup.toml"]), env=env)
+
+
+def test_the_multinode_default_is_vllms_own_mode_a_leader_node_0_and_headless_workers():
+    """multinode.backend mp: the leader's r1sup launches vLLM as node 0 at its own address; each worker
+    runs `r1sup worker`, which launches vLLM headless as its LWS_WORKER_INDEX with the leader's flags
+    (read from the leader's /status on its r1sup port). The command lines are r1sup's own, built from
+    the config each pod reads."""
+    from r1sup.flags import EngineFlags
+    from r1sup.launcher import build_spec
+    from r1sup.worker import check_worker_config, leader_status_url, worker_spec
+
+    lwt, leader, worker = group("multinode-deepseek-r1")
+    assert example_values("multinode-deepseek-r1")["multinode"]["backend"] == "mp"  # type: ignore[index]
+    assert leader["command"][:2] == ["tini", "--"] and worker["command"][:2] == ["tini", "--"]
+    assert leader["args"][0].rstrip().endswith("exec r1sup --log-format json run")
+    assert worker["args"][0].rstrip().endswith("exec r1sup --log-format json worker")
+    assert "ray" not in json.dumps([leader["args"], worker["args"]]).lower()
+    # the leader: node 0 of size nodes, at the address LeaderWorkerSet gives it, on its rendezvous port
+    config = node_config("multinode-deepseek-r1", leader, 0)
+    flags = EngineFlags.from_start(config.start)
+    argv = list(build_spec(config, flags).argv)
+    placed = argv[
+        argv.index("--distributed-executor-backend") : argv.index("--distributed-executor-backend") + 10
+    ]
+    ports = {p["name"]: p["containerPort"] for p in leader["ports"]}
+    assert placed == [
+        "--distributed-executor-backend", "mp", "--nnodes", str(lwt["size"]), "--node-rank", "0",
+        "--master-addr", LWS_ENV["LWS_LEADER_ADDRESS"], "--master-port", str(ports["rendezvous"]),
+    ]  # fmt: skip
+    assert "--headless" not in argv
+    pp = argv[argv.index("--pipeline-parallel-size") + 1]
+    assert int(pp) == lwt["size"]  # one pipeline stage per node of the group
+    # a worker: the same config, its rank, headless, the leader's flags, the leader's /status
+    for rank in range(1, lwt["size"]):
+        wconfig = node_config("multinode-deepseek-r1", worker, rank)
+        check_worker_config(wconfig)
+        wargv = list(worker_spec(wconfig, flags).argv)
+        assert wargv[wargv.index("--node-rank") + 1] == str(rank) and "--headless" in wargv
+        assert wargv[wargv.index("--master-addr") + 1] == LWS_ENV["LWS_LEADER_ADDRESS"]
+        assert wargv[wargv.index("--master-port") + 1] == str(ports["rendezvous"])
+        assert flags.to_argv() == [a for a in wargv if a in flags.to_argv()]
+        assert wargv[wargv.index("--pipeline-parallel-size") + 1] == pp
+        assert leader_status_url(wconfig) == f"http://{LWS_ENV['LWS_LEADER_ADDRESS']}:{ports['r1sup']}/status"
+        assert wconfig.server.host == "127.0.0.1" and "VLLM_API_KEY" not in container_env(worker)
+    # the worker's probes ask its r1sup: alive while its loop turns, ready while it runs the leader's launch
+    wports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+    assert wports == {"r1sup": wconfig.daemon.metrics_port}
+    assert worker["startupProbe"]["httpGet"] == {"path": "/livez", "port": "r1sup"}
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "r1sup"}
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "r1sup"}
+    # its grace period covers r1sup's stop of vLLM and the wait for its memory
+    wpod = lwt["workerTemplate"]["spec"]
+    assert (
+        wpod["terminationGracePeriodSeconds"]
+        > wconfig.server.stop_timeout_s + wconfig.server.memory_release_timeout_s
+    )
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert mounts["config"] == "/etc/r1sup" and mounts["state"] == image_env()["HOME"]
+    assert {v["name"]: v for v in wpod["volumes"]}["config"]["configMap"]["name"] == RELEASE
+    # no Ray: every container of the group runs on a read-only root file system, as on one box
+    for container in (leader, worker):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # the leader's start-up budget has no Ray wait in it
+    assert "--ray_init_timeout" not in leader["args"][0]
+    assert container_env(worker)["NCCL_DEBUG"] == container_env(leader)["NCCL_DEBUG"] == "WARN"
+    assert config.ladder.first_launch == "as_configured" and not config.ladder.allow_tensor_parallel
+
+
+def test_the_multinode_leader_on_ray_runs_r1sup_after_the_ray_cluster_is_complete():
+    from r1sup.flags import EngineFlags
+    from r1sup.launcher import build_spec
+
+    values = f"multinode-deepseek-r1{RAY}"
+    lwt, leader, worker = group(values)
     assert leader["command"][:2] == ["tini", "--"] and worker["command"][:2] == ["tini", "--"]
     assert "multi-node-serving.sh leader" in leader["args"][0] and leader["args"][0].rstrip().endswith("run")
     assert "&& exec r1sup" in leader["args"][0]
@@ -506,10 +616,23 @@ def test_the_multinode_leader_runs_r1sup_after_the_ray_cluster_is_complete():
     start = worker["startupProbe"]
     assert start["periodSeconds"] * start["failureThreshold"] >= 1800
     assert container_env(worker)["NCCL_DEBUG"] == container_env(leader)["NCCL_DEBUG"] == "WARN"
-    _, _, config = served("multinode-deepseek-r1")
-    pp = config.server.extra_args[config.server.extra_args.index("--pipeline-parallel-size") + 1]
-    assert int(pp) == lwt["size"]  # one pipeline stage per node of the group
-    assert config.ladder.first_launch == "as_configured" and not config.ladder.allow_tensor_parallel
+    # r1sup names the executor itself (and refuses it in extra_args); no placement flags with Ray
+    config = node_config(values, leader, 0)
+    assert config.multinode.backend == "ray" and config.multinode.nnodes == lwt["size"]
+    argv = list(build_spec(config, EngineFlags.from_start(config.start)).argv)
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(argv)
+    assert int(argv[argv.index("--pipeline-parallel-size") + 1]) == lwt["size"]
+    assert "rendezvous" not in {p["name"] for p in leader["ports"]}
+
+
+def test_a_multinode_backend_other_than_mp_or_ray_fails_the_render():
+    import helm_python as helm
+
+    values = example_values("multinode-deepseek-r1") or {}
+    values["multinode"]["backend"] = "nccl"
+    with pytest.raises(helm.HelmError, match='multinode.backend: must be mp or ray; got "nccl"'):
+        render(values)
 
 
 def test_the_network_values_reach_both_pods_of_a_group():
@@ -562,6 +685,20 @@ def test_the_dockerfile_pins_the_vllm_image_and_runs_r1sup_under_tini_as_a_user(
     # healthy while the supervisor's loop turns, loading included; ready is another question (/readyz)
     check = re.search(r"^HEALTHCHECK .*$\n.*$", text, re.M)
     assert check and "/livez" in check.group(0) and "/readyz" not in check.group(0)
+
+
+def test_the_charts_default_image_is_the_dockerfiles_vllm_release_which_the_memory_model_covers():
+    """One vLLM release in the image: the Dockerfile's pinned base, the chart's default tag, and a
+    release inside the range r1sup's memory model was checked against."""
+    from r1sup.memmodel import SUPPORTED, Version
+
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    base = re.search(r"^ARG BASE_IMAGE=docker\.io/vllm/vllm-openai:(v[\d.]+)@sha256:", text, re.M)
+    assert base, "the base image is not pinned by digest"
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    assert values["image"]["tag"].endswith(f"-vllm-{base.group(1)}"), values["image"]["tag"]
+    low, high = SUPPORTED
+    assert low <= Version.parse(base.group(1)) <= high
 
 
 # --- Compose ----------------------------------------------------------------------------------------

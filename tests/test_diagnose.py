@@ -20,9 +20,9 @@ import pytest
 from conftest import free_port
 from r1sup import cli
 from r1sup import failure as fl
+from r1sup.advice import advise
 from r1sup.commands.diagnose import diagnose_path, render, report
 from r1sup.logparse import LogReader, diagnose_text, lines_from_chunks
-from r1sup.search import advise
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parent.parent

@@ -131,7 +131,7 @@ def test_readyz_follows_the_daemon_through_every_state(tmp_path, monkeypatch):
     # the daemon's view of that moment.
     port = free_port()
     crash = Script(exit_at=len(STARTUP) * 0.5 + 20)
-    r = Replay(tmp_path, monkeypatch, [crash, Script()], daemon={"metrics_port": port})
+    r = Replay(tmp_path, [crash, Script()], daemon={"metrics_port": port})
     seen: list[dict[str, Any]] = []
 
     def read() -> None:

@@ -635,7 +635,7 @@ def test_a_local_profile_with_a_nan_is_set_aside_and_tune_exits_0(tmp_path: Path
     aside = again.proc.named("state_file_set_aside")
     assert aside and "weights_gib" in aside[0]["reason"] and "finite" in aside[0]["reason"]
     assert list((home / "state" / "profiles").glob("*.json.bad-*"))
-    assert Profile.from_dict(json.loads(saved.read_text())).observations["weights_gib"] > 0
+    assert Profile.from_dict(json.loads(saved.read_text())).observations.weights_gib > 0
 
 
 @pytest.mark.slow

@@ -84,7 +84,7 @@ def test_transport_errors_are_the_requests_and_bugs_are_the_probes() -> None:
 def test_the_search_never_steps_for_an_internal_error(strategy: str) -> None:
     failure = F.Failure(F.INTERNAL_ERROR, evidence="KeyError: 'x'", detail="r1sup.probe (_run, line 1)")
     flags = EngineFlags(max_model_len=8192)
-    device = S.device_from_ladder_facts(Facts(total_gib=24.0))
+    device = Facts(total_gib=24.0).device()
     search = S.Search(S.Facts(arch=None, device=device, user=flags, bounds=Bounds(strategy=strategy)))
     decision = search.after(S.Outcome(flags, failure))
     assert isinstance(decision, S.GiveUp) and decision.exit_code == 1

@@ -760,7 +760,7 @@ def test_progress_event(raw: str, kind: str, numbers: dict[str, float]) -> None:
     assert [p.kind for p in progress] == [kind]
     assert progress[0].numbers == pytest.approx(numbers)
     for key, value in numbers.items():
-        assert reader.observations[key] == pytest.approx(value)
+        assert reader.figures.to_dict()[key] == pytest.approx(value)
     assert reader.verdict().cls == fl.NONE  # progress is never a failure
 
 
@@ -800,7 +800,7 @@ def test_cudagraph_estimate_from_the_equivalent_utilization(lines: list[str], ex
                 reader.feed(line)
         else:
             reader.feed_lines(lines)
-        assert reader.observations.get("cudagraph_estimated_gib") == (
+        assert reader.figures.cudagraph_estimated_gib == (
             pytest.approx(expected) if expected is not None else None
         ), feed
         assert reader.verdict().cls == fl.NONE
@@ -1051,7 +1051,7 @@ def _agree(lines: list[str], rng: random.Random) -> None:
     chunked.feed_chunks(data[a:b] for a, b in zip(bounds, bounds[1:], strict=False))
     expected = one.diagnose()
     for other in (many, chunked):
-        assert other.observations == one.observations
+        assert other.figures == one.figures
         assert other.diagnose() == expected
         for exit_code in (0, 1, -9):
             assert other.verdict(exit_code) == one.verdict(exit_code)
@@ -1091,7 +1091,7 @@ def test_feed_and_feed_lines_agree_on_shuffled_real_lines() -> None:
         lines = [rng.choice(pool) for _ in range(rng.randrange(1, 80))]
         one, many = feed_all(lines), LogReader()
         many.feed_lines(lines)
-        assert one.observations == many.observations
+        assert one.figures == many.figures
         assert one.diagnose() == many.diagnose()
         for exit_code in (None, 0, 1, -9):
             assert one.verdict(exit_code) == many.verdict(exit_code)

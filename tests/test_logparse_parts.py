@@ -254,7 +254,7 @@ def test_what_does_not_continue_a_message() -> None:
 
 
 def test_figures_gather_numbers_milestones_and_readiness() -> None:
-    figs = figures.Figures()
+    figs = figures.FigureCollector()
     events: list[LogLine | Progress] = []
     read = [
         ("Initializing a V1 LLM engine (v0.11.0) with config: model='m', device_config=cuda, block_size=32, "

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from r1sup.events import ChildOutput, EventQueue
-from r1sup.loop import Done, Loop, Phase, ReloadRequested, Signalled, StopRequested, Waiting
+from r1sup.events import ChildOutput, EventQueue, ReloadRequested, Signalled
+from r1sup.loop import Done, Loop, LoopReentered, Phase, StopRequested, Waiting
 from replay import FakeClock, ScriptedQueue
 
 PACKAGE = Path(__file__).resolve().parents[1] / "supervisor" / "r1sup"
@@ -127,6 +127,18 @@ def test_a_phase_hands_over_to_the_next_and_the_tick_runs_for_phases_that_want_i
     assert len(ticks) == 2  # the second phase's two turns, none for the first
 
 
+def test_a_phase_that_enters_the_loop_from_its_turn_is_a_bug_and_the_loop_runs_on_after_it() -> None:
+    loop, _, _ = loop_on()
+
+    class Nested(Phase):
+        def on(self, event: Any, now: float) -> Any:
+            return Done(loop.run(Recording(turns=1)))
+
+    with pytest.raises(LoopReentered, match="Recording inside Nested"):
+        loop.run(Nested())
+    assert loop.run(Recording(turns=1)) == 1  # not left marked as running
+
+
 def test_waiting_ends_at_its_moment_and_hands_on_what_came_meanwhile() -> None:
     loop, queue, clock = loop_on()
     queue.at(1000.3, ChildOutput(1, "x"))
@@ -172,3 +184,75 @@ def test_the_reader_check_finds_a_second_reader(tmp_path: Path) -> None:
     rogue = tmp_path / "rogue.py"
     rogue.write_text("def wait(self):\n    return self.events.get(0.2)\n", encoding="utf-8")
     assert _queue_reads(rogue) == [2]
+
+
+# --- blocking work as checks off the loop's thread ---------------------------------------------------
+
+
+class _Quiet:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _session(tmp_path: Path, preflight: Any) -> Any:
+    from r1sup import config as cfg
+    from r1sup.runner import Runner
+    from r1sup.session import Session
+    from r1sup.world import World
+    from r1sup_proc import write_config
+
+    body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
+    config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})
+    events = EventQueue()
+    runner = Runner(config, events, log=_Quiet(), world=World(preflight=preflight))
+    return Session(config, None, _Quiet(), events, runner, {})
+
+
+def test_the_preflight_runs_off_the_loops_thread_and_a_stop_signal_cancels_it(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    where: list[str] = []
+    ended = threading.Event()
+
+    def preflight(config: Any, log: Any, cancelled: Any) -> Any:
+        where.append(threading.current_thread().name)
+        try:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:  # the import of vLLM, as long as it takes
+                cancelled()
+                time.sleep(0.01)
+            return "never cancelled"
+        finally:
+            ended.set()
+
+    session = _session(tmp_path, preflight)
+    threading.Timer(0.1, lambda: session.events.signals.append(signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    with pytest.raises(StopRequested):
+        session.preflight()
+    assert time.monotonic() - t0 < 2.0  # the loop's turn, not the work, ended the wait
+    assert ended.wait(2.0) and where == ["check-preflight"]
+    assert session.checked is None  # nothing remembered: a later preflight runs again
+
+
+def test_the_preflight_check_returns_its_result_once_and_raises_its_refusal_in_the_loops_thread(
+    tmp_path: Path,
+) -> None:
+    from r1sup import errors
+    from r1sup.errors import PreflightError
+
+    calls: list[int] = []
+
+    def passes(config: Any, log: Any, cancelled: Any) -> Any:
+        calls.append(1)
+        return "checked"
+
+    session = _session(tmp_path, passes)
+    assert session.preflight() == "checked" and session.preflight() == "checked" and calls == [1]
+
+    def refuses(config: Any, log: Any, cancelled: Any) -> Any:
+        raise PreflightError("server.python", "No module named 'vllm'", exit_code=errors.EXIT_FATAL_FAILURE)
+
+    with pytest.raises(PreflightError, match="No module named 'vllm'"):
+        _session(tmp_path, refuses).preflight()

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from r1sup import memchart as M
+from r1sup.figures import Figures
 
 PRED = M.Breakdown(
     total_gib=24.0, weights_gib=12.0, non_torch_gib=0.5, activation_gib=1.5, graphs_gib=1.0, kv_gib=6.0,
@@ -29,11 +30,11 @@ def test_a_small_part_still_shows() -> None:
 
 
 def test_parts_not_reported_are_not_guessed() -> None:
-    b = M.from_observations({"node_total_gib": 8.59, "kv_cache_gib": 0.5})  # the CPU build's two figures
+    b = M.from_figures(Figures(node_total_gib=8.59, kv_cache_gib=0.5))  # the CPU build's two figures
     assert b is not None and b.weights_gib is None
     assert dict(b.segments()) == {"kv": 0.5, "unknown": pytest.approx(8.09)}
     assert "?" in M.bar_text(b) and "." not in M.bar_text(b)
-    assert M.from_observations({"max_model_len": 4096.0}, total_gib=24.0) is None  # nothing about memory
+    assert M.from_figures(Figures(max_model_len=4096), total_gib=24.0) is None  # nothing about memory
 
 
 def test_measured_from_vllms_breakdown_line() -> None:
@@ -41,7 +42,7 @@ def test_measured_from_vllms_breakdown_line() -> None:
         "weights_gib": 27.54, "consumed_gib": 28.13, "peak_activation_gib": 1.68, "cudagraph_gib": 0.87,
         "kv_cache_gib": 42.17, "free_gib": 78.68, "total_gib": 79.19,
     }  # fmt: skip
-    b = M.from_observations(obs, total_gib=80.0)
+    b = M.from_figures(Figures(**obs), total_gib=80.0)
     assert b is not None
     assert (b.total_gib, b.non_torch_gib, b.other_gib) == (79.19, pytest.approx(0.59), pytest.approx(0.51))
     assert dict(b.segments())["free"] == pytest.approx(79.19 - 27.54 - 0.59 - 1.68 - 0.87 - 42.17 - 0.51)
@@ -55,13 +56,13 @@ def test_the_graph_estimate_inside_vllms_peak_activation_is_not_counted_twice() 
         "profiled_gpu_memory_utilization": 0.72, "equivalent_gpu_memory_utilization": 0.70,
         "cudagraph_estimated_gib": 0.48, "kv_cache_gib": 1.53, "free_gib": 17.54, "total_gib": 23.99,
     }  # fmt: skip
-    b = M.from_observations(obs)
+    b = M.from_figures(Figures(**obs))
     assert b is not None and b.activation_gib == pytest.approx(0.62) and b.over_gib == 0
     del obs["equivalent_gpu_memory_utilization"]  # profiling disabled: the estimate was not charged
-    assert M.from_observations(obs).activation_gib == 1.10  # type: ignore[union-attr]
+    assert M.from_figures(Figures(**obs)).activation_gib == 1.10  # type: ignore[union-attr]
     # the profile's own figure (0.20-0.26's breakdown, the profiling line) never holds the estimate
     obs.update(peak_activation_gib=0.61, equivalent_gpu_memory_utilization=0.70)
-    assert M.from_observations(obs).activation_gib == 0.61  # type: ignore[union-attr]
+    assert M.from_figures(Figures(**obs)).activation_gib == 0.61  # type: ignore[union-attr]
 
 
 def test_from_a_planner_breakdown_that_does_not_fit() -> None:

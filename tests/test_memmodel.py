@@ -15,6 +15,7 @@ import pytest
 
 from r1sup import catalog, devices
 from r1sup import memmodel as M
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.memmodel import Calibration, Version
@@ -367,7 +368,7 @@ def test_a_launch_calibrates_its_own_flags_exactly() -> None:
         "kv_cache_gib": 58.11,
         "requested_gib": 75.23,
     }
-    cal = Calibration(flags=H100_FLAGS, figures=figures, version=Version(0, 19, 0))
+    cal = Calibration(flags=H100_FLAGS, figures=Figures(**figures), version=Version(0, 19, 0))
     est = M.evaluate(arch, h100(), H100_FLAGS, "0.19.0", cal)
     assert est.kv.gib == pytest.approx(58.11, abs=0.01)
     assert est.weights.source == M.MEASURED and est.activation.gib == pytest.approx(1.89)
@@ -383,7 +384,7 @@ def test_breakdown_activation_from_0_27_excludes_the_charged_graph_estimate() ->
     # 0.27+ prints "P GiB for peak activation" = transient peak + the applied graph estimate
     cal = Calibration(
         flags=H100_FLAGS,
-        figures={"breakdown_activation_gib": 3.0, "cudagraph_estimated_gib": 1.0, "consumed_gib": 15.5},
+        figures=Figures(breakdown_activation_gib=3.0, cudagraph_estimated_gib=1.0, consumed_gib=15.5),
         version=Version(0, 32, 0),
     )
     measured = cal.measured(Version(0, 32, 0))

@@ -38,7 +38,7 @@ def kv_fail(length: int, estimate: int) -> Failure:
 def naive_search(
     facts: Facts, flags: EngineFlags, arch: memmodel.ModelArch | None, **bounds: object
 ) -> S.Search:
-    device = S.device_from_ladder_facts(facts)
+    device = facts.device()
     limits = Bounds(strategy="naive", **bounds)  # type: ignore[arg-type]
     return S.Search(S.Facts(arch=arch, device=device, user=flags, bounds=limits, ladder_facts=facts))
 

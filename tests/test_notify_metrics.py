@@ -65,10 +65,9 @@ def test_metrics_endpoint_serves_on_loopback():
 
 
 def test_metrics_show_the_proven_capacity_and_the_launched_flags_without_created_series():
-    from r1sup.bus import Serving
+    from r1sup.events import Launching, Serving
     from r1sup.flags import EngineFlags
     from r1sup.subscribers import MetricsSink
-    from r1sup.tuner import Launching
 
     m = Metrics()
     sink = MetricsSink(m)

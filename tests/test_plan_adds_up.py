@@ -16,6 +16,7 @@ import pytest
 
 from r1sup import catalog, planner
 from r1sup import memmodel as M
+from r1sup.bounds import Bounds
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.memmodel import arch_from_config
@@ -122,7 +123,7 @@ def test_every_way_out_fits_as_its_own_command_says(case: tuple[Any, ...]) -> No
         split = M.pipelined(a, way.pipeline_parallel_size) if way.pipeline_parallel_size > 1 else a
         # ways out ignore the ladder's bounds (a person decides): one below the utilization floor is
         # planned again with the floor at it
-        floor = {"min_gpu_memory_utilization": min(0.5, way.flags.gpu_memory_utilization)}
+        floor = Bounds(min_gpu_memory_utilization=min(0.5, way.flags.gpu_memory_utilization))
         again = planner.plan(
             split, device, way.flags, target_concurrency=conc, target_context=ctx, bounds=floor
         )

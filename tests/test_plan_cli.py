@@ -15,6 +15,7 @@ import pytest
 from r1sup import catalog, modelinfo
 from r1sup.cli import main
 from r1sup.errors import ConfigError
+from r1sup.figures import Figures
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q14 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
@@ -293,7 +294,7 @@ def test_a_saved_launch_calibrates_the_plan_on_the_same_box(
         flags=EngineFlags.from_start(config.start),
         command=["vllm"],
         probe={"ok": True},
-        observations=figures,
+        observations=Figures(**figures),
     )
     assert profiles.ProfileStore(config.state.dir).save(profile) is not None
     capsys.readouterr()  # the store's own log lines

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r1sup import catalog, config, memmodel, planner, tuner
+from r1sup.bounds import Bounds
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo, ProcessUse
 from r1sup.logs import get_logger
@@ -59,7 +60,7 @@ def both(model: str, device: DeviceFacts, version: str, start: dict[str, Any], t
         EngineFlags.from_start(cfg.start),
         target_concurrency=cfg.target.concurrency,
         target_context=cfg.target.context,
-        bounds=planner.ladder_bounds(cfg.ladder),
+        bounds=Bounds.from_config(cfg),
         version=v,
     )
     # r1sup tune: the tuner's first decision

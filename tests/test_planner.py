@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import pytest
 from r1sup import catalog, planner
 from r1sup import memmodel as M
 from r1sup import search as S
+from r1sup.bounds import Bounds
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.planner import Calibration, arch_from_config
@@ -153,7 +156,7 @@ def test_tiny_model_context_too_long_for_pinned_budget() -> None:
     assert p.recommended is not None
     assert (p.recommended.max_model_len, p.recommended.kv_cache_dtype) == (7680, "fp8")
     assert p.recommended.kv_cache_memory_bytes == 4_000_000
-    bf16 = planner.plan(TINY, cpu_node(), flags, bounds={"allow_fp8_kv": False})
+    bf16 = planner.plan(TINY, cpu_node(), flags, bounds=Bounds(allow_fp8_kv=False))
     assert bf16.recommended is not None
     assert (bf16.recommended.max_model_len, bf16.recommended.kv_cache_dtype) == (3712, "auto")
 
@@ -257,24 +260,14 @@ def test_shrinks_context_to_the_largest_block_aligned_one_for_the_target() -> No
 
 
 def test_never_below_min_max_model_len() -> None:
-    bounds = {
-        "min_max_model_len": 100_000,
-        "allow_fp8_kv": False,
-        "allow_eager": False,
-        "max_gpu_memory_utilization": 0.9,
-    }
+    bounds = Bounds(allow_fp8_kv=False, allow_eager=False, max_gpu_memory_utilization=0.9)
     # with every lever the bounds allow (fewer sequences and batched tokens among them) one request of
     # 125,000 tokens does not fit on 24 GiB
-    p = planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds={**bounds, "min_max_model_len": 125_000})
+    p = planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds=replace(bounds, min_max_model_len=125_000))
     assert p.recommended is None and p.verdict == "does_not_fit"
-    p2 = planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds={**bounds, "min_max_model_len": 50_000})
+    p2 = planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds=replace(bounds, min_max_model_len=50_000))
     assert p2.recommended is not None and p2.recommended.max_model_len is not None
     assert p2.recommended.max_model_len >= 50_000
-
-
-def test_unknown_bound_is_rejected() -> None:
-    with pytest.raises(ValueError, match="unknown planner bound"):
-        planner.plan(arch(Q7), gpu(24), EngineFlags(), bounds={"min_context": 1})
 
 
 def test_busy_gpu_lowers_the_utilization() -> None:
@@ -291,12 +284,12 @@ def test_probe_with_more_gpus_allows_tensor_parallel() -> None:
     device = gpu(24, count=2, source="probe")
     p = planner.plan(arch(Q14), device, EngineFlags())
     assert p.recommended is not None and p.recommended.tensor_parallel_size == 2
-    p_no = planner.plan(arch(Q14), device, EngineFlags(), bounds={"allow_tensor_parallel": False})
+    p_no = planner.plan(arch(Q14), device, EngineFlags(), bounds=Bounds(allow_tensor_parallel=False))
     assert p_no.recommended is None
 
 
 def test_weight_quantization_only_when_allowed() -> None:
-    p = planner.plan(arch(Q14), gpu(24), EngineFlags(), bounds={"allow_weight_quantization": True})
+    p = planner.plan(arch(Q14), gpu(24), EngineFlags(), bounds=Bounds(allow_weight_quantization=True))
     assert p.recommended is not None and p.recommended.quantization == "fp8"
 
 
@@ -367,7 +360,7 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
     # Eager mode is not allowed here (next test: it is, and wins when the context is clearly longer)
     device = gpu(23.69, cc=(8, 6))
     flags = EngineFlags()
-    graphs = {**planner.DEFAULT_BOUNDS, "allow_eager": False}
+    graphs = Bounds(allow_eager=False)
     p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384, bounds=graphs)
     rec = p.recommended
     assert rec is not None and rec.max_model_len is not None
@@ -385,7 +378,7 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
         flags,
         target_concurrency=4,
         target_context=16384,
-        bounds={**graphs, "max_gpu_memory_utilization": 0.9},
+        bounds=replace(graphs, max_gpu_memory_utilization=0.9),
     )
     assert p90.recommended is not None and p90.recommended.gpu_memory_utilization == 0.9
     assert 16384 <= (p90.recommended.max_model_len or 0) < rec.max_model_len
@@ -403,7 +396,7 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
 )
 def test_eager_only_when_it_clearly_lengthens_the_context(version: str, eager: bool) -> None:
     device = gpu(23.69, cc=(8, 6))
-    kept = {**planner.DEFAULT_BOUNDS, "allow_eager": False}
+    kept = Bounds(allow_eager=False)
     with_graphs = planner.plan(
         arch(L8),
         device,
@@ -466,12 +459,12 @@ def test_margin_is_kept_for_the_estimated_parts_only() -> None:
     estimated = est.non_torch.bytes + est.activation.bytes + est.cudagraph_charged
     assert ev.margin == int(min(S.ESTIMATE_MARGIN * estimated, S.MARGIN_FRACTION * est.budget))
     # a logged activation and graph estimate leave only the non-torch estimate uncertain
-    cal = Calibration(flags, {"peak_activation_gib": 0.7, "cudagraph_estimated_gib": 0.4})
+    cal = Calibration(flags, Figures(peak_activation_gib=0.7, cudagraph_estimated_gib=0.4))
     seen = planner._evaluate(arch(Q7), gpu(24), flags, v, cal)
     assert seen.margin == int(S.ESTIMATE_MARGIN * seen.est.non_torch.bytes) < ev.margin
     # a launch's budget and KV size make the prediction exact; a pinned KV size is exact too
     exact = planner._evaluate(
-        arch(Q7), gpu(24), flags, v, Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
+        arch(Q7), gpu(24), flags, v, Calibration(flags, Figures(requested_gib=21.6, kv_cache_gib=5.0))
     )
     pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), v)
     # (the search's margin, the one r1sup keeps: vLLM's print precision of the measured budget)
@@ -527,7 +520,7 @@ def test_measured_terms_replace_the_estimates() -> None:
     }
     flags = EngineFlags(max_model_len=8192)
     estimated = planner.plan(arch(Q7), gpu(24), flags)
-    measured = planner.plan(arch(Q7), gpu(24), flags, calibration=Calibration(flags, figures))
+    measured = planner.plan(arch(Q7), gpu(24), flags, calibration=Calibration(flags, Figures(**figures)))
     b = measured.breakdown
     assert (b.weights_gib, b.non_torch_gib, b.activation_gib, b.cudagraph_charged_gib) == pytest.approx(
         (15.0, 0.4, 1.5, 0.25)
@@ -544,7 +537,7 @@ def test_measured_terms_replace_the_estimates() -> None:
 
 def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
     flags = EngineFlags(max_model_len=8192)
-    cal = Calibration(flags, {"requested_gib": 21.6, "kv_cache_gib": 5.0})
+    cal = Calibration(flags, Figures(requested_gib=21.6, kv_cache_gib=5.0))
     p = planner.plan(arch(Q7), gpu(24), flags, calibration=cal)
     assert p.breakdown.kv_gib == pytest.approx(5.0, abs=1e-6)
     # utilization 0.95 adds 1.2 GiB to the same box's budget: all of it goes to KV
@@ -557,7 +550,9 @@ def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
 
 def test_measured_cuda_graphs_do_not_count_when_eager() -> None:
     flags = EngineFlags(max_model_len=8192, enforce_eager=True)
-    cal = Calibration(EngineFlags(max_model_len=8192), {"cudagraph_gib": 2.0, "cudagraph_estimated_gib": 2.5})
+    cal = Calibration(
+        EngineFlags(max_model_len=8192), Figures(cudagraph_gib=2.0, cudagraph_estimated_gib=2.5)
+    )
     p = planner.plan(arch(Q7), gpu(24), flags, calibration=cal)
     assert p.breakdown.cudagraph_gib == 0 and p.breakdown.cudagraph_charged_gib == 0
 

@@ -32,9 +32,7 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
     try:
         launch = runner.launch(EngineFlags.from_start(config.start), attempt=1)
         assert launch.ready, launch.failure
-        assert (
-            launch.observations.get("kv_cache_tokens") == 3840
-        )  # 4,000,000 B / 1024 B per token, 128-blocks
+        assert launch.figures.kv_cache_tokens == 3840  # 4,000,000 B / 1024 B per token, 128-blocks
 
         assert runner.probe(launch) == F.NO_FAILURE
         p = launch.probe
@@ -59,7 +57,7 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         assert wave["concurrency_proven"] > p["concurrency_proven"], wave
         waited = bool(wave["waiting_peak"]) and wave["concurrency_proven"] < wave["sent"]
         assert wave["limit"] == (wave["concurrency_proven"] if waited else wave["sent"]), wave
-        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
         assert capacity is not None and capacity["requests"] == wave["concurrency_proven"]
         assert capacity["context_requests"] == p["concurrency_proven"]
         # a 3,840-token cache holds fewer ordinary requests than the 16 asked: reduced, and it says so

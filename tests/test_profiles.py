@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from r1sup import preflight, profiles
 from r1sup.errors import ConfigError
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.profiles import (
@@ -69,7 +70,7 @@ def make_profile(fp: dict[str, Any] | None = None, **changes: Any) -> Profile:
         flags=EngineFlags(max_model_len=4096, kv_cache_dtype="fp8"),
         command=["python", "-m", "vllm.entrypoints.openai.api_server", "--max-model-len", "4096"],
         probe={"passed": True, "requests": 8, "p50_latency_s": 0.4},
-        observations={"weights_gib": 14.2, "kv_cache_gib": 6.1},
+        observations=Figures(weights_gib=14.2, kv_cache_gib=6.1),
         attempts=[{"flags": {"max_model_len": 32768}, "failure": "kv_cache_too_small"}],
     )
     return dataclasses.replace(profile, **changes) if changes else profile
@@ -494,12 +495,12 @@ def test_real_full_file_system_keeps_old_profile(tmp_path: Path) -> None:
             except OSError as exc:
                 assert exc.errno == errno.ENOSPC
         with capture_logs() as logs:
-            assert store.save(dataclasses.replace(old, observations={"pad": "x" * 8192})) is None
+            assert store.save(dataclasses.replace(old, attempts=[{"pad": "x" * 8192}])) is None
         assert "No space left on device" in events(logs, "profile_save_failed")[0]["error"]
         assert path.read_bytes() == before
         assert [p.name for p in path.parent.iterdir()] == [path.name]
         (fs / "filler").unlink()
-        assert store.save(dataclasses.replace(old, observations={"pad": "x" * 8192})) == path
+        assert store.save(dataclasses.replace(old, attempts=[{"pad": "x" * 8192}])) == path
 
 
 @pytest.mark.timeout(60)
@@ -543,7 +544,7 @@ def test_write_failure_in_a_real_process_keeps_old_profile(tmp_path: Path) -> No
     path = store.save(old)
     assert path is not None
     before = path.read_bytes()
-    bigger = dataclasses.replace(old, observations={"pad": "x" * 4096}, updated_at="2025-01-01T00:00:00Z")
+    bigger = dataclasses.replace(old, attempts=[{"pad": "x" * 4096}], updated_at="2025-01-01T00:00:00Z")
     bigger = dataclasses.replace(bigger, created_at="2025-01-01T00:00:00Z")
     new_file = tmp_path / "new.json"
     new_file.write_text(json.dumps(bigger.to_dict()))
@@ -745,7 +746,7 @@ def test_the_capacity_a_probe_proved_is_saved_and_read_back() -> None:
 
     flags = {"max_model_len": 8192}
     verified = capacity.verified(
-        PASSED, flags, {"kv_cache_tokens": 101456.0}, {"requests": 4, "context": 16384}
+        PASSED, flags, Figures(kv_cache_tokens=101456), {"requests": 4, "context": 16384}
     )
     assert verified is not None
     assert (verified["requests"], verified["context_tokens"], verified["kv_cache_tokens"]) == (
@@ -785,13 +786,13 @@ def test_what_a_probe_proves(
 ) -> None:
     from r1sup import capacity
 
-    verified = capacity.verified(probe, flags, {}, asked)
+    verified = capacity.verified(probe, flags, None, asked)
     if reduced is None:
         assert verified is None
         return
     assert verified is not None and verified["requests"] == requests and verified["reduced"] is reduced
     # the search's own verdict adds to what the figures show, never hides it
-    assert capacity.verified(probe, flags, {}, asked, reduced=True)["reduced"]  # type: ignore[index]
+    assert capacity.verified(probe, flags, None, asked, reduced=True)["reduced"]  # type: ignore[index]
 
 
 WAVE = {
@@ -811,7 +812,7 @@ def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_besid
 
     probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": WAVE}
     asked = {"requests": 1, "context": 8192, "concurrent": 16}
-    c = capacity.verified(probe, {"max_model_len": 8192}, {}, asked)
+    c = capacity.verified(probe, {"max_model_len": 8192}, None, asked)
     assert c is not None and not c["reduced"], c
     assert (c["requests"], c["concurrent_prompt_tokens"], c["context_requests"]) == (16, 250, 1)
     # the throughput and TTFT are the wave's, measured at the 16 at once
@@ -860,7 +861,7 @@ def test_fewer_requests_at_once_than_asked_is_reduced_and_says_their_size(
 
     probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": wave}
     asked = {"requests": 1, "context": 8192, "concurrent": asked_concurrent}
-    c = capacity.verified(probe, {"max_model_len": 8192}, {}, asked)
+    c = capacity.verified(probe, {"max_model_len": 8192}, None, asked)
     assert c is not None and c["requests"] == requests and c["context_requests"] == 1
     assert c["reduced_because"] == because and c["reduced"] == bool(because)
 
@@ -869,7 +870,7 @@ def test_a_probe_without_a_wave_is_not_held_against_the_concurrency_asked() -> N
     """A record from before the wave (or a probe that was not asked for one) proves what it proves."""
     from r1sup import capacity
 
-    c = capacity.verified(PASSED, {"max_model_len": 8192}, {}, {"requests": 2, "concurrent": 16})
+    c = capacity.verified(PASSED, {"max_model_len": 8192}, None, {"requests": 2, "concurrent": 16})
     assert c is not None and c["requests"] == 2 and c["asked_concurrent"] is None and not c["reduced"]
 
 

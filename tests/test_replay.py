@@ -53,8 +53,8 @@ def _json(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def replay(tmp_path: Path, monkeypatch: Any, *scripts: Script, **sections: dict[str, Any]) -> Replay:
-    r = Replay(tmp_path, monkeypatch, list(scripts) or [Script()], **sections)
+def replay(tmp_path: Path, *scripts: Script, **sections: dict[str, Any]) -> Replay:
+    r = Replay(tmp_path, list(scripts) or [Script()], **sections)
     _made.append(r)
     return r
 
@@ -93,8 +93,8 @@ def crashing(after_s: float, code: int = 1) -> Script:
     (S.DRAINING, S.STOPPING),
     (S.STOPPING, S.STOPPED),
 )
-def test_a_search_brings_the_engine_up_and_sigterm_stops_it(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch)
+def test_a_search_brings_the_engine_up_and_sigterm_stops_it(tmp_path: Path) -> None:
+    r = replay(tmp_path)
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     # draining (/readyz 503) first, even with nothing in flight, then the stop at once
@@ -114,10 +114,43 @@ def test_a_search_brings_the_engine_up_and_sigterm_stops_it(tmp_path: Path, monk
     ]
 
 
+def test_the_stop_escalates_to_sigkill_on_its_timer_while_the_loop_turns(tmp_path: Path) -> None:
+    # supervisord's STOPPING: SIGTERM, then SIGKILL when server.stop_timeout_s has passed; meanwhile the
+    # loop turns: what vLLM prints during its teardown is relayed as it comes, marked as such
+    teardown = [
+        "(APIServer pid=1) WARNING 06-02 09:20:00 [launcher.py:101] Shutting down FastAPI HTTP server."
+    ]
+    r = replay(tmp_path, Script(term_ignored=True, teardown=teardown), server={"stop_timeout_s": 10.0})
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    stopped = r.log.named("engine_stopped")[-1]
+    assert stopped["escalated"] is True and r.engine(1).stopped_by == "sigkill"
+    assert 10.0 <= stopped["seconds"] < 10.5
+    relayed = [f for f in r.log.named("vllm") if "Shutting down FastAPI" in f["text"]]
+    assert relayed and relayed[0]["during_stop"] is True and relayed[0]["t"] < stopped["t"] - 9.0
+
+
+def test_a_second_sigterm_forces_the_sigkill_at_once(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(term_ignored=True), server={"stop_timeout_s": 30.0})
+    r.at_serving(1, lambda: [r.signal(30.0, signal.SIGTERM), r.signal(32.0, signal.SIGTERM)])
+    assert r.run() == errors.EXIT_OK
+    stopped = r.log.named("engine_stopped")[-1]
+    assert stopped["escalated"] is True and 2.0 <= stopped["seconds"] < 2.5
+
+
+def test_an_engine_that_exits_on_sigterm_is_not_killed(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(teardown=["(APIServer pid=1) INFO 06-02 09:20:00 [x.py:1] bye"] * 3))
+    stop_after_serving(r)
+    assert r.run() == errors.EXIT_OK
+    stopped = r.log.named("engine_stopped")[-1]
+    assert stopped["escalated"] is False and r.engine(1).stopped_by == "stop"
+    assert 1.5 <= stopped["seconds"] < 2.0  # its three teardown lines, 0.5 s apart, then the exit
+
+
 @covers((S.LAUNCHING, S.LAUNCHING))
-def test_an_oom_at_start_up_steps_to_new_flags_and_launches_again(tmp_path: Path, monkeypatch: Any) -> None:
+def test_an_oom_at_start_up_steps_to_new_flags_and_launches_again(tmp_path: Path) -> None:
     oom = log_lines("gpu/oom-cudagraph-capture-frames-v1.log")
-    r = replay(tmp_path, monkeypatch, Script(lines=oom, exit_at=len(oom) * 0.5 + 1), Script())
+    r = replay(tmp_path, Script(lines=oom, exit_at=len(oom) * 0.5 + 1), Script())
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("failure_classified")[0]
@@ -129,18 +162,16 @@ def test_an_oom_at_start_up_steps_to_new_flags_and_launches_again(tmp_path: Path
 
 
 @covers((S.LAUNCHING, S.SERVING))
-def test_without_a_probe_a_ready_engine_is_serving(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, probe={"enabled": False})
+def test_without_a_probe_a_ready_engine_is_serving(tmp_path: Path) -> None:
+    r = replay(tmp_path, probe={"enabled": False})
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     assert "probing" not in r.states() and not r.log.named("probe_started")
 
 
 @covers((S.LAUNCHING, S.BACKOFF), (S.BACKOFF, S.LAUNCHING))
-def test_an_engine_that_dies_at_start_up_without_a_cause_is_retried_after_a_backoff(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    r = replay(tmp_path, monkeypatch, Script(lines=STARTUP[:6], exit_at=4.0), Script())
+def test_an_engine_that_dies_at_start_up_without_a_cause_is_retried_after_a_backoff(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(lines=STARTUP[:6], exit_at=4.0), Script())
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     assert r.states()[:4] == ["planning", "launching", "backoff", "launching"]
@@ -152,8 +183,8 @@ def test_an_engine_that_dies_at_start_up_without_a_cause_is_retried_after_a_back
 
 
 @covers((S.LAUNCHING, S.STOPPING))
-def test_sigterm_while_vllm_loads_stops_it_and_exits_0(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch)
+def test_sigterm_while_vllm_loads_stops_it_and_exits_0(tmp_path: Path) -> None:
+    r = replay(tmp_path)
     r.on_entering(S.LAUNCHING, lambda: r.signal(3.0, signal.SIGTERM))
     assert r.run() == errors.EXIT_OK
     assert r.states()[-2:] == ["stopping", "stopped"] and r.engine(1).stopped_by == "stop"
@@ -161,9 +192,9 @@ def test_sigterm_while_vllm_loads_stops_it_and_exits_0(tmp_path: Path, monkeypat
 
 
 @covers((S.LAUNCHING, S.FAILED))
-def test_a_model_that_is_nowhere_fails_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_model_that_is_nowhere_fails_at_once(tmp_path: Path) -> None:
     missing = log_lines("gpu/model-not-found-gated-k8s.log")
-    r = replay(tmp_path, monkeypatch, Script(lines=missing, exit_at=len(missing) * 0.5 + 1))
+    r = replay(tmp_path, Script(lines=missing, exit_at=len(missing) * 0.5 + 1))
     assert r.run() == errors.EXIT_FATAL_FAILURE
     assert len(r.engines) == 1 and r.states()[-1] == "failed"
     assert r.status_json()["last_failure"]["class"] == F.MODEL_NOT_FOUND
@@ -180,8 +211,8 @@ def _probe_oom() -> Script:
 
 
 @covers((S.PROBING, S.LAUNCHING))
-def test_an_oom_under_the_probe_steps_down_and_launches_again(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, _probe_oom(), Script())
+def test_an_oom_under_the_probe_steps_down_and_launches_again(tmp_path: Path) -> None:
+    r = replay(tmp_path, _probe_oom(), Script())
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("probe_failed")[0]
@@ -190,8 +221,8 @@ def test_an_oom_under_the_probe_steps_down_and_launches_again(tmp_path: Path, mo
 
 
 @covers((S.PROBING, S.BACKOFF))
-def test_probe_requests_that_fail_on_a_live_engine_are_retried(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, Script(probe_ok=False), Script())
+def test_probe_requests_that_fail_on_a_live_engine_are_retried(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(probe_ok=False), Script())
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     assert r.log.named("probe_failed")[0]["failure_class"] == F.ENGINE_DEAD
@@ -199,8 +230,8 @@ def test_probe_requests_that_fail_on_a_live_engine_are_retried(tmp_path: Path, m
 
 
 @covers((S.PROBING, S.STOPPING))
-def test_sigterm_during_the_probe_stops_the_engine(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, Script(probe_s=20.0))
+def test_sigterm_during_the_probe_stops_the_engine(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(probe_s=20.0))
     r.on_entering(S.PROBING, lambda: r.signal(2.0, signal.SIGTERM))
     assert r.run() == errors.EXIT_OK
     assert r.states()[-3:] == ["probing", "stopping", "stopped"]
@@ -208,10 +239,8 @@ def test_sigterm_during_the_probe_stops_the_engine(tmp_path: Path, monkeypatch: 
 
 
 @covers((S.PROBING, S.FAILED))
-def test_a_probe_child_that_cannot_run_is_r1sups_failure_not_the_engines(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    r = replay(tmp_path, monkeypatch, Script(probe_internal=True))
+def test_a_probe_child_that_cannot_run_is_r1sups_failure_not_the_engines(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(probe_internal=True))
     with pytest.raises(InternalError):
         r.run()
     assert r.states()[-1] == "failed" and len(r.engines) == 1 and r.engine(1).stopped_by == "stop"
@@ -222,12 +251,10 @@ def test_a_probe_child_that_cannot_run_is_r1sups_failure_not_the_engines(
 
 
 @covers((S.SERVING, S.LAUNCHING))
-def test_an_oom_while_serving_steps_down_saves_the_profile_and_serves_again(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
+def test_an_oom_while_serving_steps_down_saves_the_profile_and_serves_again(tmp_path: Path) -> None:
     out = (len(STARTUP) + 1) * 0.5
     oom = Script(later=[(out + 40 + i * 0.01, line) for i, line in enumerate(RUNTIME_OOM)], exit_at=out + 41)
-    r = replay(tmp_path, monkeypatch, oom, Script())
+    r = replay(tmp_path, oom, Script())
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
@@ -245,10 +272,8 @@ def test_an_oom_while_serving_steps_down_saves_the_profile_and_serves_again(
 
 
 @covers((S.SERVING, S.BACKOFF), (S.BACKOFF, S.LAUNCHING))
-def test_an_engine_that_crashes_while_serving_is_restarted_after_a_backoff(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
-    r = replay(tmp_path, monkeypatch, crashing(after_s=20), Script())
+def test_an_engine_that_crashes_while_serving_is_restarted_after_a_backoff(tmp_path: Path) -> None:
+    r = replay(tmp_path, crashing(after_s=20), Script())
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
@@ -259,9 +284,9 @@ def test_an_engine_that_crashes_while_serving_is_restarted_after_a_backoff(
 
 
 def test_status_json_shows_the_capacity_of_the_flags_serving_and_none_while_nothing_serves(
-    tmp_path: Path, monkeypatch: Any
+    tmp_path: Path,
 ) -> None:
-    r = replay(tmp_path, monkeypatch, crashing(after_s=20), Script())
+    r = replay(tmp_path, crashing(after_s=20), Script())
     seen: list[tuple[str, Any]] = []
     r.on_transition(lambda old, new: seen.append((new.value, r.status_json()["capacity"])))
     stop_after_serving(r, count=2)
@@ -276,8 +301,8 @@ def test_status_json_shows_the_capacity_of_the_flags_serving_and_none_while_noth
 
 
 @covers((S.SERVING, S.FAILED))
-def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, crashing(after_s=5), daemon={"restart_budget": 2})
+def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path) -> None:
+    r = replay(tmp_path, crashing(after_s=5), daemon={"restart_budget": 2})
     assert r.run() == errors.EXIT_RESTART_BUDGET
     assert len(r.engines) == 3 and [e["restart"] for e in r.log.named("restart_backoff")] == [1, 2]
     seconds = [e["seconds"] for e in r.log.named("restart_backoff")]
@@ -294,10 +319,10 @@ def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path, monkeypatch: A
     assert doc["state"] == "failed" and doc["launches"] == 3 and doc["child_pid"] is None
 
 
-def test_a_stable_period_resets_the_restart_budget(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_stable_period_resets_the_restart_budget(tmp_path: Path) -> None:
     # each engine serves 400 s (> stable_after_s 300) before crashing: the budget of 1 never runs out
     scripts = [crashing(after_s=400)] * 3 + [Script()]
-    r = replay(tmp_path, monkeypatch, *scripts, daemon={"restart_budget": 1})
+    r = replay(tmp_path, *scripts, daemon={"restart_budget": 1})
     stop_after_serving(r, count=4)
     assert r.run() == errors.EXIT_OK
     assert [e["restart"] for e in r.log.named("restart_backoff")] == [1, 1, 1]
@@ -305,7 +330,7 @@ def test_a_stable_period_resets_the_restart_budget(tmp_path: Path, monkeypatch: 
 
 @covers((S.SERVING, S.BACKOFF))
 def test_an_engine_dead_behind_a_healthy_health_check_is_restarted_within_one_liveness_interval(
-    tmp_path: Path, monkeypatch: Any
+    tmp_path: Path,
 ) -> None:
     # from 30 s after its start: /health still answers 200, the processes live, requests get vLLM's
     # engine-dead reply (the trap the liveness completion exists for)
@@ -318,7 +343,7 @@ def test_an_engine_dead_behind_a_healthy_health_check_is_restarted_within_one_li
             else (200, "")
         )
 
-    r = replay(tmp_path, monkeypatch, Script(completion=completion), Script())
+    r = replay(tmp_path, Script(completion=completion), Script())
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
@@ -355,13 +380,11 @@ def liveness_with_work(r: Replay) -> list[dict[str, Any]]:
     return [e for e in r.log.named("liveness") if (e.get("running") or 0) + (e.get("waiting") or 0) > 0]
 
 
-def test_a_queue_longer_than_every_timeout_is_served_without_a_restart(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
+def test_a_queue_longer_than_every_timeout_is_served_without_a_restart(tmp_path: Path) -> None:
     # 24 requests of 25 s each through one slot: the last waits 575 s in the queue, ten times the
     # progress timeout (60 s); the counters move at every sample
     queue = one_slot_queue(24, 25.0, from_s=OUT_S + 20)
-    r = replay(tmp_path, monkeypatch, Script(figures=queue))
+    r = replay(tmp_path, Script(figures=queue))
     stop_after_serving(r, seconds=20 + 24 * 25 + 60)
     assert r.run() == errors.EXIT_OK
     assert not r.log.named("serving_failed") and len(r.engines) == 1
@@ -376,9 +399,7 @@ def test_a_queue_longer_than_every_timeout_is_served_without_a_restart(
     assert before_stop[-1]["verdict"] == "idle"  # once the queue is served
 
 
-def test_a_stopped_engine_core_under_load_is_restarted_within_the_progress_timeout(
-    tmp_path: Path, monkeypatch: Any
-) -> None:
+def test_a_stopped_engine_core_under_load_is_restarted_within_the_progress_timeout(tmp_path: Path) -> None:
     # 40 s into serving the engine core is stopped (SIGSTOP): /health and /metrics go on answering,
     # the figures freeze with work pending, a completion sent from then on is never answered
     stopped = OUT_S + 40
@@ -387,7 +408,7 @@ def test_a_stopped_engine_core_under_load_is_restarted_within_the_progress_timeo
         figures=lambda s: moving(min(s, stopped)),
         completion_s=lambda s: None if s >= stopped else 0.05,
     )
-    r = replay(tmp_path, monkeypatch, script, Script())
+    r = replay(tmp_path, script, Script())
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
@@ -403,12 +424,12 @@ def test_a_stopped_engine_core_under_load_is_restarted_within_the_progress_timeo
     assert r.states().count("serving") == 2 and len(r.engines) == 2
 
 
-def test_an_idle_engine_that_stops_answering_is_restarted(tmp_path: Path, monkeypatch: Any) -> None:
+def test_an_idle_engine_that_stops_answering_is_restarted(tmp_path: Path) -> None:
     # idle, then the engine core is stopped: the figures say nothing is pending, /health answers; only
     # r1sup's own one-token completion, sent while idle, goes unanswered
     stopped = OUT_S + 40
     script = Script(completion_s=lambda s: None if s >= stopped else 0.05)
-    r = replay(tmp_path, monkeypatch, script, Script())
+    r = replay(tmp_path, script, Script())
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
@@ -437,8 +458,8 @@ def _reload_with_new_context(r: Replay, after_s: float = 10.0) -> Callable[[], N
 
 
 @covers((S.SERVING, S.PLANNING))
-def test_sighup_after_editing_the_context_replans_and_relaunches(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, daemon={"drain_timeout_s": 0.0})  # no drain: straight to planning
+def test_sighup_after_editing_the_context_replans_and_relaunches(tmp_path: Path) -> None:
+    r = replay(tmp_path, daemon={"drain_timeout_s": 0.0})  # no drain: straight to planning
     r.at_serving(1, _reload_with_new_context(r))
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
@@ -448,8 +469,8 @@ def test_sighup_after_editing_the_context_replans_and_relaunches(tmp_path: Path,
     assert "RELOADING=1" in r.notifier.sent
 
 
-def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch)
+def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path) -> None:
+    r = replay(tmp_path)
     seen: list[dict[str, Any]] = []
 
     def hups() -> None:
@@ -490,9 +511,9 @@ def _sigterm_after_serving(
 
 
 @covers((S.SERVING, S.DRAINING), (S.DRAINING, S.STOPPING))
-def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path, monkeypatch: Any) -> None:
+def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path) -> None:
     # busy for 8 s after the SIGTERM; vLLM takes requests until then, then drains itself (2 s) and exits
-    r = replay(tmp_path, monkeypatch, Script(drain_s=2.0))
+    r = replay(tmp_path, Script(drain_s=2.0))
     _sigterm_after_serving(r, lambda s: BUSY if s < 8.0 else IDLE)
     assert r.run() == errors.EXIT_OK
     started, finished = r.log.named("drain_started")[0], r.log.named("drain_finished")[0]
@@ -502,9 +523,9 @@ def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path, monkeypatch:
     assert r.states()[-3:] == ["draining", "stopping", "stopped"]
 
 
-def test_sigterm_with_an_unready_pause_keeps_vllm_open_that_long(tmp_path: Path, monkeypatch: Any) -> None:
+def test_sigterm_with_an_unready_pause_keeps_vllm_open_that_long(tmp_path: Path) -> None:
     # nothing in flight, but /readyz says 503 for 5 s before vLLM is told to stop taking requests
-    r = replay(tmp_path, monkeypatch, Script(), daemon={"drain_unready_s": 5.0})
+    r = replay(tmp_path, Script(), daemon={"drain_unready_s": 5.0})
     _sigterm_after_serving(r, lambda s: IDLE)
     assert r.run() == errors.EXIT_OK
     changed = [e for e in r.log.named("state_changed") if e["new"] == "draining"][0]
@@ -516,10 +537,10 @@ def test_sigterm_with_an_unready_pause_keeps_vllm_open_that_long(tmp_path: Path,
     assert r.engine(1).code == 0
 
 
-def test_requests_that_keep_coming_close_vllm_at_half_the_budget(tmp_path: Path, monkeypatch: Any) -> None:
+def test_requests_that_keep_coming_close_vllm_at_half_the_budget(tmp_path: Path) -> None:
     # busy all along (no load balancer sends elsewhere): at 15 s of 30 vLLM is told to stop taking
     # requests and finishes what it holds (4 s)
-    r = replay(tmp_path, monkeypatch, Script(drain_s=4.0))
+    r = replay(tmp_path, Script(drain_s=4.0))
     _sigterm_after_serving(r, lambda s: BUSY)
     assert r.run() == errors.EXIT_OK
     finished = r.log.named("drain_finished")[0]
@@ -527,9 +548,9 @@ def test_requests_that_keep_coming_close_vllm_at_half_the_budget(tmp_path: Path,
 
 
 @covers((S.SERVING, S.STOPPING))
-def test_without_a_drain_sigterm_stops_the_engine_at_once(tmp_path: Path, monkeypatch: Any) -> None:
+def test_without_a_drain_sigterm_stops_the_engine_at_once(tmp_path: Path) -> None:
     # drain_timeout_s 0: vLLM is not asked to drain itself, and requests in flight do not hold the stop
-    r = replay(tmp_path, monkeypatch, Script(figures=lambda s: BUSY), daemon={"drain_timeout_s": 0.0})
+    r = replay(tmp_path, Script(figures=lambda s: BUSY), daemon={"drain_timeout_s": 0.0})
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
     assert "--shutdown-timeout" not in r.engine(1).spec.argv
@@ -537,8 +558,8 @@ def test_without_a_drain_sigterm_stops_the_engine_at_once(tmp_path: Path, monkey
     assert r.states()[-3:] == ["serving", "stopping", "stopped"] and r.engine(1).stopped_by == "stop"
 
 
-def test_a_second_sigterm_ends_the_drain(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, Script(figures=lambda s: BUSY, drain_s=100.0))
+def test_a_second_sigterm_ends_the_drain(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(figures=lambda s: BUSY, drain_s=100.0))
 
     def twice() -> None:
         r.signal(10, signal.SIGTERM)
@@ -552,8 +573,8 @@ def test_a_second_sigterm_ends_the_drain(tmp_path: Path, monkeypatch: Any) -> No
 
 
 @covers((S.DRAINING, S.PLANNING))
-def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch, Script(figures=busy_then_done(60.0)), Script())
+def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(figures=busy_then_done(60.0)), Script())
     r.at_serving(1, _reload_with_new_context(r))
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
@@ -581,31 +602,29 @@ def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path, 
 
 
 @covers((S.PLANNING, S.STOPPING))
-def test_a_sigterm_that_came_while_planning_stops_before_any_launch(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch)
+def test_a_sigterm_that_came_while_planning_stops_before_any_launch(tmp_path: Path) -> None:
+    r = replay(tmp_path)
     r.queue.signals.append(signal.SIGTERM)
     assert r.run() == errors.EXIT_OK
     assert r.engines == [] and r.states() == ["planning", "stopping", "stopped"]
 
 
 @covers((S.BACKOFF, S.STOPPING))
-def test_sigterm_during_a_backoff_stops_without_relaunching(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(
-        tmp_path, monkeypatch, crashing(after_s=5), daemon={"backoff_initial_s": 30.0, "backoff_max_s": 60.0}
-    )
+def test_sigterm_during_a_backoff_stops_without_relaunching(tmp_path: Path) -> None:
+    r = replay(tmp_path, crashing(after_s=5), daemon={"backoff_initial_s": 30.0, "backoff_max_s": 60.0})
     r.on_entering(S.BACKOFF, lambda: r.signal(1.0, signal.SIGTERM))
     assert r.run() == errors.EXIT_OK
     assert len(r.engines) == 1 and r.states()[-3:] == ["backoff", "stopping", "stopped"]
 
 
 @covers((S.PLANNING, S.FAILED))
-def test_a_preflight_that_fails_says_failed_and_launches_nothing(tmp_path: Path, monkeypatch: Any) -> None:
-    r = replay(tmp_path, monkeypatch)
+def test_a_preflight_that_fails_says_failed_and_launches_nothing(tmp_path: Path) -> None:
+    r = replay(tmp_path)
 
-    def refuse(self: Any) -> Any:
+    def refuse() -> Any:
         raise PreflightError("server.python", "No module named 'vllm'", exit_code=errors.EXIT_FATAL_FAILURE)
 
-    monkeypatch.setattr("r1sup.session.Session.preflight", refuse)
+    r.preflight = refuse
     with pytest.raises(PreflightError):
         r.run()
     assert r.engines == [] and r.states() == ["planning", "failed"]
@@ -629,9 +648,9 @@ def _failing_in(state: State, *scripts: Script) -> Any:
     ],
 )
 def test_r1sups_own_failure_in_any_state_stops_vllm_and_says_failed(
-    tmp_path: Path, monkeypatch: Any, state: State, scripts: list[Script]
+    tmp_path: Path, state: State, scripts: list[Script]
 ) -> None:
-    r = replay(tmp_path, monkeypatch, *scripts)
+    r = replay(tmp_path, *scripts)
     stop_after_serving(r, seconds=5)
 
     def bug() -> None:

@@ -24,6 +24,7 @@ from r1sup import config as cfg
 from r1sup import failure as F
 from r1sup.capacity import asked, verified
 from r1sup.events import EventQueue
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.logs import get_logger
 from r1sup.probe import (
@@ -46,6 +47,7 @@ from r1sup.probe import (
     wave_size,
 )
 from r1sup.runner import Launch, Runner
+from r1sup.world import World
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
 
@@ -226,12 +228,12 @@ def test_a_probe_child_that_died_while_it_waited_is_r1sups_failure() -> None:
 # --- the runner on the fake engine -------------------------------------------------------------------
 
 
-def make_runner(tmp_path: Path, **scenario_fields: Any) -> tuple[Runner, Path]:
+def make_runner(tmp_path: Path, world: World | None = None, **scenario_fields: Any) -> tuple[Runner, Path]:
     scenario = fake_scenario(tmp_path, **scenario_fields)
     body = fake_body(tmp_path, model=QWEN_7B, server={"env": fake_env(scenario)})
     path = write_config(tmp_path / "r1sup.toml", body)
     config = cfg.load(path, environ={})
-    return Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False), path
+    return Runner(config, EventQueue(), log=get_logger(test="runner"), relay=False, world=world), path
 
 
 def probe_children() -> list[psutil.Process]:
@@ -291,18 +293,25 @@ def test_an_engine_whose_readiness_line_is_not_seen_is_found_ready_by_polling(tm
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_probe_child_starts_with_the_engine_and_runs_the_probe(tmp_path: Path) -> None:
-    runner, path = make_runner(tmp_path)
+    made: list[ProbeProcess] = []  # the probe's children, as the runner's world makes them
+
+    def probe_process(connection: Any) -> ProbeProcess:
+        made.append(ProbeProcess(connection=connection))
+        return made[-1]
+
+    runner, path = make_runner(tmp_path, world=World(probe_process=probe_process))
     launch = None
     try:
         launch = launch_ready(runner)
         waiting = probe_children()
         assert len(waiting) == 1, "one probe child, started before vLLM was ready"
+        assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe["succeeded"] == 4
-        assert runner._probe_proc is not None and runner._probe_proc.pid == waiting[0].pid  # noqa: SLF001
+        assert made[0].used and len(made) == 1  # the probe ran in the child started with the engine
         # a second probe of the same launch starts a child of its own
         assert runner.probe(launch) == F.NO_FAILURE
-        assert runner._probe_proc.pid != waiting[0].pid  # noqa: SLF001
+        assert len(made) == 2 and made[1].used and made[1].pid != waiting[0].pid
     finally:
         cleanup(runner, launch, path)
 
@@ -340,12 +349,15 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
         full_size = launch.probe["prompt_tokens"]
         # vLLM allocated this launch the KV cache the full probe passed with: short prompts
-        kv = launch.observations["kv_cache_tokens"]
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, {"kv_cache_tokens": kv})
+        kv = launch.figures.kv_cache_tokens
+        assert kv is not None
+        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv))
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] <= SHORT_PROMPT_TOKENS
         # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, {"kv_cache_tokens": kv + 1})
+        runner.prove_with(
+            launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv + 1)
+        )
         assert runner.probe(launch) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] > SHORT_PROMPT_TOKENS
     finally:
@@ -467,7 +479,7 @@ def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
             assert [(e["sent_at_once"], e["ran_at_once"], e["max_num_seqs"]) for e in queued] == [(4, 1, 1)]
         else:
             assert not p["queued"] and not queued
-        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
         assert capacity is not None and capacity["context_requests"] == proven
         assert capacity["asked_requests"] == 4 and capacity["reduced"] == (proven < 4)
         # the concurrency wave: none where vLLM runs one sequence (the user's own max_num_seqs, as
@@ -514,7 +526,7 @@ def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_
         assert wave["running_peak"] == 2 and not wave["queued"]
         (passed,) = [e for e in logs if e["event"] == "probe_passed"]
         assert passed["wave"]["sent"] == 2 and passed["wave"]["concurrency_proven"] == 2
-        capacity = verified(p, launch.flags.to_dict(), launch.observations, asked(config))
+        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
         assert capacity is not None and (capacity["requests"], capacity["context_requests"]) == (2, 1)
         assert (capacity["asked_concurrent"], capacity["concurrent_limit"]) == (16, 2) and capacity["reduced"]
         size = capacity["concurrent_prompt_tokens"]

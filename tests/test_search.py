@@ -16,6 +16,7 @@ from r1sup import search as S
 from r1sup.bounds import Bounds
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
 
@@ -83,12 +84,12 @@ def test_runtime_oom_whose_figures_do_not_move_marks_the_lever_ineffective() -> 
     device = gpu(23.99)
     s = search(Q7, device, user, target_concurrency=2, target_context=8192)
     first = s.first()
-    d1 = s.after(S.Outcome(first, oom(F.OOM_RUNTIME, 2.0, 1.6), {}, device))
+    d1 = s.after(S.Outcome(first, oom(F.OOM_RUNTIME, 2.0, 1.6), Figures(), device))
     assert isinstance(d1, S.Next)
     seen = [first, d1.flags]
     if d1.flags.max_num_seqs != first.max_num_seqs:
         # the same allocation fails with the same memory free: fewer sequences changed nothing
-        d2 = s.after(S.Outcome(d1.flags, oom(F.OOM_RUNTIME, 2.0, 1.6), {}, device))
+        d2 = s.after(S.Outcome(d1.flags, oom(F.OOM_RUNTIME, 2.0, 1.6), Figures(), device))
         assert isinstance(d2, S.Next)
         assert (F.OOM_RUNTIME, "max_num_seqs") in s.evidence.ineffective
         seen.append(d2.flags)
@@ -106,7 +107,7 @@ def test_a_failed_configuration_is_never_relaunched() -> None:
     flags = s.first()
     tried = {flags}
     for _ in range(4):
-        d = s.after(S.Outcome(flags, oom(F.OOM_RUNTIME, 0.5, 0.1), {}, device))
+        d = s.after(S.Outcome(flags, oom(F.OOM_RUNTIME, 0.5, 0.1), Figures(), device))
         if isinstance(d, S.GiveUp):
             break
         assert d.flags not in tried
@@ -128,7 +129,7 @@ def test_kv_insufficient_calibrates_the_model_with_vllms_figure() -> None:
         {"max_model_len": 131072, "kv_available_gib": measured},
     )
     figures = {"kv_cache_gib": measured, "requested_gib": 0.9 * 23.99, "weights_gib": est.weights.gib}
-    d = s.after(S.Outcome(user, failure, figures, device))
+    d = s.after(S.Outcome(user, failure, Figures(**figures), device))
     assert isinstance(d, S.Next)
     assert s.evidence.calibrated == 1
     again = memmodel.evaluate(Q7, device, user, calibration=s.evidence.calibration)
@@ -147,12 +148,12 @@ def test_free_memory_is_read_again_after_each_launch() -> None:
         "utilization (0.9, 21.59 GiB).",
         {"free_gib": 20.0, "total_gib": 23.99, "gpu_memory_utilization": 0.9, "requested_gib": 21.59},
     )
-    d = s.after(S.Outcome(user, failure, {}, idle))
+    d = s.after(S.Outcome(user, failure, Figures(), idle))
     assert isinstance(d, S.Next)
     assert d.flags.gpu_memory_utilization >= 0.9
     assert s.evidence.util_cap is None
     still = search(Q7, busy, user, target_concurrency=2, target_context=8192)
-    d2 = still.after(S.Outcome(user, failure, {}, busy))
+    d2 = still.after(S.Outcome(user, failure, Figures(), busy))
     assert isinstance(d2, S.Next)
     assert d2.flags.gpu_memory_utilization <= (20.0 - 0.25) / 23.99
 
@@ -165,7 +166,7 @@ def test_fp8_unsupported_excludes_e4m3_on_this_box() -> None:
     failure = Failure(
         F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "fp8e4nv data type is not supported on CUDA arch < 89"
     )
-    d = s.after(S.Outcome(user.replace(kv_cache_dtype="fp8_e5m2"), failure, {}, device))
+    d = s.after(S.Outcome(user.replace(kv_cache_dtype="fp8_e5m2"), failure, Figures(), device))
     assert isinstance(d, S.Next)
     assert not d.flags.fp8_kv
 
@@ -175,7 +176,7 @@ def test_gives_up_only_when_nothing_fits_and_names_the_bound() -> None:
     device = gpu(23.99)
     s = search(Q14, device, user, target_concurrency=1, target_context=8192)
     failure = oom(F.OOM_WEIGHTS, 0.5, 0.2, F.PHASE_LOAD_WEIGHTS)
-    d = s.after(S.Outcome(user, failure, {}, device))
+    d = s.after(S.Outcome(user, failure, Figures(), device))
     assert isinstance(d, S.GiveUp)
     assert d.exit_code == EXIT_NO_WORKING_CONFIG
     assert d.bound == "ladder.allow_weight_quantization"
@@ -183,7 +184,7 @@ def test_gives_up_only_when_nothing_fits_and_names_the_bound() -> None:
     allowed = search(
         Q14, device, user, target_concurrency=1, target_context=8192, allow_weight_quantization=True
     )
-    d2 = allowed.after(S.Outcome(user, failure, {}, device))
+    d2 = allowed.after(S.Outcome(user, failure, Figures(), device))
     assert isinstance(d2, S.Next) and d2.flags.quantization == "fp8"
 
 
@@ -198,7 +199,7 @@ def test_a_context_above_the_models_limit_is_capped_not_fatal() -> None:
         "(max_position_embeddings=131072 or model_max_length=None in model's config.json).",
         {"derived_max_model_len": 131072},
     )
-    d = s.after(S.Outcome(user, failure, {}, device))
+    d = s.after(S.Outcome(user, failure, Figures(), device))
     assert isinstance(d, S.Next)
     assert d.flags.max_model_len is not None and d.flags.max_model_len <= 131072
 
@@ -207,7 +208,7 @@ def test_a_context_above_the_models_limit_is_capped_not_fatal() -> None:
 def test_fatal_classes_stop_at_once(cls: str) -> None:
     user = EngineFlags(max_model_len=8192)
     s = search(Q7, gpu(23.99), user)
-    d = s.after(S.Outcome(user, Failure(cls, F.PHASE_STARTUP, "boom"), {}, None))
+    d = s.after(S.Outcome(user, Failure(cls, F.PHASE_STARTUP, "boom"), Figures(), None))
     assert isinstance(d, S.GiveUp) and d.exit_code == EXIT_FATAL_FAILURE
 
 
@@ -392,9 +393,9 @@ def test_a_passed_launch_below_the_asked_context_is_refined_to_what_its_kv_figur
         enforce_eager=True,
         max_num_seqs=16,
     )
-    better = s.refine(passed, {"kv_cache_tokens": 9184.0})
+    better = s.refine(passed, Figures(kv_cache_tokens=9184))
     assert better is not None
     allowed = (9184 // 16 - 1) * 16  # one request of the usable blocks (V1 keeps one back)
     assert 0.95 * allowed <= (better.max_model_len or 0) <= 32768
     # once refined, a launch that passed at what its figure allows is not refined again
-    assert s.refine(better, {"kv_cache_tokens": float((better.max_model_len or 0) + 16)}) is None
+    assert s.refine(better, Figures(kv_cache_tokens=(better.max_model_len or 0) + 16)) is None

@@ -19,6 +19,7 @@ from r1sup import apikey, logs
 from r1sup import config as cfg
 from r1sup.cli import main
 from r1sup.errors import ConfigError
+from r1sup.figures import Figures
 from r1sup.health import Endpoint
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 
@@ -435,7 +436,7 @@ def _a_valid_profile() -> dict:
         flags={"max_model_len": 8192, "gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"},
         command=["python", "-m", "vllm.entrypoints.openai.api_server"],
         probe={"ok": True, "requests": 8, "succeeded": 8, "concurrency": 4, "prompt_tokens": 100},
-        observations={"kv_cache_tokens": 40000.0, "weights_gib": 14.2, "kv_cache_gib": 3.1},
+        observations=Figures(kv_cache_tokens=40000, weights_gib=14.2, kv_cache_gib=3.1),
     )
     data = profile.to_dict()
     data.update(created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:00Z")
@@ -457,7 +458,6 @@ def _use_profile(profile) -> None:
     """What r1sup does with a profile it accepted: build vLLM's command line and compute with its figures."""
     from r1sup import flags as flagmod
     from r1sup import memmodel, probe
-    from r1sup.runner import memory_in_use_gib
 
     engine = profile.engine_flags
     argv = engine.to_argv()
@@ -470,9 +470,9 @@ def _use_profile(profile) -> None:
     )  # fmt: skip
     memmodel.kv_bytes_per_token(arch, engine.kv_cache_dtype, engine.tensor_parallel_size)
     obs = profile.observations
-    probe.short_prompt_tokens(1000, obs.get("kv_cache_tokens"), 50000.0)
+    probe.short_prompt_tokens(1000, obs.kv_cache_tokens, 50000.0)
     probe.probe_requests(16, 4, 100, profile.probe)
-    memory_in_use_gib(obs)
+    obs.memory_in_use_gib()
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

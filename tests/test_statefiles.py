@@ -526,7 +526,7 @@ class _Source:
 
 
 def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Path) -> None:
-    from r1sup import bus
+    from r1sup import events as E
     from r1sup.subscribers import StatusFile
 
     state = ensure_state_dir(tmp_path / "state")
@@ -535,7 +535,7 @@ def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Pat
     (state / "status.json").symlink_to(elsewhere)
     sink = StatusFile(_Source(state), structlog.get_logger())
     with capture_logs() as logs:
-        sink(bus.StatusText("serving"))
+        sink(E.StatusText("serving"))
     assert not (state / "status.json").is_symlink()
     assert json.loads((state / "status.json").read_text())["state"] == "serving"
     assert elsewhere.read_text() == "{}"  # never written through
@@ -544,7 +544,7 @@ def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Pat
 
 
 def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from r1sup import bus
+    from r1sup import events as E
     from r1sup.subscribers import STATUS_RETRY_S, StatusFile
 
     state = ensure_state_dir(tmp_path / "state")
@@ -559,14 +559,14 @@ def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(statefiles, "atomic_write_json", disk)
     sink = StatusFile(_Source(state), structlog.get_logger())
     with capture_logs() as logs:
-        sink(bus.StateChanged("probing", "serving"))
-        sink(bus.Heartbeat(100.0))
-        sink(bus.StatusText("x"))
+        sink(E.StateChanged("probing", "serving"))
+        sink(E.Heartbeat(100.0))
+        sink(E.StatusText("x"))
         assert not (state / "status.json").exists()
         full["on"] = False  # space again; no change of state follows
-        sink(bus.Heartbeat(100.0 + STATUS_RETRY_S / 2))
+        sink(E.Heartbeat(100.0 + STATUS_RETRY_S / 2))
         assert not (state / "status.json").exists()  # not before the retry interval
-        sink(bus.Heartbeat(100.0 + STATUS_RETRY_S))
+        sink(E.Heartbeat(100.0 + STATUS_RETRY_S))
     assert json.loads((state / "status.json").read_text())["state"] == "serving"
     assert len(events(logs, "status_write_failed")) == 1  # once, not at every try
     assert events(logs, "status_write_recovered")

@@ -8,10 +8,13 @@ from typing import Any
 
 from r1sup import catalog, planner, profiles
 from r1sup import config as cfg
+from r1sup import events as E
 from r1sup import memmodel as M
+from r1sup.events import status_line
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions, status_line
+from r1sup.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions
 from r1sup_proc import write_config
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
@@ -40,7 +43,7 @@ def save(store: profiles.ProfileStore, fingerprint: dict, flags: EngineFlags, ob
         flags=flags,
         command=["vllm"],
         probe={"ok": True},
-        observations=observations,
+        observations=Figures(**observations),
     )
     assert store.save(profile) is not None
 
@@ -52,7 +55,7 @@ def test_calibration_carries_a_launch_to_another_target_on_the_same_box(tmp_path
     found = calibration(store, fp(target={"concurrency": 8, "context": 4096}))
     assert found is not None
     assert found.flags == EngineFlags(max_model_len=32768)  # the flags the figures were measured with
-    assert dict(found.figures) == figures and str(found.version) == "0.33.0"
+    assert found.figures.to_dict() == figures and str(found.version) == "0.33.0"
     # the memory model moves them to other flags: fp8 weights shrink the measured 14.2 GiB
     know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
     fp8 = M.evaluate(know.arch, BOX, EngineFlags(quantization="fp8"), "0.33.0", found)
@@ -132,7 +135,7 @@ class ScriptedRunner:
             spec=SimpleNamespace(display=("vllm", "serve")),
             failure=failure,
             ready=outcome == "ok",
-            observations={},
+            figures=Figures(),
             progress=None,
             probe={"ok": True} if outcome == "ok" else None,
         )
@@ -154,21 +157,28 @@ def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Pa
     config = cfg.load(write_config(tmp_path / "c.toml", body), environ={})
     know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
     runner = ScriptedRunner(["oom_cudagraph", "ok"])
-    seen: list[T.SearchEvent] = []
+    seen: list[E.SearchEvent] = []
     monkeypatch.setattr(T.Tuner, "refresh_device", lambda self: None)
     start = EngineFlags(max_model_len=8192)
     result = T.Tuner(config, runner, log=structlog_null(), know=know, publish=seen.append).run(start)  # type: ignore[arg-type]
     assert result.ok and result.launches == 2, result.reason
     kinds = [type(e).__name__ for e in seen]
-    assert kinds == ["Launching", "AttemptFailed", "LadderStepped", "Launching"]
-    launching, failed, step, again = seen
-    assert isinstance(launching, T.Launching) and launching.attempt == 1 and launching.flags == start
-    assert isinstance(failed, T.AttemptFailed) and failed.failure.cls == "oom_cudagraph"
-    assert isinstance(step, T.LadderStepped) and step.old == start and step.new == runner.launched[1]
+    # the flags found give up part of what was asked (ConfigReduced says what), then the success
+    assert kinds == [
+        *("Launching", "AttemptFailed", "SearchStepped"),
+        *("Launching", "ConfigReduced", "SearchSucceeded"),
+    ], result.reduced
+    launching, failed, step, again, reduced, succeeded = seen
+    assert isinstance(reduced, E.ConfigReduced) and reduced.reduction == result.reduced
+    assert isinstance(launching, E.Launching) and launching.attempt == 1 and launching.flags == start
+    assert isinstance(failed, E.AttemptFailed) and failed.failure.cls == "oom_cudagraph"
+    assert isinstance(step, E.SearchStepped) and step.old == start and step.new == runner.launched[1]
+    assert step.evidence == failed.failure.evidence and step.reason  # what the ladder_step line says
     # the STATUS= line of the step, computed where the step is
     assert step.status.startswith("attempt 2: context 8192 -> ") and step.status.endswith(" (oom_cudagraph)")
     assert "gpu_memory_utilization 0.9 -> " in step.status, step.status
-    assert isinstance(again, T.Launching) and again.attempt == 2 and again.flags == step.new
+    assert isinstance(again, E.Launching) and again.attempt == 2 and again.flags == step.new
+    assert isinstance(succeeded, E.SearchSucceeded) and succeeded == E.SearchSucceeded(2, step.new)
 
 
 def structlog_null() -> Any:

@@ -14,7 +14,7 @@ config error the search could fix with the architecture stops here as fatal.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from r1sup import failure as F
@@ -32,6 +32,8 @@ from r1sup.bounds import (
 )
 from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 
 MIB = 1024**2
@@ -88,9 +90,7 @@ def bytes_for_len(length: int, bpt: float, block: int) -> float:
     return memmodel.kv_bytes_for_context(length, bpt, block)
 
 
-def kv_bytes_available(
-    flags: EngineFlags, failure: Failure, facts: Facts, obs: Mapping[str, float]
-) -> float | None:
+def kv_bytes_available(flags: EngineFlags, failure: Failure, facts: Facts, obs: Figures) -> float | None:
     """The KV budget of the failed launch, from the most precise source at hand."""
     if flags.kv_cache_memory_bytes:
         return float(flags.kv_cache_memory_bytes)
@@ -99,13 +99,15 @@ def kv_bytes_available(
     if bpt and n.get("estimated_max_model_len"):
         # the estimate is (blocks - 1) x block: the budget holds at least that many blocks plus one
         return (n["estimated_max_model_len"] / facts.block_size + 1) * facts.block_size * bpt
-    for key in ("kv_available_gib", "kv_cache_gib"):
-        if n.get(key):
-            return n[key] * GIB
-        if obs.get(key):
-            return obs[key] * GIB
-    if bpt and (n.get("kv_capacity_tokens") or obs.get("kv_cache_tokens")):
-        return (n.get("kv_capacity_tokens") or obs["kv_cache_tokens"]) * bpt
+    if n.get("kv_available_gib"):
+        return n["kv_available_gib"] * GIB
+    if n.get("kv_cache_gib"):
+        return n["kv_cache_gib"] * GIB
+    if obs.kv_cache_gib:
+        return obs.kv_cache_gib * GIB
+    tokens = n.get("kv_capacity_tokens") or obs.kv_cache_tokens
+    if bpt and tokens:
+        return tokens * bpt
     return None
 
 
@@ -122,10 +124,9 @@ def next_step(
     history: History,
     bounds: Bounds,
     facts: Facts,
-    observations: Mapping[str, float] | None = None,
+    obs: Figures = NO_FIGURES,
 ) -> Decision:
     """What to launch next after ``failure`` with ``flags`` (``history`` does not include it yet)."""
-    obs = dict(observations or {})
     history = history.record(flags)
     if failure.cls == F.KV_INSUFFICIENT:
         kv = kv_bytes_available(flags, failure, facts, obs)
@@ -207,7 +208,7 @@ def _kv_options(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
     need_len: int | None,
     need_tokens: int | None,
@@ -356,7 +357,7 @@ def _kv_options(
 
 
 def _charged_graphs(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Mapping[str, float]
+    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Figures
 ) -> float:
     """Bytes of CUDA-graph estimate the failed launch's vLLM took out of the KV budget (0: none, or eager
     mode is not a lever here)."""
@@ -364,7 +365,7 @@ def _charged_graphs(
         return 0.0
     if not memmodel.rules(facts.version()).graph_estimate_charged:
         return 0.0
-    gib = failure.numbers.get("cudagraph_estimated_gib") or obs.get("cudagraph_estimated_gib")
+    gib = failure.numbers.get("cudagraph_estimated_gib") or obs.cudagraph_estimated_gib
     return float(gib) * GIB if gib else 0.0
 
 
@@ -380,7 +381,7 @@ def _kv_insufficient(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     if failure.detail.startswith("target"):
@@ -412,7 +413,7 @@ def _target_room(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     """Levers beyond utilization and fp8 KV for a KV cache too small for the target, or give up."""
@@ -447,7 +448,7 @@ def _room_levers(
     facts: Facts,
     bounds: Bounds,
     history: History,
-    obs: Mapping[str, float] | None = None,
+    obs: Figures = NO_FIGURES,
     stages: list[tuple[EngineFlags, float]] | None = None,
 ) -> Iterator[Step]:
     """Levers that leave more memory for the KV cache without touching the context.
@@ -459,7 +460,6 @@ def _room_levers(
     parallelism (the next size the GPUs allow and vLLM accepts) splits the weights and KV heads; it is
     proposed on ``flags`` as they are.
     """
-    o = obs or {}
 
     def placed(change: dict[str, object], gain_gib: float | None) -> EngineFlags | None:
         if not stages or gain_gib is None:
@@ -469,10 +469,10 @@ def _room_levers(
                 return base.replace(**change)
         return None
 
-    graphs = max(o.get("cudagraph_gib", 0.0), o.get("cudagraph_estimated_gib", 0.0)) or None
+    graphs = max(obs.cudagraph_gib or 0.0, obs.cudagraph_estimated_gib or 0.0) or None
     saving = None
     if facts.arch is not None:
-        saving = memmodel.fp8_weight_saving_gib(facts.arch, flags, o.get("weights_gib"))
+        saving = memmodel.fp8_weight_saving_gib(facts.arch, flags, obs.weights_gib)
     if bounds.allow_eager and not flags.enforce_eager and facts.backend == "cuda":
         new = placed({"enforce_eager": True}, graphs)
         if new is not None:
@@ -501,7 +501,7 @@ def _no_kv_memory(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     max_util = _max_usable_util(flags, bounds, facts)
@@ -512,7 +512,7 @@ def _no_kv_memory(
     n = failure.numbers
     avail = n.get("kv_available_gib", n.get("kv_cache_gib"))  # vLLM's "Available KV cache memory", may be < 0
     used = sum(
-        obs.get(k, 0.0) for k in ("weights_gib", "non_torch_gib", "peak_activation_gib", "cudagraph_gib")
+        v or 0.0 for v in (obs.weights_gib, obs.non_torch_gib, obs.peak_activation_gib, obs.cudagraph_gib)
     )
     short: float | None = None  # KV bytes missing at these flags
     why = ""
@@ -552,7 +552,7 @@ def _free_mem_below_util(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
@@ -586,7 +586,7 @@ def _oom_weights(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     tp = flags.tensor_parallel_size
@@ -617,7 +617,7 @@ def _oom_profile(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
@@ -654,7 +654,7 @@ def _oom_cudagraph(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     if bounds.allow_eager and not flags.enforce_eager:
@@ -672,7 +672,7 @@ def _oom_kv_alloc(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
@@ -707,10 +707,10 @@ def _oom_runtime(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
-    seqs = flags.max_num_seqs or _int(obs.get("max_num_seqs")) or facts.batch(flags)[0]
+    seqs = flags.max_num_seqs or facts.batch(flags)[0]
     if seqs > bounds.min_seqs:
         new = max(bounds.min_seqs, seqs // 2)
         yield Step(
@@ -736,7 +736,7 @@ def _host_oom(
     failure: Failure,
     facts: Facts,
     bounds: Bounds,
-    obs: Mapping[str, float],
+    obs: Figures,
     history: History,
 ) -> Iterator[Step | GiveUp]:
     if flags.cpu_offload_gb:
@@ -748,7 +748,7 @@ def _host_oom(
             yield Step(
                 flags.replace(gpu_memory_utilization=util), f"host memory ran out: utilization -> {util:g}"
             )
-    seqs = flags.max_num_seqs or _int(obs.get("max_num_seqs")) or facts.batch(flags)[0]
+    seqs = flags.max_num_seqs or facts.batch(flags)[0]
     if seqs > bounds.min_seqs:
         yield Step(
             flags.replace(max_num_seqs=max(bounds.min_seqs, seqs // 2)),

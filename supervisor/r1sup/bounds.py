@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from r1sup import memmodel
-from r1sup.config import LadderSection
+from r1sup.config import Config, LadderSection
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts, GpuInfo
 
@@ -29,7 +29,8 @@ _LADDER = LadderSection()  # the defaults of [ladder], declared once in the conf
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the search may change and within which limits ([ladder] and [target] of the config)."""
+    """What the search and the planner may change and within which limits ([ladder] and [target] of the
+    config): the one shape of the bounds, from :meth:`from_config` or the defaults."""
 
     strategy: str = _LADDER.strategy
     min_max_model_len: int = _LADDER.min_max_model_len
@@ -45,8 +46,9 @@ class Bounds:
     target_context: int | None = None
 
     @classmethod
-    def from_config(cls, config: object) -> Bounds:
-        lad, tgt = config.ladder, config.target  # type: ignore[attr-defined]
+    def from_config(cls, config: Config) -> Bounds:
+        """The config's ``[ladder]`` and ``[target]``: the one place they become bounds."""
+        lad, tgt = config.ladder, config.target
         return cls(
             strategy=lad.strategy,
             min_max_model_len=lad.min_max_model_len,
@@ -95,6 +97,43 @@ class Facts:
     gpu_name: str | None = None  # for vLLM's batch defaults (A100s get the small ones)
     vllm_version: str | None = None  # None: the newest the memory model knows
     arch: Any = None  # memmodel.ModelArch when the model's config.json is known
+    # the device as probed, kept as it is (the figures above are its view); None where they come from a
+    # log (r1sup diagnose) or a test: then :meth:`device` builds one GPU of ``total_gib`` from them
+    box: DeviceFacts | None = None
+
+    @classmethod
+    def of_device(
+        cls,
+        device: DeviceFacts | None,
+        *,
+        kv_bytes_per_token: int | None = None,
+        model_max_len: int | None = None,
+        suggestions: tuple[str, ...] = (),
+        vllm_version: str | None = None,
+        arch: Any = None,
+    ) -> Facts:
+        """The facts of a probed box (None: not probed, a CUDA box of unknown size) and the model."""
+        backend = device.backend if device else "cuda"
+        holders: tuple[str, ...] = ()
+        if device:
+            holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
+        return cls(
+            backend=backend,
+            total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
+            free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
+            compute_capability=device.compute_capability if device else None,
+            gpu_count=max(1, device.count) if device else 1,
+            fp8_kv_supported=device.fp8_kv_supported if device else None,
+            model_max_len=model_max_len,
+            kv_bytes_per_token=kv_bytes_per_token,
+            block_size=memmodel.block_size(backend),
+            holders=holders,
+            suggestions=suggestions,
+            gpu_name=memmodel.gpu_name(device) if device else None,
+            vllm_version=vllm_version,
+            arch=arch,
+            box=device,
+        )
 
     def version(self) -> memmodel.Version:
         try:
@@ -103,7 +142,10 @@ class Facts:
             return memmodel.NEWEST_KNOWN
 
     def device(self) -> DeviceFacts:
-        """The box as the memory model reads it (one GPU of ``total_gib``)."""
+        """The box as the memory model reads it: the probed one, else one GPU of ``total_gib`` (``gpu_count``
+        alike; the host's memory on the CPU backend)."""
+        if self.box is not None:
+            return self.box
         total = int((self.total_gib or 0) * GIB)
         free = int((self.free_gib if self.free_gib is not None else self.total_gib or 0) * GIB)
         if self.backend == "cpu":

@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from r1sup.figures import Figures
+
 FIELDS = (
     "requests",
     "concurrent_prompt_tokens",
@@ -65,15 +67,16 @@ def asked(config: Any) -> dict[str, int | None]:
 def verified(
     probe: Mapping[str, Any] | None,
     flags: Mapping[str, Any] | None,
-    observations: Mapping[str, Any] | None,
+    figures: Figures | None,
     asked_for: Mapping[str, Any] | None = None,
     reduced: bool | None = None,
 ) -> dict[str, Any] | None:
     """The capacity a passed probe proved; None when there is no passed probe."""
     if not probe or not probe.get("ok"):
         return None
-    flags, obs, want = flags or {}, observations or {}, asked_for or {}
-    context = _count(flags.get("max_model_len")) or _count(obs.get("max_model_len"))
+    flags, want = flags or {}, asked_for or {}
+    obs = figures or Figures()
+    context = _count(flags.get("max_model_len")) or _count(obs.max_model_len)
     prompt, output = _count(probe.get("prompt_tokens")), _count(probe.get("output_tokens"))
     at_context = _count(probe.get("concurrency_proven"))
     wave = probe.get("wave")
@@ -90,7 +93,7 @@ def verified(
         "output_tokens_per_second": _number(best.get("output_tokens_per_s")),
         "ttft_p50_s": _number(best.get("ttft_p50_s")),
         "ttft_p95_s": _number(best.get("ttft_p95_s")),
-        "kv_cache_tokens": _count(obs.get("kv_cache_tokens")),
+        "kv_cache_tokens": _count(obs.kv_cache_tokens),
         "asked_requests": _count(want.get("requests")),
         "asked_context": _count(want.get("context")),
         # judged only when the probe was asked for a wave (a record from before has none)

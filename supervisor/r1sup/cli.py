@@ -70,6 +70,14 @@ TUNE_EXIT_CODES_HELP = exit_codes_help(
         143: "stopped by SIGTERM (vLLM stopped first)",
     }
 )
+WORKER_EXIT_CODES_HELP = exit_codes_help(
+    {
+        0: "stopped cleanly (SIGTERM or SIGINT: the headless vLLM stopped first)",
+        1: None,
+        2: "usage or configuration error (one line naming the field: multinode.nnodes >= 2, backend\n"
+        "       mp, node_rank >= 1 and master_addr are required)",
+    }
+)
 DIAGNOSE_EXIT_CODES_HELP = exit_codes_help(
     {
         0: 'the input is a vLLM log (whatever its verdict, "none" included)',
@@ -211,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         "serve under supervision: reuse or tune a working config, then keep vLLM alive",
         epilog=RUN_EXIT_CODES_HELP,
+    )
+    _add_config_args(p)
+
+    p = add(
+        "worker",
+        "a node of a multi-node group (multinode.backend = mp) other than the leader's: run vLLM headless "
+        "with the leader's flags, again at each of the leader's launches",
+        epilog=WORKER_EXIT_CODES_HELP,
     )
     _add_config_args(p)
 
@@ -375,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "run": "run",
     "tune": "tune",
+    "worker": "worker",
     "plan": "plan",
     "diagnose": "diagnose",
     "status": "status",
@@ -454,10 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _termination_message(args: argparse.Namespace, code: int, reason: str) -> None:
-    """The verdict of a container's main command (run, tune) where Kubernetes reads it. A failure before
-    the config was read (a config error) finds the file by R1SUP_DAEMON_TERMINATION_LOG or its default;
-    the daemon writes its own failures with the config's daemon.termination_log."""
-    if args.command not in ("run", "tune"):
+    """The verdict of a container's main command (run, tune, worker) where Kubernetes reads it. A failure
+    before the config was read (a config error) finds the file by R1SUP_DAEMON_TERMINATION_LOG or its
+    default; the daemon writes its own failures with the config's daemon.termination_log."""
+    if args.command not in ("run", "tune", "worker"):
         return
     from r1sup import termination
 

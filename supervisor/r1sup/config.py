@@ -282,6 +282,47 @@ class StateSection:
     )
 
 
+def _check_master_addr(value: str) -> None:
+    if any(ch.isspace() for ch in value):
+        raise ValueError("must be a host name or IP address")
+
+
+@dataclass(frozen=True)
+class MultinodeSection:
+    nnodes: int = setting(
+        1, "nodes one vLLM instance spans; 1: one box, the rest of this section unused", minimum=1
+    )
+    backend: str = setting(
+        "mp",
+        "how the nodes meet: mp (vLLM's own --nnodes/--node-rank mode; the other nodes run `r1sup worker`) "
+        "or ray (a Ray cluster over the nodes)",
+        choices=("mp", "ray"),
+    )
+    node_rank: int = setting(
+        0, "this node's rank: 0 on the leader (`r1sup run`), 1 to nnodes - 1 under `r1sup worker`", minimum=0
+    )
+    master_addr: str = setting(
+        "",
+        "the leader's address (mp: vLLM's rendezvous; `r1sup worker` reads the leader's /status there)",
+        validate=_check_master_addr,
+    )
+    master_port: int = setting(29501, "mp: vLLM's rendezvous port on the leader", minimum=1, maximum=65535)
+    worker_launch: list[str] = setting(
+        ["-m", "vllm.entrypoints.cli.main", "serve"],
+        "`r1sup worker`: arguments after server.python that start vLLM headless (`vllm serve`; the "
+        "server.launch module has no --headless)",
+    )
+    leader_port: int | None = setting(
+        None,
+        "`r1sup worker`: the port of the leader's r1sup endpoint; default: daemon.metrics_port",
+        minimum=1,
+        maximum=65535,
+    )
+    leader_poll_s: float = setting(
+        2.0, "`r1sup worker`: how often it reads the leader's /status", exclusive_minimum=0
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelSection
@@ -292,6 +333,7 @@ class Config:
     probe: ProbeSection = field(default_factory=ProbeSection)
     daemon: DaemonSection = field(default_factory=DaemonSection)
     state: StateSection = field(default_factory=StateSection)
+    multinode: MultinodeSection = field(default_factory=MultinodeSection)
     source: str | None = None  # the file it came from, for messages
 
     @property
@@ -315,6 +357,7 @@ SECTIONS: dict[str, type] = {
     "probe": ProbeSection,
     "daemon": DaemonSection,
     "state": StateSection,
+    "multinode": MultinodeSection,
 }
 
 
@@ -686,6 +729,7 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
             f"({probe.prompt_tokens}) + probe.output_tokens ({probe.output_tokens}) do not fit in "
             f"start.max_model_len ({longest}): vLLM would refuse every probe request",
         )
+    _check_multinode(config)
     if config.daemon.metrics_port and config.daemon.metrics_port == config.server.port:
         raise ConfigError("daemon.metrics_port", f"is the same as server.port ({config.server.port})")
     if (
@@ -697,6 +741,29 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
             "server.host",
             f"{config.server.host} is not a loopback address and no API key is configured; "
             "set server.api_key_file (or VLLM_API_KEY) or server.allow_public_bind = true",
+        )
+
+
+def _check_multinode(config: Config) -> None:
+    from r1sup.multinode import role_flags_in
+
+    multi = config.multinode
+    if multi.node_rank >= multi.nnodes:
+        raise ConfigError(
+            "multinode.node_rank", f"({multi.node_rank}) must be below multinode.nnodes ({multi.nnodes})"
+        )
+    if multi.nnodes <= 1:
+        return
+    taken = role_flags_in(config.server.extra_args)
+    if taken:
+        raise ConfigError(
+            "server.extra_args",
+            f"{taken[0]} is set by r1sup from [multinode] when multinode.nnodes > 1; remove it",
+        )
+    if multi.backend == "mp" and not multi.master_addr:
+        raise ConfigError(
+            "multinode.master_addr",
+            "must be set (the leader's address) when multinode.nnodes > 1 with backend mp",
         )
 
 

@@ -5,7 +5,7 @@ and exit 0 (a second one forces), SIGHUP reloads the config. While serving: ``/h
 ``daemon.health_interval_s``, vLLM's progress figures (``/metrics``, its stats line) every
 ``daemon.liveness_interval_s`` and the engine's processes; :mod:`r1sup.liveness` decides from them
 whether the engine is alive, idle or hung (a one-token completion breaks the tie when it is idle).
-A memory failure steps down the ladder and saves the new profile; a transient one restarts with
+A memory failure takes the search's next flags and saves the new profile; a transient one restarts with
 capped exponential backoff with jitter (tenacity), the budget reset after a stable period; beyond it
 r1sup exits 5 for systemd's limits. A stop r1sup chooses (SIGTERM, a reload that changes flags)
 first lets the requests in flight finish (state ``draining``).
@@ -18,13 +18,14 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import tenacity
 
 from r1sup import __version__, fleet, health, liveness, logs, policy, watch
-from r1sup import bus as B
+from r1sup import events as B  # the bus's events (r1sup.events; B.X reads: the event X)
 from r1sup import failure as F
+from r1sup.bus import Bus
 from r1sup.config import Config
 from r1sup.errors import (
     EXIT_FATAL_FAILURE,
@@ -34,27 +35,35 @@ from r1sup.errors import (
     InternalError,
     R1supError,
 )
-from r1sup.events import CheckDone, ChildEOF, ChildOutput
+from r1sup.events import (
+    AttemptFailed,
+    CheckDone,
+    ChildEOF,
+    ChildOutput,
+    Launching,
+    Probing,
+    ReloadRequested,
+    Retrying,
+    SearchEvent,
+    SearchStepped,
+    Signalled,
+)
 from r1sup.failure import Failure
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
-from r1sup.loop import Done, Phase, ReloadRequested, Signalled, Stop, StopRequested
+from r1sup.loop import Done, Phase, Stop, StopRequested
 from r1sup.notify import Notifier
-from r1sup.runner import EXIT_DRAIN_S, Launch
+from r1sup.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
 from r1sup.session import Session, now_iso, save_profile
 from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
 from r1sup.tuner import (
-    AttemptFailed,
-    LadderStepped,
-    Launching,
-    Probing,
-    Retrying,
-    SearchEvent,
     Tuner,
     TuneResult,
     footing,
     launch_calibration,
     new_search,
 )
+from r1sup.world import World
 
 
 class State(enum.Enum):
@@ -136,10 +145,10 @@ class Daemon:
         self.clock: Callable[[], float] = lambda: self.runner.clock()
         self.heartbeat = self.clock()  # the loop's last turn, for /livez
         self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
-        self.runner.hooks.on_tick = self._on_tick
+        self.runner.tick = self._on_tick
         # each fact is published once; the subscribers write the sinks (metrics first, the log line
         # last: when it appears, status.json, /metrics and systemd already say so)
-        self.bus = B.Bus(self.log)
+        self.bus = Bus(self.log)
         self.publish = self.bus.publish
         self.metrics_sink: MetricsSink | None = None
         if self.config.daemon.metrics_port:
@@ -170,6 +179,10 @@ class Daemon:
         if text != self.status_text:
             self.status_text = text
             self.publish(B.StatusText(text))
+
+    @property
+    def api_key(self) -> str | None:
+        return self.s.api_key
 
     @property
     def state_dir(self) -> str:
@@ -205,7 +218,7 @@ class Daemon:
             **self.runner.live_status(),
         }
 
-    def _watchdog(self, now: float) -> None:
+    def watchdog(self, now: float) -> None:
         """The loop turned with the engine healthy: WATCHDOG=1 when due (the systemd sink keeps the pace,
         half systemd's interval); callers publish it only while healthy."""
         self.publish(B.Heartbeat(now))
@@ -224,7 +237,7 @@ class Daemon:
         if shown is not None:
             self.publish(B.LoadingProgress(now, *shown))
 
-    def _on_search(self, event: SearchEvent) -> None:
+    def on_search(self, event: SearchEvent) -> None:
         """What the search reports: the daemon's state follows it, then it goes on the bus."""
         if isinstance(event, Launching):
             self.flags = event.flags
@@ -291,9 +304,9 @@ class Daemon:
         except OSError as exc:
             self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
 
-    def _served_figures(self) -> dict[str, float]:
+    def _served_figures(self) -> Figures:
         current = self.runner.current
-        return dict(current.observations) if current is not None else {}
+        return current.figures if current is not None else Figures()
 
     def endpoint_view(self) -> Any:
         """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
@@ -366,16 +379,15 @@ class Daemon:
 
     def _tuner(self) -> Tuner:
         return Tuner(
-            self.config, self.runner, self.log, know=self.know, publish=self._on_search, record=self.record
+            self.config, self.runner, self.log, know=self.know, publish=self.on_search, record=self.record
         )
 
     def _bring_up(self, start: EngineFlags | None = None) -> TuneResult:
         from r1sup import runrecord
-        from r1sup.tuner import gather_knowledge
 
         if self.know is None:
             checked = self.s.preflight()  # once per process; again after a reload that changed it
-            self.know = gather_knowledge(self.config, self.log, engine=checked.engine)
+            self.know = self.runner.world.knowledge(self.config, self.log, engine=checked.engine)
         else:
             self._tuner().refresh_device()  # what is free now (another tenant may have come or gone)
         if self.record is None:
@@ -498,19 +510,25 @@ class Daemon:
             self.publish(B.ProfileDegraded(key, why))
         return found
 
-    def _memory_back(self, launch: Launch) -> bool:
-        """Serving a degraded profile: whether the best configuration fits once this engine is stopped
-        (the other processes released their memory). Checked every ``daemon.memory_check_s``."""
-        from r1sup import devices, profiles, search
-
-        now = self.clock()
+    def memory_check_due(self, now: float) -> bool:
+        """Serving a degraded profile: whether the device is to be looked at now (every
+        ``daemon.memory_check_s``); the look is a check (:func:`_device_check`), answered to
+        :meth:`memory_back`."""
         if self.degraded is None or now < self.next_memory_check:
             return False
         self.next_memory_check = now + self.config.daemon.memory_check_s
-        try:
-            device = devices.probe()
-        except Exception as exc:  # noqa: BLE001 - a probe that fails only delays the return
-            self.publish(B.DeviceProbeFailed(f"{type(exc).__name__}: {exc}"))
+        return True
+
+    def memory_back(self, launch: Launch, device: Any, error: str = "") -> bool:
+        """Serving a degraded profile: whether the best configuration fits once this engine is stopped
+        (the other processes released their memory), by what the device check found (``device``; None:
+        the probe failed with ``error``, which only delays the return)."""
+        from r1sup import profiles, search
+
+        if device is None:
+            self.publish(B.DeviceProbeFailed(error))
+            return False
+        if self.degraded is None:
             return False
         own = frozenset(launch.engine.all_pids())
         mine = sum(p.used_bytes for p in device.processes if p.pid in own)
@@ -560,7 +578,7 @@ class Daemon:
         end: ServeEnd = self.runner.loop.run(Serving(self, launch))
         return end
 
-    def _log_verdict(
+    def log_verdict(
         self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
     ) -> liveness.Verdict:
         """Each decision as a ``liveness`` event with the figures it rested on: at info (error when
@@ -571,12 +589,10 @@ class Daemon:
         self.publish(B.LivenessJudged(launch.number, verdict, changed))
         return verdict
 
-    def _hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure:
-        """The failure a hung verdict stands for; vLLM's own account first (an OOM traceback, ...)."""
+    def hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure:
+        """The failure a hung verdict stands for; vLLM's own account first (an OOM traceback, ...: the
+        serving phase has flushed the output that explains a dead engine)."""
         if verdict.evidence in liveness.DEAD_EVIDENCE:
-            # the traceback that explains it may still be in the pipe; the process may linger (a
-            # teardown stuck on the device), so a quiet pipe ends the wait, not the end of the output
-            self.runner.drain(launch, EXIT_DRAIN_S, until_quiet=True)
             seen = launch.reader.verdict(exit_code=launch.engine.poll())
             if seen.cls != F.NONE:
                 return seen
@@ -616,7 +632,7 @@ class Daemon:
         if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
             self.transition(State.DRAINING, liveness.drain_status(None))
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
-        first = watch.read_metrics(ep, min(2.0, budget_s)).figures
+        first = self.runner.world.read_metrics(ep, min(2.0, budget_s)).figures
         if unready_s <= 0 and (first is None or first.pending == 0):
             self.publish(B.DrainSkipped(reason, first.to_dict() if first else None))
             return
@@ -632,7 +648,7 @@ class Daemon:
         figures = phase.figures.to_dict() if phase.figures else {}
         self.publish(B.DrainFinished(reason, self.clock() - t0, phase.complete, figures))
 
-    def _serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
+    def serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
         self.last_failure = failure
         served = self.clock() - start
         self.publish(B.ServingFailed(failure, served))
@@ -651,10 +667,10 @@ class Daemon:
             search = self.history
             if not isinstance(search, S.Search):
                 search = new_search(
-                    self.config, self.know, launch_calibration(self.know, flags, dict(launch.observations))
+                    self.config, self.know, launch_calibration(self.know, flags, launch.figures)
                 )
             self._tuner().refresh_device()
-            decision = search.after(S.Outcome(flags, failure, dict(launch.observations), self.know.device))
+            decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
             if isinstance(decision, S.GiveUp):
                 return TuneResult(
                     ok=False,
@@ -663,7 +679,7 @@ class Daemon:
                     suggestions=list(decision.ways_out),
                 )
             self.history = search
-            step = LadderStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
+            step = SearchStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
             self.publish(B.StepAfterServing(step, failure.evidence, decision.reason))
             result = self._tuner().run(
                 decision.flags,
@@ -712,7 +728,7 @@ class Daemon:
 
     # --- reloading -----------------------------------------------------------------------------
 
-    def _load_new_config(self) -> Config | None:
+    def load_new_config(self) -> Config | None:
         """SIGHUP: the config read again. One that implies the same flags and server is applied at
         once; one that implies others is returned, for the caller to drain, stop and re-plan with;
         None when there is nothing to relaunch (applied, unreadable, or no file to read)."""
@@ -770,6 +786,18 @@ def _check(read: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
     return run
 
 
+def _device_check(probe: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
+    """The device probe (NVML) as a check: its facts, or (not ok) what made it fail."""
+
+    def run() -> tuple[bool, str, Any]:
+        try:
+            return True, "", probe()
+        except Exception as exc:  # noqa: BLE001 - a probe that fails only delays the return
+            return False, f"{type(exc).__name__}: {exc}", None
+
+    return run
+
+
 def _implied_change(old: Config, new: Config) -> bool:
     """Whether the new config implies other flags or another server (then re-tune)."""
     return (
@@ -794,6 +822,49 @@ def backoff_delay(restart: int, initial: float, maximum: float) -> float:
     return float(wait(state))
 
 
+class ServingRunner(LaunchHost, Protocol):
+    """What the serving and draining phases use of the runner: a launch's host, and the world (the
+    process watch, ``/metrics``, the device)."""
+
+    world: World
+
+
+class ServingHost(Protocol):
+    """What :class:`Serving` and :class:`Draining` need of the daemon that owns them: its config, clock and
+    bus, and the decisions that are the daemon's (a reload, a failure's record, a verdict's log, the
+    watchdog, whether the memory other processes held is back)."""
+
+    config: Config
+    heartbeat: float
+    clock: Callable[[], float]
+
+    @property
+    def runner(self) -> ServingRunner: ...
+
+    @property
+    def api_key(self) -> str | None: ...
+
+    def publish(self, event: Any) -> None: ...
+
+    def set_status(self, text: str) -> None: ...
+
+    def load_new_config(self) -> Config | None: ...
+
+    def serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd: ...
+
+    def hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure: ...
+
+    def log_verdict(
+        self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
+    ) -> liveness.Verdict: ...
+
+    def watchdog(self, now: float) -> None: ...
+
+    def memory_check_due(self, now: float) -> bool: ...
+
+    def memory_back(self, launch: Launch, device: Any, error: str = "") -> bool: ...
+
+
 class Serving(Phase):
     """The engine serves: ``/health`` every ``daemon.health_interval_s``, vLLM's progress figures every
     ``daemon.liveness_interval_s``, its processes; :mod:`r1sup.liveness` decides from them. Ends (a
@@ -803,18 +874,19 @@ class Serving(Phase):
     ticks = False
     reloads = True
 
-    def __init__(self, daemon: Daemon, launch: Launch) -> None:
+    def __init__(self, daemon: ServingHost, launch: Launch) -> None:
         self.d = daemon
         self.launch = launch
         d = daemon.config.daemon
         self.cfg = d
         self.start = start = daemon.clock()
-        ep = health.Endpoint(daemon.config.server.host, daemon.config.server.port, daemon.s.api_key)
+        ep = health.Endpoint(daemon.config.server.host, daemon.config.server.port, daemon.api_key)
         self.ep = ep
         self.policy = liveness.Policy.from_config(d)
         self.track = liveness.start(start)
-        self.procs = watch.ProcessWatch(launch.engine.pid) if launch.engine.pid else None
-        self.read = functools.partial(watch.read_metrics, ep, d.health_timeout_s)
+        world = daemon.runner.world
+        self.procs = world.process_watch(launch.engine.pid) if launch.engine.pid else None
+        self.read = functools.partial(world.read_metrics, ep, d.health_timeout_s)
         # the completion may wait as long as a stall is tolerated: its answer, however late, is progress
         name, timeout = daemon.config.served_name, d.progress_timeout_s
         self.probe = _check(lambda: watch.send_probe(ep, name, timeout))
@@ -829,14 +901,17 @@ class Serving(Phase):
         daemon, launch, d, runner = self.d, self.launch, self.cfg, self.d.runner
         daemon.heartbeat = now
         if isinstance(event, ReloadRequested):
-            new = daemon._load_new_config()
+            new = daemon.load_new_config()
             return Done(ServeEnd(None, now - self.start, reload=new)) if new is not None else None
         sampled = False
+        memory_back = False
         track = self.track
         if isinstance(event, CheckDone) and event.launch == launch.number:
             self.busy.discard(event.kind)
             sampled = event.kind == "metrics"
-            if event.kind == "health":
+            if event.kind == "devices":  # serving a degraded profile: what the device has free now
+                memory_back = self.healthy and daemon.memory_back(launch, event.payload, event.detail)
+            elif event.kind == "health":
                 self.healthy = event.ok
                 track = liveness.observe(track, liveness.HealthResult(now, event.ok, event.detail))
                 if event.ok:
@@ -856,7 +931,7 @@ class Serving(Phase):
         if launch.engine.poll() is not None:
             ended = runner.exit_failure(launch, now, F.PHASE_SERVING)
             if ended is not None:
-                return Done(daemon._serve_failure(launch, self.start, ended))
+                return Done(daemon.serve_failure(launch, self.start, ended))
             return None
         runner.record_descendants(launch, now)
         if now >= self.next_record:
@@ -876,17 +951,29 @@ class Serving(Phase):
                 due, self.next_sample = now, now + d.liveness_interval_s
             runner.run_check("metrics", launch, _check(functools.partial(self.read, at=due)))
         verdict = liveness.decide(self.track, now, self.policy)
-        self.last = daemon._log_verdict(launch, verdict, self.last, sampled)
+        self.last = daemon.log_verdict(launch, verdict, self.last, sampled)
         if verdict.hung:
-            return Done(daemon._serve_failure(launch, self.start, daemon._hung_failure(launch, verdict)))
+            start = self.start
+
+            def hung_end() -> Done:
+                return Done(daemon.serve_failure(launch, start, daemon.hung_failure(launch, verdict)))
+
+            if verdict.evidence not in liveness.DEAD_EVIDENCE:
+                return hung_end()
+            # the traceback that explains it may still be in the pipe; the process may linger (a
+            # teardown stuck on the device), so a quiet pipe ends the wait, not the end of the output
+            return Flushing(runner, launch, now + EXIT_DRAIN_S, until_quiet=True, then=hung_end)
         if verdict.probe and "liveness" not in self.busy:
             self.busy.add("liveness")
             self.track = liveness.observe(self.track, liveness.ProbeSent(now))
             runner.run_check("liveness", launch, self.probe)
         if self.healthy or verdict.evidence == liveness.EVIDENCE_PROGRESS:
-            daemon._watchdog(now)
-        if self.healthy and daemon._memory_back(launch):
+            daemon.watchdog(now)
+        if memory_back and self.healthy:
             return Done(ServeEnd(None, now - self.start, back_to_best=True))
+        if self.healthy and "devices" not in self.busy and daemon.memory_check_due(now):
+            self.busy.add("devices")
+            runner.run_check("devices", launch, _device_check(runner.world.device))
         return None
 
 
@@ -908,7 +995,7 @@ class Draining(Phase):
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: ServingHost,
         launch: Launch,
         ep: health.Endpoint,
         first: liveness.Figures | None,
@@ -986,6 +1073,6 @@ class Draining(Phase):
         if self.read_since is None and now >= self.next_read:
             self.read_since = now
             self.next_read = now + self.READ_EVERY_S
-            ep = self.ep
-            runner.run_check("drain", launch, lambda: (True, "", watch.read_metrics(ep, 2.0)))
+            ep, read = self.ep, runner.world.read_metrics
+            runner.run_check("drain", launch, lambda: (True, "", read(ep, 2.0)))
         return None

@@ -102,7 +102,7 @@ class NotAVllmLog(R1supError):
 
 
 class NoWorkingConfig(R1supError):
-    """The ladder is exhausted: no configuration within its bounds started and passed the probe."""
+    """The search gave up: no configuration within its bounds (``[ladder]``) started and passed the probe."""
 
     exit_code = EXIT_NO_WORKING_CONFIG
 

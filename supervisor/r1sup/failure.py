@@ -1,7 +1,7 @@
 """What a launch can end in: a failure class, a phase, evidence and numbers. Shared vocabulary.
 
 The log reader produces :class:`Failure` values, the launcher and the probe add the ones only
-they can see (a hang, a failed probe), the ladder keys on ``cls``.
+they can see (a hang, a failed probe), the search keys on ``cls``.
 """
 
 from __future__ import annotations

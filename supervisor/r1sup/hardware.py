@@ -38,7 +38,7 @@ class ProcessUse:
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    """What the planner, the ladder and the fingerprint need to know about the box.
+    """What the planner, the search and the fingerprint need to know about the box.
 
     ``backend`` is ``"cuda"`` when NVML answered, else ``"cpu"`` (vLLM's CPU backend: memory means
     host memory of the NUMA node, utilization a fraction of it).

@@ -33,6 +33,7 @@ from r1sup.config import Config
 from r1sup.events import ChildEOF, ChildOutput, EventQueue
 from r1sup.flags import EngineFlags
 from r1sup.logs import MASK
+from r1sup.multinode import node_args
 
 MAX_LINE_BYTES = 64 * 1024
 CHILD_MARK_VAR = "R1SUP_INSTANCE"
@@ -92,6 +93,7 @@ def build_spec(
     if config.model.revision:
         argv += ["--revision", config.model.revision]
     argv += flags.to_argv()
+    argv += node_args(config.multinode, 0)  # the leader: node 0 of a group (nothing on one box)
     argv += list(managed)
     argv += list(server.extra_args)
     env = engine_env(config, base_env)
@@ -258,6 +260,31 @@ class Engine:
     def all_pids(self) -> list[int]:
         return ([self.proc.pid] if self.proc else []) + self.descendants
 
+    # The stop in steps, for the loop's stopping phase (r1sup.runner.Stopping): begin_stop (SIGTERM),
+    # group_exited looked at on each turn, kill_group at the grace deadline, then finish_stop (which
+    # waits, bounded) on a check thread. stop() is the same steps in one blocking call.
+
+    def begin_stop(self) -> bool:
+        """SIGTERM to the whole group, its processes recorded first; False when none was running."""
+        if self.proc is None:
+            return False
+        self.record_descendants()
+        if self.proc.poll() is None or _group_alive(self.proc.pid):
+            _killpg(self.proc.pid, signal.SIGTERM)
+            return True
+        return False
+
+    def group_exited(self) -> bool:
+        """Whether the leader and every process of its group have exited (does not wait)."""
+        return self.proc is None or (self.proc.poll() is not None and not _group_alive(self.proc.pid))
+
+    def kill_group(self) -> bool:
+        """SIGKILL to the group when any of it is left; True when it was (the stop escalated)."""
+        if self.proc is None or self.group_exited():
+            return False
+        _killpg(self.proc.pid, signal.SIGKILL)
+        return True
+
     def stop(
         self,
         grace: float,
@@ -267,22 +294,32 @@ class Engine:
         memory_released: Callable[[Sequence[int]], bool] | None = None,
     ) -> StopReport:
         """Stop the whole group; ``force()`` returning True (a second signal) skips the grace period."""
+        t0 = time.monotonic()
+        if self.proc is None:
+            return StopReport()
+        escalated = False
+        if self.begin_stop():
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and not force():
+                if self.group_exited():
+                    break
+                time.sleep(0.05)
+            escalated = self.kill_group()
+        report = self.finish_stop(release_timeout, memory_released)
+        report.escalated = escalated
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def finish_stop(
+        self, release_timeout: float = 60.0, memory_released: Callable[[Sequence[int]], bool] | None = None
+    ) -> StopReport:
+        """After the group exited or was killed: reap the leader, kill the recorded descendants still
+        alive, release the guard, then wait (bounded by ``release_timeout``) until the processes are gone,
+        their device memory is back and the port is free. Blocks: run it off the loop's thread."""
         report = StopReport()
         t0 = time.monotonic()
         if self.proc is None:
             return report
-        self.record_descendants()
-        pgid = self.proc.pid
-        if self.proc.poll() is None or _group_alive(pgid):
-            _killpg(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and not force():
-                if self.proc.poll() is not None and not _group_alive(pgid):
-                    break
-                time.sleep(0.05)
-            if self.proc.poll() is None or _group_alive(pgid):
-                report.escalated = True
-                _killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL does not fail; bounded anyway
             self.proc.wait(timeout=10)
         report.killed_descendants = self._kill_recorded()

@@ -1,8 +1,8 @@
 """Structured logging: JSON lines when not on a terminal, a console renderer on one.
 
-Event names are snake_case (``launch_started``, ``failure_classified``, ``ladder_step``...). vLLM's
-own lines are relayed as ``vllm`` events with ``source="vllm"``. Secrets registered with
-:class:`Redactor` are masked in every value before rendering.
+Event names are snake_case (``launch_started``, ``failure_classified``, ``ladder_step``: the search's
+step, under its documented name, ...). vLLM's own lines are relayed as ``vllm`` events with
+``source="vllm"``. Secrets registered with :class:`Redactor` are masked in every value before rendering.
 """
 
 from __future__ import annotations

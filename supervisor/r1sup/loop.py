@@ -7,11 +7,17 @@ an exit) is a :class:`Phase`. :meth:`Loop.run` turns the loop for it::
     outcome = phase.on(event, now)
 
 ``on`` returns None to go on, another phase to hand over to, or :class:`Done` with the phase's outcome.
-Before each read the loop hands the phase what the signal handlers queued (:class:`Signalled`, and
-:class:`ReloadRequested` to a phase that takes reloads) and, for phases that want it, calls the tick
-(watchdog, start timeout, the progress line). A stop signal a phase does not take ends the loop as
-:class:`StopRequested`, raised here and nowhere else; a fault of r1sup's own (an exception in a check
-thread) is raised here too.
+Before each read the loop hands the phase what the signal handlers queued (``Signalled``, and
+``ReloadRequested`` to a phase that takes reloads: events of :mod:`r1sup.events`, as the queue's are)
+and, for phases that want it, calls the tick (watchdog, start timeout, the progress line). A stop
+signal a phase does not take ends the loop as :class:`StopRequested`, raised here and nowhere else; a
+fault of r1sup's own (an exception in a check thread) is raised here too.
+
+A phase never enters the loop from its own turn: it hands over to another phase (a flush of the output
+that explains a failure, the stop after it) and that phase's outcome ends the run; a run inside a run
+raises :class:`LoopReentered`. Work that blocks (a readiness or health check, the probe, the preflight's
+import of vLLM, NVML, the wait for the device memory after a stop) runs off the loop's thread and comes
+back as a ``CheckDone`` event.
 
 The clock is the loop's: a replay test gives it a fake one and a scripted queue, and the same phases
 run in milliseconds.
@@ -25,9 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from r1sup.events import EventQueue
+from r1sup.events import EventQueue, ReloadRequested, Signalled
 
 TURN_S = 0.2  # the longest a turn waits for an event: signals and timers are looked at this often
+
+
+class LoopReentered(RuntimeError):
+    """A phase entered the loop from inside one of its turns (r1sup's own bug)."""
 
 
 class StopRequested(Exception):
@@ -36,19 +46,6 @@ class StopRequested(Exception):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(f"signal {signum}")
-
-
-@dataclass(frozen=True)
-class Signalled:
-    """SIGTERM/SIGINT queued by the handler: the first one's number and how many came so far."""
-
-    signum: int
-    count: int
-
-
-@dataclass(frozen=True)
-class ReloadRequested:
-    """SIGHUP queued by the handler (given only to a phase with ``reloads = True``)."""
 
 
 @dataclass(frozen=True)
@@ -104,17 +101,27 @@ class Loop:
         self.clock = clock
         self.tick = tick
         self.fault = fault
+        self.phase: Phase | None = None  # the phase turning now; None between runs
 
     def run(self, phase: Phase) -> Any:
-        """Turn until ``phase`` (or the phase it handed over to) is done; returns its outcome."""
-        while True:
-            outcome = self._turn(phase)
-            if isinstance(outcome, Phase):
-                phase = outcome
-            elif isinstance(outcome, Done):
-                return outcome.value
-            elif isinstance(outcome, Stop):
-                raise StopRequested(outcome.signum)
+        """Turn until ``phase`` (or the phase it handed over to) is done; returns its outcome.
+
+        A phase never enters the loop itself (it hands over to another phase instead): a run inside a
+        run is r1sup's own bug and raises :class:`LoopReentered`."""
+        if self.phase is not None:
+            raise LoopReentered(f"{type(phase).__name__} inside {type(self.phase).__name__}")
+        try:
+            while True:
+                self.phase = phase
+                outcome = self._turn(phase)
+                if isinstance(outcome, Phase):
+                    phase = outcome
+                elif isinstance(outcome, Done):
+                    return outcome.value
+                elif isinstance(outcome, Stop):
+                    raise StopRequested(outcome.signum)
+        finally:
+            self.phase = None
 
     def _turn(self, phase: Phase) -> Any:
         if phase.faults:

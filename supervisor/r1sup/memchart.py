@@ -6,7 +6,7 @@ weights, non-torch memory, activation peak, CUDA graphs, KV cache and the memory
 the bar then shows the unexplained rest as "not reported" instead of guessing.
 
 ``tune``'s report, ``r1sup report`` and ``r1sup plan`` draw with it: a planner breakdown becomes a
-:class:`Breakdown` with :func:`from_planner`, vLLM's printed figures with :func:`from_observations`;
+:class:`Breakdown` with :func:`from_planner`, vLLM's printed figures with :func:`from_figures`;
 then :func:`render_text` or :func:`render_svg`.
 """
 
@@ -16,6 +16,8 @@ import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from r1sup.figures import Figures
 
 PARTS = ("weights", "non_torch", "activation", "graphs", "kv", "other")
 LABELS = {
@@ -149,35 +151,33 @@ def from_planner(b: Any, total_gib: float | None = None) -> Breakdown:
     )
 
 
-def from_observations(
-    obs: Mapping[str, float], total_gib: float | None = None, free_gib: float | None = None
+def from_figures(
+    figures: Figures, total_gib: float | None = None, free_gib: float | None = None
 ) -> Breakdown | None:
-    """What vLLM printed about one device (the log reader's observations) as a bar; None before it
+    """What vLLM printed about one device (the log reader's figures) as a bar; None before it
     printed anything about the memory. ``total_gib``/``free_gib``: the device as probed before the
     launch, used where vLLM did not print them."""
-    total = obs.get("total_gib") or obs.get("node_total_gib") or total_gib
+    total = figures.device_total_gib or total_gib
     if not total:
         return None
-    weights = obs.get("weights_gib")
-    non_torch = obs.get("non_torch_gib")
-    if non_torch is None and obs.get("consumed_gib") is not None and weights is not None:
-        non_torch = max(0.0, float(obs["consumed_gib"]) - float(weights))
-    free_at_start = obs.get("free_gib", free_gib)
-    activation = obs.get("peak_activation_gib")
-    if activation is None and obs.get("breakdown_activation_gib") is not None:
+    weights = figures.weights_gib
+    non_torch = figures.non_torch_or_rest_gib
+    free_at_start = figures.free_gib if figures.free_gib is not None else free_gib
+    activation = figures.peak_activation_gib
+    if activation is None and figures.breakdown_activation_gib is not None:
         # vLLM >= 0.27 prints "peak activation" in its breakdown line as the transient peak plus the
         # CUDA-graph estimate charged to the KV budget (gpu_worker.py; the log reader keeps that figure
         # apart): charged when vLLM said "CUDA graph memory profiling is enabled"; graphs are drawn apart
-        charged = obs.get("equivalent_gpu_memory_utilization") is not None
-        estimate = float(obs.get("cudagraph_estimated_gib") or 0.0) if charged else 0.0
-        activation = max(0.0, float(obs["breakdown_activation_gib"]) - estimate)
+        charged = figures.equivalent_gpu_memory_utilization is not None
+        estimate = float(figures.cudagraph_estimated_gib or 0.0) if charged else 0.0
+        activation = max(0.0, float(figures.breakdown_activation_gib) - estimate)
     b = Breakdown(
         total_gib=float(total),
         weights_gib=_opt(weights),
         non_torch_gib=_opt(non_torch),
         activation_gib=_opt(activation),
-        graphs_gib=_opt(obs.get("cudagraph_gib")),
-        kv_gib=_opt(obs.get("kv_cache_gib")),
+        graphs_gib=_opt(figures.cudagraph_gib),
+        kv_gib=_opt(figures.kv_cache_gib),
         other_gib=max(0.0, float(total) - float(free_at_start)) if free_at_start is not None else None,
     )
     return b if b.known else None

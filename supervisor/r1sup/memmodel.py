@@ -3,7 +3,7 @@
 One function per term, each a function of the vLLM version and each naming the vLLM code it mirrors;
 :func:`evaluate` puts them together the way vLLM's start-up does and returns a :class:`Estimate` with
 every term's value and where it came from (``estimate``, or ``measured`` from a launch of the same
-box, model and version, see :class:`Calibration`). Planner, ladder, ``diagnose`` and the benchmarks
+box, model and version, see :class:`Calibration`). Planner, search, ``diagnose`` and the benchmarks
 use this module and no arithmetic of their own. No I/O, no clock; sizes are integer bytes.
 
 How vLLM V1 sizes the KV cache (``vllm/v1/worker/gpu_worker.py``, ``Worker.init_device`` and
@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
 
@@ -920,7 +922,7 @@ GRAPH_BASE_GIB = 0.45
 GRAPH_BYTES_PER_GRAPH_LAYER = 148 * 1024
 # fitted: vLLM's estimate / the captured pool, median of the real logs that print both (0.7x to 3.4x)
 GRAPH_ESTIMATE_RATIO = 1.0
-# Policy, not memory (planner and ladder): eager mode decodes slower, so it is taken for a context only
+# Policy, not memory (planner and search): eager mode decodes slower, so it is taken for a context only
 # when it keeps the requested one or gives one this much longer than keeping the CUDA graphs does.
 EAGER_MIN_GAIN = 1.05
 
@@ -1163,59 +1165,59 @@ class Calibration:
     flags, moved by the model's own difference for other flags (proportionally for weights, activation and
     CUDA graphs, by the difference for the rest).
 
-    ``figures`` uses the log reader's keys (GiB): ``weights_gib``, ``non_torch_gib`` (or ``consumed_gib``:
-    weights plus non-torch), ``peak_activation_gib`` (or ``breakdown_activation_gib``, which from 0.27.0
-    includes the charged graph estimate), ``cudagraph_gib`` (the captured pool), ``cudagraph_estimated_gib``,
-    ``kv_cache_gib`` (available KV memory, negative for a shortfall), ``requested_gib`` (or
-    ``gpu_memory_utilization`` and ``total_gib``), ``init_cuda_gib`` (memory at vLLM's start-up snapshot),
-    ``compile_cache_cold`` (1.0: the launch compiled from nothing; 0.0: its compile cache was warm, and a
-    start that is not known to be warm is sized with the larger of its peak and the cold estimate).
+    ``figures`` are the log reader's (:class:`r1sup.figures.Figures`, GiB): ``weights_gib``,
+    ``non_torch_gib`` (or ``consumed_gib``: weights plus non-torch), ``peak_activation_gib`` (or
+    ``breakdown_activation_gib``, which from 0.27.0 includes the charged graph estimate),
+    ``cudagraph_gib`` (the captured pool), ``cudagraph_estimated_gib``, ``kv_cache_gib`` (available KV
+    memory, negative for a shortfall), ``requested_gib`` (or ``gpu_memory_utilization`` and
+    ``total_gib``), ``init_cuda_gib`` (memory at vLLM's start-up snapshot), ``compile_cache_cold``
+    (1.0: the launch compiled from nothing; 0.0: its compile cache was warm, and a start that is not
+    known to be warm is sized with the larger of its peak and the cold estimate).
     """
 
     flags: EngineFlags
-    figures: Mapping[str, float] = field(default_factory=dict)
+    figures: Figures = NO_FIGURES
     version: Version | None = None
 
     @property
     def measured_warm(self) -> bool:
         """The launch found vLLM's torch.compile cache warm (``compile_cache_cold`` 0.0 in its figures):
         its activation peak is a warm start's, which a cold start can exceed."""
-        return self.figures.get("compile_cache_cold") == 0.0
+        return self.figures.compile_cache_cold == 0.0
 
     def measured(self, version: Version) -> dict[str, float]:
         """The terms these figures measure, in GiB, as :func:`evaluate` names them."""
-        f = {k: float(v) for k, v in self.figures.items() if isinstance(v, (int, float))}
+        f = self.figures
         r = rules(self.version or version)
         out: dict[str, float] = {}
-        if "weights_gib" in f:
-            out["weights"] = f["weights_gib"]
-        if "non_torch_gib" in f:
-            out["non_torch"] = f["non_torch_gib"]
-        elif "consumed_gib" in f and "weights_gib" in f:
-            out["non_torch"] = max(0.0, f["consumed_gib"] - f["weights_gib"])
-        if "peak_activation_gib" in f:
-            out["activation"] = f["peak_activation_gib"]
-        elif "breakdown_activation_gib" in f:
-            charged = f.get("cudagraph_estimated_gib", 0.0) if r.graph_estimate_charged else 0.0
-            out["activation"] = max(0.0, f["breakdown_activation_gib"] - charged)
-        if "cudagraph_gib" in f and not self.flags.enforce_eager:
-            out["cudagraph"] = f["cudagraph_gib"]
-        if "cudagraph_estimated_gib" in f and not self.flags.enforce_eager:
-            out["cudagraph_estimate"] = f["cudagraph_estimated_gib"]
-        if "kv_cache_gib" in f:
-            out["kv"] = f["kv_cache_gib"]
-        if "requested_gib" in f:
-            out["budget"] = f["requested_gib"]
-        elif "gpu_memory_utilization" in f and "total_gib" in f:
-            out["budget"] = f["gpu_memory_utilization"] * f["total_gib"]
-        if "init_cuda_gib" in f:
-            out["context"] = f["init_cuda_gib"]
+        if f.weights_gib is not None:
+            out["weights"] = float(f.weights_gib)
+        non_torch = f.non_torch_or_rest_gib
+        if non_torch is not None:
+            out["non_torch"] = float(non_torch)
+        if f.peak_activation_gib is not None:
+            out["activation"] = float(f.peak_activation_gib)
+        elif f.breakdown_activation_gib is not None:
+            charged = (f.cudagraph_estimated_gib or 0.0) if r.graph_estimate_charged else 0.0
+            out["activation"] = max(0.0, f.breakdown_activation_gib - charged)
+        if f.cudagraph_gib is not None and not self.flags.enforce_eager:
+            out["cudagraph"] = float(f.cudagraph_gib)
+        if f.cudagraph_estimated_gib is not None and not self.flags.enforce_eager:
+            out["cudagraph_estimate"] = float(f.cudagraph_estimated_gib)
+        if f.kv_cache_gib is not None:
+            out["kv"] = float(f.kv_cache_gib)
+        if f.requested_gib is not None:
+            out["budget"] = float(f.requested_gib)
+        elif f.gpu_memory_utilization is not None and f.total_gib is not None:
+            out["budget"] = f.gpu_memory_utilization * f.total_gib
+        if f.init_cuda_gib is not None:
+            out["context"] = float(f.init_cuda_gib)
         return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "flags": self.flags.to_dict(),
-            "figures": dict(self.figures),
+            "figures": self.figures.to_dict(),
             "version": str(self.version) if self.version else None,
         }
 

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from r1sup.figures import Figures
+
 STATES = (
     "planning",
     "launching",
@@ -38,7 +40,20 @@ class Metrics:
         self.state = Gauge("r1sup_state", "1 for the daemon's current state", ["state"], registry=r)
         self.launches = Counter("r1sup_launches", "vLLM launches", registry=r)
         self.failures = Counter("r1sup_failures", "classified failures", ["failure_class"], registry=r)
-        self.ladder_steps = Counter("r1sup_ladder_steps", "ladder steps taken", ["failure_class"], registry=r)
+        self.search_steps = Counter(
+            "r1sup_search_steps",
+            "the search's steps: new flags chosen after a failure",
+            ["failure_class"],
+            registry=r,
+        )
+        # the same count under its name of 0.1.0, for one release (dashboards and alerts move to
+        # r1sup_search_steps_total; the search is no longer a ladder)
+        self.ladder_steps = Counter(
+            "r1sup_ladder_steps",
+            "deprecated: r1sup_search_steps_total under its old name, removed after 0.2",
+            ["failure_class"],
+            registry=r,
+        )
         self.restarts = Counter("r1sup_restarts", "restarts after transient failures", registry=r)
         self.child_up = Gauge("r1sup_child_up", "1 while vLLM is serving and healthy", registry=r)
         self.probe_ttft = Gauge(
@@ -108,6 +123,11 @@ class Metrics:
             self._server.close()
             self._server = None
 
+    def search_step(self, failure_class: str) -> None:
+        """The search chose new flags after a ``failure_class`` failure (both names counted)."""
+        self.search_steps.labels(failure_class=failure_class).inc()
+        self.ladder_steps.labels(failure_class=failure_class).inc()
+
     def set_state(self, state: str) -> None:
         for s in STATES:
             self.state.labels(state=s).set(1 if s == state else 0)
@@ -123,7 +143,7 @@ class Metrics:
         if result.get("ok"):
             self.success()
 
-    def memory(self, figures: Mapping[str, float]) -> None:
+    def memory(self, figures: Figures) -> None:
         """The GPU memory by part (:func:`memory_parts`) of the launch that serves; parts vLLM did not
         print are left out."""
         self.gpu_memory.clear()
@@ -167,21 +187,17 @@ class _WithoutCreated:
             yield family
 
 
-# vLLM's start-up figures (r1sup.logparse.figures) of one GPU -> the dashboard's parts
-MEMORY_PARTS = (
-    ("weights", "weights_gib"),
-    ("non_torch", "non_torch_gib"),
-    ("activation_peak", "peak_activation_gib"),
-    ("cuda_graphs", "cudagraph_gib"),
-    ("kv_cache", "kv_cache_gib"),
-)
-
-
-def memory_parts(figures: Mapping[str, float]) -> dict[str, float]:
+def memory_parts(figures: Figures) -> dict[str, float]:
     """One GPU's memory by part as vLLM reported it at start-up, in GiB, and ``free``: the total less every
     part (what neither vLLM's budget nor its figures hold), when the total is known."""
-    out = {part: float(figures[key]) for part, key in MEMORY_PARTS if figures.get(key) is not None}
-    total = figures.get("total_gib")
-    if total is not None and out:
-        out["free"] = max(0.0, round(float(total) - sum(out.values()), 3))
+    parts = (
+        ("weights", figures.weights_gib),
+        ("non_torch", figures.non_torch_gib),
+        ("activation_peak", figures.peak_activation_gib),
+        ("cuda_graphs", figures.cudagraph_gib),
+        ("kv_cache", figures.kv_cache_gib),
+    )
+    out = {part: float(gib) for part, gib in parts if gib is not None}
+    if figures.total_gib is not None and out:
+        out["free"] = max(0.0, round(float(figures.total_gib) - sum(out.values()), 3))
     return out

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from r1sup import memmodel as M
-from r1sup.config import LadderSection
+from r1sup.bounds import Bounds
 from r1sup.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
 from r1sup.memmodel import (
@@ -50,7 +50,6 @@ from r1sup.search import FP8_PER_TENSOR_SPELLING, margin_bytes, request_blocks, 
 __all__ = [
     "CPU_BLOCK_SIZE",
     "CUDA_BLOCK_SIZE",
-    "DEFAULT_BOUNDS",
     "Breakdown",
     "Calibration",
     "ModelArch",
@@ -59,34 +58,12 @@ __all__ = [
     "arch_from_config",
     "fewer_seqs",
     "fp8_kv_choice",
-    "ladder_bounds",
     "plan",
     "predict_kv_tokens",
     "predict_max_model_len",
 ]
 
 TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make room (vLLM captures 1..2x of it)
-
-# The [ladder] settings the planner honours; their defaults are the config's own declaration.
-BOUND_KEYS = (
-    "min_max_model_len",
-    "min_max_num_seqs",
-    "min_gpu_memory_utilization",
-    "max_gpu_memory_utilization",
-    "allow_fp8_kv",
-    "allow_eager",
-    "allow_weight_quantization",
-    "allow_tensor_parallel",
-)
-
-
-def ladder_bounds(ladder: LadderSection) -> dict[str, Any]:
-    """The planner's bounds from a config's ``[ladder]`` section."""
-    return {k: getattr(ladder, k) for k in BOUND_KEYS}
-
-
-DEFAULT_BOUNDS: dict[str, Any] = ladder_bounds(LadderSection())
-
 
 # --- the breakdown -------------------------------------------------------------------------------
 
@@ -441,16 +418,6 @@ MAX_TP_SUGGESTED = 8  # the largest tensor-parallel size the ways out propose (o
 VERDICTS = {"fits": 0, "fits_with_changes": 7, "does_not_fit": 3}
 
 
-def _bounds(bounds: Mapping[str, Any] | None) -> dict[str, Any]:
-    out = dict(DEFAULT_BOUNDS)
-    if bounds:
-        unknown = set(bounds) - set(DEFAULT_BOUNDS)
-        if unknown:
-            raise ValueError(f"unknown planner bound(s): {', '.join(sorted(unknown))}")
-        out.update(bounds)
-    return out
-
-
 def fp8_kv_choice(device: DeviceFacts) -> str:
     """``fp8`` (e4m3) from compute capability 8.9 and on the CPU backend, else ``fp8_e5m2``."""
     if device.backend == "cpu":
@@ -479,7 +446,7 @@ def _recommend(
     min_context: int,
     version: Version,
     calibration: Calibration | None,
-    bounds: Mapping[str, Any],
+    bounds: Bounds,
     target_concurrency: int | None = None,
     per_request: int | None = None,
 ) -> _Choice | None:
@@ -500,7 +467,7 @@ def _recommend(
     if device.backend != "cpu" and _e4m3(base.kv_cache_dtype) and cc is not None and cc < (8, 9):
         base = base.replace(kv_cache_dtype="fp8_e5m2")
     start_max = startable_utilization(device, base.tensor_parallel_size, version)
-    lo, hi = bounds["min_gpu_memory_utilization"], bounds["max_gpu_memory_utilization"]
+    lo, hi = bounds.min_gpu_memory_utilization, bounds.max_gpu_memory_utilization
     pinned = base.kv_cache_memory_bytes is not None
     if not pinned and base.gpu_memory_utilization > start_max:
         util = min(start_max, hi)
@@ -525,7 +492,7 @@ def _recommend(
 
     # the ways to keep the requested context, the fewest and mildest changes first
     keep = [base]
-    fp8_ok = bounds["allow_fp8_kv"] and device.fp8_kv_supported is not False
+    fp8_ok = bounds.allow_fp8_kv and device.fp8_kv_supported is not False
     if fp8_ok and base.kv_cache_dtype not in FP8_KV_DTYPES:
         keep.append(base.replace(kv_cache_dtype=fp8_kv_choice(device)))
     top_util = min(hi, start_max)
@@ -540,7 +507,7 @@ def _recommend(
             return _Choice(ev, requested_context)
     primary = evals[-1]  # every lever but eager mode: the most KV, so the longest context
     choice = shrink(primary)
-    if bounds["allow_eager"] and not base.enforce_eager and device.backend != "cpu":
+    if bounds.allow_eager and not base.enforce_eager and device.backend != "cpu":
         # without CUDA graphs: their pool (and, from vLLM 0.20, the estimate vLLM charges to the KV
         # budget) goes to the KV cache; taken when that keeps the context or lengthens it by EAGER_MIN_GAIN
         ev = evaluate(primary.flags.replace(enforce_eager=True))
@@ -583,7 +550,7 @@ def plan(
     target_concurrency: int | None = None,
     target_context: int | None = None,
     calibration: Calibration | None = None,
-    bounds: Mapping[str, Any] | None = None,
+    bounds: Bounds | None = None,
     version: Version | str | None = None,
     gpus_per_node: int | None = None,
 ) -> Plan:
@@ -611,7 +578,7 @@ def plan(
     The verdict (:data:`VERDICTS`): "fits" (as given, exit 0), "fits_with_changes" (only with the
     recommended flags, exit 7), "does_not_fit" (nothing within the bounds, exit 3), with the reason.
     """
-    b = _bounds(bounds)
+    b = bounds if bounds is not None else Bounds()
     v = M.as_version(version)
     flags = _normalize_flags(flags)
     stages = M.pipeline_stages(arch)
@@ -621,7 +588,7 @@ def plan(
     requested_context = ev.est.batch.max_model_len
     if target_context and target_context > requested_context and flags.max_model_len in (None, -1):
         requested_context = min(target_context, arch.max_position_embeddings)
-    min_context = min(b["min_max_model_len"], requested_context)
+    min_context = min(b.min_max_model_len, requested_context)
     if target_context:
         min_context = max(min_context, min(target_context, requested_context))
     cap = arch.max_position_embeddings
@@ -743,11 +710,11 @@ def plan(
         variants = [flags] if not refused else []
         if refused:
             variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
-        if b["allow_tensor_parallel"] and device.source == "probe" and device.count > tp:
+        if b.allow_tensor_parallel and device.source == "probe" and device.count > tp:
             variants += [
                 flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
             ]
-        if b["allow_weight_quantization"] and weight_method(arch, flags) is None:
+        if b.allow_weight_quantization and weight_method(arch, flags) is None:
             variants.append(flags.replace(quantization="fp8"))
 
         # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
@@ -874,7 +841,7 @@ def _search_recommendation(
     arch: ModelArch,
     device: DeviceFacts,
     flags: EngineFlags,
-    bounds: Mapping[str, Any],
+    bounds: Bounds,
     version: Version,
     calibration: Calibration | None,
     target_concurrency: int | None,
@@ -886,15 +853,10 @@ def _search_recommendation(
     as the first launch of ``tune`` and ``run`` gets it; None where the planner's own branches answer:
     the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
     from r1sup import search as S
-    from r1sup.bounds import Bounds
 
     if device.backend == "cpu" or not device.gpus or stages > 1 or auto_fit:
         return None
-    limits = Bounds(
-        **{k: bounds[k] for k in BOUND_KEYS if k in bounds},
-        target_concurrency=target_concurrency,
-        target_context=target_context,
-    )
+    limits = replace(bounds, target_concurrency=target_concurrency, target_context=target_context)
     facts = S.Facts(
         arch=arch, device=device, user=flags, bounds=limits, version=version, calibration=calibration
     )

@@ -27,6 +27,8 @@ from typing import Any
 
 from r1sup import __version__
 from r1sup.errors import ConfigError, R1supError
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
 from r1sup.hardware import GIB, DeviceFacts
 from r1sup.logs import get_logger
@@ -107,7 +109,7 @@ class Profile:
     flags: dict[str, Any]
     command: list[str]
     probe: dict[str, Any] = field(default_factory=dict)
-    observations: dict[str, Any] = field(default_factory=dict)  # the measured memory breakdown
+    observations: Figures = NO_FIGURES  # what vLLM printed: the measured memory breakdown
     attempts: list[dict[str, Any]] = field(default_factory=list)
     created_at: str = ""  # ISO 8601 UTC; ProfileStore.save fills empty timestamps
     updated_at: str = ""
@@ -134,7 +136,7 @@ class Profile:
         flags: EngineFlags | dict[str, Any],
         command: list[str],
         probe: dict[str, Any] | None = None,
-        observations: dict[str, Any] | None = None,
+        observations: Figures = NO_FIGURES,
         attempts: list[dict[str, Any]] | None = None,
     ) -> Profile:
         """A new profile whose key is computed from ``fingerprint``."""
@@ -147,7 +149,7 @@ class Profile:
             flags=flag_dict,
             command=command,
             probe=dict(probe or {}),
-            observations=dict(observations or {}),
+            observations=observations,
             attempts=list(attempts or []),
         )
 
@@ -165,7 +167,7 @@ class Profile:
             "flags": self.flags,
             "command": list(self.command),
             "probe": self.probe,
-            "observations": self.observations,
+            "observations": self.observations.to_dict(),
             "attempts": self.attempts,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
@@ -295,9 +297,10 @@ def _check_stamp(name: str, value: Any) -> str:
     return str(text)
 
 
-def _check_observations(name: str, value: Any) -> dict[str, Any]:
+def _check_observations(name: str, value: Any) -> Figures:
     """vLLM's figures r1sup computes with: numbers (finite, not booleans); token counts positive
-    integers (an integral float, as the log reader stores them, counts)."""
+    integers (an integral float, as the log reader stores them, counts). The figures r1sup knows are
+    kept (:class:`r1sup.figures.Figures`); other keys are left out."""
     obs = _typed(dict)(name, value)
     for key, v in obs.items():
         numeric = key in _NUMBER_KEYS or key in _TOKEN_KEYS or str(key).endswith(_NUMBER_SUFFIXES)
@@ -309,7 +312,7 @@ def _check_observations(name: str, value: Any) -> dict[str, Any]:
             raise ValueError(f"{name}.{key} must be a number, got {type(v).__name__}")
         if key in _TOKEN_KEYS and (v < 1 or v != int(v)):
             raise ValueError(f"{name}.{key} must be a positive whole number of tokens, got {v}")
-    return dict(obs)
+    return Figures.from_dict(obs)
 
 
 def _check_probe(name: str, value: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from r1sup import capacity
 from r1sup import memchart as M
 from r1sup.catalog import catalog_total_beside
+from r1sup.figures import Figures
 from r1sup.flags import short
 from r1sup.progress import LABELS as PHASE_LABELS
 from r1sup.progress import PHASES, clock
@@ -100,7 +101,7 @@ def capacity_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
     return capacity.verified(
         result.get("probe"),
         result.get("flags"),
-        result.get("observations"),
+        Figures.from_dict(obs if isinstance(obs := result.get("observations"), Mapping) else None),
         asked,
         reduced=result.get("reduced"),
     )

@@ -1,31 +1,37 @@
 """The imperative shell around one vLLM launch: start, watch, probe, stop.
 
 Its waits are phases of the one loop (:mod:`r1sup.loop`): :class:`Starting` until vLLM is ready or has
-failed, :class:`ProbeWait` until the probe returns, :class:`Flushing` for the output that follows an
-exit or a stop. Checks that block (readiness, the probe) run on threads and report back as events, so
-vLLM's output is drained all the time.
+failed, :class:`ProbeWait` until the probe returns, :class:`Stopping` (SIGTERM, SIGKILL on its timer,
+the wait for the device memory), :class:`Flushing` for the output that follows an exit or a stop,
+:class:`Awaiting` for blocking work of no launch (the preflight). Checks that block (readiness, the
+probe, the stop's reaping and memory wait) run on threads and report back as events, so vLLM's output
+is drained all the time. The phases reach the runner through :class:`LaunchHost` only; the runner
+reaches the world (engine, probe child, device, ``/metrics``, clock) through its
+:class:`r1sup.world.World`.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from r1sup import failure as F
 from r1sup import health
 from r1sup import progress as P
 from r1sup.config import Config
-from r1sup.errors import InternalError
-from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
+from r1sup.errors import InternalError, R1supError
+from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Signalled
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as EMPTY_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
-from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec, kill_leftovers, port_holder
-from r1sup.logparse import LogLine, LogReader, Progress
+from r1sup.launcher import Engine, LaunchSpec, StopReport, build_spec
+from r1sup.logparse import LogLine, LogReader
 from r1sup.logs import get_logger
-from r1sup.loop import TURN_S, Done, Loop, Phase, Signalled, StopRequested, Waiting
+from r1sup.loop import TURN_S, Done, Loop, Phase, Stop, StopRequested, Waiting
+from r1sup.world import World
 
 if TYPE_CHECKING:
     from r1sup.probe import Connection as ProbeConnection
@@ -36,6 +42,7 @@ READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readines
 # it fails: uvicorn logs that line just before its socket listens
 READY_RETRY_S = 0.05
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
+EXIT_FLUSH_S = 0.5  # and then this much longer for what is still queued, unless its output ended
 DESCENDANTS_EVERY_S = 2.0  # the engine's processes are recorded this often (a scan of every process)
 
 
@@ -70,12 +77,12 @@ class Launch:
         return self.engine.proc is not None
 
     @property
-    def observations(self) -> dict[str, float]:
+    def figures(self) -> Figures:
         """What vLLM printed, and ``compile_cache_cold`` (1.0: this launch compiled from nothing)."""
-        obs = dict(self.reader.observations)
+        figures = self.reader.figures
         if self.compile_cache is not None:
-            obs["compile_cache_cold"] = 1.0 if self.compile_cache == "cold" else 0.0
-        return obs
+            figures = replace(figures, compile_cache_cold=1.0 if self.compile_cache == "cold" else 0.0)
+        return figures
 
 
 @dataclass(frozen=True)
@@ -97,13 +104,41 @@ class Proven:
 
 @dataclass
 class Hooks:
-    """Ways the runner touches the world beyond the child, swappable in tests."""
+    """Ways the runner looks at the device beyond the child, swappable in tests. (What the runner
+    reports goes as events: :mod:`r1sup.events`; the daemon's heartbeat is :attr:`Runner.tick`.)"""
 
     memory_released: Callable[[Sequence[int]], bool] | None = None
     gpu_processes: Callable[[], list[Any]] = field(default=lambda: [])
-    on_progress: Callable[[Launch, Progress], None] = field(default=lambda launch, progress: None)
-    on_line: Callable[[Launch, LogLine], None] = field(default=lambda launch, line: None)
-    on_tick: Callable[[], None] = field(default=lambda: None)  # each turn of a waiting loop
+
+
+CheckFn = Callable[[], tuple[bool, str, Any]]  # a check's work: (ok, detail, payload)
+
+
+class LaunchHost(Protocol):
+    """What the phases of a launch (:class:`Starting`, :class:`ProbeWait`, :class:`Flushing`,
+    :class:`Stopping`) need of the runner that owns them, and nothing more: the clock and the config,
+    the launch's output, its checks, and the two steps a phase makes happen (readiness announced, a
+    fault of r1sup's own taken)."""
+
+    config: Config
+    endpoint: health.Endpoint
+    hooks: Hooks
+    ready_poll_s: float
+    clock: Callable[[], float]
+
+    def handle_output(self, launch: Launch, event: object) -> None: ...
+
+    def show_progress(self, launch: Launch, force: bool = False) -> None: ...
+
+    def record_descendants(self, launch: Launch, now: float) -> None: ...
+
+    def exit_failure(self, launch: Launch, now: float, phase: str, when: str = "") -> Failure | None: ...
+
+    def run_check(self, kind: str, launch: Launch | None, fn: CheckFn) -> None: ...
+
+    def announce_ready(self, launch: Launch) -> None: ...
+
+    def take_fault(self) -> InternalError | None: ...
 
 
 class Runner:
@@ -119,8 +154,12 @@ class Runner:
         relay_level: str = "info",
         display: Any = None,
         fold_tracebacks: bool = False,
+        world: World | None = None,
     ) -> None:
         self.config = config
+        # the engine, probe, device and metrics factories, the clock and how checks run (production's
+        # by default; a replay test passes its own)
+        self.world = world or World()
         self.events = events
         self.api_key = api_key
         self.hooks = hooks or Hooks()
@@ -150,10 +189,9 @@ class Runner:
         # a saved profile that passed the full probe on a box of the same fingerprint: a launch with
         # its flags gets the short probe (probe.probe_requests); set by prove_with
         self.proven: Proven | None = None
-        self.clock: Callable[[], float] = time.monotonic  # the loop's clock (a replay test's fake one)
-        self.loop = Loop(
-            events, clock=lambda: self.clock(), tick=lambda: self.hooks.on_tick(), fault=self._fault
-        )
+        self.clock: Callable[[], float] = self.world.clock  # the loop's clock (a replay test's fake one)
+        self.tick: Callable[[], None] = lambda: None  # each turn of a waiting loop (the daemon's heartbeat)
+        self.loop = Loop(events, clock=lambda: self.clock(), tick=lambda: self.tick(), fault=self.take_fault)
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -164,7 +202,7 @@ class Runner:
         if signum is not None:
             raise StopRequested(signum)
 
-    def _fault(self) -> InternalError | None:
+    def take_fault(self) -> InternalError | None:
         """A fault of r1sup's own from a check thread, taken once (the loop raises it)."""
         fault, self.fault = self.fault, None
         return fault
@@ -174,16 +212,46 @@ class Runner:
         output = (lambda event: self.handle_output(launch, event)) if launch is not None else None
         self.loop.run(Waiting(self.clock() + seconds, output))
 
-    def run_check(self, kind: str, launch: Launch, fn: Callable[[], tuple[bool, str, Any]]) -> None:
+    def run_check(self, kind: str, launch: Launch | None, fn: Callable[[], tuple[bool, str, Any]]) -> None:
+        """Run ``fn`` off the loop's thread; its answer comes back as a :class:`CheckDone` event (of launch
+        0 for a check of no launch: the preflight)."""
+        if self.world.checks is not None:
+            self.world.checks(kind, launch, fn)
+            return
+        number = launch.number if launch is not None else 0
+
         def work() -> None:
             try:
                 ok, detail, payload = fn()
             except Exception as exc:  # r1sup's own bug, not the engine's: the waiting loop raises it
                 self.fault = InternalError.from_exception(exc)
                 ok, detail, payload = False, str(self.fault), None
-            self.events.put(CheckDone(kind, launch.number, ok, detail, payload))
+            self.events.put(CheckDone(kind, number, ok, detail, payload))
 
         threading.Thread(target=work, daemon=True, name=f"check-{kind}").start()
+
+    def off_loop(self, kind: str, work: Callable[[Callable[[], None]], Any]) -> Any:
+        """Blocking work of no launch (the preflight's import of vLLM) as a check, while the loop turns:
+        returns what ``work`` returned, or raises the :class:`R1supError` it raised. ``work`` is given a
+        ``cancelled()`` to call while it waits: once a stop signal has ended the wait (StopRequested,
+        raised here), it raises, so that the work ends what it started."""
+        cancel = threading.Event()
+
+        def cancelled() -> None:
+            if cancel.is_set():
+                raise _Cancelled(kind)
+
+        def run() -> tuple[bool, str, Any]:
+            try:
+                return True, "", work(cancelled)
+            except (R1supError, _Cancelled) as exc:
+                return False, str(exc), exc
+
+        self.run_check(kind, None, run)
+        done: CheckDone = self.loop.run(Awaiting(kind, cancel))
+        if not done.ok and isinstance(done.payload, R1supError):
+            raise done.payload
+        return done.payload
 
     def handle_output(self, launch: Launch, event: object) -> None:
         if isinstance(event, ChildOutput) and event.launch == launch.number:
@@ -191,13 +259,11 @@ class Runner:
                 if isinstance(item, LogLine):
                     if self.relay:
                         self._relay(launch, item)
-                    self.hooks.on_line(launch, item)
                 else:
                     if launch.progress is not None:
                         step = launch.progress.observe(item.kind, item.numbers, self.clock())
                         if step is not None:
                             self._progress_step(launch, step)
-                    self.hooks.on_progress(launch, item)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
             launch.engine.eof = True
 
@@ -236,12 +302,12 @@ class Runner:
         launch = self.current
         if launch is None:
             return {"progress": None}
-        obs = launch.observations
+        figures = launch.figures
         out: dict[str, Any] = {
             "attempt": launch.attempt,
-            "max_model_len": launch.flags.max_model_len or _int(obs.get("max_model_len")),
-            "kv_cache_tokens": _int(obs.get("kv_cache_tokens")),
-            "memory_gib": memory_in_use_gib(obs, launch.flags.tensor_parallel_size),
+            "max_model_len": launch.flags.max_model_len or _int(figures.max_model_len),
+            "kv_cache_tokens": _int(figures.kv_cache_tokens),
+            "memory_gib": figures.memory_in_use_gib(launch.flags.tensor_parallel_size),
             "progress": None,
         }
         if launch.progress is not None and not launch.progress.ended:
@@ -302,13 +368,14 @@ class Runner:
 
     def preflight(self, spec: LaunchSpec) -> Failure | None:
         """Clean up our leftovers; a port held by anything else is fatal; log foreign GPU users."""
-        killed = kill_leftovers(spec.instance)
+        world = self.world
+        killed = world.kill_leftovers(spec.instance)
         if killed:
             self.log.warning("leftovers_killed", pids=killed)
-        holder = port_holder(spec.host, spec.port, spec.instance)
+        holder = world.port_holder(spec.host, spec.port, spec.instance)
         if holder is not None and holder.ours and holder.pid:
-            kill_leftovers(spec.instance)
-            holder = port_holder(spec.host, spec.port, spec.instance)
+            world.kill_leftovers(spec.instance)
+            holder = world.port_holder(spec.host, spec.port, spec.instance)
         if holder is not None:
             who = f"pid {holder.pid} ({holder.name})" if holder.pid else holder.name
             detail = f"port {spec.port} on {spec.host} is held by {who}"
@@ -330,7 +397,7 @@ class Runner:
         """Start vLLM with ``flags`` and wait until it is ready or has failed."""
         self._ids += 1
         spec = build_spec(self.config, flags, api_key=self.api_key, managed=self.managed_args)
-        engine = Engine(spec, self.events, self._ids)
+        engine: Engine = self.world.engine(spec, self.events, self._ids)
         launch = Launch(self._ids, flags, spec, engine, LogReader(), self.clock(), attempt=attempt)
         launch.progress = P.LoadProgress(launch.started, self.expected_phases)
         self.current = launch
@@ -364,7 +431,7 @@ class Runner:
     def _wait_ready(self, launch: Launch) -> None:
         self.loop.run(Starting(self, launch))
 
-    def _ready(self, launch: Launch) -> None:
+    def announce_ready(self, launch: Launch) -> None:
         """``engine_ready`` with what vLLM printed since the last phase; the probe's phase begins."""
         assert launch.progress is not None
         now = self.clock()
@@ -390,16 +457,16 @@ class Runner:
             launch.engine.record_descendants()
 
     def exit_failure(self, launch: Launch, now: float, phase: str, when: str = "") -> Failure | None:
-        """The engine has exited: once its output has ended (or EXIT_DRAIN_S after the exit was first
-        seen), the failure it stands for: vLLM's own account, else ``engine_dead``. None while the rest
-        of its output may still come."""
+        """The engine has exited: once its output has ended (or EXIT_DRAIN_S and then EXIT_FLUSH_S after
+        the exit was first seen), the failure it stands for: vLLM's own account, else ``engine_dead``.
+        None while the rest of its output may still come: the calling phase goes on taking it (a phase
+        never enters the loop itself)."""
         code = launch.engine.poll()
         assert code is not None
         if launch.exited_at is None:
             launch.exited_at = now
-        if not launch.engine.eof and now - launch.exited_at < EXIT_DRAIN_S:
+        if not launch.engine.eof and now - launch.exited_at < EXIT_DRAIN_S + EXIT_FLUSH_S:
             return None
-        self.drain(launch)
         launch.exit_code = code
         return launch_verdict(launch, code, phase, when)
 
@@ -409,23 +476,22 @@ class Runner:
         self,
         flags: EngineFlags | None,
         probe: Mapping[str, Any] | None = None,
-        observations: Mapping[str, float] | None = None,
+        figures: Figures = EMPTY_FIGURES,
     ) -> None:
         """A saved profile's flags, the record of its full probe and the figures vLLM printed when it
         passed (its KV cache): a launch with those flags gets the short probe; None forgets it."""
         if flags is None or probe is None:
             self.proven = None
             return
-        obs = observations or {}
         self.proven = Proven(
-            flags.to_dict(), dict(probe), obs.get("kv_cache_tokens"), obs.get("compile_cache_cold")
+            flags.to_dict(), dict(probe), figures.kv_cache_tokens, figures.compile_cache_cold
         )
 
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
         tgt = self.config.target
-        obs = launch.observations
-        tokens = obs.get("kv_cache_tokens")
+        figures = launch.figures
+        tokens = figures.kv_cache_tokens
         if tgt.concurrency and tgt.context and tokens is not None:
             need = tgt.concurrency * tgt.context
             if tokens < need:
@@ -434,7 +500,7 @@ class Runner:
                     F.PHASE_KV_CACHE,
                     evidence=f"KV cache holds {int(tokens)} tokens; the target needs {tgt.concurrency} x "
                     f"{tgt.context} = {need}",
-                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": obs.get("kv_cache_gib", 0.0)},
+                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": figures.kv_cache_gib or 0.0},
                     detail="target",
                 )
         return None
@@ -453,12 +519,7 @@ class Runner:
 
         p = self.config.probe
         tgt = self.config.target
-        context = (
-            tgt.context
-            or launch.flags.max_model_len
-            or int(launch.observations.get("max_model_len", 0))
-            or 2048
-        )
+        context = tgt.context or launch.flags.max_model_len or int(launch.figures.max_model_len or 0) or 2048
         concurrency = p.concurrency or tgt.concurrency or 1
         prompt_tokens = p.prompt_tokens or default_prompt_tokens(context, p.output_tokens)
         same = (
@@ -467,9 +528,7 @@ class Runner:
         proven = same.probe if same is not None else None
         requests, short = probe_requests(p.requests, concurrency, prompt_tokens, proven)
         brief = (
-            short_prompt_tokens(
-                prompt_tokens, same.kv_cache_tokens, launch.observations.get("kv_cache_tokens")
-            )
+            short_prompt_tokens(prompt_tokens, same.kv_cache_tokens, launch.figures.kv_cache_tokens)
             if same is not None and short and not p.prompt_tokens
             else None
         )
@@ -480,7 +539,7 @@ class Runner:
         wave = wave_size(
             p.max_concurrency,
             launch.flags.max_num_seqs,
-            launch.observations.get("kv_cache_tokens"),
+            launch.figures.kv_cache_tokens,
             launch.reader.block_size,
             wave_prompt + wave_output_tokens(p.output_tokens),
         )
@@ -540,7 +599,7 @@ class Runner:
                     ran_at_once=result.get("concurrency_proven"),
                     waiting_peak=result.get("waiting_peak"),
                     max_num_seqs=launch.flags.max_num_seqs,
-                    kv_cache_tokens=_int(launch.observations.get("kv_cache_tokens")),
+                    kv_cache_tokens=_int(launch.figures.kv_cache_tokens),
                 )
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
@@ -566,21 +625,18 @@ class Runner:
 
     def _start_probe_process(self, launch: Launch) -> None:
         """Start the probe's child with the engine, so that its imports overlap the start-up."""
-        from r1sup.probe import ProbeProcess
-
         self._kill_probe()
-        self._probe_next = (launch.number, ProbeProcess(connection=self._probe_connection()))
+        self._probe_next = (launch.number, self.world.probe_process(self._probe_connection()))
 
     def _take_probe_process(self, launch: Launch) -> ProbeProcess:
         """The child started with this launch, else (a second probe of it) a new one."""
-        from r1sup.probe import ProbeProcess
-
         ahead, self._probe_next = self._probe_next, None
         if ahead is not None and ahead[0] == launch.number:
             return ahead[1]
         if ahead is not None:
             ahead[1].kill()
-        return ProbeProcess(connection=self._probe_connection())
+        probe: ProbeProcess = self.world.probe_process(self._probe_connection())
+        return probe
 
     def _probe_connection(self) -> ProbeConnection:
         """What the probe's child builds its clients from while vLLM loads (the spec repeats it; a
@@ -601,21 +657,20 @@ class Runner:
     def stop(self, launch: Launch, *, reason: str) -> StopReport:
         self._kill_probe()
         self.finish_progress(launch)
-        # what vLLM printed before the stop is relayed as it came
-        self.loop.run(Flushing(self, launch, self.clock(), until_quiet=True, at_most=self.events.queued()))
-        launch.stopping = True
         server = self.config.server
-        report = launch.engine.stop(
-            server.stop_timeout_s,
-            # the first SIGTERM/SIGINT asks for a clean stop; a second one (even a quick one) forces it
-            force=lambda: len(self.events.signals) >= 2,
-            release_timeout=server.memory_release_timeout_s,
-            memory_released=self.hooks.memory_released,
-        )
+
+        def stopping() -> Stopping:
+            launch.stopping = True  # what vLLM prints from now on is its teardown
+            return Stopping(self, launch, server.stop_timeout_s, server.memory_release_timeout_s)
+
+        # one run of the loop: what vLLM printed before the stop is relayed as it came, then the stop
+        # (SIGTERM, SIGKILL on its timer, the wait for the memory), then the output that followed it
+        queued = self.events.queued()
+        flush = Flushing(self, launch, self.clock(), until_quiet=True, at_most=queued, then=stopping)
+        report: StopReport = self.loop.run(flush)
         launch.stop_report = report
         if self.current is launch:
             self.current = None
-        self.drain(launch, 0.2)
         self.log.info(
             "engine_stopped",
             launch=launch.number,
@@ -629,6 +684,90 @@ class Runner:
         return report
 
 
+class Stopping(Phase):
+    """supervisord's STOPPING, driven by the loop's turns: SIGTERM to the engine's group when the phase
+    begins; each turn looks whether the group has exited; at the grace deadline (``server.stop_timeout_s``)
+    or on a second stop signal, SIGKILL. Then the reaping, the recorded descendants and the wait for the
+    device memory and the port run as a check (``stopped``); with its :class:`StopReport` the phase
+    hands over to a short :class:`Flushing` of the last lines, which ends with the report.
+    vLLM's output (its teardown) is taken meanwhile. A first stop signal waits for the next phase; a
+    fault of a check thread too, unless it is the stop's own (raised when its check answers)."""
+
+    ticks = False
+    faults = False
+    POLL_S = 0.05  # the group is looked at this often while it has its grace period
+    TAIL_S = 0.2  # after the stop, its last lines are taken this long at most (until their end)
+
+    def __init__(self, runner: LaunchHost, launch: Launch, grace_s: float, release_timeout_s: float) -> None:
+        self.runner = runner
+        self.launch = launch
+        self.started = runner.clock()
+        self.deadline = self.started + grace_s
+        self.release_timeout_s = release_timeout_s
+        self.escalated = False
+        self.forced = False  # a second SIGTERM/SIGINT: SIGKILL now
+        self.terminating = launch.engine.begin_stop()  # SIGTERM sent: the grace period runs
+        self.releasing = False  # the check that reaps and waits for the memory runs
+
+    def due(self, now: float) -> float:
+        if self.terminating:
+            return min(self.POLL_S, self.deadline - now)
+        return TURN_S if self.releasing else 0.0
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        # the first SIGTERM/SIGINT asks for a clean stop; a second one (even a quick one) forces it
+        self.forced = self.forced or signal.count >= 2
+        return None
+
+    def on(self, event: Any, now: float) -> Any:
+        runner, launch = self.runner, self.launch
+        if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "stopped":
+            if not event.ok:
+                fault = runner.take_fault()
+                if fault is not None:
+                    raise fault
+            report = event.payload if isinstance(event.payload, StopReport) else StopReport()
+            report.escalated = self.escalated
+            report.seconds = now - self.started
+            # the lines that followed the exit, for a moment, then the report
+            return Flushing(runner, launch, now + self.TAIL_S, until_quiet=False, then=lambda: Done(report))
+        if event is not None:
+            runner.handle_output(launch, event)
+        if self.terminating:
+            if launch.engine.group_exited():
+                self.terminating = False
+            elif self.forced or now >= self.deadline:
+                self.escalated = launch.engine.kill_group()
+                self.terminating = False
+        if not self.terminating and not self.releasing:
+            self.releasing = True
+            engine, timeout, released = launch.engine, self.release_timeout_s, runner.hooks.memory_released
+            runner.run_check("stopped", launch, lambda: (True, "", engine.finish_stop(timeout, released)))
+        return None
+
+
+class Awaiting(Phase):
+    """Until the check ``kind`` of no launch answers (its :class:`CheckDone`). A stop signal sets
+    ``cancel`` (the check's work then ends what it started) and ends the wait as StopRequested."""
+
+    def __init__(self, kind: str, cancel: threading.Event) -> None:
+        self.kind = kind
+        self.cancel = cancel
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        self.cancel.set()
+        return Stop(signal.signum)
+
+    def on(self, event: Any, now: float) -> Any:
+        if isinstance(event, CheckDone) and event.launch == 0 and event.kind == self.kind:
+            return Done(event)
+        return None
+
+
+class _Cancelled(Exception):
+    """Raised inside a check's work once the wait for it was given up."""
+
+
 class Starting(Phase):
     """From the launch until vLLM answers as ready (``launch.ready``) or has failed (``launch.failure``).
 
@@ -636,7 +775,7 @@ class Starting(Phase):
     until then; the start-up fails when the engine exits, prints nothing for
     ``server.stall_timeout_s`` or is not ready within ``server.startup_timeout_s``."""
 
-    def __init__(self, runner: Runner, launch: Launch) -> None:
+    def __init__(self, runner: LaunchHost, launch: Launch) -> None:
         self.runner = runner
         self.launch = launch
         now = runner.clock()
@@ -664,7 +803,7 @@ class Starting(Phase):
                 launch.ready = True
                 launch.ready_after_s = round(now - launch.started, 2)
                 launch.reader.mark_ready()
-                runner._ready(launch)
+                runner.announce_ready(launch)
                 return Done()
             if self.line_seen:
                 self.next_check = min(self.next_check, now + READY_RETRY_S)
@@ -707,7 +846,7 @@ class Starting(Phase):
 class ProbeWait(Phase):
     """Until the probe's check returns (its result dict), or ``deadline`` (a probe that did not return)."""
 
-    def __init__(self, runner: Runner, launch: Launch, deadline: float) -> None:
+    def __init__(self, runner: LaunchHost, launch: Launch, deadline: float) -> None:
         self.runner = runner
         self.launch = launch
         self.deadline = deadline
@@ -734,13 +873,22 @@ class Flushing(Phase):
     QUIET_S = 0.05
 
     def __init__(
-        self, runner: Runner, launch: Launch, until: float, until_quiet: bool, at_most: int | None = None
+        self,
+        runner: LaunchHost,
+        launch: Launch,
+        until: float,
+        until_quiet: bool,
+        at_most: int | None = None,
+        then: Callable[[], Any] | None = None,
     ) -> None:
         self.runner = runner
         self.launch = launch
         self.until = until
         self.until_quiet = until_quiet
         self.left = at_most  # events to take at most (what was queued when the flush began)
+        # what the flush hands over to when it ends (a phase's outcome: a phase that handed over to this
+        # flush goes on from there), else Done()
+        self.then = then
 
     def due(self, now: float) -> float:
         return min(self.QUIET_S, self.until - now)
@@ -751,13 +899,16 @@ class Flushing(Phase):
     def on(self, event: Any, now: float) -> Any:
         if event is None:
             if self.launch.engine.eof or self.until_quiet or now >= self.until:
-                return Done()
+                return self._end()
             return None
         self.runner.handle_output(self.launch, event)
         if self.left is not None:
             self.left -= 1
-            return Done() if self.left <= 0 else None
-        return Done() if now >= self.until else None
+            return self._end() if self.left <= 0 else None
+        return self._end() if now >= self.until else None
+
+    def _end(self) -> Any:
+        return self.then() if self.then is not None else Done()
 
 
 def compile_cache_now(env: Mapping[str, str]) -> str:
@@ -812,19 +963,6 @@ def _first(result: Mapping[str, Any]) -> str:
 
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def memory_in_use_gib(obs: Mapping[str, float], gpus: int = 1) -> float | None:
-    """Device memory vLLM holds by its own account (weights, non-torch, CUDA graphs, KV cache, summed
-    over the tensor-parallel GPUs); None before it printed its figures."""
-    weights, kv = obs.get("weights_gib"), obs.get("kv_cache_gib")
-    if weights is None or kv is None:
-        return None
-    non_torch = obs.get("non_torch_gib")
-    if non_torch is None and obs.get("consumed_gib") is not None:
-        non_torch = max(0.0, obs["consumed_gib"] - weights)
-    per_gpu = weights + (non_torch or 0.0) + (obs.get("cudagraph_gib") or 0.0) + kv
-    return round(per_gpu * max(1, gpus), 2)
 
 
 def _folded(launch: Launch) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from r1sup import __version__, capacity
 from r1sup import memchart as M
+from r1sup.figures import Figures
 from r1sup.hardware import GIB
 from r1sup.logs import get_logger, mask_value
 from r1sup.statefiles import (
@@ -176,32 +177,22 @@ def device_summary(device: Any) -> dict[str, Any] | None:
     return out
 
 
-def attempt_memory(
-    know: Any, flags: Any, config: Any, observations: Mapping[str, float]
-) -> list[dict[str, Any]]:
+def attempt_memory(know: Any, flags: Any, config: Any, figures: Figures) -> list[dict[str, Any]]:
     """The memory of each device this attempt used: predicted (the planner, for these flags on the box
     as probed before the launch) and measured (what vLLM printed), as plain dicts for the record."""
+    from r1sup.knowledge import plan_for
+
     device = know.device
     if device is None:
         return []
     predicted: M.Breakdown | None = None
-    if know.arch is not None:
-        from r1sup import planner
-
-        plan = planner.plan(
-            know.arch,
-            device,
-            flags,
-            target_concurrency=config.target.concurrency,
-            target_context=config.target.context,
-            bounds=planner.ladder_bounds(config.ladder),
-            version=know.version(),
-        )
+    plan = plan_for(config, know, flags)
+    if plan is not None:
         predicted = M.from_planner(plan.breakdown)
     charts: list[dict[str, Any]] = []
     if not device.gpus:
         total = device.host_total_bytes / GIB
-        measured = M.from_observations(observations, total_gib=total)
+        measured = M.from_figures(figures, total_gib=total)
         title = f"CPU backend, NUMA node 0 ({total:.2f} GiB)"
         charts.append(_chart(title, predicted, measured))
         return charts
@@ -211,7 +202,7 @@ def attempt_memory(
         mine = predicted
         if predicted is not None:
             mine = dataclasses.replace(predicted, total_gib=total, other_gib=max(0.0, total - free))
-        measured = M.from_observations(observations, total_gib=total, free_gib=free)
+        measured = M.from_figures(figures, total_gib=total, free_gib=free)
         charts.append(_chart(f"GPU {gpu.index} ({gpu.name}, {total:.2f} GiB)", mine, measured))
     return charts
 

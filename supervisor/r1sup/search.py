@@ -54,7 +54,9 @@ from r1sup import memmodel as M
 from r1sup import policy as P
 from r1sup.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.failure import Failure
-from r1sup.flags import FP8_KV_DTYPES, EngineFlags, flags_from_log
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
+from r1sup.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.hardware import DeviceFacts, GpuInfo
 
 GIB = 1024**3
@@ -119,11 +121,11 @@ class Facts:
 @dataclass(frozen=True)
 class Outcome:
     """One launch as r1sup saw it: its flags, the failure (class, phase, every figure vLLM printed) and
-    the other figures of the launch (the log reader's observations); the box as probed after it."""
+    the other figures of the launch (the log reader's); the box as probed after it."""
 
     flags: EngineFlags
     failure: Failure
-    figures: Mapping[str, float] = field(default_factory=dict)
+    figures: Figures = NO_FIGURES
     device: DeviceFacts | None = None
 
 
@@ -252,7 +254,6 @@ class Search:
 
         arch, user, b = self.facts.arch, self.facts.user, self.facts.bounds
         assert arch is not None
-        bounds = {k: getattr(b, k) for k in planner.BOUND_KEYS}
         plan = planner.plan(
             arch,
             self.facts.device,
@@ -260,7 +261,7 @@ class Search:
             target_concurrency=b.target_concurrency,
             target_context=b.target_context,
             calibration=self.evidence.calibration,
-            bounds=bounds,
+            bounds=b,
             version=self.facts.version,
         )
         if plan.fits or plan.recommended is None:
@@ -301,7 +302,7 @@ class Search:
         why = f"{failure.cls}: {note}; " if note else f"{failure.cls}: "
         return Next(best.flags, why + self._explain(best))
 
-    def refine(self, flags: EngineFlags, figures: Mapping[str, float]) -> EngineFlags | None:
+    def refine(self, flags: EngineFlags, figures: Figures) -> EngineFlags | None:
         """After a launch that passed below the asked context: one more launch when what it printed holds a
         context REFINE_GAIN longer (up to the one asked for); else None. vLLM's "GPU KV cache size: N
         tokens" alone is enough: the same flags hold one request of its usable blocks (the memory does not
@@ -310,7 +311,7 @@ class Search:
         the first launch was the model's error, and this launch measured it away)."""
         if not self.usable or self.facts.bounds.strategy == "naive":
             return None
-        if "kv_cache_gib" not in figures and not figures.get("kv_cache_tokens"):
+        if figures.kv_cache_gib is None and not figures.kv_cache_tokens:
             return None
         context = flags.max_model_len or 0
         asked = self.asked_context()
@@ -319,7 +320,7 @@ class Search:
         ok = Outcome(flags, Failure(F.NONE), figures)
         ev, _ = self._learn(replace(self.evidence, tried=self.evidence.tried | {flags}), ok)
         allowed = 0
-        tokens = int(figures.get("kv_cache_tokens") or 0)
+        tokens = int(figures.kv_cache_tokens or 0)
         if tokens and flags.kv_cache_memory_bytes is None:
             block = M.block_size(self.facts.device.backend)
             allowed = min(asked, M.usable_blocks(tokens // block, self.facts.version) * block)
@@ -668,41 +669,47 @@ class Search:
         arch, device = self.facts.arch, self.facts.device
         assert arch is not None
         n = failure.numbers
-        figures = {**{k: v for k, v in outcome.figures.items() if isinstance(v, (int, float))}}
-        for key in ("kv_cache_gib", "weights_gib", "requested_gib", "total_gib", "gpu_memory_utilization"):
-            if key not in figures and isinstance(n.get(key), (int, float)):
-                figures[key] = float(n[key])
-        if "kv_cache_gib" not in figures and isinstance(n.get("kv_available_gib"), (int, float)):
-            figures["kv_cache_gib"] = float(n["kv_available_gib"])
+        f = outcome.figures
+        # the figures the failure printed where the launch's own do not have them
+        f = replace(
+            f,
+            kv_cache_gib=_number(f.kv_cache_gib, n.get("kv_cache_gib"), n.get("kv_available_gib")),
+            weights_gib=_number(f.weights_gib, n.get("weights_gib")),
+            requested_gib=_number(f.requested_gib, n.get("requested_gib")),
+            total_gib=_number(f.total_gib, n.get("total_gib")),
+            gpu_memory_utilization=_number(f.gpu_memory_utilization, n.get("gpu_memory_utilization")),
+        )
         estimate = n.get("estimated_max_model_len")
-        tokens = figures.get("kv_cache_tokens")
+        tokens = f.kv_cache_tokens
         if tokens and flags.kv_cache_memory_bytes is None and failure.cls == F.NONE:
             # "GPU KV cache size: N tokens" is the block count times the block: exact where "Available KV
             # cache memory" is rounded to 0.01 GiB
             bpt = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
-            figures["kv_cache_gib"] = float(tokens) * bpt / GIB
+            f = replace(f, kv_cache_gib=float(tokens) * bpt / GIB)
         elif estimate and flags.kv_cache_memory_bytes is None:
             # vLLM's estimated maximum model length is exact to a block where "Available KV cache memory"
             # is rounded to 0.01 GiB: the budget holds (estimate / block + 1) blocks (the null block)
             block = M.block_size(device.backend)
             bpt = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
-            figures["kv_cache_gib"] = (int(estimate) // block + 1) * block * bpt / GIB
-        budget_known = "requested_gib" in figures or {"gpu_memory_utilization", "total_gib"} <= set(figures)
-        if "kv_cache_gib" in figures and not budget_known and flags.kv_cache_memory_bytes is None:
+            f = replace(f, kv_cache_gib=(int(estimate) // block + 1) * block * bpt / GIB)
+        budget_known = f.requested_gib is not None or (
+            f.gpu_memory_utilization is not None and f.total_gib is not None
+        )
+        if f.kv_cache_gib is not None and not budget_known and flags.kv_cache_memory_bytes is None:
             # what vLLM requested: ceil(utilization x total) (its request_memory), so the KV figure
             # calibrates the whole non-KV share
-            figures["requested_gib"] = M.requested_bytes(device, flags.gpu_memory_utilization) / GIB
+            f = replace(f, requested_gib=M.requested_bytes(device, flags.gpu_memory_utilization) / GIB)
         note = ""
         # a launch that printed the KV memory calibrates the whole budget; one that printed only some
         # terms (the weights before a failed profile run) calibrates when nothing better is known
-        if "kv_cache_gib" in figures or ("weights_gib" in figures and ev.calibration is None):
-            cal = M.Calibration(flags=flags, figures=figures, version=self.facts.version)
+        if f.kv_cache_gib is not None or (f.weights_gib is not None and ev.calibration is None):
+            cal = M.Calibration(flags=flags, figures=f, version=self.facts.version)
             exact = bool(
                 flags.kv_cache_memory_bytes is None and (estimate or (tokens and failure.cls == F.NONE))
             )
             ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1, exact_kv=exact)
-            if "kv_cache_gib" in figures:
-                note = f"vLLM measured {figures['kv_cache_gib']:.2f} GiB for the KV cache"
+            if f.kv_cache_gib is not None:
+                note = f"vLLM measured {f.kv_cache_gib:.2f} GiB for the KV cache"
         tried = n.get("tried_to_allocate_mib")
         free_mib = n.get("device_free_mib")
         need = int(max(0.0, (tried or 0) - (free_mib or 0)) * MIB) if tried else 0
@@ -1186,81 +1193,11 @@ def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
     return replace(device, gpus=gpus, processes=())
 
 
-def device_from_ladder_facts(facts: B.Facts) -> DeviceFacts:
-    """A DeviceFacts for a diagnosis without a probe (one GPU of the log's total)."""
-    total = int((facts.total_gib or 0) * GIB)
-    free = int((facts.free_gib if facts.free_gib is not None else facts.total_gib or 0) * GIB)
-    gpu = GpuInfo(0, facts.gpu_name or "", total, free, facts.compute_capability)
-    return DeviceFacts(backend=facts.backend, gpus=(gpu,) * max(1, facts.gpu_count))
-
-
-# --- what r1sup would do with a log (``r1sup diagnose``) ------------------------------------------
-
-
-def advise(
-    failure: Failure,
-    engine_args: Mapping[str, object] | None = None,
-    engine_version: str | None = None,
-    device: str | None = None,
-    observations: Mapping[str, float] | None = None,
-) -> str:
-    """What r1sup's search does next after this failure, from what the log shows.
-
-    The search decides with the default ``[ladder]`` bounds, the box as the log printed it (one GPU of its
-    total and free memory) and the model when the log names one r1sup's catalog knows; without the model
-    it takes the blind branch's per-class steps. The advice is the change r1sup would make, or its reason
-    to stop, never another one.
-    """
-    from r1sup import catalog
-
-    n = failure.numbers
-    flags = flags_from_log(engine_args or {}, n)
-    total = n.get("total_gib") or n.get("device_total_gib") or n.get("node_total_gib")
-    backend = "cpu" if device == "cpu" else "cuda"
-    lf = B.Facts(
-        backend=backend,
-        total_gib=total,
-        free_gib=n.get("free_gib"),
-        model_max_len=int(n["derived_max_model_len"]) if n.get("derived_max_model_len") else None,
-        block_size=M.block_size(backend),
-        vllm_version=engine_version,
-    )
-    if failure.cls == F.NONE:
-        tokens, conc = n.get("kv_cache_tokens"), n.get("max_concurrency")
-        held = f" The KV cache holds {int(tokens)} tokens" if tokens else ""
-        held += (
-            f" ({conc:g}x requests of the full context at once)."
-            if tokens and conc
-            else "."
-            if tokens
-            else ""
-        )
-        return "Nothing failed: r1sup would keep these flags, run its load probe and save them." + held
-    model = (engine_args or {}).get("model")
-    arch = None
-    if isinstance(model, str) and model in catalog.MODELS and total and backend == "cuda":
-        arch = M.arch_from_config(catalog.MODELS[model])
-    search = Search(
-        Facts(
-            arch=arch,
-            device=device_from_ladder_facts(lf),
-            user=flags,
-            version=lf.version(),
-            ladder_facts=lf,
-        )
-    )
-    decision = search.after(Outcome(flags, failure, dict(observations or {}), None))
-    if isinstance(decision, GiveUp):
-        why = f"r1sup would stop (exit {decision.exit_code}): {decision.reason}."
-        if decision.ways_out:
-            why += " Ways out: " + "; ".join(decision.ways_out) + "."
-        return why
-    if decision.retry:
-        return f"r1sup would relaunch with the same flags once: {decision.reason}."
-    changed = [a for a in decision.flags.to_argv() if a not in flags.to_argv()]
-    change = flags.describe_change(decision.flags)
-    return (
-        f"r1sup would relaunch with {change} ({decision.reason})"
-        + (f"; vLLM flags now: {' '.join(decision.flags.to_argv())}" if changed else "")
-        + "."
-    )
+def _number(own: float | None, *printed: Any) -> float | None:
+    """A launch's own figure, else the first number its failure printed (as a float)."""
+    if own is not None:
+        return own
+    for value in printed:
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None

@@ -34,7 +34,11 @@ class Session:
 
         key = preflight.key(self.config)
         if self.checked is None or self.checked[0] != key:
-            result = preflight.run(self.config, log=self.log, check=self.runner.check_signals, cache=True)
+            # the import of vLLM takes up to minutes: a check off the loop's thread, the loop turning
+            world, config, log = self.runner.world, self.config, self.log
+            result = self.runner.off_loop(
+                "preflight", lambda cancelled: world.preflight(config, log, cancelled)
+            )
             self.checked = (key, result)
         return self.checked[1]
 
@@ -100,7 +104,7 @@ def capacity_of(config: Any, result: Any) -> dict[str, Any] | None:
     return capacity.verified(
         result.probe,
         flags,
-        dict(result.observations),
+        result.figures,
         capacity.asked(config),
         reduced=getattr(result, "reduced", None),
     )
@@ -127,7 +131,7 @@ def save_profile(
         flags=result.flags,
         command=list(result.command),
         probe=result.probe,
-        observations=dict(result.observations),
+        observations=result.figures,
         attempts=[a.to_dict() for a in result.attempts],
     )
     reduced = getattr(result, "reduced", None)

@@ -1,4 +1,5 @@
-"""The bus's subscribers: each turns the daemon's events (:mod:`r1sup.bus`) into one sink's form.
+"""The bus's subscribers: each turns the daemon's events (:mod:`r1sup.events`, published on
+:mod:`r1sup.bus`) into one sink's form.
 
 - :class:`LogSink`: the structlog line (the event names and fields the README documents);
 - :class:`StatusFile`: ``status.json`` (and the same document for r1sup's ``/status``), with the
@@ -15,12 +16,19 @@ finds status.json and ``/metrics`` saying so).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from r1sup import liveness
-from r1sup.bus import (
+from r1sup.bus import Bus
+from r1sup.errors import R1supError
+from r1sup.events import (
+    AttemptFailed,
+    CapacityShort,
+    ColdCacheAhead,
+    ColdCacheRelaunch,
+    ConfigReduced,
     ConfigReloaded,
     DaemonEvent,
     DaemonFailed,
@@ -28,9 +36,12 @@ from r1sup.bus import (
     DrainFinished,
     DrainSkipped,
     DrainStarted,
+    EstimateUnavailable,
+    FirstFlags,
     HealthPassed,
     Heartbeat,
     InternalFault,
+    Launching,
     LivenessJudged,
     LoadingProgress,
     MetricsListening,
@@ -46,7 +57,12 @@ from r1sup.bus import (
     ReloadFailed,
     Reloading,
     RestartScheduled,
+    Retrying,
     RetunePlanned,
+    SearchGaveUp,
+    SearchRefined,
+    SearchStepped,
+    SearchSucceeded,
     Serving,
     ServingFailed,
     StateChanged,
@@ -56,10 +72,9 @@ from r1sup.bus import (
     Stopping,
     StopSignalled,
 )
-from r1sup.errors import R1supError
+from r1sup.figures import Figures
 from r1sup.notify import Notifier
 from r1sup.session import now_iso
-from r1sup.tuner import AttemptFailed, LadderStepped, Launching
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
@@ -101,6 +116,47 @@ class LogSink:
                     reason=verdict.reason,
                     probe=verdict.probe,
                     **dict(verdict.figures),
+                )
+            case SearchStepped(attempt, old, new, failure_class, evidence, reason):
+                log.info(
+                    "ladder_step",
+                    attempt=attempt - 1,  # the launch that failed (the step's flags go to the next)
+                    failure_class=failure_class,
+                    evidence=evidence[:300],
+                    old=old.to_dict(),
+                    new=new.to_dict(),
+                    change=old.describe_change(new),
+                    reason=reason,
+                )
+            case Retrying(_, seconds, failure_class):
+                log.info("retry_backoff", seconds=seconds, failure_class=failure_class)
+            case FirstFlags(flags, reason):
+                log.info("first_flags", flags=flags.to_dict(), reason=reason)
+            case CapacityShort(attempt, failure):
+                fields = {"failure_class": failure.cls, "evidence": failure.evidence}
+                log.error("failure_classified", attempt=attempt, **fields)
+            case SearchRefined(old, new):
+                log.info("search_refined", old=old.to_dict(), new=new.to_dict())
+            case ColdCacheRelaunch(attempt, failure_class, flags, kv_cache_gib):
+                log.warning(
+                    "compile_cache_cold_relaunch",
+                    attempt=attempt,
+                    failure_class=failure_class,
+                    flags=flags.to_dict(),
+                    kv_cache_gib=kv_cache_gib,
+                )
+            case ConfigReduced(reduction):
+                log.warning("config_reduced", **reduction)
+            case SearchSucceeded(launches, flags):
+                log.info("tune_succeeded", launches=launches, flags=flags.to_dict())
+            case SearchGaveUp(failure_class, reason, suggestions, exit_code, fatal, launches):
+                log.error(
+                    "fatal_failure" if fatal else "ladder_exhausted",
+                    failure_class=failure_class,
+                    reason=reason,
+                    suggestions=list(suggestions),
+                    exit_code=exit_code,
+                    **({} if launches is None else {"launches": launches}),
                 )
             case StepAfterServing(step, evidence, reason):
                 log.info(
@@ -159,14 +215,34 @@ class LogSink:
                 log.warning("profile_degraded", key=key, reason=reason)
             case RetunePlanned(best_key):
                 log.info("retune_planned", best_key=best_key, reason="memory is back")
-            case DeviceProbeFailed(error):
-                log.debug("device_probe_failed", error=error)
+            case DeviceProbeFailed(error, search):
+                (log.warning if search else log.debug)("device_probe_failed", error=error)
+            case ColdCacheAhead(flags, proven_kv_cache_tokens, predicted_kv_gib, predicted_context, fits):
+                log.warning(
+                    "compile_cache_cold",
+                    flags=flags.to_dict(),
+                    proven_kv_cache_tokens=proven_kv_cache_tokens,
+                    predicted_kv_gib=round(predicted_kv_gib, 2),
+                    predicted_context=predicted_context,
+                    context_fits=fits,
+                    note="proven on a warm torch.compile cache; this start compiles from nothing",
+                )
+            case EstimateUnavailable(what, error):
+                log.debug(f"{what}_unavailable", error=error)
             case MetricsListening(host, port):
                 log.info("metrics_listening", host=host, port=port)
             case MetricsUnavailable(host, port, error):
                 log.warning("metrics_unavailable", host=host, port=port, error=error)
             case StateDirUnusable(error):
                 log.warning("state_dir_unusable", error=error)
+
+
+def logging_bus(log: Any) -> Bus:
+    """A bus whose one subscriber is the log: where nothing else follows the events (``r1sup tune``
+    has no status.json, metrics or systemd), their log lines are still written by the log's sink."""
+    bus = Bus(log)
+    bus.subscribe(LogSink(log))
+    return bus
 
 
 class StatusSource(Protocol):
@@ -216,7 +292,7 @@ class StatusFile:
                     evidence=failure.evidence[:200],
                 )
                 self.write()
-            case (LadderStepped() as step) | StepAfterServing(step=step):
+            case (SearchStepped() as step) | StepAfterServing(step=step):
                 self.note("ladder_step", status=step.status)
             case ServingFailed(failure, _):
                 self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
@@ -297,7 +373,7 @@ def _set_aside_if_not_a_file(path: Path) -> None:
 class MetricsSink:
     """The Prometheus metrics (:class:`r1sup.metrics.Metrics`), and the listener that serves them."""
 
-    def __init__(self, metrics: Any, figures: Callable[[], Mapping[str, float]] = dict) -> None:
+    def __init__(self, metrics: Any, figures: Callable[[], Figures] = Figures) -> None:
         self.metrics = metrics
         self.figures = figures  # vLLM's start-up figures of the launch that serves
 
@@ -311,8 +387,8 @@ class MetricsSink:
                 m.launched(flags.to_dict())
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
-            case (LadderStepped() as step) | StepAfterServing(step=step):
-                m.ladder_steps.labels(failure_class=step.failure_class).inc()
+            case (SearchStepped() as step) | StepAfterServing(step=step):
+                m.search_step(step.failure_class)
             case Serving(_, _, probe, _, capacity):
                 m.probe(dict(probe) if probe is not None else None)
                 m.verified(capacity)
@@ -362,7 +438,7 @@ class SystemdSink:
                 if phase != last_phase or now - sent >= PROGRESS_STATUS_S:
                     n.status(text)
                     self._progress = (phase, now)
-            case (LadderStepped() as step) | StepAfterServing(step=step):
+            case (SearchStepped() as step) | StepAfterServing(step=step):
                 n.status(step.status)
             case Heartbeat(now, starting):
                 self._heartbeat(now, starting)

@@ -15,36 +15,38 @@ from r1sup import bounds as B
 from r1sup import failure as F
 from r1sup.config import Config
 from r1sup.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
+from r1sup.events import (
+    AttemptFailed,
+    CapacityShort,
+    ColdCacheAhead,
+    ColdCacheRelaunch,
+    ConfigReduced,
+    DeviceProbeFailed,
+    EstimateUnavailable,
+    FirstFlags,
+    Launching,
+    Probing,
+    Retrying,
+    SearchEvent,
+    SearchGaveUp,
+    SearchRefined,
+    SearchStepped,
+    SearchSucceeded,
+)
 from r1sup.failure import Failure
+from r1sup.figures import EMPTY as NO_FIGURES
+from r1sup.figures import Figures
 from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts
+from r1sup.knowledge import (
+    ModelKnowledge,
+    explain_first,
+    ladder_facts,
+    launch_calibration,
+    new_search,
+    planner_suggestions,
+)
 from r1sup.runner import Launch, Runner
-
-
-@dataclass
-class ModelKnowledge:
-    """What r1sup knows about the box and the model before launching (for the planner and the search)."""
-
-    device: DeviceFacts | None = None
-    arch: Any = None  # memmodel.ModelArch, when the model's config.json was found
-    config_hash: str | None = None
-    notes: list[str] = field(default_factory=list)
-    # of server.python's vLLM, from the preflight (vllm.__version__; else the fingerprint's: adopt_versions)
-    vllm_version: str | None = None
-    torch_version: str | None = None
-
-    def versions(self) -> dict[str, str | None]:
-        """As the fingerprint keys them."""
-        return {"vllm": self.vllm_version, "torch": self.torch_version}
-
-    def version(self) -> Any:
-        """The vLLM version the memory model sizes for (memmodel.Version; the newest it knows if unknown)."""
-        from r1sup import memmodel
-
-        try:
-            return memmodel.as_version(self.vllm_version)
-        except ValueError:
-            return memmodel.NEWEST_KNOWN
+from r1sup.subscribers import logging_bus
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Attempt:
     phase: str
     evidence: str
     seconds: float
-    change: str = ""  # what the ladder did next, and why
+    change: str = ""  # what the search did next, and why
     where: str = ""  # where the root cause was seen (process, pid, line of vLLM's output)
     why: str = ""  # why these flags were launched (the plan, the previous failure, a saved profile)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # loading phases (r1sup.progress)
@@ -74,7 +76,7 @@ class TuneResult:
     flags: EngineFlags | None = None
     probe: dict[str, Any] | None = None
     command: list[str] = field(default_factory=list)
-    observations: dict[str, float] = field(default_factory=dict)
+    figures: Figures = NO_FIGURES  # what vLLM printed at the launch that passed
     attempts: list[Attempt] = field(default_factory=list)
     failure: Failure | None = None
     reason: str = ""
@@ -97,7 +99,7 @@ class TuneResult:
             "probe": self.probe,
             "profile_path": self.profile_path,
             "command": self.command,
-            "observations": self.observations,
+            "observations": self.figures.to_dict(),
             "attempts": [a.to_dict() for a in self.attempts],
             "reason": self.reason,
             "suggestions": self.suggestions,
@@ -126,9 +128,9 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
         know.arch = memmodel.arch_from_config(model_config)
         know.config_hash = modelinfo.config_hash(model_config)
     except ConfigError as exc:
-        know.notes.append(f"model architecture unknown ({exc.message}); the ladder uses vLLM's numbers only")
+        know.notes.append(f"model architecture unknown ({exc.message}); the search uses vLLM's numbers only")
     except (ValueError, KeyError, TypeError) as exc:
-        know.notes.append(f"model config.json not understood ({exc}); the ladder uses vLLM's numbers only")
+        know.notes.append(f"model config.json not understood ({exc}); the search uses vLLM's numbers only")
     for note in know.notes:
         log.info("planner_note", note=note)
     return know
@@ -139,58 +141,6 @@ def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
     versions = fingerprint.get("versions")
     if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
         know.vllm_version = str(versions["vllm"])
-
-
-def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.Facts:
-    from r1sup import memmodel
-
-    device = know.device
-    backend = device.backend if device else "cuda"
-    bpt = None
-    if know.arch is not None:
-        bpt = memmodel.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
-    holders: tuple[str, ...] = ()
-    if device:
-        holders = tuple(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)" for p in device.processes)
-    return B.Facts(
-        backend=backend,
-        total_gib=(device.total_bytes / GIB) if device and device.total_bytes else None,
-        free_gib=(device.free_bytes / GIB) if device and device.free_bytes else None,
-        compute_capability=device.compute_capability if device else None,
-        gpu_count=max(1, device.count) if device else 1,
-        fp8_kv_supported=device.fp8_kv_supported if device else None,
-        model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,
-        kv_bytes_per_token=bpt,
-        block_size=memmodel.block_size(backend),
-        holders=holders,
-        suggestions=suggestions,
-        gpu_name=memmodel.gpu_name(device) if device else None,
-        vllm_version=str(know.version()),
-        arch=know.arch,
-    )
-
-
-def new_search(
-    config: Config, know: ModelKnowledge, calibration: Any = None, suggestions: tuple[str, ...] = ()
-) -> Any:
-    """The search for this bring-up (r1sup.search.Search): the box, the model, the user's flags and
-    bounds, and the calibration of an earlier launch on this box (memmodel.Calibration, or None)."""
-    from r1sup import search as S
-    from r1sup.hardware import DeviceFacts
-
-    user = EngineFlags.from_start(config.start)
-    return S.Search(
-        S.Facts(
-            arch=know.arch,
-            device=know.device or DeviceFacts(backend="cpu"),
-            user=user,
-            bounds=B.Bounds.from_config(config),
-            version=know.version(),
-            calibration=calibration,
-            ladder_facts=ladder_facts(know, user, suggestions),
-            suggestions=suggestions,
-        )
-    )
 
 
 def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
@@ -219,57 +169,6 @@ def plan_first_decision(
     return rec.flags, "planned: " + flags.describe_change(rec.flags), None
 
 
-# --- what the search reports, as it happens (the daemon turns each into its state, status and metrics)
-
-
-@dataclass(frozen=True)
-class Launching:
-    attempt: int
-    flags: EngineFlags
-
-
-@dataclass(frozen=True)
-class Probing:
-    attempt: int
-    flags: EngineFlags
-
-
-@dataclass(frozen=True)
-class AttemptFailed:
-    attempt: int
-    failure: Failure
-
-
-@dataclass(frozen=True)
-class LadderStepped:
-    """The next launch's flags after a failure: ``attempt`` is the number of the launch they go to."""
-
-    attempt: int
-    old: EngineFlags
-    new: EngineFlags
-    failure_class: str
-
-    @property
-    def status(self) -> str:
-        return status_line(self.attempt, self.old, self.new, self.failure_class)
-
-
-@dataclass(frozen=True)
-class Retrying:
-    """A transient failure: the same flags again after ``seconds`` (launch ``attempt``)."""
-
-    attempt: int
-    seconds: float
-    failure_class: str
-
-    @property
-    def status(self) -> str:
-        return f"attempt {self.attempt}: retry in {self.seconds:.1f}s ({self.failure_class})"
-
-
-SearchEvent = Launching | Probing | AttemptFailed | LadderStepped | Retrying
-
-
 CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
 
 
@@ -287,7 +186,7 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> Any:
         if all(p.fingerprint.get(k) == fingerprint.get(k) for k in CALIBRATION_KEYS)
     ]
     for profile in same:  # this box's own profile first, then the newest
-        figures = {k: float(v) for k, v in profile.observations.items() if isinstance(v, (int, float))}
+        figures = profile.observations
         if not figures:
             continue
         try:
@@ -312,7 +211,7 @@ class Footing:
         """The planner's calibration from an earlier launch on this box (logged), or None."""
         measured = calibration(self.store, self.fingerprint)
         if measured is not None:
-            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures)
+            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures.to_dict())
         return measured
 
 
@@ -328,38 +227,6 @@ def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
     return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
 
 
-def launch_calibration(know: ModelKnowledge, flags: EngineFlags, figures: dict[str, float]) -> Any:
-    """A calibration from one launch's figures (None when it printed none of the memory terms)."""
-    from r1sup import memmodel
-
-    if not any(k in figures for k in ("weights_gib", "kv_cache_gib", "peak_activation_gib", "cudagraph_gib")):
-        return None
-    return memmodel.Calibration(flags=flags, figures=dict(figures), version=know.version())
-
-
-def planner_suggestions(
-    config: Config, know: ModelKnowledge, flags: EngineFlags, calibration: Any = None
-) -> tuple[str, ...]:
-    if know.arch is None or know.device is None:
-        return ()
-    from r1sup import planner
-
-    try:
-        plan = planner.plan(
-            know.arch,
-            know.device,
-            flags,
-            target_concurrency=config.target.concurrency,
-            target_context=config.target.context,
-            bounds=planner.ladder_bounds(config.ladder),
-            calibration=calibration,
-            version=know.version(),
-        )
-    except (ValueError, ZeroDivisionError):
-        return ()
-    return tuple(str(getattr(s, "summary", s)) for s in plan.suggestions)
-
-
 class Tuner:
     def __init__(
         self,
@@ -371,27 +238,25 @@ class Tuner:
         record: Any = None,
     ) -> None:
         self.config = config
-        self.publish = publish or (lambda event: None)
+        # what the search reports goes as events: to the daemon's bus, else to a bus that logs them
+        self.publish = publish or logging_bus(log).publish
         self.runner = runner
         self.log = log
-        self.know = know if know is not None else gather_knowledge(config, log)
+        self.know = know if know is not None else runner.world.knowledge(config, log)
         self.bounds = B.Bounds.from_config(config)
         self.record = record  # r1sup.runrecord.RunLog: every attempt for `r1sup report`
 
     def refresh_device(self) -> None:
-        from r1sup import devices
-
         try:
-            self.know.device = devices.probe()
+            self.know.device = self.runner.world.device()
         except Exception as exc:  # noqa: BLE001
-            self.log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
+            self.publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
 
     def run(
         self,
         start: EngineFlags | None = None,
         *,
         keep_running: bool = False,
-        observations: dict[str, float] | None = None,
         history: Any = None,
         why: str = "",
         calibration: Any = None,
@@ -400,7 +265,6 @@ class Tuner:
         from r1sup import search as S
 
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
-        obs: dict[str, float] = dict(observations or {})
         search = history if isinstance(history, S.Search) else new_search(self.config, self.know, calibration)
         if start is None:
             start, why, give_up = plan_first_decision(self.config, self.know, search, self.log)
@@ -408,19 +272,13 @@ class Tuner:
                 result.history = search
                 result.exit_code, result.reason = give_up.exit_code, give_up.reason
                 result.suggestions = list(give_up.suggestions)
-                self.log.error(
-                    "ladder_exhausted",
-                    failure_class=F.NONE,
-                    reason=give_up.reason,
-                    suggestions=list(give_up.suggestions),
-                    exit_code=give_up.exit_code,
-                    launches=0,
-                )
+                suggested = tuple(give_up.suggestions)
+                self.publish(SearchGaveUp(F.NONE, give_up.reason, suggested, give_up.exit_code, launches=0))
                 if self.record is not None:
                     self.record.finish(result.to_dict(), final=True)
                 return result
             why = explain_first(why, self.know)
-            self.log.info("first_flags", flags=start.to_dict(), reason=why)
+            self.publish(FirstFlags(start, why))
         flags = start
         good: EngineFlags | None = None  # flags that passed before a refined launch
         attempt = 0
@@ -440,17 +298,12 @@ class Tuner:
             if failure.cls == F.NONE and launch.ready:
                 failure = self.runner.capacity_failure(launch) or F.NO_FAILURE
                 if failure.cls != F.NONE:
-                    self.log.error(
-                        "failure_classified",
-                        attempt=attempt,
-                        failure_class=failure.cls,
-                        evidence=failure.evidence,
-                    )
+                    self.publish(CapacityShort(attempt, failure))
                 elif self.config.probe.enabled:
                     self.publish(Probing(attempt, flags))
                     failure = self.runner.probe(launch)
-            obs.update(launch.observations)
-            calibration = launch_calibration(self.know, flags, launch.observations) or calibration
+            figures = launch.figures
+            calibration = launch_calibration(self.know, flags, figures) or calibration
             record = Attempt(
                 number=attempt,
                 flags=flags.to_dict(),
@@ -462,14 +315,10 @@ class Tuner:
                 where=failure.detail[:200] if failure.cls != F.NONE else "",
                 why=why or "as given",
                 phase_seconds=launch.progress.durations(time.monotonic()) if launch.progress else {},
-                memory=self._memory(flags, launch.observations),
+                memory=self._memory(flags, figures),
             )
             result.attempts.append(record)
-            better = (
-                search.refine(flags, dict(launch.observations))
-                if failure.cls == F.NONE and good is None
-                else None
-            )
+            better = search.refine(flags, figures) if failure.cls == F.NONE and good is None else None
             if better is not None:
                 # it passed, and what it printed says a longer context fits: once more with that, and
                 # back to these flags should that fail
@@ -479,7 +328,7 @@ class Tuner:
                 )
                 self._record(record, None)
                 self.runner.stop(launch, reason="refined by its own figures")
-                self.log.info("search_refined", old=flags.to_dict(), new=better.to_dict())
+                self.publish(SearchRefined(flags, better))
                 why = f"attempt {attempt} passed; its figures say a longer context fits"
                 flags = better
                 continue
@@ -495,15 +344,15 @@ class Tuner:
                 result.costs = search.costs(flags)
                 result.reduced = search.reduction(flags)
                 if result.reduced is not None:
-                    self.log.warning("config_reduced", **result.reduced)
+                    self.publish(ConfigReduced(result.reduced))
                 result.probe = launch.probe
                 # the figures of this launch alone: they calibrate the memory model for these flags
-                result.observations = dict(launch.observations)
+                result.figures = figures
                 if keep_running:
                     result.live = launch
                 else:
                     self.runner.stop(launch, reason="tune finished")
-                self.log.info("tune_succeeded", launches=result.launches, flags=flags.to_dict())
+                self.publish(SearchSucceeded(result.launches, flags))
                 self._record(record, result)
                 return result
             if not warmed and self._cold_start_of_warm_profile(flags, launch, failure):
@@ -517,13 +366,7 @@ class Tuner:
                 )
                 self._record(record, None)
                 self.runner.stop(launch, reason=f"cold compile cache: {failure.cls}")
-                self.log.warning(
-                    "compile_cache_cold_relaunch",
-                    attempt=attempt,
-                    failure_class=failure.cls,
-                    flags=flags.to_dict(),
-                    kv_cache_gib=launch.observations.get("kv_cache_gib"),
-                )
+                self.publish(ColdCacheRelaunch(attempt, failure.cls, flags, figures.kv_cache_gib))
                 why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
                 continue
             self.runner.stop(launch, reason=f"failed: {failure.cls}")
@@ -539,39 +382,25 @@ class Tuner:
                 bounds=self.bounds,
             )
             self.refresh_device()  # what is free now that this launch is gone (another tenant may have moved)
-            outcome = S.Outcome(flags, failure, dict(launch.observations), self.know.device)
+            outcome = S.Outcome(flags, failure, figures, self.know.device)
             decision = search.after(outcome)
             if isinstance(decision, S.GiveUp):
                 record.change = f"give up: {decision.reason}"
                 result.exit_code = decision.exit_code
                 result.reason = decision.reason
                 result.suggestions = list(decision.suggestions)
-                self.log.error(
-                    "ladder_exhausted" if decision.exit_code == EXIT_NO_WORKING_CONFIG else "fatal_failure",
-                    failure_class=failure.cls,
-                    reason=decision.reason,
-                    suggestions=list(decision.suggestions),
-                    exit_code=decision.exit_code,
-                )
+                fatal = decision.exit_code != EXIT_NO_WORKING_CONFIG
+                suggested = tuple(decision.suggestions)
+                self.publish(SearchGaveUp(failure.cls, decision.reason, suggested, decision.exit_code, fatal))
                 self._record(record, result)
                 return result
             record.change = f"{flags.describe_change(decision.flags)} ({decision.reason})"
-            self.log.info(
-                "ladder_step",
-                attempt=attempt,
-                failure_class=failure.cls,
-                evidence=failure.evidence[:300],
-                old=flags.to_dict(),
-                new=decision.flags.to_dict(),
-                change=flags.describe_change(decision.flags),
-                reason=decision.reason,
-            )
-            self.publish(LadderStepped(attempt + 1, flags, decision.flags, failure.cls))
+            new, reason = decision.flags, decision.reason
+            self.publish(SearchStepped(attempt + 1, flags, new, failure.cls, failure.evidence, reason))
             self._record(record, None)
             why = f"attempt {attempt} failed ({failure.cls}): {decision.reason}"
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
-                self.log.info("retry_backoff", seconds=delay, failure_class=failure.cls)
                 self.publish(Retrying(attempt + 1, delay, failure.cls))
                 self.runner.sleep(delay)
             flags = decision.flags
@@ -601,32 +430,25 @@ class Tuner:
         version = self.know.version().started(compile_cache="cold")
         try:
             calibration = memmodel.Calibration(
-                flags=flags, figures={"compile_cache_cold": 0.0}, version=version
+                flags=flags, figures=Figures(compile_cache_cold=0.0), version=version
             )
             est = memmodel.evaluate(self.know.arch, self.know.device, flags, version, calibration)
         except (ValueError, ZeroDivisionError) as exc:
-            self.log.debug("compile_cache_check_unavailable", error=str(exc))
+            self.publish(EstimateUnavailable("compile_cache_check", str(exc)))
             return
         length = flags.max_model_len or self.know.arch.max_position_embeddings
         cold_context = est.max_model_len(self.know.arch.max_position_embeddings)
-        self.log.warning(
-            "compile_cache_cold",
-            flags=flags.to_dict(),
-            proven_kv_cache_tokens=proven.kv_cache_tokens,
-            predicted_kv_gib=round(est.kv.gib, 2),
-            predicted_context=cold_context,
-            context_fits=cold_context >= length,
-            note="proven on a warm torch.compile cache; this start compiles from nothing",
-        )
+        fits = cold_context >= length
+        self.publish(ColdCacheAhead(flags, proven.kv_cache_tokens, est.kv.gib, cold_context, fits))
 
-    def _memory(self, flags: EngineFlags, observations: dict[str, float]) -> list[dict[str, Any]]:
+    def _memory(self, flags: EngineFlags, figures: Figures) -> list[dict[str, Any]]:
         """Per GPU, the planner's prediction for ``flags`` and what vLLM printed; [] if not known."""
         from r1sup.runrecord import attempt_memory
 
         try:
-            return attempt_memory(self.know, flags, self.config, observations)
+            return attempt_memory(self.know, flags, self.config, figures)
         except Exception as exc:  # noqa: BLE001 - a picture is never worth a failed search
-            self.log.debug("memory_chart_unavailable", error=f"{type(exc).__name__}: {exc}")
+            self.publish(EstimateUnavailable("memory_chart", f"{type(exc).__name__}: {exc}"))
             return []
 
     def _record(self, attempt: Attempt, result: TuneResult | None) -> None:
@@ -635,22 +457,3 @@ class Tuner:
         self.record.attempt(attempt.to_dict())
         if result is not None:
             self.record.finish(result.to_dict(), final=result.live is None)
-
-
-def explain_first(why: str, know: ModelKnowledge) -> str:
-    """The first launch's reason with what the box looked like, e.g. ``planned: gpu_memory_utilization
-    0.9 -> 0.72 (free 17.4 of 23.6 GiB; pid 4242 python holds 6.0 GiB)``."""
-    device = know.device
-    if device is None or not device.gpus:
-        return why
-    free, total = device.free_bytes / GIB, device.total_bytes / GIB
-    facts = [f"free {free:.1f} of {total:.1f} GiB"]
-    facts += [f"pid {p.pid} {p.name} holds {p.used_bytes / GIB:.1f} GiB" for p in device.processes[:3]]
-    return f"{why} ({'; '.join(facts)})"
-
-
-def status_line(attempt: int, old: EngineFlags, new: EngineFlags, failure_class: str) -> str:
-    """``attempt 2: context 8192 -> 3712 (kv_insufficient)``: for systemd's STATUS= and humans."""
-    return (
-        f"attempt {attempt}: {old.describe_change(new).replace('max_model_len', 'context')} ({failure_class})"
-    )

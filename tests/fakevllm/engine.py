@@ -222,7 +222,34 @@ def build_parser() -> Parser:
     p.add_argument("--hf-token", default=None)
     p.add_argument("--root-path", default=None)
     p.add_argument("--shutdown-timeout", type=int, default=0)  # vLLM 0.18+: drain on SIGTERM for N s
+    # several nodes (vLLM's ParallelConfig): the executor, and its own multi-node mode's placement
+    p.add_argument("--distributed-executor-backend", choices=("ray", "mp", "uni", "external_launcher"))
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
+    p.add_argument("--headless", action="store_true")  # `vllm serve --headless`: no API server
     return p
+
+
+def run_headless(args: argparse.Namespace, argv: Sequence[str], scenario: Any) -> int:
+    """A node other than rank 0 of vLLM's own multi-node mode: no API server; its workers wait for rank
+    0's until stopped. Recorded as a ``headless`` line in the scenario's state file."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(
+        "INFO Launching vLLM (v0.32.0) headless multiproc executor, with head node address "
+        f"{args.master_addr}:{args.master_port} for torch.distributed process group.",
+        flush=True,
+    )
+    if scenario.state_file:
+        record = {"event": "headless", "pid": os.getpid(), "time": round(time.time(), 3), "argv": list(argv)}
+        with open(scenario.state_file, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, sort_keys=True) + "\n")
+    while not stop.wait(0.1):
+        pass
+    return 0
 
 
 def flags_from_args(args: argparse.Namespace) -> Flags:
@@ -1590,6 +1617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser.on_error = parse_failed
     args = parser.parse_args(argv)
+    if args.headless:
+        return run_headless(args, argv, scenario)
     model = args.model or args.model_tag or DEFAULT_MODEL
     served = tuple(args.served_model_name or [model])
     engine = Engine(Launch(scenario, args, argv, environ, model, served))

@@ -15,10 +15,10 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from r1sup.advice import advise
 from r1sup.errors import InputError, NotAVllmLog
 from r1sup.failure import Failure
 from r1sup.logparse import Diagnosis, LogReader
-from r1sup.search import advise
 
 # Small enough that a chunk and the lines split from it stay in the CPU cache (a 1 MiB chunk of text
 # with any non-ASCII character decodes to 2-4 MiB, and reading a large log took half as long again).
@@ -66,7 +66,7 @@ def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> tuple[Di
         reader.engine_args,
         reader.engine_version,
         reader.engine_device,
-        reader.observations,
+        reader.figures,
     )
     return diagnosis, advice
 
@@ -92,7 +92,7 @@ def not_a_log_reason(diagnosis: Diagnosis) -> str:
 
 
 def report(diagnosis: Diagnosis, advice: str) -> dict[str, Any]:
-    """The ``--json`` object (``advice``: what r1sup's search would do next, see search.advise)."""
+    """The ``--json`` object (``advice``: what r1sup's search would do next, see advice.advise)."""
     failure = diagnosis.failure
     return {
         "vllm_log": diagnosis.vllm_log,

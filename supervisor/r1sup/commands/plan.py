@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from r1sup import catalog, devices, memchart, memmodel, planchanges, planner
+from r1sup.bounds import Bounds
 from r1sup.errors import ConfigError
 from r1sup.flags import EngineFlags
 from r1sup.hardware import DeviceFacts
@@ -54,7 +55,7 @@ def _pipeline_size(args: argparse.Namespace, extra_args: list[str]) -> int:
 
 def _inputs(
     args: argparse.Namespace,
-) -> tuple[str, str | None, EngineFlags, dict[str, Any], dict[str, Any], str, int]:
+) -> tuple[str, str | None, EngineFlags, dict[str, Any], Bounds | None, str, int]:
     """(model, revision, flags, target, bounds, field naming the model, pipeline stages) from --config
     and the flags."""
     model: str | None = None
@@ -62,7 +63,7 @@ def _inputs(
     revision: str | None = None
     flags = EngineFlags()
     target: dict[str, Any] = {"concurrency": None, "context": None}
-    bounds: dict[str, Any] = {}
+    bounds: Bounds | None = None
     model_field = "--model"
     if getattr(args, "config", None):
         from r1sup.cli import load_config
@@ -72,7 +73,7 @@ def _inputs(
         model_field = "model.name"
         flags = EngineFlags.from_start(config.start)
         target = {"concurrency": config.target.concurrency, "context": config.target.context}
-        bounds = planner.ladder_bounds(config.ladder)
+        bounds = Bounds.from_config(config)
         extra_args = list(config.server.extra_args)
     if args.model:
         model, revision, model_field = args.model, None, "--model"
@@ -227,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
         flags,
         target_concurrency=target["concurrency"],
         target_context=target["context"],
-        bounds=bounds or None,
+        bounds=bounds,
         version=version,
         calibration=cal,
         gpus_per_node=args.gpus_per_node,
@@ -476,7 +477,7 @@ def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibr
     charts: list[memchart.GpuChart] = []
     measured = None
     if calibration is not None:
-        measured = memchart.from_observations(
+        measured = memchart.from_figures(
             calibration.figures,
             total_gib=plan.breakdown.total_gib,
             free_gib=plan.breakdown.free_gib,

@@ -6,10 +6,12 @@ import argparse
 
 from r1sup.cli import cli_overrides, load_config
 from r1sup.daemon import Daemon
+from r1sup.multinode import check_leader
 from r1sup.session import open_session
 
 
 def main(args: argparse.Namespace) -> int:
     config = load_config(args)
+    check_leader(config.multinode, "run")
     session = open_session(args, config, overrides=cli_overrides(args))
     return Daemon(session).run()

@@ -15,6 +15,7 @@ from r1sup import logs
 from r1sup.cli import load_config
 from r1sup.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
 from r1sup.loop import StopRequested
+from r1sup.multinode import check_leader
 from r1sup.session import Session, open_session, save_profile
 from r1sup.tuner import Tuner, TuneResult
 
@@ -23,6 +24,7 @@ def main(args: argparse.Namespace) -> int:
     from r1sup import report
 
     config = load_config(args)
+    check_leader(config.multinode, "tune")
     session = open_session(args, config)
     session.events.install_signal_handlers()
     try:
@@ -65,11 +67,11 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup import fleet, runrecord
     from r1sup.flags import EngineFlags
-    from r1sup.tuner import footing, gather_knowledge
+    from r1sup.tuner import footing
 
     config = session.config
     checked = session.preflight()  # before any model load; raises with nothing launched
-    know = gather_knowledge(config, session.log, engine=checked.engine)
+    know = session.runner.world.knowledge(config, session.log, engine=checked.engine)
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
     tuner = Tuner(config, session.runner, session.log, know=know, record=record)
     record.device(know.device)

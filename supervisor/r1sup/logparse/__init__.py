@@ -17,6 +17,7 @@ One module per job:
 * :mod:`~r1sup.logparse.reader`: :class:`LogReader`, their composition.
 """
 
+from r1sup.figures import Figures
 from r1sup.logparse.figures import Progress
 from r1sup.logparse.heads import DEFAULT_MAX_LINE_CHARS, LogLine, lines_from_chunks, parse_line
 from r1sup.logparse.reader import LogReader, diagnose_text
@@ -27,6 +28,7 @@ __all__ = [
     "Collected",
     "Decision",
     "Diagnosis",
+    "Figures",
     "Finding",
     "LogLine",
     "LogReader",

@@ -1,8 +1,9 @@
 """Progress and figures: what vLLM's success-path lines say (numbers, milestones, the engine's identity).
 
 Pure: the message of a line that starts with a progress keyword in, :class:`Progress` values and the
-figures gathered so far out. :class:`Figures` keeps the numbers of one launch (weights, KV cache, the
-memory breakdown ...), the start-up milestone reached (``r1sup.failure.STARTUP_MILESTONES``), where
+figures gathered so far out. :class:`FigureCollector` keeps the numbers of one launch (weights, KV
+cache, the memory breakdown ...; handed out as the frozen :class:`r1sup.figures.Figures`), the start-up
+milestone reached (``r1sup.failure.STARTUP_MILESTONES``), where
 the server became ready or began to shut down, and the engine's version, arguments and device.
 """
 
@@ -312,8 +313,8 @@ RULES_BY_KEYWORD = {
         "ring": ("graph_capture",),  # Capturing
         "gnal": (),  # Received signal
         "cess": ("port_holder",),  # port N is used by process
-        # request traffic (read by Figures.read itself, phase.TRAFFIC_TAILS): Added/Received/Aborted/Finished
-        # request, Avg prompt throughput, Writing input of failed execution
+        # request traffic (read by FigureCollector.read itself, phase.TRAFFIC_TAILS): Added/Received/
+        # Aborted/Finished request, Avg prompt throughput, Writing input of failed execution
         "uest": (),
         "hput": (),
         "tion": (),
@@ -337,7 +338,7 @@ KIND_MILESTONE = {
 }
 _CAPTURE_STARTED = milestone("capture_started")
 
-# The numbers Figures._derive reads, and the kinds of progress line that carry them
+# The numbers FigureCollector._derive reads, and the kinds of progress line that carry them
 _DERIVE_INPUTS = frozenset(
     {"profiled_gpu_memory_utilization", "equivalent_gpu_memory_utilization", "total_gib"}
 )
@@ -399,7 +400,7 @@ _BLOCK_SIZE_RE = re.compile(
 )  # a literal first: searched fast (word start checked)
 
 
-class Figures:
+class FigureCollector:
     """The success path of one launch as its log shows it: numbers, milestones, identity.
 
     Fed the messages that start with a progress keyword (:meth:`read`); bounded: one value per

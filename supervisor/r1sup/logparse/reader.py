@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from r1sup.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, Failure, phase_after
+from r1sup.figures import Figures
 from r1sup.logparse.events import EVENT_MARK, launched_flags, parse_event, relayed_line
 from r1sup.logparse.families import (
     BENIGN_RE,
@@ -33,7 +34,7 @@ from r1sup.logparse.families import (
     gate,
     match_families,
 )
-from r1sup.logparse.figures import Figures, Progress
+from r1sup.logparse.figures import FigureCollector, Progress
 from r1sup.logparse.heads import (
     ACCESS_GROUP,
     COLLAPSED_ALERT_RE,
@@ -119,7 +120,7 @@ class LogReader:
         self._findings: dict[str, Finding] = {}
         self._unknown: Finding | None = None
         self._all_phases: dict[str, int] = {}  # the phases of every traceback's frames
-        self._figures = Figures()
+        self._figures = FigureCollector()
         self._marked_ready_line: int | None = None
         self._last_pending: tuple[_Proc, int, int] | None = None  # (process, line, its width)
         self._serving_death_line: int | None = None
@@ -275,9 +276,9 @@ class LogReader:
         return self._figures.ready_line is not None
 
     @property
-    def observations(self) -> dict[str, float]:
-        """Success-path numbers gathered so far (weights_gib, kv_cache_gib, kv_cache_tokens, ...)."""
-        return dict(self._figures.obs)
+    def figures(self) -> Figures:
+        """The success path's figures gathered so far (weights, KV cache, the memory breakdown ...)."""
+        return Figures.from_dict(self._figures.obs)
 
     @property
     def startup_phase(self) -> str:
@@ -867,8 +868,8 @@ class LogReader:
             current.frame_phase = finding.frame_phase
 
 
-def diagnose_text(lines: Iterable[str], exit_code: int | None = None) -> tuple[Failure, dict[str, float]]:
-    """Read a whole log and return the verdict and the success-path observations."""
+def diagnose_text(lines: Iterable[str], exit_code: int | None = None) -> tuple[Failure, Figures]:
+    """Read a whole log and return the verdict and the success path's figures."""
     reader = LogReader()
     reader.feed_lines(lines)
-    return reader.verdict(exit_code), reader.observations
+    return reader.verdict(exit_code), reader.figures

@@ -80,8 +80,37 @@ Kubernetes' SIGKILL must come after all of it. */}}
 {{- add .Values.preStopSleepSeconds $stop $release (min $drain $stop) .Values.terminationSpareSeconds -}}
 {{- end -}}
 
+{{/* How the nodes of a group meet: mp (vLLM's own multi-node mode) or ray; anything else fails. */}}
+{{- define "r1sup.multinodeBackend" -}}
+{{- $backend := .Values.multinode.backend | default "mp" -}}
+{{- if not (has $backend (list "mp" "ray")) -}}
+{{- fail (printf "multinode.backend: must be mp or ray; got %q" $backend) -}}
+{{- end -}}
+{{- $backend -}}
+{{- end -}}
+
+{{/* The group's [multinode] settings that do not depend on the pod (the rank and the leader's address
+come from LeaderWorkerSet's variables when the container starts). */}}
+{{- define "r1sup.multinodeEnv" -}}
+- name: R1SUP_MULTINODE_NNODES
+  value: {{ .Values.multinode.size | int64 | quote }}
+- name: R1SUP_MULTINODE_BACKEND
+  value: {{ include "r1sup.multinodeBackend" . | quote }}
+{{- if eq (include "r1sup.multinodeBackend" .) "mp" }}
+- name: R1SUP_MULTINODE_MASTER_PORT
+  value: {{ .Values.multinode.masterPort | int64 | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds of an mp worker: r1sup's stop of its headless vLLM, then the spare. */}}
+{{- define "r1sup.workerGraceSeconds" -}}
+{{- $stop := include "r1sup.setting" (list . "server" "stop_timeout_s" 30) | int64 -}}
+{{- $release := include "r1sup.setting" (list . "server" "memory_release_timeout_s" 60) | int64 -}}
+{{- add $stop $release .Values.terminationSpareSeconds -}}
+{{- end -}}
+
 {{/* The start-up budget in seconds: a wait for another replica's tune (with a profile store; for a
-LeaderWorkerSet, the wait for the Ray cluster instead), then every launch the ladder may make. */}}
+LeaderWorkerSet on Ray, the wait for the Ray cluster too), then every launch the ladder may make. */}}
 {{- define "r1sup.startupBudget" -}}
 {{- $launch := include "r1sup.setting" (list . "server" "startup_timeout_s" 1800) | int64 -}}
 {{- $attempts := include "r1sup.setting" (list . "ladder" "max_attempts" 8) | int64 -}}
@@ -89,7 +118,7 @@ LeaderWorkerSet, the wait for the Ray cluster instead), then every launch the la
 {{- if .Values.profileStore.enabled -}}
 {{- $wait = include "r1sup.setting" (list . "state" "profile_wait_s" 3600) | int64 -}}
 {{- end -}}
-{{- if .Values.multinode.enabled -}}
+{{- if and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "ray") -}}
 {{- $wait = add $wait .Values.multinode.rayInitTimeoutSeconds -}}
 {{- end -}}
 {{- add $wait (mul $attempts $launch) -}}
@@ -120,7 +149,9 @@ seccompProfile:
 
 {{- define "r1sup.containerSecurityContext" -}}
 allowPrivilegeEscalation: false
-{{- if not .Values.multinode.enabled }}
+{{- if not (and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "ray")) }}
+{{- /* r1sup and vLLM (mp over nodes too) write to HOME, /tmp and /dev/shm only; Ray's pods keep a
+writable root file system, as before */}}
 readOnlyRootFilesystem: true
 {{- end }}
 capabilities:

@@ -32,7 +32,7 @@ containers:
   - name: r1sup
     image: {{ include "r1sup.image" . }}
     imagePullPolicy: {{ .Values.image.pullPolicy }}
-    {{- if .Values.multinode.enabled }}
+    {{- if and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "ray") }}
     # tini stays PID 1; the Ray head starts in the background and waits for the group's nodes, then r1sup
     # replaces the shell
     command: ["tini", "--", "sh", "-c"]
@@ -42,6 +42,14 @@ containers:
         --ray_cluster_size="${LWS_GROUP_SIZE}" --ray_port={{ .Values.multinode.rayPort }}
         --ray_init_timeout={{ .Values.multinode.rayInitTimeoutSeconds }}
         && exec r1sup --log-format json run
+    {{- else if .Values.multinode.enabled }}
+    # vLLM's own multi-node mode: r1sup launches vLLM as node 0 of the group (--nnodes, --node-rank 0,
+    # --master-addr: this pod's own address, which the group's workers reach); tini stays PID 1
+    command: ["tini", "--", "sh", "-c"]
+    args:
+      - >-
+        R1SUP_MULTINODE_MASTER_ADDR="${LWS_LEADER_ADDRESS}" R1SUP_MULTINODE_NODE_RANK=0
+        exec r1sup --log-format json run
     {{- end }}
     env:
       - name: R1SUP_CONFIG
@@ -62,6 +70,7 @@ containers:
         value: "1"
       {{- end }}
       {{- if .Values.multinode.enabled }}
+      {{- include "r1sup.multinodeEnv" . | nindent 6 }}
       {{- range $name, $value := .Values.multinode.network.env }}
       - name: {{ $name }}
         value: {{ $value | quote }}
@@ -72,6 +81,11 @@ containers:
         containerPort: {{ .Values.config.server.port | default 8000 | int64 }}
       - name: r1sup
         containerPort: {{ .Values.endpointPort }}
+      {{- if and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "mp") }}
+      # vLLM's rendezvous (torch.distributed) for the group's workers
+      - name: rendezvous
+        containerPort: {{ .Values.multinode.masterPort }}
+      {{- end }}
     resources:
       {{- $limits := merge (dict .Values.gpu.resource (toString .Values.gpu.count)) (.Values.resources.limits | default dict) }}
       {{- if .Values.multinode.enabled }}
@@ -84,7 +98,7 @@ containers:
       limits:
         {{- toYaml $limits | nindent 8 }}
     # Ready only after start-up and the load probe passed. Budget: {{ include "r1sup.startupBudget" . }} s =
-    # the wait for another replica's tune (state.profile_wait_s){{ if .Values.multinode.enabled }} and
+    # the wait for another replica's tune (state.profile_wait_s){{ if and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "ray") }} and
     # for the Ray cluster (multinode.rayInitTimeoutSeconds){{ end }}, then ladder.max_attempts launches of at
     # most server.startup_timeout_s each; usually one launch of minutes.
     startupProbe:
