@@ -222,11 +222,6 @@ def test_an_engine_that_dies_while_health_answers_is_restarted_within_one_livene
 # --- draining ------------------------------------------------------------------------------------------
 
 
-def drains_itself(proc: R1sup) -> bool:
-    command = proc.named("launch_started")[-1]["command"]
-    return "--shutdown-timeout" in command
-
-
 def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path):
     body = body_for(tmp_path)
     port = body["server"]["port"]
@@ -237,17 +232,17 @@ def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path):
             lambda: any((e.get("waiting") or 0) >= 3 for e in liveness_events(proc)), 20, what="a queue of 3"
         )
         proc.signal(signal.SIGTERM)
-        changed = proc.wait_event("state_changed", 10, where=lambda e: e["new"] == "draining")
-        assert changed["status"].startswith("draining: 1 running")
-        # status.json is written just after the log line: read it once it is
+        # out of the load balancer (/readyz 503) before anything else, then the figures
+        proc.wait_event("state_changed", 10, where=lambda e: e["new"] == "draining")
+        started = proc.wait_event("drain_started", 10)
+        assert started["reason"] == "shutdown" and started["running"] == 1 and started["waiting"] >= 3
+        # status.json is written just after the log lines: read it once it is
         wait_until(
-            lambda: status(tmp_path).get("state") == "draining", 10, what="status.json to say draining"
+            lambda: " running, " in status(tmp_path).get("status", ""), 10, what="status.json's drain figures"
         )
-        assert status(tmp_path)["status"].startswith("draining: 1 running")
-        started = proc.named("drain_started")[0]
-        assert started["reason"] == "shutdown" and started["running"] == 1 and started["waiting"] == 3
-        if drains_itself(proc):  # vLLM's own drain: a request sent now is refused, not cut later
-            assert chat(port, 5, timeout=10) == 500
+        assert status(tmp_path)["state"] == "draining"
+        # vLLM still takes requests while requests are in flight: one a load balancer sent late is served
+        assert chat(port, 5, timeout=60) == 200
         assert flood.join(60) == [200, 200, 200, 200]
         assert proc.wait(60) == 0, proc.tail()
         finished = proc.named("drain_finished")[0]

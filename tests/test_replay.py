@@ -89,14 +89,16 @@ def crashing(after_s: float, code: int = 1) -> Script:
     (S.PLANNING, S.LAUNCHING),
     (S.LAUNCHING, S.PROBING),
     (S.PROBING, S.SERVING),
-    (S.SERVING, S.STOPPING),
+    (S.SERVING, S.DRAINING),
+    (S.DRAINING, S.STOPPING),
     (S.STOPPING, S.STOPPED),
 )
 def test_a_search_brings_the_engine_up_and_sigterm_stops_it(tmp_path: Path) -> None:
     r = replay(tmp_path)
     stop_after_serving(r)
     assert r.run() == errors.EXIT_OK
-    assert r.states() == ["planning", "launching", "probing", "serving", "stopping", "stopped"]
+    # draining (/readyz 503) first, even with nothing in flight, then the stop at once
+    assert r.states() == ["planning", "launching", "probing", "serving", "draining", "stopping", "stopped"]
     # READY=1 once, after the probe; STOPPING=1 at the stop; the engine stopped by r1sup
     ready = [i for i, line in enumerate(r.notifier.sent) if line == "READY=1"]
     assert len(ready) == 1 and "STOPPING=1" in r.notifier.sent[ready[0] :]
@@ -457,7 +459,7 @@ def _reload_with_new_context(r: Replay, after_s: float = 10.0) -> Callable[[], N
 
 @covers((S.SERVING, S.PLANNING))
 def test_sighup_after_editing_the_context_replans_and_relaunches(tmp_path: Path) -> None:
-    r = replay(tmp_path)
+    r = replay(tmp_path, daemon={"drain_timeout_s": 0.0})  # no drain: straight to planning
     r.at_serving(1, _reload_with_new_context(r))
     stop_after_serving(r, count=2)
     assert r.run() == errors.EXIT_OK
@@ -493,16 +495,59 @@ def test_sighup_without_a_flag_change_does_not_relaunch(tmp_path: Path) -> None:
     )
 
 
+def _sigterm_after_serving(
+    r: Replay, figures_after: Callable[[float], Figures], seconds: float = 30.0
+) -> None:
+    """SIGTERM ``seconds`` after serving; the engine's figures from then on are ``figures_after(s)``, s
+    seconds after the SIGTERM (BUSY before it)."""
+    at: list[float] = []
+
+    def arm() -> None:
+        at.append(r.clock() - r.engine(1).started_at + seconds)
+        r.signal(seconds, signal.SIGTERM)
+
+    r.scripts[0].figures = lambda s: BUSY if not at or s < at[0] else figures_after(s - at[0])
+    r.at_serving(1, arm)
+
+
 @covers((S.SERVING, S.DRAINING), (S.DRAINING, S.STOPPING))
 def test_sigterm_lets_the_requests_in_flight_finish(tmp_path: Path) -> None:
-    r = replay(tmp_path, Script(figures=lambda s: BUSY, drain_s=6.0))
-    stop_after_serving(r)
+    # busy for 8 s after the SIGTERM; vLLM takes requests until then, then drains itself (2 s) and exits
+    r = replay(tmp_path, Script(drain_s=2.0))
+    _sigterm_after_serving(r, lambda s: BUSY if s < 8.0 else IDLE)
     assert r.run() == errors.EXIT_OK
-    finished = r.log.named("drain_finished")[0]
-    assert finished["complete"] is True and 5.9 <= finished["seconds"] <= 6.5
+    started, finished = r.log.named("drain_started")[0], r.log.named("drain_finished")[0]
+    assert started["budget_s"] == 30.0 and started["unready_s"] == 0.0 and started["vllm_drains"] is True
+    assert finished["complete"] is True and 10.0 <= finished["seconds"] <= 11.0
+    assert r.engine(1).code == 0  # it exited by itself, from its own drain, before r1sup's stop
     assert r.states()[-3:] == ["draining", "stopping", "stopped"]
 
 
+def test_sigterm_with_an_unready_pause_keeps_vllm_open_that_long(tmp_path: Path) -> None:
+    # nothing in flight, but /readyz says 503 for 5 s before vLLM is told to stop taking requests
+    r = replay(tmp_path, Script(), daemon={"drain_unready_s": 5.0})
+    _sigterm_after_serving(r, lambda s: IDLE)
+    assert r.run() == errors.EXIT_OK
+    changed = [e for e in r.log.named("state_changed") if e["new"] == "draining"][0]
+    signalled = r.log.named("stop_requested")[0]
+    finished = r.log.named("drain_finished")[0]
+    assert r.log.named("drain_started")[0]["unready_s"] == 5.0 and not r.log.named("drain_skipped")
+    assert finished["complete"] is True and 5.0 <= finished["seconds"] <= 6.5
+    assert changed["t"] == signalled["t"]  # out of the load balancer at once
+    assert r.engine(1).code == 0
+
+
+def test_requests_that_keep_coming_close_vllm_at_half_the_budget(tmp_path: Path) -> None:
+    # busy all along (no load balancer sends elsewhere): at 15 s of 30 vLLM is told to stop taking
+    # requests and finishes what it holds (4 s)
+    r = replay(tmp_path, Script(drain_s=4.0))
+    _sigterm_after_serving(r, lambda s: BUSY)
+    assert r.run() == errors.EXIT_OK
+    finished = r.log.named("drain_finished")[0]
+    assert finished["complete"] is True and 19.0 <= finished["seconds"] <= 19.6
+
+
+@covers((S.SERVING, S.STOPPING))
 def test_without_a_drain_sigterm_stops_the_engine_at_once(tmp_path: Path) -> None:
     # drain_timeout_s 0: vLLM is not asked to drain itself, and requests in flight do not hold the stop
     r = replay(tmp_path, Script(figures=lambda s: BUSY), daemon={"drain_timeout_s": 0.0})

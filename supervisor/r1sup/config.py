@@ -229,6 +229,13 @@ class DaemonSection:
         "in flight (on SIGTERM: at most server.stop_timeout_s); 0 stops at once",
         minimum=0,
     )
+    drain_unready_s: float = setting(
+        0.0,
+        "a drain first answers /readyz 503 for at least this long while vLLM still takes requests, so "
+        "that a load balancer that polls /readyz stops sending here before vLLM stops listening (part "
+        "of the drain's budget; Kubernetes' preStop pause does this for a Service); 0: none",
+        minimum=0,
+    )
     backoff_initial_s: float = setting(2.0, "first restart delay", minimum=0)
     backoff_max_s: float = setting(120.0, "longest restart delay", minimum=0)
     restart_budget: int = setting(5, "restarts allowed before exiting non-zero", minimum=0)

@@ -362,7 +362,9 @@ class Daemon:
         if self.state in (State.SERVING, State.DRAINING) and current is not None and current.engine.alive():
             # within the stop grace period, so that a systemctl restart does not cut answers in half
             budget = min(self.config.daemon.drain_timeout_s, self.config.server.stop_timeout_s)
-            self._drain(current, budget, "shutdown", for_shutdown=True)
+            self._drain(
+                current, budget, "shutdown", for_shutdown=True, unready_s=self.config.daemon.drain_unready_s
+            )
         if self.state not in (State.FAILED, State.STOPPED):
             if self.state is not State.STOPPING:
                 self.transition(State.STOPPING, "stopping vLLM")
@@ -602,31 +604,46 @@ class Daemon:
 
     # --- draining ------------------------------------------------------------------------------
 
-    def _drain(self, launch: Launch, budget_s: float, reason: str, *, for_shutdown: bool = False) -> None:
+    def _drain(
+        self,
+        launch: Launch,
+        budget_s: float,
+        reason: str,
+        *,
+        for_shutdown: bool = False,
+        unready_s: float = 0.0,
+    ) -> None:
         """Let the requests in flight finish, up to ``budget_s``, before a stop r1sup chose.
 
-        A vLLM launched with ``--shutdown-timeout`` (0.18 and later; r1sup adds it) drains itself:
-        SIGTERM to its API server alone refuses new requests and finishes the running and waiting
-        ones; r1sup waits for it to exit. An older vLLM keeps accepting requests, so r1sup waits
-        until ``/metrics`` shows none running or waiting. A second SIGTERM ends the wait at once;
+        First out of the load balancer: the state is ``draining`` at once, so ``/readyz`` says 503, while
+        vLLM still takes every request (one a load balancer sent before it saw the 503 is served, not
+        refused). That lasts ``unready_s`` at least, then until ``/metrics`` shows none running or
+        waiting. A vLLM launched with ``--shutdown-timeout`` (0.18 and later; r1sup adds it) then gets a
+        SIGTERM to its API server alone: it finishes what slipped in since the last read, refuses new
+        requests and exits; past half the budget with requests still pending it gets that SIGTERM
+        anyway, so that the rest of the budget goes to the requests in flight, not to new ones. An
+        older vLLM takes requests until the budget runs out. A second SIGTERM ends the wait at once;
         the caller then stops vLLM as usual (group SIGTERM, grace, SIGKILL).
         """
         if budget_s <= 0 or not launch.engine.alive():
             return
+        unready_s = min(max(unready_s, 0.0), budget_s)
+        t0 = self.clock()
+        if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
+            self.transition(State.DRAINING, liveness.drain_status(None))
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
         first = self.runner.world.read_metrics(ep, min(2.0, budget_s)).figures
-        if first is None or first.pending == 0:
+        if unready_s <= 0 and (first is None or first.pending == 0):
             self.publish(B.DrainSkipped(reason, first.to_dict() if first else None))
             return
         itself = liveness.drains_itself(launch.spec.argv)
-        t0 = self.clock()
         deadline = t0 + budget_s
-        self.transition(State.DRAINING, liveness.drain_status(first))
-        self.publish(B.DrainStarted(reason, budget_s, itself, first.to_dict()))
-        if itself:
-            launch.stopping = True  # what vLLM prints from now on is its teardown (relayed as such)
-            launch.engine.terminate_leader()
-        phase = Draining(self, launch, ep, first, deadline, itself=itself, for_shutdown=for_shutdown)
+        if first is not None:
+            self.set_status(liveness.drain_status(first))
+        self.publish(B.DrainStarted(reason, budget_s, itself, first.to_dict() if first else {}, unready_s))
+        phase = Draining(
+            self, launch, ep, first, t0 + unready_s, deadline, itself=itself, for_shutdown=for_shutdown
+        )
         self.runner.loop.run(phase)
         figures = phase.figures.to_dict() if phase.figures else {}
         self.publish(B.DrainFinished(reason, self.clock() - t0, phase.complete, figures))
@@ -738,14 +755,17 @@ class Daemon:
     def _back_to_best(self, launch: Launch) -> TuneResult:
         """The planned re-tune: the memory other processes held is back, so drain, stop and bring the best
         configuration up (the saved best profile when there is one, else a new search)."""
-        self._drain(launch, self.config.daemon.drain_timeout_s, "planned re-tune")
+        d = self.config.daemon
+        self._drain(launch, d.drain_timeout_s, "planned re-tune", unready_s=d.drain_unready_s)
         self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
         self.history = None
         self.transition(State.PLANNING, "re-tune: the memory other processes held is back")
         return self._bring_up()
 
     def _reload(self, launch: Launch, new: Config) -> TuneResult:
-        self._drain(launch, new.daemon.drain_timeout_s, "config reloaded")
+        self._drain(
+            launch, new.daemon.drain_timeout_s, "config reloaded", unready_s=new.daemon.drain_unready_s
+        )
         self.runner.stop(launch, reason="config reloaded")
         self.config = new
         self.s.config = new
@@ -958,19 +978,28 @@ class Serving(Phase):
 
 
 class Draining(Phase):
-    """A stop r1sup chose waits for the requests in flight (see :meth:`Daemon._drain`): until vLLM,
-    draining itself, exits, or (an older vLLM) ``/metrics`` shows none pending, or ``deadline``. For a
+    """A stop r1sup chose waits for the requests in flight (see :meth:`Daemon._drain`), in two steps.
+
+    Open: vLLM takes requests; the step ends once ``QUIET_READS`` reads of ``/metrics`` in a row, begun
+    after ``quiet_at``, show none pending (a request still in vLLM's HTTP layer is not in its figures
+    yet). Closing (a vLLM that drains itself): SIGTERM to its API server, which
+    finishes what it holds and exits. An older vLLM ends at the open step. Either ends at ``deadline``;
+    a vLLM still open at the midpoint between ``quiet_at`` and ``deadline`` is closed then (the rest is
+    for the requests in flight), and one closed at or after the deadline still gets ``CLOSE_S``. For a
     shutdown a second stop signal ends it; during a reload's drain a stop signal hands over to the
     shutdown."""
 
-    READ_EVERY_S = 1.0
+    READ_EVERY_S = 0.5
+    QUIET_READS = 2
+    CLOSE_S = 5.0  # the least a vLLM asked to close gets to finish what slipped in since the last read
 
     def __init__(
         self,
         daemon: ServingHost,
         launch: Launch,
         ep: health.Endpoint,
-        first: liveness.Figures,
+        first: liveness.Figures | None,
+        quiet_at: float,
         deadline: float,
         *,
         itself: bool,
@@ -980,11 +1009,15 @@ class Draining(Phase):
         self.launch = launch
         self.ep = ep
         self.figures: liveness.Figures | None = first
+        self.quiet_at = quiet_at
+        self.close_at = quiet_at + (deadline - quiet_at) / 2 if itself else deadline
         self.deadline = deadline
         self.itself = itself
         self.for_shutdown = for_shutdown
-        self.next_read = daemon.clock() + self.READ_EVERY_S
-        self.reading = False
+        self.next_read = daemon.clock()
+        self.read_since: float | None = None  # when the read in progress began
+        self.quiet_reads = 0  # reads in a row begun after quiet_at that showed none pending
+        self.closing = False
         self.complete = False
 
     def on_signal(self, signal: Signalled, now: float) -> Any:
@@ -993,29 +1026,52 @@ class Draining(Phase):
         return Done() if signal.count >= 2 else None  # a second SIGTERM forces the stop
 
     def due(self, now: float) -> float:
-        return self.deadline - now
+        if self.closing:
+            return self.deadline - now
+        return max(
+            0.0, min(self.next_read if self.read_since is None else self.deadline, self.close_at) - now
+        )
+
+    def _close(self, now: float) -> None:
+        """vLLM's own drain: it stops taking requests and finishes the ones it holds, then exits."""
+        self.closing = True
+        self.deadline = max(self.deadline, now + self.CLOSE_S)
+        self.launch.stopping = True  # what vLLM prints from now on is its teardown (relayed as such)
+        self.launch.engine.terminate_leader()
 
     def on(self, event: Any, now: float) -> Any:
         launch, runner = self.launch, self.d.runner
         if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "drain":
-            self.reading = False
+            began, self.read_since = self.read_since, None
             read = event.payload
             if read is not None and read.figures is not None:
                 self.figures = read.figures
                 self.d.set_status(liveness.drain_status(read.figures))
-                if read.figures.pending == 0 and not self.itself:
-                    self.complete = True
-                    return Done()
+                quiet = read.figures.pending == 0 and began is not None and began >= self.quiet_at
+                self.quiet_reads = self.quiet_reads + 1 if quiet else 0
+                if self.quiet_reads >= self.QUIET_READS and not self.closing:
+                    if not self.itself:
+                        self.complete = True
+                        return Done()
+                    self._close(now)
         elif event is not None:
             runner.handle_output(launch, event)
         if not launch.engine.alive():
-            # vLLM finished its drain and exited (or, not asked to drain, it crashed)
-            self.complete = self.itself
+            # closing: vLLM finished its drain and exited (else it crashed)
+            self.complete = self.closing
             return Done()
         if now >= self.deadline:
+            if self.itself and not self.closing:
+                self._close(now)
+                return None
             return Done()
-        if not self.reading and now >= self.next_read:
-            self.reading = True
+        if self.closing:
+            return None
+        if now >= self.close_at and self.itself:
+            self._close(now)
+            return None
+        if self.read_since is None and now >= self.next_read:
+            self.read_since = now
             self.next_read = now + self.READ_EVERY_S
             ep, read = self.ep, runner.world.read_metrics
             runner.run_check("drain", launch, lambda: (True, "", read(ep, 2.0)))

@@ -385,6 +385,7 @@ class DrainStarted:
     budget_s: float
     vllm_drains: bool
     figures: Mapping[str, Any]
+    unready_s: float = 0.0  # /readyz 503 this long at least before vLLM stops taking requests
 
 
 @dataclass(frozen=True)

@@ -173,9 +173,14 @@ class LogSink:
                 log.info(
                     "drain_skipped", reason=reason, figures=dict(figures) if figures is not None else None
                 )
-            case DrainStarted(reason, budget_s, vllm_drains, figures):
+            case DrainStarted(reason, budget_s, vllm_drains, figures, unready_s):
                 log.info(
-                    "drain_started", reason=reason, budget_s=budget_s, vllm_drains=vllm_drains, **figures
+                    "drain_started",
+                    reason=reason,
+                    budget_s=budget_s,
+                    vllm_drains=vllm_drains,
+                    unready_s=unready_s,
+                    **figures,
                 )
             case DrainFinished(reason, seconds, complete, figures):
                 log.info(
