@@ -37,7 +37,7 @@ import pytest
 from conftest import free_port, wait_until
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.engine, pytest.mark.serial, pytest.mark.timeout(600)]
 
 MAX_TOKENS = 32
 WORKERS = 4
