@@ -106,8 +106,8 @@ def sample(pid: int, seconds: float) -> tuple[float, float, float, int]:
 
 def cleanup(config: Path) -> list[int]:
     """Kill any fake engine of this config still alive; returns their pids."""
-    from r1sup import config as cfg
-    from r1sup.launcher import instance_id, leftovers
+    from r1sup.adapters.launcher import instance_id, leftovers
+    from r1sup.core import config as cfg
 
     left = leftovers(instance_id(cfg.load(config, environ={})))
     for p in left:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 1
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "r1sup.cli", "--log-format", "json", "run", "--config", str(config)],
+            [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", "run", "--config", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -15,7 +15,7 @@ writes it into the temporary directory):
 
 * baseline: ``python -c`` that compiles one regex and runs ``rx.search`` on every line of the file;
 * r1sup: the ``r1sup diagnose --json FILE`` command (the console script beside the interpreter, or
-  ``python -m r1sup.cli``), checked to name the failure at the end.
+  ``python -m r1sup.cli.app``), checked to name the failure at the end.
 
 Each side runs ``--repeat`` times (alternating) and the best time counts: CPU time (user + system of
 the process, which machines shared with other work disturb least) decides, wall time is shown beside
@@ -140,7 +140,7 @@ def write_serving_log(path: Path, n_lines: int, seed: int = 7) -> tuple[int, str
 def r1sup_command() -> list[str]:
     """``r1sup`` as a user runs it: the console script beside this interpreter, else ``-m``."""
     script = Path(sys.executable).parent / "r1sup"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "r1sup.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "r1sup.cli.app"]
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:

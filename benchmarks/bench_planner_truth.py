@@ -6,7 +6,7 @@ repository, and ``../shared/gpu-truth/dev.jsonl`` next to it when it exists (it 
 output says which files were read). ``--records FILE`` (repeatable) replaces both. A record's
 ``model_dir`` is a folder with a ``config.json`` under ``models/`` next to its file.
 
-For every in-scope record this runs ``python -m r1sup.cli plan --json`` in a subprocess with the
+For every in-scope record this runs ``python -m r1sup.cli.app plan --json`` in a subprocess with the
 record's flags (``--max-model-len``, ``--gpu-memory-utilization``, ``--kv-cache-dtype``,
 ``--quantization``, ``--enforce-eager``, ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--dtype``),
 the GPU (``--gpu NAME`` when the catalog knows it, and ``--gpu-memory-gib`` with the log's own total),
@@ -67,7 +67,7 @@ PLAN_TIMEOUT_S = 60
 
 sys.path.insert(0, str(ROOT / "supervisor"))
 
-from r1sup import catalog, planner  # noqa: E402
+from r1sup.core import catalog, planner  # noqa: E402
 
 # record flag -> r1sup plan option
 FLAG_OPTIONS = (
@@ -209,7 +209,7 @@ def engine_env(record: dict[str, Any]) -> dict[str, str]:
 def plan_argv(record: dict[str, Any], models: Path) -> tuple[list[str], str]:
     flags = record.get("flags") or {}
     version = record.get("vllm_version") or (V0_VERSION if record.get("engine") == "V0" else None)
-    argv = [sys.executable, "-m", "r1sup.cli", "--log-level", "error", "plan", "--json"]
+    argv = [sys.executable, "-m", "r1sup.cli.app", "--log-level", "error", "plan", "--json"]
     argv += ["--model", str(models / record["model_dir"])]
     found = catalog.find_gpu(str(record.get("gpu") or ""))
     if found is not None:

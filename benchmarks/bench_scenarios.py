@@ -3,10 +3,10 @@
 For every scenario of :mod:`scenarios` (GPU x DeepSeek-R1 distill x target) this runs, against the fake
 GPU engine (``tests/fakevllm``) and the fake NVML (``tests/fakenvml``):
 
-- ``smart`` and ``naive``: the real CLI, ``python -m r1sup.cli --log-format json tune --config F --json
+- ``smart`` and ``naive``: the real CLI, ``python -m r1sup.cli.app --log-format json tune --config F --json
   --strategy S``. ``smart`` runs with ``ladder.first_launch = "planned"`` (the planner predicts the first
   launch; ``--first-launch as_configured`` starts it from the user's ``[start]`` to measure the ladder
-  alone). ``naive`` is the seed's walk done by hand (``r1sup.naive``, the baseline kept for this
+  alone). ``naive`` is the seed's walk done by hand (``r1sup.core.naive``, the baseline kept for this
   benchmark): it always starts from the user's ``[start]``;
 - ``auto-fit``: the engine alone with vLLM's ``--max-model-len -1`` and the user's other flags;
 - ``optimum``: ``fakevllm.optimum.optimum``, the best feasible configuration by exhaustive search over the
@@ -81,8 +81,8 @@ import psutil  # noqa: E402
 from fakevllm.optimum import Bounds as OptBounds  # noqa: E402
 from fakevllm.optimum import optimum  # noqa: E402
 from fakevllm.scenario import load_scenario  # noqa: E402
-from r1sup.bounds import Bounds  # noqa: E402
-from r1sup.flags import EngineFlags  # noqa: E402
+from r1sup.core.bounds import Bounds  # noqa: E402
+from r1sup.core.flags import EngineFlags  # noqa: E402
 from r1sup_proc import write_config  # noqa: E402
 from scenarios import QUICK, QUICK_ADVERSARIAL, SCENARIOS, BenchScenario, by_id  # noqa: E402
 
@@ -121,7 +121,7 @@ class Run:
     plan: dict[str, Any] | None = None  # r1sup plan --config on the same box: verdict, exit, recommended
     plan_is_first: bool | None = None  # plan's recommendation is the first launch (exit 3: none launched)
     reduced: dict[str, Any] | None = None  # tune's one-line warning (issue 29), when it gave one
-    # what tune's load probe proved (r1sup.capacity): requests that ran at once, output tokens/s (on the
+    # what tune's load probe proved (r1sup.core.capacity): requests that ran at once, output tokens/s (on the
     # fake engine's simulated speed, scaled by the run's time scale: a relative figure only)
     probe_requests: int | None = None
     probe_tokens_per_s: float | None = None
@@ -310,7 +310,7 @@ def run_tune(
     argv = [
         sys.executable,
         "-m",
-        "r1sup.cli",
+        "r1sup.cli.app",
         "--log-format",
         "json",
         "tune",
@@ -386,7 +386,7 @@ def run_plan(config: Path, scenario: Mapping[str, Any]) -> dict[str, Any]:
     verdict, exit status and recommended flags."""
     import fakevllm
 
-    argv = [sys.executable, "-m", "r1sup.cli", "plan", "--config", str(config), "--json"]
+    argv = [sys.executable, "-m", "r1sup.cli.app", "plan", "--config", str(config), "--json"]
     argv += ["--vllm-version", fakevllm.__version__]
     try:
         done = subprocess.run(

@@ -71,9 +71,7 @@ def r1sup_env(r1sup_path: str | None) -> dict[str, str]:
 
 def known_settings(r1sup_path: str | None) -> set[str]:
     """The settings of the r1sup under test (another version may not have the new ones)."""
-    code = (
-        "import json; from r1sup import config as c; print(json.dumps([d for d, _, _ in c.declarations()]))"
-    )
+    code = "import json; from r1sup.core import config as c; print(json.dumps([d for d, _, _ in c.declarations()]))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env=r1sup_env(r1sup_path),
@@ -127,7 +125,7 @@ class R1sup:
         self.config = config
         self.log = log.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "r1sup.cli", "--log-format", "json", "run", "--config", str(config)],
+            [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", "run", "--config", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -207,9 +205,9 @@ def engine_core(api_server: int) -> psutil.Process | None:
 
 def leftovers(config: Path) -> list[int]:
     """Kill what is left of this config's vLLM; the pids killed."""
-    from r1sup import config as cfg
-    from r1sup.launcher import instance_id
-    from r1sup.launcher import leftovers as find
+    from r1sup.adapters.launcher import instance_id
+    from r1sup.adapters.launcher import leftovers as find
+    from r1sup.core import config as cfg
 
     procs = find(instance_id(cfg.load(config, environ={})))
     for p in procs:
@@ -294,7 +292,7 @@ def metrics(port: int, latencies: list[float] | None = None) -> dict[str, float]
     """vLLM's figures from its /metrics ({} when it does not answer); the read's seconds appended."""
     import urllib.request
 
-    from r1sup.liveness import parse_metrics
+    from r1sup.core.liveness import parse_metrics
 
     t0 = time.monotonic()
     try:
@@ -509,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     work = Path(tempfile.mkdtemp(prefix="r1sup-soak-"))
     if args.model is None:
-        from r1sup.tinymodel import write_tiny_model
+        from r1sup.adapters.tinymodel import write_tiny_model
 
         args.model = write_tiny_model(work / "tiny")
     bench = Bench(args, work, args.model.resolve(), known_settings(args.r1sup_path))

@@ -197,7 +197,7 @@ def run_r1sup(command: str, config_args: list[str], port: int, log: Path, until:
     """``r1sup run`` (stopped with SIGTERM once ``until`` is seen) or ``r1sup tune`` (to its end)."""
     wait_port_free(port)
     sample, done = Sample(), threading.Event()
-    cmd = [sys.executable, "-m", "r1sup.cli", "--log-format", "json", command, *config_args]
+    cmd = [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", command, *config_args]
     t0 = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write every run's marks to FILE")
     args = parser.parse_args(argv)
 
-    from r1sup.tinymodel import write_tiny_model
+    from r1sup.adapters.tinymodel import write_tiny_model
 
     byte_compile()
     work = Path(tempfile.mkdtemp(prefix="r1sup-tts-"))

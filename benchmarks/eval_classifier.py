@@ -36,8 +36,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from r1sup import failure as fl
-from r1sup.logparse import diagnose_text
+from r1sup.core import failure as fl
+from r1sup.core.logparse import diagnose_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV = Path("shared") / "vllm-logs" / "dev.jsonl"

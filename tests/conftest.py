@@ -69,7 +69,7 @@ def _engine_core_of_this_worker(request: pytest.FixtureRequest, monkeypatch: pyt
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from r1sup.tinymodel import write_tiny_model
+    from r1sup.adapters.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import psutil
 
-from r1sup import config as cfg
-from r1sup.launcher import instance_id, marked
+from r1sup.adapters.launcher import instance_id, marked
+from r1sup.core import config as cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +96,8 @@ def tiny_engine_config(
 
 
 class R1sup:
-    """``python -m r1sup.cli ARGS``: its JSON log events (stderr) and its result (stdout) collected apart."""
+    """``python -m r1sup.cli.app ARGS``: its JSON log events (stderr) and its result (stdout) collected
+    apart."""
 
     def __init__(
         self,
@@ -110,7 +111,7 @@ class R1sup:
         if outer and env and "PYTHONPATH" in env:  # the caller's entries first, then the path pytest runs on
             full_env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], outer])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "r1sup.cli", "--log-format", "json", *args],
+            [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,

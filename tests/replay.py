@@ -22,17 +22,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from r1sup import catalog, liveness, memmodel
-from r1sup import config as cfg
-from r1sup.daemon import Daemon, State
-from r1sup.events import CheckDone, ChildEOF, ChildOutput, EventQueue
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.launcher import StopReport
-from r1sup.notify import Notifier
-from r1sup.runner import Runner
-from r1sup.session import Session
-from r1sup.tuner import ModelKnowledge
-from r1sup.world import World
+from r1sup.adapters.launcher import StopReport
+from r1sup.adapters.notify import Notifier
+from r1sup.core import catalog, liveness, memmodel
+from r1sup.core import config as cfg
+from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.supervision.daemon import Daemon, State
+from r1sup.supervision.runner import Runner
+from r1sup.supervision.session import Session
+from r1sup.supervision.tuner import ModelKnowledge
+from r1sup.supervision.world import World
 from r1sup_proc import write_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
@@ -437,7 +437,10 @@ class Replay:
             if not s.probe_ok:
                 payload["errors"] = ["500 Internal Server Error"]
             if s.probe_internal:
-                payload["internal"] = {"where": "r1sup.probe", "error": "ImportError: no module named openai"}
+                payload["internal"] = {
+                    "where": "r1sup.adapters.probe",
+                    "error": "ImportError: no module named openai",
+                }
             ok = s.probe_ok
             self.queue.at(now + s.probe_s, CheckDone(kind, launch.number, ok, detail, payload))
             return

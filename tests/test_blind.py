@@ -1,18 +1,18 @@
-"""The search's branch without the model's architecture (r1sup.blind), table-driven: each failure class
+"""The search's branch without the model's architecture (r1sup.core.blind), table-driven: each failure class
 leads to the change that can fix it."""
 
 from __future__ import annotations
 
 import pytest
 
-from r1sup import blind, catalog, memmodel
-from r1sup import failure as F
-from r1sup import search as S
-from r1sup.bounds import Bounds, Facts
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
-from r1sup.failure import Failure
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
+from r1sup.core import blind, catalog, memmodel
+from r1sup.core import failure as F
+from r1sup.core import search as S
+from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.core.failure import Failure
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
 
 TINY_CPU = Facts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
@@ -499,8 +499,8 @@ def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
 
 
 def test_a_probed_device_is_kept_as_it_is_and_a_logs_figures_make_one() -> None:
-    from r1sup import devices
-    from r1sup.hardware import GIB
+    from r1sup.adapters import devices
+    from r1sup.core.hardware import GIB
 
     box = devices.from_catalog("RTX 4090", count=2)
     facts = Facts.of_device(box)

@@ -11,21 +11,21 @@ from typing import Any
 import structlog
 from structlog.testing import capture_logs
 
-from r1sup import config as cfg
-from r1sup import daemon as daemon_module
-from r1sup import events as E
-from r1sup import failure as F
-from r1sup import liveness
-from r1sup.bus import Bus
-from r1sup.daemon import Daemon
-from r1sup.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
-from r1sup.flags import EngineFlags
-from r1sup.metrics import Metrics
-from r1sup.notify import Notifier
-from r1sup.runner import Runner
-from r1sup.session import Session
-from r1sup.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
-from r1sup.tuner import TuneResult
+from r1sup.adapters.metrics import Metrics
+from r1sup.adapters.notify import Notifier
+from r1sup.core import config as cfg
+from r1sup.core import events as E
+from r1sup.core import failure as F
+from r1sup.core import liveness
+from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
+from r1sup.core.flags import EngineFlags
+from r1sup.supervision import daemon as daemon_module
+from r1sup.supervision.bus import Bus
+from r1sup.supervision.daemon import Daemon
+from r1sup.supervision.runner import Runner
+from r1sup.supervision.session import Session
+from r1sup.supervision.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
+from r1sup.supervision.tuner import TuneResult
 from r1sup_proc import write_config
 from test_daemon_events import Recorded
 
@@ -415,7 +415,7 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
 
 
 def test_a_tuner_without_a_bus_logs_the_searchs_events_through_the_log_sink(tmp_path: Path):
-    from r1sup.tuner import ModelKnowledge, Tuner
+    from r1sup.supervision.tuner import ModelKnowledge, Tuner
 
     body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
     config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from r1sup import catalog, devices, modelinfo
-from r1sup.cli import main
-from r1sup.errors import ConfigError
+from r1sup.adapters import devices, modelinfo
+from r1sup.cli.app import main
+from r1sup.core import catalog
+from r1sup.core.errors import ConfigError
 
 GIB = 1024**3
 
@@ -180,7 +181,7 @@ def test_an_unknown_card_lists_the_catalog_and_points_at_gpu_memory_gib(
 
 
 def test_the_catalog_figure_is_shown_beside_an_nvml_total_that_differs() -> None:
-    from r1sup import report
+    from r1sup.cli import report
 
     h100 = catalog.GPUS["H100 80GB"]["total_gib"]
     assert catalog.catalog_total_beside("NVIDIA H100 80GB HBM3", h100) == ""
@@ -190,10 +191,10 @@ def test_the_catalog_figure_is_shown_beside_an_nvml_total_that_differs() -> None
 
 
 def test_plan_on_a_probed_card_shows_the_catalog_figure_beside_nvml_and_the_catalog_says_cuda() -> None:
-    from r1sup import planner
-    from r1sup.commands import plan as plan_cmd
-    from r1sup.flags import EngineFlags
-    from r1sup.hardware import DeviceFacts, GpuInfo
+    from r1sup.cli.commands import plan as plan_cmd
+    from r1sup.core import planner
+    from r1sup.core.flags import EngineFlags
+    from r1sup.core.hardware import DeviceFacts, GpuInfo
 
     arch, source = modelinfo.load_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B")
     nvml = int(79.65 * GIB)  # NVML's total of an H100 80GB without the reserved part subtracted

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import devices, profiles
-from r1sup import memmodel as M
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.memmodel import Calibration, Version
+from r1sup.adapters import devices
+from r1sup.core import memmodel as M
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.core.memmodel import Calibration, Version
+from r1sup.state import profiles
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 QWEN3_8B = json.loads((DATA / "models" / "qwen3-8b" / "config.json").read_text())

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import config as cfg
-from r1sup.cli import main
-from r1sup.errors import ConfigError
+from r1sup.cli.app import main
+from r1sup.core import config as cfg
+from r1sup.core.errors import ConfigError
 
 MINIMAL = '[model]\nname = "org/model"\n'
 
@@ -203,8 +203,8 @@ def test_light_commands_import_nothing_heavy(tmp_path: Path, argv: list[str]):
     import sys
 
     code = (
-        "import sys; from r1sup.cli import main; main(sys.argv[1:]); "
-        "heavy = [m for m in ('openai', 'torch', 'vllm', 'httpx', 'r1sup.planner', 'r1sup.probe') "
+        "import sys; from r1sup.cli.app import main; main(sys.argv[1:]); "
+        "heavy = [m for m in ('openai', 'torch', 'vllm', 'httpx', 'r1sup.core.planner', 'r1sup.adapters.probe') "
         "if m in sys.modules]; "
         "print('HEAVY', heavy)"
     )
@@ -246,7 +246,7 @@ def test_a_config_larger_than_1_mib_is_refused_without_reading_it_all(tmp_path: 
     big.write_text(MINIMAL + "# " + "x" * (1024 * 1024) + "\n", encoding="utf-8")
     for path in (str(big), "/dev/zero"):
         proc = subprocess.run(
-            [sys.executable, "-m", "r1sup.cli", "check", "--config", path, "--no-preflight"],
+            [sys.executable, "-m", "r1sup.cli.app", "check", "--config", path, "--no-preflight"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -295,7 +295,7 @@ def _cli(*args: str, timeout: float = 30) -> tuple[int, str]:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", *args],
+        [sys.executable, "-m", "r1sup.cli.app", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import structlog
 
-from r1sup import logs
+from r1sup.adapters import logs
 from r1sup_proc import ROOT, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
 
@@ -70,7 +70,7 @@ def tune(tmp: Path, *cli: str, tty: bool = False) -> tuple[int, str, str]:
     body = fake_body(tmp, model=QWEN_7B, start={"max_model_len": 131072})
     config = write_config(tmp / "r1sup.toml", body)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **fake_env(fake_scenario(tmp))}
-    argv = [sys.executable, "-m", "r1sup.cli", *cli, "tune", "--config", str(config)]
+    argv = [sys.executable, "-m", "r1sup.cli.app", *cli, "tune", "--config", str(config)]
     try:
         if not tty:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
@@ -181,7 +181,7 @@ HELP_EXIT_CODES = {
 
 def help_exit_codes(argv: list[str]) -> list[int]:
     """The codes listed under ``exit codes`` in ``r1sup ARGV --help``, in order."""
-    from r1sup import cli
+    from r1sup.cli import app as cli
 
     out = io.StringIO()
     parser = cli.build_parser()
@@ -205,7 +205,7 @@ def test_help_lists_only_the_exit_codes_the_command_returns(command: str) -> Non
 
 
 def test_top_level_exit_codes_are_errors_py_and_the_plan_verdicts_and_the_readme() -> None:
-    from r1sup import errors, planner
+    from r1sup.core import errors, planner
 
     defined = {v for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
     defined |= set(planner.VERDICTS.values())

@@ -196,7 +196,7 @@ def _queued(port: int, samples: list[str]) -> bool:
     import time
     import urllib.request
 
-    from r1sup.liveness import parse_metrics
+    from r1sup.core.liveness import parse_metrics
 
     t0 = time.monotonic()
     try:

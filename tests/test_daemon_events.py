@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from r1sup import config as cfg
-from r1sup import failure as F
-from r1sup.daemon import Daemon, IllegalTransition, State
-from r1sup.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
-from r1sup.flags import EngineFlags
-from r1sup.runner import Runner
-from r1sup.session import Session
+from r1sup.core import config as cfg
+from r1sup.core import failure as F
+from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
+from r1sup.core.flags import EngineFlags
+from r1sup.supervision.daemon import Daemon, IllegalTransition, State
+from r1sup.supervision.runner import Runner
+from r1sup.supervision.session import Session
 from r1sup_proc import write_config
 from replay import Recorded
 

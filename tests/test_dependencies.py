@@ -149,7 +149,7 @@ def test_a_missing_optional_dependency_is_one_line(tmp_path: Path) -> None:
     (shadow / "__init__.py").write_text("import r1sup_test_missing_dependency\n")
     env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
     proc = subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "tiny-model", str(tmp_path / "model")],
+        [sys.executable, "-m", "r1sup.cli.app", "tiny-model", str(tmp_path / "model")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from r1sup import config as cfg
-from r1sup.config import tomllib  # tomli on Python 3.10
+from r1sup.core import config as cfg
+from r1sup.core.config import tomllib  # tomli on Python 3.10
 
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "r1sup"
@@ -536,9 +536,9 @@ def test_the_multinode_default_is_vllms_own_mode_a_leader_node_0_and_headless_wo
     runs `r1sup worker`, which launches vLLM headless as its LWS_WORKER_INDEX with the leader's flags
     (read from the leader's /status on its r1sup port). The command lines are r1sup's own, built from
     the config each pod reads."""
-    from r1sup.flags import EngineFlags
-    from r1sup.launcher import build_spec
-    from r1sup.worker import check_worker_config, leader_status_url, worker_spec
+    from r1sup.adapters.launcher import build_spec
+    from r1sup.core.flags import EngineFlags
+    from r1sup.supervision.worker import check_worker_config, leader_status_url, worker_spec
 
     lwt, leader, worker = group("multinode-deepseek-r1")
     assert example_values("multinode-deepseek-r1")["multinode"]["backend"] == "mp"  # type: ignore[index]
@@ -598,8 +598,8 @@ def test_the_multinode_default_is_vllms_own_mode_a_leader_node_0_and_headless_wo
 
 
 def test_the_multinode_leader_on_ray_runs_r1sup_after_the_ray_cluster_is_complete():
-    from r1sup.flags import EngineFlags
-    from r1sup.launcher import build_spec
+    from r1sup.adapters.launcher import build_spec
+    from r1sup.core.flags import EngineFlags
 
     values = f"multinode-deepseek-r1{RAY}"
     lwt, leader, worker = group(values)
@@ -690,7 +690,7 @@ def test_the_dockerfile_pins_the_vllm_image_and_runs_r1sup_under_tini_as_a_user(
 def test_the_charts_default_image_is_the_dockerfiles_vllm_release_which_the_memory_model_covers():
     """One vLLM release in the image: the Dockerfile's pinned base, the chart's default tag, and a
     release inside the range r1sup's memory model was checked against."""
-    from r1sup.memmodel import SUPPORTED, Version
+    from r1sup.core.memmodel import SUPPORTED, Version
 
     text = DOCKERFILE.read_text(encoding="utf-8")
     base = re.search(r"^ARG BASE_IMAGE=docker\.io/vllm/vllm-openai:(v[\d.]+)@sha256:", text, re.M)

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from r1sup import catalog, devices
-from r1sup.errors import ConfigError
-from r1sup.hardware import GIB
+from r1sup.adapters import devices
+from r1sup.core import catalog
+from r1sup.core.errors import ConfigError
+from r1sup.core.hardware import GIB
 
 # --- a fake pynvml -----------------------------------------------------------------------------
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port
-from r1sup import cli
-from r1sup import failure as fl
-from r1sup.advice import advise
-from r1sup.commands.diagnose import diagnose_path, render, report
-from r1sup.logparse import LogReader, diagnose_text, lines_from_chunks
+from r1sup.cli import app as cli
+from r1sup.cli.commands.diagnose import diagnose_path, render, report
+from r1sup.core import failure as fl
+from r1sup.core.advice import advise
+from r1sup.core.logparse import LogReader, diagnose_text, lines_from_chunks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def run_process(
     """``r1sup diagnose`` as a real child process (no shell), bounded by ``timeout``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "supervisor"))
     return subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "diagnose", *args],
+        [sys.executable, "-m", "r1sup.cli.app", "diagnose", *args],
         input=stdin,
         capture_output=True,
         timeout=timeout,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from conftest import free_port
-from r1sup.daemon import State
-from r1sup.endpoint import Endpoint, View, live, loop_limit_s, ready, route
-from r1sup.metrics import Metrics
+from r1sup.adapters.endpoint import Endpoint, View, live, loop_limit_s, ready, route
+from r1sup.adapters.metrics import Metrics
+from r1sup.supervision.daemon import State
 
 
 def view(state: str = "serving", age: float = 0.5, limit: float = 150.0, status: Any = None) -> View:
@@ -288,7 +288,7 @@ def test_the_listener_bounds_time_size_methods_and_connections(monkeypatch):
     import socket
     import time
 
-    from r1sup import endpoint as ep
+    from r1sup.adapters import endpoint as ep
 
     monkeypatch.setattr(ep, "REQUEST_TIMEOUT_S", 0.3)
     monkeypatch.setattr(ep, "MAX_CONNECTIONS", 4)
@@ -349,7 +349,7 @@ def test_a_burst_of_concurrent_clients_is_answered_past_the_connection_cap():
 def test_accept_out_of_file_descriptors_is_survived(monkeypatch):
     import errno
 
-    from r1sup import endpoint as ep
+    from r1sup.adapters import endpoint as ep
 
     server = Endpoint(view=lambda: view("serving"))
     port = free_port()

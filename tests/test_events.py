@@ -1,4 +1,4 @@
-"""The one event vocabulary (r1sup.events), read with ast: it is a leaf that imports nothing of r1sup's
+"""The one event vocabulary (r1sup.core.events), read with ast: it is a leaf that imports nothing of r1sup's
 shell, every event is a frozen dataclass defined there, and every event the bus, the search and the
 loop's queue carry (published, put, matched by a subscriber) is one of them. No process is started."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import events as E
+from r1sup.core import events as E
 
 PACKAGE = Path(E.__file__).parent
 # the core's value types an event may carry; each of them imports nothing of r1sup itself
-CORE_TYPES = frozenset({"r1sup.failure", "r1sup.flags", "r1sup.liveness"})
+CORE_TYPES = frozenset({"r1sup.core.failure", "r1sup.core.flags", "r1sup.core.liveness"})
 # what travels: a call of one of these takes an event as its argument
 CARRIERS = frozenset({"publish", "put", "_on_search"})
 
@@ -51,14 +51,14 @@ def test_the_import_check_finds_what_a_leaf_must_not_import():
     source = """
 import queue
 from dataclasses import dataclass
-from r1sup.flags import EngineFlags
-from r1sup import tuner
-import r1sup.bus
+from r1sup.core.flags import EngineFlags
+from r1sup.supervision import tuner
+import r1sup.supervision.bus
 from .runner import Launch
 def f():
     import structlog
 """
-    assert foreign_imports(source) == [".runner", "r1sup", "r1sup.bus", "structlog"]
+    assert foreign_imports(source) == [".runner", "r1sup", "r1sup.supervision.bus", "structlog"]
 
 
 def _source(module: str) -> str:
@@ -66,7 +66,7 @@ def _source(module: str) -> str:
 
 
 def test_events_imports_only_the_standard_library_and_the_cores_value_types():
-    assert foreign_imports(_source("r1sup.events")) == []
+    assert foreign_imports(_source("r1sup.core.events")) == []
 
 
 @pytest.mark.parametrize("module", sorted(CORE_TYPES))
@@ -75,7 +75,7 @@ def test_the_core_types_events_carry_import_nothing_of_r1sup(module: str):
 
 
 def _defined_events() -> dict[str, type]:
-    """The frozen dataclasses r1sup.events defines (the vocabulary)."""
+    """The frozen dataclasses r1sup.core.events defines (the vocabulary)."""
     return {
         name: obj
         for name, obj in vars(E).items()
@@ -141,8 +141,8 @@ def test_the_usage_check_resolves_what_a_module_publishes_and_matches(tmp_path: 
     (tmp_path / "carrier_of_strangers.py").write_text(
         """
 from dataclasses import dataclass
-from r1sup import events as E
-from r1sup.loop import Done
+from r1sup.core import events as E
+from r1sup.supervision.loop import Done
 
 @dataclass(frozen=True)
 class Homemade:
@@ -161,14 +161,21 @@ def run(bus, queue, event):
     strangers = event_classes_used("carrier_of_strangers")
     assert set(strangers) == {"Homemade", "E.ChildEOF", "Done"} and strangers["E.ChildEOF"] is E.ChildEOF
 
-    used = event_classes_used("r1sup.subscribers")
+    used = event_classes_used("r1sup.supervision.subscribers")
     assert used["StateChanged"] is E.StateChanged and used["SearchStepped"] is E.SearchStepped
-    daemon = event_classes_used("r1sup.daemon")
-    assert daemon["B.Serving"] is E.Serving  # the daemon's alias of r1sup.events
+    daemon = event_classes_used("r1sup.supervision.daemon")
+    assert daemon["B.Serving"] is E.Serving  # the daemon's alias of r1sup.core.events
 
 
 @pytest.mark.parametrize(
-    "module", ["r1sup.subscribers", "r1sup.daemon", "r1sup.tuner", "r1sup.runner", "r1sup.launcher"]
+    "module",
+    [
+        "r1sup.supervision.subscribers",
+        "r1sup.supervision.daemon",
+        "r1sup.supervision.tuner",
+        "r1sup.supervision.runner",
+        "r1sup.adapters.launcher",
+    ],
 )
 def test_what_travels_is_an_event_defined_in_r1sup_events(module: str):
     vocabulary = set(_defined_events().values())
@@ -178,7 +185,9 @@ def test_what_travels_is_an_event_defined_in_r1sup_events(module: str):
 
 
 def test_the_bus_and_its_subscribers_take_their_events_from_r1sup_events_alone():
-    for module in ("r1sup.bus", "r1sup.subscribers"):
+    for module in ("r1sup.supervision.bus", "r1sup.supervision.subscribers"):
         imported = {m for m in imported_modules(_source(module)) if m.startswith("r1sup")}
-        assert "r1sup.tuner" not in imported and "r1sup.loop" not in imported, module
-    assert {m for m in imported_modules(_source("r1sup.bus")) if m.startswith("r1sup")} == {"r1sup.events"}
+        assert "r1sup.supervision.tuner" not in imported and "r1sup.supervision.loop" not in imported, module
+    assert {m for m in imported_modules(_source("r1sup.supervision.bus")) if m.startswith("r1sup")} == {
+        "r1sup.core.events"
+    }

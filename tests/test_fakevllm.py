@@ -1377,7 +1377,7 @@ SLOW = {"decode_tokens_per_s": 0.1}  # with FAST, 200 tokens take about 2 s of r
 
 def vllm_figures(fake: Fake) -> dict[str, float]:
     """vLLM's figures from the fake's /metrics (the series r1sup's liveness decision reads)."""
-    from r1sup.liveness import parse_metrics
+    from r1sup.core.liveness import parse_metrics
 
     status, text = fake.request("/metrics")
     assert status == 200

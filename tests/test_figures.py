@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from r1sup.figures import FIELD_NAMES, Figures
-from r1sup.logparse import LogReader, lines_from_chunks
+from r1sup.core.figures import FIELD_NAMES, Figures
+from r1sup.core.logparse import LogReader, lines_from_chunks
 
 LOGS = sorted((Path(__file__).parent / "fixtures" / "logs").rglob("*.log"))
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, free_port, wait_until
-from r1sup import fleet
-from r1sup.config import build
-from r1sup.errors import ConfigError
-from r1sup.fleet import DirectoryStore, Here, Holder, HttpStore, Lease, StoreError, consult, stale
-from r1sup.hardware import DeviceFacts, GpuInfo
-from r1sup.profiles import Profile, ProfileStore, fingerprint, fingerprint_key
+from r1sup.core.config import build
+from r1sup.core.errors import ConfigError
+from r1sup.core.hardware import DeviceFacts, GpuInfo
+from r1sup.state import fleet
+from r1sup.state.fleet import DirectoryStore, Here, Holder, HttpStore, Lease, StoreError, consult, stale
+from r1sup.state.profiles import Profile, ProfileStore, fingerprint, fingerprint_key
 
 GIB = 1024**3
 HERE = Here(host="node-a", pid=100, boot_id="boot-1", pid_ns=4026531836)
@@ -209,7 +209,7 @@ def test_a_lease_someone_else_took_over_is_reported_lost_and_not_released(tmp_pa
 HOLDER_SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from r1sup.fleet import DirectoryStore, Here
+    from r1sup.state.fleet import DirectoryStore, Here
     store = DirectoryStore(sys.argv[1], here=Here(host="elsewhere", pid=1, boot_id=None, pid_ns=None))
     lease = store.try_acquire(sys.argv[2], float(sys.argv[3]))
     print("held" if lease is not None and not hasattr(lease, "host") else "not held", flush=True)

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from r1sup import gate, profiles
-from r1sup.errors import EXIT_GATE_FAILED
+from r1sup.core import gate
+from r1sup.core.errors import EXIT_GATE_FAILED
+from r1sup.state import profiles
 from r1sup_proc import R1sup, kill_engine_processes, write_config
 from test_tune_fake import fake_body, fake_env, fake_scenario
 

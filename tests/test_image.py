@@ -133,7 +133,7 @@ def wait_ready(name: str, port: int, timeout: float) -> list[int]:
 
 @pytest.fixture
 def volumes(tmp_path: Path) -> dict[str, Path]:
-    from r1sup.tinymodel import write_tiny_model
+    from r1sup.adapters.tinymodel import write_tiny_model
 
     models = tmp_path / "models"
     write_tiny_model(models / "tiny")

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import failure as F
-from r1sup import search as S
-from r1sup.bounds import Bounds, Facts
-from r1sup.errors import InternalError
-from r1sup.flags import EngineFlags
-from r1sup.probe import child_failure, request_error
+from r1sup.adapters.probe import child_failure, request_error
+from r1sup.core import failure as F
+from r1sup.core import search as S
+from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.errors import InternalError
+from r1sup.core.flags import EngineFlags
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
 
@@ -42,30 +42,30 @@ def test_where_an_unexpected_exception_was_raised() -> None:
         EngineFlags.from_dict({"no_such_flag": 1})  # data a caller should never pass: a bug's shape
     except ValueError as exc:
         fault = InternalError.from_exception(exc)
-    assert fault.where.startswith("r1sup.flags (from_dict, line ")
-    assert str(fault).startswith("internal error in r1sup.flags (from_dict, line ")
+    assert fault.where.startswith("r1sup.core.flags (from_dict, line ")
+    assert str(fault).startswith("internal error in r1sup.core.flags (from_dict, line ")
     assert str(fault).endswith("ValueError: unknown flag(s): no_such_flag")
     assert "Traceback" in fault.trace and "\n" not in str(fault)
 
 
 def test_a_probe_child_traceback_names_the_module_and_the_exception() -> None:
-    import r1sup.probe
+    import r1sup.adapters.probe
 
     stderr = (
         "Traceback (most recent call last):\n"
         '  File "/usr/lib/python3.11/asyncio/runners.py", line 118, in run\n'
         "    return self._loop.run_until_complete(task)\n"
-        f'  File "{r1sup.probe.__file__}", line 170, in _run\n'
+        f'  File "{r1sup.adapters.probe.__file__}", line 170, in _run\n'
         "    import httpx\n"
         '  File "/tmp/broken/httpx/__init__.py", line 1, in <module>\n'
         f"    import {MISSING}\n"
         f"ModuleNotFoundError: No module named '{MISSING}'\n"
     )
     assert child_failure(stderr, 1) == (
-        "r1sup.probe (_run, line 170)",
+        "r1sup.adapters.probe (_run, line 170)",
         f"ModuleNotFoundError: No module named '{MISSING}'",
     )
-    assert child_failure("", -9) == ("r1sup.probe (the probe child)", "killed by SIGKILL")
+    assert child_failure("", -9) == ("r1sup.adapters.probe (the probe child)", "killed by SIGKILL")
 
 
 def test_transport_errors_are_the_requests_and_bugs_are_the_probes() -> None:
@@ -82,20 +82,22 @@ def test_transport_errors_are_the_requests_and_bugs_are_the_probes() -> None:
 
 @pytest.mark.parametrize("strategy", ["smart", "naive"])
 def test_the_search_never_steps_for_an_internal_error(strategy: str) -> None:
-    failure = F.Failure(F.INTERNAL_ERROR, evidence="KeyError: 'x'", detail="r1sup.probe (_run, line 1)")
+    failure = F.Failure(
+        F.INTERNAL_ERROR, evidence="KeyError: 'x'", detail="r1sup.adapters.probe (_run, line 1)"
+    )
     flags = EngineFlags(max_model_len=8192)
     device = Facts(total_gib=24.0).device()
     search = S.Search(S.Facts(arch=None, device=device, user=flags, bounds=Bounds(strategy=strategy)))
     decision = search.after(S.Outcome(flags, failure))
     assert isinstance(decision, S.GiveUp) and decision.exit_code == 1
-    assert "r1sup.probe" in decision.reason and not failure.memory
+    assert "r1sup.adapters.probe" in decision.reason and not failure.memory
 
 
 def test_an_unexpected_exception_in_a_command_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from r1sup import cli
-    from r1sup.commands import status
+    from r1sup.cli import app as cli
+    from r1sup.cli.commands import status
 
     def broken(args: object) -> int:
         return {}["state"]  # type: ignore[no-any-return]
@@ -103,7 +105,7 @@ def test_an_unexpected_exception_in_a_command_is_one_line(
     monkeypatch.setattr(status, "main", broken)
     assert cli.main(["status", "--state-dir", "/nonexistent"]) == 1
     err = capsys.readouterr().err
-    assert err == "r1sup: error: internal error in r1sup.cli (main, line " + err.split("line ", 1)[1]
+    assert err == "r1sup: error: internal error in r1sup.cli.app (main, line " + err.split("line ", 1)[1]
     assert err.count("\n") == 1 and "KeyError: 'state'" in err and "Traceback" not in err
 
 
@@ -136,7 +138,9 @@ def test_a_probe_that_cannot_import_is_r1sups_failure_not_the_engines(tmp_path: 
     said = [line for line in proc.stderr if not line.startswith("{")]  # stderr less the JSON log events
     assert len(said) == 1, said
     line = said[0]
-    assert line.startswith("r1sup: error: internal error in r1sup.probe (_import_client, line "), line
+    assert line.startswith("r1sup: error: internal error in r1sup.adapters.probe (_import_client, line "), (
+        line
+    )
     assert line.rstrip().endswith(f"ModuleNotFoundError: No module named '{MISSING}'"), line
     assert proc.lines == []  # no result on stdout
     # among the log events only vLLM's own relayed teardown lines may hold a traceback (during_stop)
@@ -168,7 +172,7 @@ def test_a_server_that_cuts_a_response_short_is_the_servers_failure_not_r1sups()
     import socket
     import threading
 
-    from r1sup import health
+    from r1sup.adapters import health
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

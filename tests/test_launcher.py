@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from conftest import free_port, wait_until
-from r1sup import config as cfg
-from r1sup.events import ChildEOF, ChildOutput, EventQueue
-from r1sup.flags import EngineFlags
-from r1sup.launcher import Engine, LaunchSpec, build_spec, kill_leftovers, port_holder, port_in_use
+from r1sup.adapters.launcher import Engine, LaunchSpec, build_spec, kill_leftovers, port_holder, port_in_use
+from r1sup.core import config as cfg
+from r1sup.core.events import ChildEOF, ChildOutput, EventQueue
+from r1sup.core.flags import EngineFlags
 
 CHILD = str(Path(__file__).resolve().parent / "procs" / "child.py")
 PARENT = str(Path(__file__).resolve().parent / "procs" / "parent.py")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import liveness as lv
+from r1sup.core import liveness as lv
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 POLICY = lv.Policy(interval_s=10.0, progress_timeout_s=60.0, health_failures=3)

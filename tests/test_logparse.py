@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from r1sup import failure as fl
-from r1sup import logparse as lp
-from r1sup.logparse import (
+from r1sup.core import failure as fl
+from r1sup.core import logparse as lp
+from r1sup.core.logparse import (
     LogLine,
     LogReader,
     Progress,

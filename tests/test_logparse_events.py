@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import structlog
 
-from r1sup import cli, logs
-from r1sup import failure as fl
-from r1sup.commands.diagnose import diagnose_stream
-from r1sup.flags import EngineFlags
-from r1sup.logparse import LogReader, parse_line
-from r1sup.logparse.events import launched_flags, parse_event, relayed_line
+from r1sup.adapters import logs
+from r1sup.cli import app as cli
+from r1sup.cli.commands.diagnose import diagnose_stream
+from r1sup.core import failure as fl
+from r1sup.core.flags import EngineFlags
+from r1sup.core.logparse import LogReader, parse_line
+from r1sup.core.logparse.events import launched_flags, parse_event, relayed_line
 
 FP8_FAIL = [
     "INFO 05-02 10:00:01 [gpu_model_runner.py:1329] Starting to load model /models/qwen...",

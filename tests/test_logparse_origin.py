@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import cli
-from r1sup.logparse import LogReader
+from r1sup.cli import app as cli
+from r1sup.core.logparse import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from r1sup import failure as fl
-from r1sup.logparse import (
+from r1sup.core import failure as fl
+from r1sup.core.logparse import (
     Collected,
     Finding,
     LogLine,
@@ -26,7 +26,7 @@ from r1sup.logparse import (
     triage,
     verdict,
 )
-from r1sup.logparse.tracebacks import Traceback
+from r1sup.core.logparse.tracebacks import Traceback
 
 STAMP = "INFO 03-18 09:12:40 [gpu_model_runner.py:1110] "
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from r1sup import failure as fl
-from r1sup.logparse import LogReader, diagnose_text, parse_line
+from r1sup.core import failure as fl
+from r1sup.core.logparse import LogReader, diagnose_text, parse_line
 
 OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "

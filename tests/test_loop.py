@@ -1,5 +1,5 @@
-"""The one loop (r1sup.loop): how it turns phases, what it hands them, and that nothing else in r1sup
-reads the event queue."""
+"""The one loop (r1sup.supervision.loop): how it turns phases, what it hands them, and that nothing else in
+r1sup reads the event queue."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from r1sup.events import ChildOutput, EventQueue, ReloadRequested, Signalled
-from r1sup.loop import Done, Loop, LoopReentered, Phase, StopRequested, Waiting
+from r1sup.core.events import ChildOutput, EventQueue, ReloadRequested, Signalled
+from r1sup.supervision.loop import Done, Loop, LoopReentered, Phase, StopRequested, Waiting
 from replay import FakeClock, ScriptedQueue
 
 PACKAGE = Path(__file__).resolve().parents[1] / "supervisor" / "r1sup"
@@ -177,7 +177,8 @@ def test_the_loop_is_the_only_reader_of_the_event_queue() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if (lines := _queue_reads(path))
     }
-    assert readers == {"loop.py": readers.get("loop.py", [])} and readers.get("loop.py")
+    loop = "supervision/loop.py"
+    assert readers == {loop: readers.get(loop, [])} and readers.get(loop)
 
 
 def test_the_reader_check_finds_a_second_reader(tmp_path: Path) -> None:
@@ -195,10 +196,10 @@ class _Quiet:
 
 
 def _session(tmp_path: Path, preflight: Any) -> Any:
-    from r1sup import config as cfg
-    from r1sup.runner import Runner
-    from r1sup.session import Session
-    from r1sup.world import World
+    from r1sup.core import config as cfg
+    from r1sup.supervision.runner import Runner
+    from r1sup.supervision.session import Session
+    from r1sup.supervision.world import World
     from r1sup_proc import write_config
 
     body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
@@ -239,8 +240,8 @@ def test_the_preflight_runs_off_the_loops_thread_and_a_stop_signal_cancels_it(tm
 def test_the_preflight_check_returns_its_result_once_and_raises_its_refusal_in_the_loops_thread(
     tmp_path: Path,
 ) -> None:
-    from r1sup import errors
-    from r1sup.errors import PreflightError
+    from r1sup.core import errors
+    from r1sup.core.errors import PreflightError
 
     calls: list[int] = []
 

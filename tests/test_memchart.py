@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from r1sup import memchart as M
-from r1sup.figures import Figures
+from r1sup.core import memchart as M
+from r1sup.core.figures import Figures
 
 PRED = M.Breakdown(
     total_gib=24.0, weights_gib=12.0, non_torch_gib=0.5, activation_gib=1.5, graphs_gib=1.0, kv_gib=6.0,
@@ -66,7 +66,7 @@ def test_the_graph_estimate_inside_vllms_peak_activation_is_not_counted_twice() 
 
 
 def test_from_a_planner_breakdown_that_does_not_fit() -> None:
-    class PlannerBreakdown:  # the fields of r1sup.planner.Breakdown
+    class PlannerBreakdown:  # the fields of r1sup.core.planner.Breakdown
         weights_gib, non_torch_gib, activation_gib, cudagraph_gib = 27.5, 0.3, 1.4, 0.9
         kv_gib, budget_gib, total_gib, context_gib, free_gib = -6.1, 21.6, 24.0, 0.5, 23.0
 

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import catalog, devices
-from r1sup import memmodel as M
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.memmodel import Calibration, Version
-from r1sup.search import startable_utilization
+from r1sup.adapters import devices
+from r1sup.core import catalog
+from r1sup.core import memmodel as M
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.memmodel import Calibration, Version
+from r1sup.core.search import startable_utilization
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 

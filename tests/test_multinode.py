@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from conftest import free_port, wait_until
-from r1sup import config as cfg
-from r1sup import multinode
-from r1sup.cli import main as cli_main
-from r1sup.errors import ConfigError
-from r1sup.flags import EngineFlags
-from r1sup.launcher import build_spec, marked
-from r1sup.multinode import LeaderLaunch, WorkerAction, decide, leader_launch, node_args
-from r1sup.worker import check_worker_config, leader_status_url, worker_instance, worker_spec
+from r1sup.adapters.launcher import build_spec, marked
+from r1sup.cli.app import main as cli_main
+from r1sup.core import config as cfg
+from r1sup.core import multinode
+from r1sup.core.errors import ConfigError
+from r1sup.core.flags import EngineFlags
+from r1sup.core.multinode import LeaderLaunch, WorkerAction, decide, leader_launch, node_args
+from r1sup.supervision.worker import check_worker_config, leader_status_url, worker_instance, worker_spec
 from r1sup_proc import R1sup, kill_engine_processes, write_config
 from test_daemon_fake import FAST_DAEMON, START_S, served_model
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
@@ -212,7 +212,7 @@ def test_run_refuses_a_worker_rank_and_worker_refuses_the_leaders(tmp_path: Path
 
 
 def test_a_worker_whose_vllm_cannot_start_waits_for_the_leaders_next_launch(tmp_path: Path):
-    from r1sup.worker import Worker
+    from r1sup.supervision.worker import Worker
 
     config = build(
         multinode={**GROUP, "node_rank": 1, "leader_port": 9},

@@ -1,14 +1,14 @@
-"""The naive strategy (r1sup.naive): the hand walk kept as the benchmarks' baseline, reached through the
+"""The naive strategy (r1sup.core.naive): the hand walk kept as the benchmarks' baseline, reached through the
 search with ``ladder.strategy = "naive"``, with or without the model's architecture."""
 
 from __future__ import annotations
 
-from r1sup import catalog, memmodel, naive
-from r1sup import failure as F
-from r1sup import search as S
-from r1sup.bounds import Bounds, Facts
-from r1sup.failure import Failure
-from r1sup.flags import EngineFlags
+from r1sup.core import catalog, memmodel, naive
+from r1sup.core import failure as F
+from r1sup.core import search as S
+from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.failure import Failure
+from r1sup.core.flags import EngineFlags
 
 TINY_CPU = Facts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from r1sup import nofit, termination
+from r1sup.adapters import termination
+from r1sup.state import nofit
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import engine_records, fake_body, fake_env, fake_scenario
 

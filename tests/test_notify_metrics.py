@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port
-from r1sup.daemon import LEGAL, IllegalTransition, State, backoff_delay
-from r1sup.metrics import Metrics
-from r1sup.notify import Notifier
+from r1sup.adapters.metrics import Metrics
+from r1sup.adapters.notify import Notifier
+from r1sup.supervision.daemon import LEGAL, IllegalTransition, State, backoff_delay
 
 
 @pytest.fixture
@@ -65,9 +65,9 @@ def test_metrics_endpoint_serves_on_loopback():
 
 
 def test_metrics_show_the_proven_capacity_and_the_launched_flags_without_created_series():
-    from r1sup.events import Launching, Serving
-    from r1sup.flags import EngineFlags
-    from r1sup.subscribers import MetricsSink
+    from r1sup.core.events import Launching, Serving
+    from r1sup.core.flags import EngineFlags
+    from r1sup.supervision.subscribers import MetricsSink
 
     m = Metrics()
     sink = MetricsSink(m)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import catalog, planner
-from r1sup import memmodel as M
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.memmodel import arch_from_config
+from r1sup.core import catalog, planner
+from r1sup.core import memmodel as M
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.memmodel import arch_from_config
 
 ROOT = Path(__file__).resolve().parent.parent
 R1 = "deepseek-ai/DeepSeek-R1"
@@ -162,7 +162,7 @@ def multinode_config(tmp_path: Path) -> Path:
 def r1sup_plan(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("R1SUP_", "FAKE_VLLM"))}
     return subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "plan", *argv],
+        [sys.executable, "-m", "r1sup.cli.app", "plan", *argv],
         capture_output=True,
         text=True,
         timeout=120,

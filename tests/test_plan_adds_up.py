@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from r1sup import catalog, planner
-from r1sup import memmodel as M
-from r1sup.bounds import Bounds
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.memmodel import arch_from_config
+from r1sup.core import catalog, planner
+from r1sup.core import memmodel as M
+from r1sup.core.bounds import Bounds
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.memmodel import arch_from_config
 
 ROOT = Path(__file__).resolve().parent.parent
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
@@ -151,8 +151,8 @@ def test_every_way_out_fits_as_its_own_command_says(case: tuple[Any, ...]) -> No
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_one_verdict_in_text_json_and_exit_status(case: tuple[Any, ...]) -> None:
-    from r1sup.commands.plan import render
-    from r1sup.modelinfo import ModelSource
+    from r1sup.adapters.modelinfo import ModelSource
+    from r1sup.cli.commands.plan import render
 
     _, device, _, p = _plan(case)
     d = json.loads(json.dumps(p.to_dict()))
@@ -200,8 +200,8 @@ def test_above_the_models_limit_is_refused_and_never_proposed() -> None:
 
 
 def test_the_assumed_version_and_batch_defaults_are_printed() -> None:
-    from r1sup.commands.plan import render
-    from r1sup.modelinfo import ModelSource
+    from r1sup.adapters.modelinfo import ModelSource
+    from r1sup.cli.commands.plan import render
 
     _, device, _, p = _plan(CASES[0])
     text = render(p, ModelSource({}, "catalog", Q14), device, "--vllm-version")
@@ -210,8 +210,8 @@ def test_the_assumed_version_and_batch_defaults_are_printed() -> None:
 
 
 def test_the_chart_draws_each_part_of_the_gpu() -> None:
-    from r1sup.commands.plan import render
-    from r1sup.modelinfo import ModelSource
+    from r1sup.adapters.modelinfo import ModelSource
+    from r1sup.cli.commands.plan import render
 
     _, device, _, p = _plan(CASES[9])  # busy H100: as given beside the recommended flags
     text = render(p, ModelSource({}, "catalog", Q14), device)
@@ -234,7 +234,7 @@ def r1sup(*argv: str, env: dict[str, str] | None = None) -> subprocess.Completed
     base["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests")])
     base["FAKE_VLLM_SCENARIO"] = json.dumps({"gpu": {"name": "RTX 4090"}})
     return subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "plan", *argv],
+        [sys.executable, "-m", "r1sup.cli.app", "plan", *argv],
         capture_output=True,
         text=True,
         timeout=120,
@@ -268,8 +268,8 @@ def test_exit_status_and_streams(argv: list[str], code: int, words: str | None) 
 
 def test_scripts_can_chain_on_the_verdict(tmp_path: Path) -> None:
     marker = tmp_path / "deployed"
-    fits = f"{sys.executable} -m r1sup.cli plan --model {Q7} --gpu 'RTX 4090' --max-model-len 32768"
-    nofit = f"{sys.executable} -m r1sup.cli plan --model {Q14} --gpu 'RTX 4090'"
+    fits = f"{sys.executable} -m r1sup.cli.app plan --model {Q7} --gpu 'RTX 4090' --max-model-len 32768"
+    nofit = f"{sys.executable} -m r1sup.cli.app plan --model {Q14} --gpu 'RTX 4090'"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "fakenvml") + os.pathsep + str(ROOT / "tests")}
     env["FAKE_VLLM_SCENARIO"] = json.dumps({"gpu": {"name": "RTX 4090"}})
     for command, deployed in ((fits, True), (nofit, False)):
@@ -292,7 +292,7 @@ def test_a_busy_gpu_says_vllm_would_not_start() -> None:
 
 def test_help_documents_the_exit_codes() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "plan", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "r1sup.cli.app", "plan", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0
     for line in ("0    fits as given", "7    fits only with the recommended flags", "3    does not fit"):

@@ -1,4 +1,4 @@
-"""``r1sup plan`` end to end through ``r1sup.cli.main``, and the offline model-config lookup behind it."""
+"""``r1sup plan`` end to end through ``r1sup.cli.app.main``, and the offline model-config lookup behind it."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from r1sup import catalog, modelinfo
-from r1sup.cli import main
-from r1sup.errors import ConfigError
-from r1sup.figures import Figures
+from r1sup.adapters import modelinfo
+from r1sup.cli.app import main
+from r1sup.core import catalog
+from r1sup.core.errors import ConfigError
+from r1sup.core.figures import Figures
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q14 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
@@ -269,9 +270,10 @@ def test_plan_never_proposes_a_tensor_parallel_size_vllm_refuses(capsys: pytest.
 def test_a_saved_launch_calibrates_the_plan_on_the_same_box(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from r1sup import config as cfg
-    from r1sup import devices, profiles
-    from r1sup.flags import EngineFlags
+    from r1sup.adapters import devices
+    from r1sup.core import config as cfg
+    from r1sup.core.flags import EngineFlags
+    from r1sup.state import profiles
     from r1sup_proc import write_config
 
     # the engine of the box is the fake one (its versions are asked of it as of any engine, in a child
@@ -448,8 +450,8 @@ def test_config_hash_is_stable_and_order_free() -> None:
 def test_without_vllm_installed_the_plan_names_the_version_it_assumed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from r1sup import memmodel
-    from r1sup.commands import plan as plan_cmd
+    from r1sup.cli.commands import plan as plan_cmd
+    from r1sup.core import memmodel
 
     monkeypatch.setattr(plan_cmd, "installed_vllm_version", lambda: None)
     d = run_json(capsys, "--model", Q7, "--gpu", "L4")

@@ -26,7 +26,7 @@ def plan(tmp_path: Path, **env: str) -> tuple[int, dict[str, Any], str]:
         [
             sys.executable,
             "-m",
-            "r1sup.cli",
+            "r1sup.cli.app",
             "--log-level",
             "error",
             "plan",

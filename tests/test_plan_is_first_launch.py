@@ -2,9 +2,10 @@
 
 A property over the catalog (models x GPUs x vLLM versions x with and without a target x an idle and a
 busy GPU): the plan's recommended flags and verdict are the first launch of ``tune`` as the tuner
-decides it (:func:`r1sup.tuner.plan_first_decision` on :func:`r1sup.tuner.new_search`, the code path
-``tune`` and ``run`` take), and the plan's exit 3 means ``tune`` gives up without a launch. A few real
-``tune`` runs on the fake engine (tests/fakevllm) check the same against ``r1sup plan --config --json``.
+decides it (:func:`r1sup.supervision.tuner.plan_first_decision` on :func:`r1sup.supervision.tuner.new_search`,
+the code path ``tune`` and ``run`` take), and the plan's exit 3 means ``tune`` gives up without a launch. A
+few real ``tune`` runs on the fake engine (tests/fakevllm) check the same against
+``r1sup plan --config --json``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from r1sup import catalog, config, memmodel, planner, tuner
-from r1sup.bounds import Bounds
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo, ProcessUse
-from r1sup.logs import get_logger
+from r1sup.adapters.logs import get_logger
+from r1sup.core import catalog, config, memmodel, planner
+from r1sup.core.bounds import Bounds
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo, ProcessUse
+from r1sup.supervision import tuner
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"

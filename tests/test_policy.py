@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from r1sup import failure as F
-from r1sup import policy as P
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
-from r1sup.failure import Failure
+from r1sup.core import failure as F
+from r1sup.core import policy as P
+from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
+from r1sup.core.failure import Failure
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The preflight: interpreter, vLLM, model and port are checked before any model load, once.
 
-Unit tests call :mod:`r1sup.preflight` on real files and real interpreters (no mocks); the end-to-end
+Unit tests call :mod:`r1sup.adapters.preflight` on real files and real interpreters (no mocks); the end-to-end
 tests run the real CLI against the fake engine and check what a user sees: one line naming the field,
 the documented exit code, nothing launched, nothing left running, and a status that says failed.
 """
@@ -17,10 +17,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from conftest import engine_available, free_port
-from r1sup import config as cfg
-from r1sup import preflight
-from r1sup.errors import PreflightError
-from r1sup.logs import get_logger
+from r1sup.adapters import preflight
+from r1sup.adapters.logs import get_logger
+from r1sup.core import config as cfg
+from r1sup.core.errors import PreflightError
 from r1sup_proc import ROOT, R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
 
@@ -429,7 +429,7 @@ def test_preflight_runs_once_and_feeds_the_fingerprint(tmp_path: Path) -> None:
 def test_check_runs_the_preflight_and_says_what_it_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from r1sup.cli import main
+    from r1sup.cli.app import main
 
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests"))
     model = tmp_path / "model"

@@ -10,14 +10,14 @@ import psutil
 import pytest
 
 from conftest import free_port, wait_until
-from r1sup import config as cfg
-from r1sup import failure as F
-from r1sup.capacity import asked, verified
-from r1sup.events import EventQueue
-from r1sup.flags import EngineFlags
-from r1sup.health import Endpoint
-from r1sup.logs import get_logger
-from r1sup.runner import Runner
+from r1sup.adapters.health import Endpoint
+from r1sup.adapters.logs import get_logger
+from r1sup.core import config as cfg
+from r1sup.core import failure as F
+from r1sup.core.capacity import asked, verified
+from r1sup.core.events import EventQueue
+from r1sup.core.flags import EngineFlags
+from r1sup.supervision.runner import Runner
 from r1sup_proc import engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

@@ -18,12 +18,14 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from r1sup import preflight, profiles
-from r1sup.errors import ConfigError
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.profiles import (
+from r1sup.adapters import preflight
+from r1sup.adapters.statefiles import StateWriteError
+from r1sup.core.errors import ConfigError
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.state import profiles
+from r1sup.state.profiles import (
     Profile,
     ProfileStore,
     diff_fingerprints,
@@ -31,7 +33,6 @@ from r1sup.profiles import (
     fingerprint_key,
     mask_command,
 )
-from r1sup.statefiles import StateWriteError
 
 MIB = 1024**2
 RTX4090 = GpuInfo(0, "NVIDIA GeForce RTX 4090", 24564 * MIB, 23000 * MIB, (8, 9))
@@ -78,7 +79,7 @@ def make_profile(fp: dict[str, Any] | None = None, **changes: Any) -> Profile:
 
 @pytest.fixture(autouse=True)
 def _fresh_logging() -> Iterator[None]:
-    """Other tests run ``r1sup.cli.main``, which points structlog at their captured stdout with a
+    """Other tests run ``r1sup.cli.app.main``, which points structlog at their captured stdout with a
     level filter; start and end each test with structlog's defaults."""
     structlog.reset_defaults()
     yield
@@ -523,7 +524,8 @@ def test_real_read_only_file_system_keeps_old_profile(tmp_path: Path) -> None:
 FILE_SIZE_LIMITED_SAVER = """
 import json, resource, signal, sys
 from pathlib import Path
-from r1sup import logs, profiles
+from r1sup.adapters import logs
+from r1sup.state import profiles
 
 logs.configure(level="info", fmt="json", stream=sys.stderr)
 data = json.loads(Path(sys.argv[2]).read_text())
@@ -662,8 +664,8 @@ def test_import_write_failure_raises(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_current_fingerprint_wires_devices_model_and_versions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from r1sup import config as cfg
-    from r1sup import devices, modelinfo
+    from r1sup.adapters import devices, modelinfo
+    from r1sup.core import config as cfg
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -724,7 +726,7 @@ def test_cpu_fingerprint_uses_the_machines_memory_not_numa_node0():
     )
 
 
-# --- the verified capacity (r1sup.capacity) -------------------------------------------------------
+# --- the verified capacity (r1sup.core.capacity) -------------------------------------------------------
 
 
 PASSED = {
@@ -742,7 +744,7 @@ PASSED = {
 def test_the_capacity_a_probe_proved_is_saved_and_read_back() -> None:
     from dataclasses import replace
 
-    from r1sup import capacity
+    from r1sup.core import capacity
 
     flags = {"max_model_len": 8192}
     verified = capacity.verified(
@@ -784,7 +786,7 @@ def test_what_a_probe_proves(
     requests: int | None,
     reduced: bool | None,
 ) -> None:
-    from r1sup import capacity
+    from r1sup.core import capacity
 
     verified = capacity.verified(probe, flags, None, asked)
     if reduced is None:
@@ -808,7 +810,7 @@ WAVE = {
 
 
 def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_beside_them() -> None:
-    from r1sup import capacity
+    from r1sup.core import capacity
 
     probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": WAVE}
     asked = {"requests": 1, "context": 8192, "concurrent": 16}
@@ -857,7 +859,7 @@ def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_besid
 def test_fewer_requests_at_once_than_asked_is_reduced_and_says_their_size(
     wave: dict[str, Any], asked_concurrent: int, requests: int, because: list[str]
 ) -> None:
-    from r1sup import capacity
+    from r1sup.core import capacity
 
     probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": wave}
     asked = {"requests": 1, "context": 8192, "concurrent": asked_concurrent}
@@ -868,7 +870,7 @@ def test_fewer_requests_at_once_than_asked_is_reduced_and_says_their_size(
 
 def test_a_probe_without_a_wave_is_not_held_against_the_concurrency_asked() -> None:
     """A record from before the wave (or a probe that was not asked for one) proves what it proves."""
-    from r1sup import capacity
+    from r1sup.core import capacity
 
     c = capacity.verified(PASSED, {"max_model_len": 8192}, None, {"requests": 2, "concurrent": 16})
     assert c is not None and c["requests"] == 2 and c["asked_concurrent"] is None and not c["reduced"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from r1sup import progress as P
-from r1sup.logparse import LogReader, Progress
+from r1sup.core import progress as P
+from r1sup.core.logparse import LogReader, Progress
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "logs"
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from r1sup import errors
-from r1sup import failure as F
-from r1sup.daemon import LEGAL, State, backoff_delay
-from r1sup.errors import InternalError, PreflightError
-from r1sup.liveness import Figures
+from r1sup.core import errors
+from r1sup.core import failure as F
+from r1sup.core.errors import InternalError, PreflightError
+from r1sup.core.liveness import Figures
+from r1sup.supervision.daemon import LEGAL, State, backoff_delay
 from replay import IDLE, RUNTIME_OOM, STARTUP, Replay, Script, log_lines
 
 S = State

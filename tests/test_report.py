@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from r1sup import memchart
+from r1sup.core import memchart
 from r1sup_proc import ROOT, kill_engine_processes, write_config
 from test_tune_fake import fake_body, fake_env, fake_scenario
 
@@ -31,7 +31,7 @@ def cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 150
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "--log-format", "json", *args],
+        [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

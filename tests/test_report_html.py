@@ -7,7 +7,7 @@ import re
 from html.parser import HTMLParser
 from typing import Any
 
-from r1sup import report
+from r1sup.cli import report
 
 FLAGS = {
     "max_model_len": 4096,

@@ -20,14 +20,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from conftest import wait_until
-from r1sup import config as cfg
-from r1sup import failure as F
-from r1sup.capacity import asked, verified
-from r1sup.events import EventQueue
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.logs import get_logger
-from r1sup.probe import (
+from r1sup.adapters.logs import get_logger
+from r1sup.adapters.probe import (
     SHORT_PROMPT_TOKENS,
     Connection,
     ProbeProcess,
@@ -46,8 +40,14 @@ from r1sup.probe import (
     text_digest,
     wave_size,
 )
-from r1sup.runner import Launch, Runner
-from r1sup.world import World
+from r1sup.core import config as cfg
+from r1sup.core import failure as F
+from r1sup.core.capacity import asked, verified
+from r1sup.core.events import EventQueue
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.supervision.runner import Launch, Runner
+from r1sup.supervision.world import World
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
 
@@ -241,7 +241,7 @@ def probe_children() -> list[psutil.Process]:
     found = []
     for kid in psutil.Process().children(recursive=True):
         try:
-            if "r1sup.probe" in kid.cmdline():
+            if "r1sup.adapters.probe" in kid.cmdline():
                 found.append(kid)
         except psutil.Error:
             continue
@@ -536,9 +536,9 @@ def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_
 
 
 def test_the_probe_child_module_reads_its_spec_after_importing_the_client() -> None:
-    """``python -m r1sup.probe`` with a bad spec fails on the spec, having imported the client."""
+    """``python -m r1sup.adapters.probe`` with a bad spec fails on the spec, having imported the client."""
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "r1sup.probe"],
+        [sys.executable, "-X", "importtime", "-m", "r1sup.adapters.probe"],
         input=json.dumps({"not": "a spec"}).encode(),
         capture_output=True,
         timeout=60,

@@ -10,15 +10,15 @@ from dataclasses import replace
 
 import pytest
 
-from r1sup import catalog, memmodel
-from r1sup import failure as F
-from r1sup import search as S
-from r1sup.bounds import Bounds
-from r1sup.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
-from r1sup.failure import Failure
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core import catalog, memmodel
+from r1sup.core import failure as F
+from r1sup.core import search as S
+from r1sup.core.bounds import Bounds
+from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
+from r1sup.core.failure import Failure
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
 
 Q7 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"])
 Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
@@ -237,7 +237,7 @@ def test_objective_prefers_free_changes_over_costly_ones() -> None:
 
 
 def busy_gpu(total_gib: float, others_gib: float) -> DeviceFacts:
-    from r1sup.hardware import ProcessUse
+    from r1sup.core.hardware import ProcessUse
 
     one = GpuInfo(
         0, "NVIDIA GeForce RTX 4090", int(total_gib * GIB), int((total_gib - others_gib - 0.4) * GIB), (8, 9)

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, free_port, wait_until
-from r1sup import apikey, logs
-from r1sup import config as cfg
-from r1sup.cli import main
-from r1sup.errors import ConfigError
-from r1sup.figures import Figures
-from r1sup.health import Endpoint
+from r1sup.adapters import apikey, logs
+from r1sup.adapters.health import Endpoint
+from r1sup.cli.app import main
+from r1sup.core import config as cfg
+from r1sup.core.errors import ConfigError
+from r1sup.core.figures import Figures
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 
 FAKE_ENV = {"PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}"}
@@ -178,7 +178,7 @@ def test_config_build_survives_any_structure(data: dict):
 
 
 def test_state_dir_and_files_are_private(tmp_path: Path):
-    from r1sup import statefiles
+    from r1sup.adapters import statefiles
 
     d = statefiles.ensure_state_dir(tmp_path / "state")
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
@@ -233,7 +233,7 @@ def test_the_state_dir_lock_names_its_holder_and_dies_with_it(tmp_path: Path):
     import subprocess
     import sys
 
-    from r1sup import statefiles
+    from r1sup.adapters import statefiles
 
     first = statefiles.lock_state_dir(tmp_path / "state", "r1sup run --config a.toml")
     try:
@@ -246,7 +246,7 @@ def test_the_state_dir_lock_names_its_holder_and_dies_with_it(tmp_path: Path):
     statefiles.lock_state_dir(tmp_path / "state", "again").release()  # released: free again
     # a holder killed with SIGKILL holds nothing: the kernel drops the lock with the process
     code = (
-        "import sys, time; from r1sup import statefiles; "
+        "import sys, time; from r1sup.adapters import statefiles; "
         f"statefiles.lock_state_dir({str(tmp_path / 'state')!r}, 'holder'); print('held', flush=True); "
         "time.sleep(60)"
     )
@@ -274,7 +274,7 @@ def test_leftovers_are_only_those_whose_r1sup_is_gone(tmp_path: Path):
     import subprocess
     import sys
 
-    from r1sup import launcher
+    from r1sup.adapters import launcher
 
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     child = None
@@ -307,7 +307,7 @@ def test_leftovers_are_only_those_whose_r1sup_is_gone(tmp_path: Path):
 
 
 def test_an_owner_pid_reused_by_another_process_does_not_keep_a_leftover():
-    from r1sup import launcher
+    from r1sup.adapters import launcher
 
     me = os.getppid()  # alive, but started at another time than the mark says
     assert launcher.owner_alive(launcher.owner_mark(me))
@@ -426,7 +426,7 @@ TOP_NAMES = [
 
 
 def _a_valid_profile() -> dict:
-    from r1sup.profiles import Profile
+    from r1sup.state.profiles import Profile
 
     fp = {"backend": "cuda", "model": {"id": "org/m"}, "tensor_parallel_size": 1}
     profile = Profile.create(
@@ -456,8 +456,9 @@ EDITS = st.lists(
 
 def _use_profile(profile) -> None:
     """What r1sup does with a profile it accepted: build vLLM's command line and compute with its figures."""
-    from r1sup import flags as flagmod
-    from r1sup import memmodel, probe
+    from r1sup.adapters import probe
+    from r1sup.core import flags as flagmod
+    from r1sup.core import memmodel
 
     engine = profile.engine_flags
     argv = engine.to_argv()
@@ -478,8 +479,8 @@ def _use_profile(profile) -> None:
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(edits=EDITS)
 def test_no_profile_or_store_entry_crashes_r1sup_or_reaches_vllm_refused(tmp_path_factory, edits):
-    from r1sup.fleet import DirectoryStore
-    from r1sup.profiles import ProfileStore
+    from r1sup.state.fleet import DirectoryStore
+    from r1sup.state.profiles import ProfileStore
 
     data = _a_valid_profile()
     for section, name, value in edits:
@@ -502,7 +503,7 @@ def test_no_profile_or_store_entry_crashes_r1sup_or_reaches_vllm_refused(tmp_pat
 
 
 def test_the_issues_profiles_are_refused_with_the_field_named():
-    from r1sup.profiles import Profile
+    from r1sup.state.profiles import Profile
 
     for section, name, value in [
         ("observations", "kv_cache_tokens", "x"),
@@ -540,7 +541,7 @@ def test_no_lease_record_crashes_a_replica_or_holds_forever(tmp_path_factory, re
     import math
     import time
 
-    from r1sup.fleet import DirectoryStore, Holder, Lease
+    from r1sup.state.fleet import DirectoryStore, Holder, Lease
 
     root = tmp_path_factory.mktemp("lease")
     (root / "leases").mkdir()
@@ -557,7 +558,7 @@ def test_no_lease_record_crashes_a_replica_or_holds_forever(tmp_path_factory, re
 def test_a_lease_with_a_nan_or_infinite_expiry_or_pid_0_is_expired():
     import time
 
-    from r1sup.fleet import Holder, stale
+    from r1sup.state.fleet import Holder, stale
 
     now = time.time()
     for record in (
@@ -572,7 +573,7 @@ def test_a_lease_with_a_nan_or_infinite_expiry_or_pid_0_is_expired():
     )
 
 
-HERE_FOR_LEASES = __import__("r1sup.fleet", fromlist=["Here"]).Here("node-b", 1, None, None)
+HERE_FOR_LEASES = __import__("r1sup.state.fleet", fromlist=["Here"]).Here("node-b", 1, None, None)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -581,7 +582,7 @@ HERE_FOR_LEASES = __import__("r1sup.fleet", fromlist=["Here"]).Here("node-b", 1,
     "max_model_len", "kv_cache_tokens", "memory_gib", "progress", "degraded", "last_failure", "since",
 ]), HOSTILE, max_size=10))  # fmt: skip
 def test_no_status_file_crashes_r1sup_status(tmp_path_factory, status):
-    from r1sup.commands.status import collect, render
+    from r1sup.cli.commands.status import collect, render
 
     root = tmp_path_factory.mktemp("status")
     status.setdefault("schema_version", 1)
@@ -594,7 +595,7 @@ def test_no_status_file_crashes_r1sup_status(tmp_path_factory, status):
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(start=st.dictionaries(st.sampled_from(FLAG_NAMES), HOSTILE, max_size=4))
 def test_no_config_start_section_reaches_vllm_refused(start):
-    from r1sup.flags import EngineFlags
+    from r1sup.core.flags import EngineFlags
 
     try:
         config = cfg.build({"model": {"name": "m"}, "start": start}, env={})

@@ -19,9 +19,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from conftest import wait_until
-from r1sup import statefiles
-from r1sup.errors import ConfigError
-from r1sup.statefiles import (
+from r1sup.adapters import statefiles
+from r1sup.adapters.statefiles import (
     MAX_STATE_FILE_BYTES,
     SCHEMA_VERSION,
     StateWriteError,
@@ -33,6 +32,7 @@ from r1sup.statefiles import (
     remove_stale_temp_files,
     set_file_aside,
 )
+from r1sup.core.errors import ConfigError
 
 OLD = {"schema_version": SCHEMA_VERSION, "value": "old"}
 NEW = {"schema_version": SCHEMA_VERSION, "value": "new"}
@@ -52,7 +52,7 @@ def bad_files(path: Path) -> list[Path]:
 
 @pytest.fixture(autouse=True)
 def _fresh_logging() -> Iterator[None]:
-    """Other tests run ``r1sup.cli.main``, which points structlog at their captured stdout with a
+    """Other tests run ``r1sup.cli.app.main``, which points structlog at their captured stdout with a
     level filter; start and end each test with structlog's defaults."""
     structlog.reset_defaults()
     yield
@@ -102,7 +102,7 @@ def test_replace_failure_keeps_old_file_and_removes_temp(
 CRASHING_WRITER = """
 import os, sys
 from pathlib import Path
-from r1sup import statefiles
+from r1sup.adapters import statefiles
 
 target, marker = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -526,8 +526,8 @@ class _Source:
 
 
 def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Path) -> None:
-    from r1sup import events as E
-    from r1sup.subscribers import StatusFile
+    from r1sup.core import events as E
+    from r1sup.supervision.subscribers import StatusFile
 
     state = ensure_state_dir(tmp_path / "state")
     elsewhere = tmp_path / "elsewhere.json"
@@ -544,8 +544,8 @@ def test_a_status_json_symlink_is_set_aside_and_the_file_rewritten(tmp_path: Pat
 
 
 def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from r1sup import events as E
-    from r1sup.subscribers import STATUS_RETRY_S, StatusFile
+    from r1sup.core import events as E
+    from r1sup.supervision.subscribers import STATUS_RETRY_S, StatusFile
 
     state = ensure_state_dir(tmp_path / "state")
     real = statefiles.atomic_write_json
@@ -573,8 +573,8 @@ def test_status_json_comes_back_when_the_disk_does(tmp_path: Path, monkeypatch: 
 
 
 def test_run_records_come_back_when_the_disk_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from r1sup import runrecord
-    from r1sup.config import build
+    from r1sup.core.config import build
+    from r1sup.state import runrecord
 
     config = build({"model": {"name": "m"}, "state": {"dir": str(tmp_path / "state")}}, env={})
     real = runrecord.atomic_write_json

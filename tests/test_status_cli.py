@@ -16,11 +16,11 @@ import pytest
 import structlog
 
 from conftest import wait_until
-from r1sup import profiles
-from r1sup.cli import main
-from r1sup.commands.status import is_r1sup_cmdline
-from r1sup.profiles import ProfileStore
-from r1sup.statefiles import atomic_write_json
+from r1sup.adapters.statefiles import atomic_write_json
+from r1sup.cli.app import main
+from r1sup.cli.commands.status import is_r1sup_cmdline
+from r1sup.state import profiles
+from r1sup.state.profiles import ProfileStore
 from test_profiles import fp_with, gpu_box, make_profile
 
 
@@ -265,7 +265,7 @@ def test_state_dir_from_config(tmp_path: Path, capsys: pytest.CaptureFixture[str
         (["r1sup"], True),
         (["/opt/venv/bin/python3", "/opt/venv/bin/r1sup", "run"], True),
         (["python3.11", "-u", "/opt/venv/bin/r1sup", "run"], True),
-        (["python", "-m", "r1sup.cli", "run"], True),
+        (["python", "-m", "r1sup.cli.app", "run"], True),
         (["python", "-X", "importtime", "-m", "r1sup", "run"], True),
         (["python", "-mr1sup.cli"], True),
         (["/home/ci/r1sup/.venv/bin/python", "-c", "import r1sup"], False),
@@ -282,10 +282,10 @@ def test_what_counts_as_an_r1sup_process(argv: list[str], expected: bool) -> Non
 
 IMPORT_PROBE = """
 import json, sys
-from r1sup.cli import main
+from r1sup.cli.app import main
 code = main(["status", "--state-dir", sys.argv[1], "--json"])
 HEAVY = ("torch", "vllm", "openai", "transformers", "pynvml")
-OURS = ("r1sup.devices", "r1sup.planner", "r1sup.modelinfo", "r1sup.launcher", "r1sup.probe")
+OURS = ("r1sup.adapters.devices", "r1sup.core.planner", "r1sup.adapters.modelinfo", "r1sup.adapters.launcher", "r1sup.adapters.probe")
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY or m in OURS)
 print(json.dumps({"code": code, "heavy": heavy, "psutil": "psutil" in sys.modules}), file=sys.stderr)
 """
@@ -540,7 +540,7 @@ def test_instances_of_the_systemd_template_each_get_a_line(
 
 
 def test_no_vllm_none_for_an_unknown_engine_version() -> None:
-    from r1sup.commands.status import box_summary
+    from r1sup.cli.commands.status import box_summary
 
     fp = {"gpu": {"names": ["L4"], "count": 1}, "versions": {"vllm": None, "torch": "2.9.0"}}
     assert box_summary(fp) == "1x L4; torch 2.9.0, vllm version unknown"
@@ -554,7 +554,7 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path, sleepers: list[subprocess.Po
     state = tmp_path / "state"
     write_status(state, start(sleepers, r1sup_like(tmp_path)).pid, None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "r1sup.cli", "status", "--state-dir", str(state), "--watch", "0.2"],
+        [sys.executable, "-m", "r1sup.cli.app", "status", "--state-dir", str(state), "--watch", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -579,7 +579,7 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path, sleepers: list[subprocess.Po
             proc.kill()
             proc.wait(timeout=10)
     bad = subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "status", "--state-dir", str(state), "--watch", "0"],
+        [sys.executable, "-m", "r1sup.cli.app", "status", "--state-dir", str(state), "--watch", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "--watch: must be a positive number" in bad.stderr

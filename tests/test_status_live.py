@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def status(state: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``r1sup status``; with the fake NVML on its path (``env``) it sees the fake engine's GPU memory."""
     return subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", "status", "--state-dir", str(state), *extra],
+        [sys.executable, "-m", "r1sup.cli.app", "status", "--state-dir", str(state), *extra],
         capture_output=True,
         text=True,
         timeout=60,
@@ -105,7 +105,7 @@ def test_progress_served_line_stop_and_report(tmp_path: Path) -> None:
 
         page = tmp_path / "run.html"
         done = subprocess.run(
-            [sys.executable, "-m", "r1sup.cli", "report", "--state-dir", str(state), "--html", str(page)],
+            [sys.executable, "-m", "r1sup.cli.app", "report", "--state-dir", str(state), "--html", str(page)],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr

@@ -28,7 +28,7 @@ def cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "r1sup.cli", *args],
+        [sys.executable, "-m", "r1sup.cli.app", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from r1sup.config import ServerSection
+from r1sup.core.config import ServerSection
 
 ROOT = Path(__file__).resolve().parent.parent
 UNITS = ROOT / "systemd"
@@ -92,7 +92,7 @@ def test_unit_settings(unit: str):
     assert "ReadWritePaths=" in unit_text and "WatchdogSec=" in unit_text
     assert "StartLimitBurst=" in unit_text and "RestartSec=" in unit_text
     # permanent failures stay failed: a config error and "no working configuration" would only repeat
-    from r1sup.errors import EXIT_CONFIG, EXIT_NO_WORKING_CONFIG
+    from r1sup.core.errors import EXIT_CONFIG, EXIT_NO_WORKING_CONFIG
 
     prevented = {int(code) for code in service["RestartPreventExitStatus"].split()}
     assert prevented == {EXIT_CONFIG, EXIT_NO_WORKING_CONFIG}
@@ -144,7 +144,7 @@ def service_section(unit: str, instance: str | None = None) -> dict[str, list[st
 
 @pytest.mark.parametrize(("unit", "instance"), [("r1sup.service", None), ("r1sup@.service", "qwen-14b")])
 def test_a_hand_run_finds_the_state_directory_the_unit_uses(unit: str, instance: str | None):
-    from r1sup import config as cfg
+    from r1sup.core import config as cfg
 
     service = service_section(unit, instance)
     argv = service["ExecStart"][0].split()
@@ -263,7 +263,7 @@ def test_vllm_serves_under_the_units_system_call_filter(tmp_path: Path, tiny_mod
     body = tiny_engine_config(tmp_path, tiny_model, port, compiled=True, daemon={"health_interval_s": 1.0})
     config = write_config(tmp_path / "r1sup.toml", body)
     log = (tmp_path / "r1sup.log").open("w")
-    argv = [sys.executable, str(SECCOMP_RUN), str(allowed), "r1sup.cli", "--log-format", "json"]
+    argv = [sys.executable, str(SECCOMP_RUN), str(allowed), "r1sup.cli.app", "--log-format", "json"]
     proc = subprocess.Popen(
         [*argv, "run", "--config", str(config)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
     )

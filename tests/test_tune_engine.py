@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port, wait_until
-from r1sup import devices
+from r1sup.adapters import devices
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

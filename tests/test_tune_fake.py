@@ -1,6 +1,6 @@
 """``r1sup tune`` end to end on the fake GPU engine: every GPU-only failure class drives the ladder.
 
-Each test runs the real CLI (``python -m r1sup.cli tune --json``) as a subprocess; r1sup launches
+Each test runs the real CLI (``python -m r1sup.cli.app tune --json``) as a subprocess; r1sup launches
 ``python -m fakevllm`` (tests/fakevllm), which applies vLLM V1's memory accounting to the scenario's
 simulated GPU and prints vLLM's real messages; tests/fakenvml makes r1sup's device probe see the same
 GPU. The fake engine appends one JSON line per launch to the scenario's ``state_file``, so every test

@@ -6,15 +6,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from r1sup import catalog, planner, profiles
-from r1sup import config as cfg
-from r1sup import events as E
-from r1sup import memmodel as M
-from r1sup.events import status_line
-from r1sup.figures import Figures
-from r1sup.flags import EngineFlags
-from r1sup.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions
+from r1sup.core import catalog, planner
+from r1sup.core import config as cfg
+from r1sup.core import events as E
+from r1sup.core import memmodel as M
+from r1sup.core.events import status_line
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.state import profiles
+from r1sup.supervision.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions
 from r1sup_proc import write_config
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
@@ -121,7 +122,7 @@ class ScriptedRunner:
         pass
 
     def launch(self, flags: EngineFlags, *, attempt: int) -> Any:
-        from r1sup import failure as F
+        from r1sup.core import failure as F
 
         self.launched.append(flags)
         outcome = self.outcomes.pop(0)
@@ -151,7 +152,7 @@ class ScriptedRunner:
 
 
 def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Path, monkeypatch: Any):
-    from r1sup import tuner as T
+    from r1sup.supervision import tuner as T
 
     body = {"model": {"name": Q7}, "probe": {"enabled": False}, "ladder": {"first_launch": "as_configured"}}
     config = cfg.load(write_config(tmp_path / "c.toml", body), environ={})

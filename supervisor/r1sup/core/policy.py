@@ -1,0 +1,74 @@
+"""What no choice of flags fixes: the rules the search applies before it looks for flags. Pure.
+
+- ``none``: nothing failed, nothing to do (exit 4 if asked).
+- ``internal_error``: r1sup's own fault: no flag change, no relaunch (exit 1).
+- fatal classes (``port_in_use``, ``model_not_found``, a ``config_error`` the search cannot fix): stop at
+  once (exit 4); the same flags would fail the same way.
+- transient classes (``cuda_error``, ``engine_dead``, ``hang``): one retry of the same flags after a
+  backoff; the same class again stops (exit 4).
+- ``ladder.max_attempts`` launches: stop (exit 3).
+
+Everything else is a memory failure, evidence for the search (:mod:`r1sup.core.search`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from r1sup.core import failure as F
+from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
+from r1sup.core.failure import Failure
+
+TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG})
+FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
+
+
+@dataclass(frozen=True)
+class Stop:
+    """No relaunch: why, and the exit code."""
+
+    reason: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The same flags once more (a transient class), after a backoff."""
+
+    reason: str
+
+
+def fatal_reason(failure: Failure) -> str:
+    what = {
+        F.PORT_IN_USE: "the port is taken",
+        F.MODEL_NOT_FOUND: "the model cannot be found or accessed",
+        F.CONFIG_ERROR: "vLLM rejected the configuration",
+    }.get(failure.cls, failure.cls)
+    detail = failure.evidence or failure.detail
+    return f"{what}; no flag change fixes that: {detail}" if detail else what
+
+
+def decide(
+    failure: Failure, *, retried: frozenset[str], attempts: int, max_attempts: int, fixable: bool = False
+) -> Stop | Retry | None:
+    """The policy's answer to ``failure`` after ``attempts`` launches (counting it), or None when it is
+    the search's to answer. ``retried``: the transient classes already retried once; ``fixable``: a
+    config error the search knows a fix for (a context above the model's limit, more sequences than
+    batched tokens)."""
+    if failure.cls == F.NONE:
+        return Stop("nothing failed", EXIT_FATAL_FAILURE)
+    if failure.cls == F.INTERNAL_ERROR:
+        return Stop(f"internal error in {failure.detail or 'r1sup'}: {failure.evidence}", EXIT_INTERNAL)
+    if failure.cls in FATAL and not fixable:
+        return Stop(fatal_reason(failure), EXIT_FATAL_FAILURE)
+    if failure.cls in TRANSIENT:
+        if failure.cls in retried:
+            return Stop(
+                f"{failure.cls} again after a retry: {failure.evidence or failure.detail}", EXIT_FATAL_FAILURE
+            )
+        if attempts >= max_attempts:
+            return Stop(f"ladder.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
+        return Retry(f"{failure.cls} is often transient: one retry with the same flags")
+    if attempts >= max_attempts:
+        return Stop(f"ladder.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
+    return None

@@ -1,0 +1,1203 @@
+"""The search: one pure search over all levers, scored by the memory model. No I/O, no clock.
+
+r1sup's one recommender. ``Search(facts).recommend()`` answers "which flags" before any launch, the same
+for ``r1sup plan`` and the first launch of ``tune``/``run`` (flags, verdict, and when nothing fits the
+:class:`GiveUp`: then nothing is launched); ``Search.after(outcome)`` gives the next flags after a
+failure, or :class:`GiveUp` with the bound that blocks and the ways out; ``Search.refine`` the one more
+launch a passed launch's own KV figure allows. Every candidate is a set of flags over all the levers at
+once (utilization, KV dtype, eager, ``max_num_batched_tokens``, tensor parallel, a pinned KV size, fp8
+weights; for each, ``max_num_seqs`` from the sequences the user gets without r1sup down to
+``ladder.min_max_num_seqs``; the context is then the longest that fits), evaluated by
+:mod:`r1sup.core.memmodel` calibrated with every figure vLLM printed so far on this box, and ranked by one
+objective (the README's "The search"):
+
+1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
+   nor ``ladder.min_max_model_len`` (a hard bound);
+2. the context asked for; when nothing gives it, those within CONTEXT_SLACK of the longest that fits;
+3. the cheapest set of changes against the user's flags, each costing what it takes from the user
+   (:data:`COSTS`; fewer sequences and a shorter context in proportion to what is given up), then the
+   fewest that cost something;
+4. the longest context, the most sequences, the most KV capacity.
+
+A failure adds evidence rather than a rule: the figures calibrate the model (``kv_insufficient``,
+``no_kv_memory``: what is left for the KV cache, negative too), or add a constraint the model does not
+hold (``free_mem_below_util``: utilization at most what is free; ``oom_profile``: the profile's peak needs
+the bytes it missed; ``oom_cudagraph``, ``oom_runtime``: the memory outside vLLM's budget must grow by
+what the allocation missed; ``oom_kv_alloc``: the budget shrinks by it; ``oom_weights``: weights of that
+size per GPU do not load; ``fp8_unsupported``: that fp8 format is excluded on this box; a
+``config_error`` over the model's context limit: the context is capped at it). A lever that was pulled
+against a failure and left its figures where they were is marked ineffective for that failure and
+credited with nothing afterwards; a configuration that failed is never launched again. The search gives
+up only when no candidate within the bounds is predicted to fit even without the margin kept for the
+model's error; what no flag fixes (fatal, transient, internal, the attempt budget) is the policy's
+(:mod:`r1sup.core.policy`).
+
+Explicit branches where there is nothing to score with: the CPU backend (the planner's CPU branch sizes
+the first launch); without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable
+config.json) the first launch is the flags as given and a failure takes one step per failure class
+(:mod:`r1sup.core.blind`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline
+(:mod:`r1sup.core.naive`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from r1sup.core import blind
+from r1sup.core import bounds as B
+from r1sup.core import failure as F
+from r1sup.core import memmodel as M
+from r1sup.core import policy as P
+from r1sup.core.errors import EXIT_NO_WORKING_CONFIG
+from r1sup.core.failure import Failure
+from r1sup.core.figures import EMPTY as NO_FIGURES
+from r1sup.core.figures import Figures
+from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
+from r1sup.core.hardware import DeviceFacts, GpuInfo
+
+GIB = 1024**3
+MIB = 1024**2
+
+# What each change to the user's flags costs (objective 3; lower is better; a candidate's cost is the sum
+# over the flags it changes). Lowering max_num_seqs is never free: vLLM admits a request when the KV blocks
+# it uses now are free, not max_model_len's worth, so a cache that holds one request of the full context
+# holds many ordinary ones, and max_num_seqs caps how many run at once. It costs SEQS_COST in proportion
+# to the concurrency given up (1024 -> 512 costs half of it); a shorter context costs CONTEXT_COST in
+# proportion to the tokens given up.
+COSTS: dict[str, float] = {
+    "max_num_seqs": 6,  # x the fraction of the wanted concurrency given up
+    "max_num_batched_tokens": 1,  # prefill in smaller chunks
+    "gpu_memory_utilization": 1,  # more of the card (or less, when something else needs it)
+    "kv_cache_memory_bytes": 1,
+    "kv_cache_dtype": 2,  # fp8 KV: small accuracy cost
+    "enforce_eager": 4,  # no CUDA graphs: slower decoding
+    "tensor_parallel_size": 5,  # more GPUs
+    "quantization": 8,  # fp8 weights, only where ladder.allow_weight_quantization
+}
+SEQS_COST = COSTS["max_num_seqs"]
+CONTEXT_COST = 10  # x the fraction of the asked context given up
+# When the asked context fits nowhere, candidates within this fraction of the longest context that fits
+# compete on cost (so a few hundred tokens never cost the concurrency of hundreds of sequences)
+CONTEXT_SLACK = 0.03
+SEQS_STEP = 8  # vLLM captures CUDA graphs for batch sizes in steps of 8: max_num_seqs is searched on it
+UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cache_memory_bytes')
+
+# The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
+# (not yet measured) overheads, at most 4% of the budget (planner._margin). Against real GPU logs the
+# calibrated model's KV memory is within 0.2 GiB (bench_planner_truth.py, worst |error| 0.203 GiB over 34
+# records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
+# below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
+MEASURED_KV_ERROR_GIB = 0.2
+ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed
+MARGIN_FRACTION = 0.04  # the most of the budget kept spare for them
+PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
+UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
+REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
+REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
+MIN_BATCHED_TOKENS = 256
+FREE_MARGIN_GIB = B.FREE_MARGIN_GIB
+OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
+DEGRADED_KV_RATIO = 1.05  # without them, 5% more KV tokens (or a longer context) makes it degraded
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the search knows before the first launch (plain data)."""
+
+    arch: M.ModelArch | None
+    device: DeviceFacts
+    user: EngineFlags  # the user's [start]
+    bounds: B.Bounds = field(default_factory=B.Bounds)
+    version: M.Version = M.NEWEST_KNOWN
+    calibration: M.Calibration | None = None  # from an earlier launch on this box (a saved profile)
+    ladder_facts: B.Facts | None = None  # for the branch without an architecture (r1sup.core.blind)
+    suggestions: tuple[str, ...] = ()  # the planner's ways out, added to a give-up
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One launch as r1sup saw it: its flags, the failure (class, phase, every figure vLLM printed) and
+    the other figures of the launch (the log reader's); the box as probed after it."""
+
+    flags: EngineFlags
+    failure: Failure
+    figures: Figures = NO_FIGURES
+    device: DeviceFacts | None = None
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    reason: str
+    ways_out: tuple[str, ...] = ()
+    exit_code: int = EXIT_NO_WORKING_CONFIG
+    bound: str = ""  # the bound that blocks (a [ladder] or [target] setting), when one does
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        return self.ways_out
+
+
+@dataclass(frozen=True)
+class Next:
+    flags: EngineFlags
+    reason: str
+    retry: bool = False
+
+
+Decision = Next | GiveUp
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the launches so far proved (each field is explained in the module doc)."""
+
+    tried: frozenset[EngineFlags] = frozenset()
+    retried: frozenset[str] = frozenset()
+    banned_kv: frozenset[str] = frozenset()  # KV dtypes that failed here
+    no_fp8_weights: bool = False
+    util_cap: float | None = None
+    context_cap: int | None = None
+    weights_fail_bytes: int | None = None  # weights per GPU this large did not load
+    profile_need: float = 0.0  # fraction the profile peak needs above the model's activation
+    outside_need: dict[str, int] = field(default_factory=dict)  # oom_cudagraph/oom_runtime: bytes outside
+    budget_cap: int | None = None  # oom_kv_alloc: the budget that does not fit physically
+    pinned_cap: int | None = None  # oom_kv_alloc with a pinned KV size: the largest that may fit
+    ineffective: frozenset[tuple[str, str]] = frozenset()  # (failure class, lever)
+    last: dict[str, tuple[EngineFlags, tuple[float, ...]]] = field(default_factory=dict)
+    calibration: M.Calibration | None = None
+    calibrated: int = 0  # launches whose figures calibrated the model
+    exact_kv: bool = False  # the KV budget of the calibration came from a token count, not 0.01 GiB
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    flags: EngineFlags  # with the context set
+    context: int
+    meets_target: bool
+    cost: float
+    kv_tokens: int
+    est: M.Estimate
+    changes: tuple[str, ...]
+
+    costed: int = 0  # changes that cost something (a free one does not count against a candidate)
+
+    @property
+    def seqs(self) -> int:
+        """The sequences vLLM runs at once with these flags."""
+        return self.est.batch.max_num_seqs
+
+    def key(self) -> tuple[float, int, int, int, int]:
+        return (self.cost, self.costed, -self.context, -self.seqs, -self.kv_tokens)
+
+
+VERDICTS = ("fits", "fits_with_changes", "does_not_fit")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The answer to "which flags" before any launch, the same for ``r1sup plan`` and the first launch of
+    ``tune``/``run``: the flags, the verdict (``fits``: the user's flags as given; ``fits_with_changes``:
+    only with ``flags``; ``does_not_fit``: nothing within the bounds, and ``give_up`` says why and the ways
+    out: ``tune`` then launches nothing), why, and the search's candidate (None when the search has
+    nothing to score with: the CPU backend, an unknown architecture)."""
+
+    flags: EngineFlags
+    verdict: str
+    reason: str
+    candidate: Candidate | None = None
+    give_up: GiveUp | None = None
+
+
+class Search:
+    """The search over one bring-up (``r1sup tune``, ``r1sup run``'s start and its recovery)."""
+
+    def __init__(self, facts: Facts, evidence: Evidence | None = None) -> None:
+        self.facts = facts
+        self.evidence = evidence or Evidence(
+            calibration=facts.calibration, calibrated=int(bool(facts.calibration))
+        )
+        self._history = blind.History()  # the blind branch's own state (no architecture, naive)
+
+    # --- the two questions -----------------------------------------------------------------------
+
+    def first(self) -> EngineFlags:
+        """The first launch (:meth:`recommend`'s flags; the user's when nothing is predicted to fit)."""
+        return self.recommend().flags
+
+    def recommend(self) -> Recommendation:
+        """The first launch and its verdict (:class:`Recommendation`). Without an architecture the flags
+        are the user's (nothing to score them with: the launch measures); on the CPU backend the
+        planner's CPU branch (:func:`r1sup.core.planner.plan`) sizes the context against the NUMA node."""
+        user = self.facts.user
+        if self.facts.arch is None or not self.facts.device.gpus and self.facts.device.backend != "cpu":
+            return Recommendation(user, "fits", "the model's architecture is unknown: launched as given")
+        if not self.usable:
+            return self._recommend_cpu()
+        best = self.best(margin=True) or self.best(margin=False)
+        if best is None:
+            give_up = self._give_up(None)
+            return Recommendation(user, "does_not_fit", give_up.reason, None, give_up)
+        as_given = user.replace(max_model_len=self.asked_context())
+        if best.flags == as_given:
+            why = f"as given: predicted KV {best.est.kv.gib:.2f} GiB = {best.kv_tokens} tokens"
+            return Recommendation(best.flags, "fits", why, best)
+        return Recommendation(best.flags, "fits_with_changes", self._explain(best), best)
+
+    def _recommend_cpu(self) -> Recommendation:
+        """The CPU backend (vLLM's KV cache in host memory, one NUMA node): the planner's CPU branch."""
+        from r1sup.core import planner
+
+        arch, user, b = self.facts.arch, self.facts.user, self.facts.bounds
+        assert arch is not None
+        plan = planner.plan(
+            arch,
+            self.facts.device,
+            user,
+            target_concurrency=b.target_concurrency,
+            target_context=b.target_context,
+            calibration=self.evidence.calibration,
+            bounds=b,
+            version=self.facts.version,
+        )
+        if plan.fits or plan.recommended is None:
+            verdict = "fits" if plan.fits else "does_not_fit"
+            give_up = None if plan.fits else GiveUp(plan.verdict_reason, (), EXIT_NO_WORKING_CONFIG)
+            return Recommendation(user, verdict, plan.verdict_reason, None, give_up)
+        return Recommendation(plan.recommended, "fits_with_changes", plan.verdict_reason)
+
+    def after(self, outcome: Outcome) -> Decision:
+        """What to launch after ``outcome`` (which failed), or why to stop."""
+        failure, flags = outcome.failure, outcome.flags
+        ev = self.evidence
+        ev = replace(ev, tried=ev.tried | {flags}, attempts=ev.attempts + 1)
+        if outcome.device is not None:
+            self.facts = replace(self.facts, device=outcome.device)
+        b = self.facts.bounds
+        ruled = P.decide(
+            failure,
+            retried=ev.retried,
+            attempts=ev.attempts,
+            max_attempts=b.max_attempts,
+            fixable=self._context_error(flags, failure),
+        )
+        if isinstance(ruled, P.Retry):
+            self.evidence = replace(ev, retried=ev.retried | {failure.cls})
+            return Next(flags, ruled.reason, retry=True)
+        if isinstance(ruled, P.Stop):
+            ways = self.facts.suggestions if ruled.exit_code == EXIT_NO_WORKING_CONFIG else ()
+            bound = "ladder.max_attempts" if "max_attempts" in ruled.reason else ""
+            return self._stop(ev, GiveUp(ruled.reason, ways, ruled.exit_code, bound))
+        if b.strategy == "naive" or not self.usable or failure.cls == F.HOST_OOM:
+            return self._fallback(ev, outcome)
+        ev, note = self._learn(ev, outcome)
+        self.evidence = ev
+        best = self.best(margin=True) or self.best(margin=False)
+        if best is None:
+            return self._stop(ev, self._give_up(failure))
+        why = f"{failure.cls}: {note}; " if note else f"{failure.cls}: "
+        return Next(best.flags, why + self._explain(best))
+
+    def refine(self, flags: EngineFlags, figures: Figures) -> EngineFlags | None:
+        """After a launch that passed below the asked context: one more launch when what it printed holds a
+        context REFINE_GAIN longer (up to the one asked for); else None. vLLM's "GPU KV cache size: N
+        tokens" alone is enough: the same flags hold one request of its usable blocks (the memory does not
+        depend on ``max_model_len``), so the next launch reaches within REFINE_SHORTFALL of that figure;
+        the calibrated model's best candidate is taken instead when it gives as much (the margin kept for
+        the first launch was the model's error, and this launch measured it away)."""
+        if not self.usable or self.facts.bounds.strategy == "naive":
+            return None
+        if figures.kv_cache_gib is None and not figures.kv_cache_tokens:
+            return None
+        context = flags.max_model_len or 0
+        asked = self.asked_context()
+        if not context or context >= asked:
+            return None
+        ok = Outcome(flags, Failure(F.NONE), figures)
+        ev, _ = self._learn(replace(self.evidence, tried=self.evidence.tried | {flags}), ok)
+        allowed = 0
+        tokens = int(figures.kv_cache_tokens or 0)
+        if tokens and flags.kv_cache_memory_bytes is None:
+            block = M.block_size(self.facts.device.backend)
+            allowed = min(asked, M.usable_blocks(tokens // block, self.facts.version) * block)
+        trial = Search(self.facts, ev)
+        best = trial.best(margin=True)
+        if best is not None and best.context >= max(REFINE_GAIN * context, REFINE_SHORTFALL * allowed):
+            self.evidence = ev
+            return best.flags
+        if allowed >= REFINE_GAIN * context:
+            self.evidence = ev
+            return flags.replace(max_model_len=allowed)
+        return None
+
+    # --- candidates ------------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        d = self.facts.device
+        return self.facts.arch is not None and d.backend != "cpu" and bool(d.gpus) and d.total_bytes > 0
+
+    def asked_context(self) -> int:
+        """The context the user asked for (the model's own limit when unset), within evidence."""
+        arch = self.facts.arch
+        assert arch is not None
+        asked = self.facts.user.max_model_len
+        if asked in (None, -1):
+            asked = arch.max_position_embeddings
+            target = self.facts.bounds.target_context
+            if target and target > asked:
+                asked = target
+        asked = min(asked, arch.max_position_embeddings)  # vLLM refuses more (a config error)
+        cap = self.evidence.context_cap
+        return min(asked, cap) if cap else asked
+
+    def min_context(self) -> int:
+        b = self.facts.bounds
+        return min(b.min_context, self.asked_context()) if not b.target_context else b.min_context
+
+    def candidates(self) -> Iterable[EngineFlags]:
+        """Every combination of the levers but ``max_num_seqs`` (the user's): :meth:`ranked` searches
+        the sequences of each for the most that give its longest context."""
+        arch, user, b, ev = self.facts.arch, self.facts.user, self.facts.bounds, self.evidence
+        assert arch is not None
+        device = self.facts.device
+        cc = device.compute_capability
+        # tensor parallel: the user's size when vLLM accepts it, larger ones when allowed and present
+        valid = M.valid_tp_sizes(arch, max(device.count, user.tensor_parallel_size))
+        tps = [t for t in valid if t == user.tensor_parallel_size]
+        if not tps:
+            tps = [max(t for t in valid if t <= user.tensor_parallel_size)]
+        if b.allow_tensor_parallel and device.count > tps[0]:
+            tps += [t for t in valid if t > tps[0] and t <= device.count]
+        quants: list[str | None] = [user.quantization]
+        if (
+            b.allow_weight_quantization
+            and not ev.no_fp8_weights
+            and M.weight_method(arch, user) is None
+            and (cc is None or cc >= (8, 0))
+        ):
+            quants.append("fp8")
+        if user.quantization == "fp8" and ev.no_fp8_weights:
+            quants = [None]
+        kvs = [k for k in self._kv_dtypes() if k not in ev.banned_kv]
+        eagers = [user.enforce_eager] + ([True] if b.allow_eager and not user.enforce_eager else [])
+        for tp, quant, kv, eager in itertools.product(tps, quants, kvs, eagers):
+            base = user.replace(
+                tensor_parallel_size=tp, quantization=quant, kv_cache_dtype=kv, enforce_eager=eager
+            )
+            for util in self._utils(base):
+                for batched in self._batched(base.replace(gpu_memory_utilization=util)):
+                    f = base.replace(gpu_memory_utilization=util, max_num_batched_tokens=batched)
+                    yield from self._pinned(f)
+
+    def _kv_dtypes(self) -> list[str]:
+        user, b, device = self.facts.user, self.facts.bounds, self.facts.device
+        cc = device.compute_capability
+        e4m3 = cc is None or cc >= (8, 9)
+        out = [user.kv_cache_dtype]
+        if user.kv_cache_dtype in ("fp8", "fp8_e4m3") and not e4m3:
+            out = ["fp8_e5m2"]  # vLLM refuses e4m3 below compute capability 8.9
+        if b.allow_fp8_kv and device.fp8_kv_supported is not False:
+            # one fp8 format (the same bytes): e4m3 where the card is known to have it, e5m2 elsewhere
+            # and once e4m3 failed here
+            known = cc is not None and cc >= (8, 9)
+            out.append("fp8" if known and "fp8" not in self.evidence.banned_kv else "fp8_e5m2")
+        if user.kv_cache_dtype in FP8_KV_DTYPES:
+            out.append("auto")  # when fp8 fails here
+        return list(dict.fromkeys(out))
+
+    def _util_cap(self, tp: int) -> float:
+        b, device, ev = self.facts.bounds, self.facts.device, self.evidence
+        cap = b.max_gpu_memory_utilization
+        if device.free_bytes and device.total_bytes:
+            cap = min(cap, startable_utilization(device, tp, self.facts.version))
+        if ev.util_cap is not None:
+            cap = min(cap, ev.util_cap)
+        return cap
+
+    def _utils(self, f: EngineFlags) -> list[float]:
+        """The user's utilization, the highest allowed, and the highest that leaves outside vLLM's budget
+        what a failure showed is needed there (or keeps the budget below what failed to allocate)."""
+        b, device, ev = self.facts.bounds, self.facts.device, self.evidence
+        cap = self._util_cap(f.tensor_parallel_size)
+        total = device.total_bytes
+        room = (device.free_bytes or total) - M.context_bytes(
+            device, f.tensor_parallel_size, self.facts.version
+        )
+        wanted = [f.gpu_memory_utilization, cap]
+        for need in ev.outside_need.values():
+            wanted.append(math.floor((room - need) / total * 100) / 100)
+        if ev.budget_cap is not None:
+            wanted.append(math.floor(ev.budget_cap / total * 100) / 100)
+        out = [u for u in wanted if b.min_gpu_memory_utilization <= u <= cap]
+        if f.kv_cache_memory_bytes is not None:
+            out = [min(f.gpu_memory_utilization, cap)] if out else []
+        return sorted(set(out), reverse=True)
+
+    def wanted_seqs(self) -> int:
+        """The sequences the user gets without the search: ``start.max_num_seqs``, else vLLM's default for
+        this version and GPU (clamped to its batched tokens, as vLLM does)."""
+        arch = self.facts.arch
+        assert arch is not None
+        user = self.facts.user.replace(max_model_len=self.asked_context())
+        return M.resolve_batch(arch, self.facts.device, user, self.facts.version).max_num_seqs
+
+    def min_seqs(self) -> int:
+        """The fewest sequences the search sets: ``ladder.min_max_num_seqs`` and the target's concurrency,
+        never more than the user gets without the search."""
+        b = self.facts.bounds
+        return min(self.wanted_seqs(), max(b.min_max_num_seqs, b.target_concurrency or 1))
+
+    def _batched(self, f: EngineFlags) -> list[int | None]:
+        """``max_num_batched_tokens``: the user's; as many as the wanted sequences when vLLM's would be
+        fewer (vLLM refuses fewer batched tokens than sequences); a half, a quarter, 2048 (a smaller
+        profile peak)."""
+        arch = self.facts.arch
+        assert arch is not None
+        want = self.wanted_seqs()
+        batch = M.resolve_batch(arch, self.facts.device, f.replace(max_num_seqs=want), self.facts.version)
+        tokens = batch.max_num_batched_tokens
+        out: list[int | None] = [f.max_num_batched_tokens]
+        if want > tokens:
+            out.append(want)
+        out += [t for t in (tokens // 2, tokens // 4, 2048) if MIN_BATCHED_TOKENS <= t < tokens]
+        return list(dict.fromkeys(out))
+
+    def _with_seqs(self, f: EngineFlags, seqs: int) -> EngineFlags:
+        """``f`` running ``seqs`` sequences (unset when that is what vLLM would run anyway)."""
+        if self.facts.user.max_num_seqs is None and seqs == self.wanted_seqs():
+            return f.replace(max_num_seqs=None)
+        return f.replace(max_num_seqs=seqs)
+
+    def _seq_choices(self, f: EngineFlags, margin: bool) -> list[Candidate]:
+        """``f`` with the most sequences that give the context asked for (from the wanted ones down to
+        :meth:`min_seqs`, on vLLM's graph step of 8); when no number gives it, the fewest (the longest
+        context), the wanted ones, and the most within CONTEXT_SLACK of that longest context."""
+        arch = self.facts.arch
+        assert arch is not None
+        want = self.wanted_seqs()
+        tokens = M.resolve_batch(arch, self.facts.device, f.replace(max_num_seqs=want), self.facts.version)
+        hi = min(want, tokens.max_num_batched_tokens)
+        lo = min(hi, self.min_seqs())
+        asked = self.asked_context()
+        cache: dict[int, Candidate | None] = {}
+
+        def at(seqs: int) -> Candidate | None:
+            if seqs not in cache:
+                cache[seqs] = self.score(self._with_seqs(f, seqs), margin)
+            return cache[seqs]
+
+        top = at(hi)
+        if top is not None and top.context >= asked or lo == hi:
+            return [top] if top is not None else []
+        bottom = at(lo)
+        if bottom is None:
+            return [top] if top is not None else []
+        grid = [lo] + [n for n in range(M.cdiv(lo + 1, SEQS_STEP) * SEQS_STEP, hi, SEQS_STEP)] + [hi]
+
+        def most(enough: int) -> Candidate:
+            """The candidate with the most sequences whose context is at least ``enough`` (bisection:
+            fewer sequences never give a shorter context; the fewest give ``bottom``'s)."""
+            if top is not None and top.context >= enough:
+                return top
+            good, bad = 0, len(grid) - 1
+            while bad - good > 1:
+                mid = (good + bad) // 2
+                c = at(grid[mid])
+                if c is not None and c.context >= enough:
+                    good = mid
+                else:
+                    bad = mid
+            return at(grid[good]) or bottom
+
+        if bottom.context >= asked:
+            return [most(asked)]
+        out = [bottom, most(int(bottom.context * (1 - CONTEXT_SLACK)))]
+        return out + ([top] if top is not None else [])
+
+    def _pinned(self, f: EngineFlags) -> Iterable[EngineFlags]:
+        """A pinned KV size as given (or shrunk to what a failed allocation left), or not pinned."""
+        cap = self.evidence.pinned_cap
+        if f.kv_cache_memory_bytes is not None and cap is not None and f.kv_cache_memory_bytes > cap:
+            if cap > 0:
+                yield f.replace(kv_cache_memory_bytes=cap)
+        else:
+            yield f
+        if f.kv_cache_memory_bytes is not None:
+            yield f.replace(kv_cache_memory_bytes=None)
+
+    # --- scoring ---------------------------------------------------------------------------------
+
+    def margin(self, est: M.Estimate) -> int:
+        """Bytes of KV kept spare for the model's error (:func:`margin_bytes`)."""
+        return margin_bytes(est, self.evidence.calibrated, self.evidence.exact_kv)
+
+    def score(self, flags: EngineFlags, margin: bool) -> Candidate | None:
+        """``flags`` with the longest context that fits, or None when they cannot run within the bounds."""
+        arch, device, b, ev = self.facts.arch, self.facts.device, self.facts.bounds, self.evidence
+        assert arch is not None
+        asked = self.asked_context()
+        f = flags.replace(max_model_len=asked)
+        if M.tp_refusal(arch, f.tensor_parallel_size):
+            return None
+        est = M.evaluate(arch, device, f, self.facts.version, ev.calibration)
+        if est.startup_problem is not None:
+            return None
+        if est.batch.max_num_seqs > est.batch.max_num_batched_tokens:
+            return None  # vLLM's SchedulerConfig refuses it (max_num_batched_tokens >= max_num_seqs)
+        if ev.weights_fail_bytes is not None and est.weights.bytes >= ev.weights_fail_bytes:
+            return None
+        tp = f.tensor_parallel_size
+        free = (device.free_bytes or device.total_bytes) - est.context.bytes
+        # the profile run's peak must fit physically (before the KV cache exists)
+        peak = est.weights.bytes + est.non_torch.bytes + int(est.activation.bytes * (1 + ev.profile_need))
+        if peak > free:
+            return None
+        budget = est.budget
+        if ev.budget_cap is not None and budget > ev.budget_cap and f.kv_cache_memory_bytes is None:
+            return None
+        outside = free - budget
+        for cls, need in ev.outside_need.items():
+            if cls == F.OOM_CUDAGRAPH and f.enforce_eager:
+                continue
+            if outside < self._scaled_need(cls, need, est):
+                return None
+        kv = est.kv.bytes - (self.margin(est) if margin else 0)
+        if f.kv_cache_memory_bytes is not None and kv > free - (budget - est.kv.bytes):
+            return None
+        usable = request_blocks(est, kv)
+        if usable <= 0:
+            return None
+        context = min(asked, usable * est.block_size)
+        if b.target_concurrency and not b.target_context:  # requests of the full context, all at once
+            context = min(asked, usable // b.target_concurrency * est.block_size)
+        if context < self.min_context():
+            return None
+        if est.batch.max_num_seqs < min(b.min_seqs, self.wanted_seqs()):
+            return None
+        meets = True
+        if b.target_concurrency:
+            each = b.target_context or context
+            meets = usable >= b.target_concurrency * M.cdiv(each, est.block_size)
+            if not meets:  # r1sup's probe fails a launch that does not hold the target (kv_insufficient)
+                return None
+        final = f.replace(max_model_len=context)
+        if final in ev.tried:
+            return None
+        changes, cost, costed = self._cost(final, est.batch.max_num_seqs, context)
+        del tp
+        return Candidate(final, context, meets, cost, usable * est.block_size, est, changes, costed)
+
+    def _scaled_need(self, cls: str, need: int, est: M.Estimate) -> int:
+        """Memory outside the budget a failure showed is needed, for this candidate. A runtime allocation
+        no larger than the sampler's for the failed launch's sequences is taken to scale with max_num_seqs
+        until a launch shows it does not (then it is fixed); a larger one never does."""
+        if cls != F.OOM_RUNTIME or (cls, "max_num_seqs") in self.evidence.ineffective:
+            return need
+        last = self.evidence.last.get(cls)
+        if last is None:
+            return need
+        arch = self.facts.arch
+        assert arch is not None
+        batch = M.resolve_batch(arch, self.facts.device, last[0], self.facts.version)
+        then = batch.max_num_seqs
+        sampler = M.sampler_bytes(
+            arch, self.facts.device, then, batch.max_num_batched_tokens, self.facts.version
+        )
+        if last[1][0] * MIB > sampler:
+            return need
+        now = est.batch.max_num_seqs
+        return int(need * min(1.0, now / then)) if then else need
+
+    def _cost(self, f: EngineFlags, seqs: int, context: int) -> tuple[tuple[str, ...], float, int]:
+        """The changes to the user's flags, their cost, and how many of them cost something. Fewer
+        sequences than wanted cost SEQS_COST by the fraction given up; a shorter context than asked
+        CONTEXT_COST by the fraction given up (not a change of flags: the context is always set)."""
+        user = self.facts.user.replace(max_model_len=f.max_model_len)
+        changes = tuple(name for name in COSTS if getattr(f, name) != getattr(user, name))
+        cost = 0.0
+        costed = 0
+        for name in changes:
+            each = COSTS[name]
+            if name == "kv_cache_memory_bytes" and f.kv_cache_memory_bytes is None:
+                each = UNPIN_COST  # the user's pinned KV size dropped for utilization's
+            if name == "tensor_parallel_size":  # by the GPUs added
+                each = (
+                    COSTS[name]
+                    * (f.tensor_parallel_size - user.tensor_parallel_size)
+                    / max(1, user.tensor_parallel_size)
+                )
+            if name == "max_num_seqs":
+                want = self.wanted_seqs()
+                each = SEQS_COST * max(0, want - seqs) / want if want else 0.0
+            cost += each
+            costed += 1 if each else 0
+        asked = self.asked_context()
+        if context < asked:
+            cost += CONTEXT_COST * (asked - context) / asked
+        return changes, cost, costed
+
+    def ranked(self, margin: bool) -> list[Candidate]:
+        """The candidates, best first: those that give the asked context (or, when none does, those within
+        CONTEXT_SLACK of the longest that fits) by :meth:`Candidate.key`, then the rest by context."""
+        found: dict[EngineFlags, Candidate] = {}
+        for f in dict.fromkeys(self.candidates()):
+            for c in self._seq_choices(f, margin):
+                found[c.flags] = c
+        if not found:
+            return []
+        longest = max(c.context for c in found.values())
+        asked = self.asked_context()
+        enough = longest if longest >= asked else int(longest * (1 - CONTEXT_SLACK))
+        near = sorted((c for c in found.values() if c.context >= enough), key=Candidate.key)
+        rest = sorted((c for c in found.values() if c.context < enough), key=lambda c: (-c.context, c.key()))
+        return near + rest
+
+    def best(self, margin: bool) -> Candidate | None:
+        ranked = self.ranked(margin)
+        return ranked[0] if ranked else None
+
+    # --- evidence --------------------------------------------------------------------------------
+
+    def _learn(self, ev: Evidence, outcome: Outcome) -> tuple[Evidence, str]:
+        """The constraint or calibration ``outcome`` adds, and a note for the log."""
+        failure, flags = outcome.failure, outcome.flags
+        arch, device = self.facts.arch, self.facts.device
+        assert arch is not None
+        n = failure.numbers
+        f = outcome.figures
+        # the figures the failure printed where the launch's own do not have them
+        f = replace(
+            f,
+            kv_cache_gib=_number(f.kv_cache_gib, n.get("kv_cache_gib"), n.get("kv_available_gib")),
+            weights_gib=_number(f.weights_gib, n.get("weights_gib")),
+            requested_gib=_number(f.requested_gib, n.get("requested_gib")),
+            total_gib=_number(f.total_gib, n.get("total_gib")),
+            gpu_memory_utilization=_number(f.gpu_memory_utilization, n.get("gpu_memory_utilization")),
+        )
+        estimate = n.get("estimated_max_model_len")
+        tokens = f.kv_cache_tokens
+        if tokens and flags.kv_cache_memory_bytes is None and failure.cls == F.NONE:
+            # "GPU KV cache size: N tokens" is the block count times the block: exact where "Available KV
+            # cache memory" is rounded to 0.01 GiB
+            bpt = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
+            f = replace(f, kv_cache_gib=float(tokens) * bpt / GIB)
+        elif estimate and flags.kv_cache_memory_bytes is None:
+            # vLLM's estimated maximum model length is exact to a block where "Available KV cache memory"
+            # is rounded to 0.01 GiB: the budget holds (estimate / block + 1) blocks (the null block)
+            block = M.block_size(device.backend)
+            bpt = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
+            f = replace(f, kv_cache_gib=(int(estimate) // block + 1) * block * bpt / GIB)
+        budget_known = f.requested_gib is not None or (
+            f.gpu_memory_utilization is not None and f.total_gib is not None
+        )
+        if f.kv_cache_gib is not None and not budget_known and flags.kv_cache_memory_bytes is None:
+            # what vLLM requested: ceil(utilization x total) (its request_memory), so the KV figure
+            # calibrates the whole non-KV share
+            f = replace(f, requested_gib=M.requested_bytes(device, flags.gpu_memory_utilization) / GIB)
+        note = ""
+        # a launch that printed the KV memory calibrates the whole budget; one that printed only some
+        # terms (the weights before a failed profile run) calibrates when nothing better is known
+        if f.kv_cache_gib is not None or (f.weights_gib is not None and ev.calibration is None):
+            cal = M.Calibration(flags=flags, figures=f, version=self.facts.version)
+            exact = bool(
+                flags.kv_cache_memory_bytes is None and (estimate or (tokens and failure.cls == F.NONE))
+            )
+            ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1, exact_kv=exact)
+            if f.kv_cache_gib is not None:
+                note = f"vLLM measured {f.kv_cache_gib:.2f} GiB for the KV cache"
+        tried = n.get("tried_to_allocate_mib")
+        free_mib = n.get("device_free_mib")
+        need = int(max(0.0, (tried or 0) - (free_mib or 0)) * MIB) if tried else 0
+        prior = M.evaluate(arch, device, flags, self.facts.version, ev.calibration)
+        here = (device.free_bytes or device.total_bytes) - prior.context.bytes
+        cls = failure.cls
+        ev = self._mark_ineffective(ev, cls, flags, (float(tried or 0), float(free_mib or 0)))
+        if cls == F.FREE_MEM_BELOW_UTIL:
+            # what is free is a condition of the moment, not of the box: the probe after the launch says
+            # what is free now; only without one does the printed figure cap utilization
+            free_gib, total_gib = n.get("free_gib"), n.get("total_gib")
+            if free_gib and total_gib and outcome.device is None:
+                cap = math.floor((free_gib - FREE_MARGIN_GIB) / total_gib * 100) / 100
+                ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
+            if free_gib and total_gib:
+                note = f"{free_gib:.2f} of {total_gib:.2f} GiB were free"
+            holders = conditions(device).get("holders")
+            if holders:
+                note += f" (held: {', '.join(holders)})"
+        elif cls == F.OOM_WEIGHTS:
+            ev = replace(ev, weights_fail_bytes=min(prior.weights.bytes, ev.weights_fail_bytes or 1 << 62))
+            note = f"{prior.weights.gib:.2f} GiB of weights per GPU do not load"
+        elif cls == F.OOM_PROFILE:
+            act = max(1, prior.activation.bytes)
+            missing = need or act // 2
+            ev = replace(ev, profile_need=max(ev.profile_need, (missing + act) / act - 1 + 0.05))
+            text = failure.evidence.lower()
+            what = (
+                "the sampler warm-up" if "sampler" in text or "dummy requests" in text else "the profile run"
+            )
+            note = f"{what} missed {missing / GIB:.2f} GiB"
+        elif cls in (F.OOM_CUDAGRAPH, F.OOM_RUNTIME):
+            missing = need or int(0.05 * device.total_bytes)
+            outside = max(0, here - prior.budget)
+            total_need = outside + missing + int(FREE_MARGIN_GIB * GIB)
+            ev = replace(
+                ev, outside_need={**ev.outside_need, cls: max(total_need, ev.outside_need.get(cls, 0))}
+            )
+            note = f"{missing / GIB:.2f} GiB missing outside vLLM's budget"
+        elif cls == F.OOM_KV_ALLOC:
+            missing = need or int(0.05 * device.total_bytes)
+            cap = prior.budget - missing - int(FREE_MARGIN_GIB * GIB)
+            ev = replace(ev, budget_cap=min(cap, ev.budget_cap or 1 << 62))
+            if flags.kv_cache_memory_bytes is not None:
+                # vLLM takes a pinned size as given: only a smaller one fits (what was free, less a reserve
+                # for the graphs and the sampler that allocate after it)
+                room = flags.kv_cache_memory_bytes - missing
+                shrunk = int(room - max(B.PINNED_RESERVE_GIB * GIB, B.PINNED_RESERVE_FRACTION * room))
+                ev = replace(ev, pinned_cap=min(shrunk, ev.pinned_cap or 1 << 62))
+            note = f"the KV allocation missed {missing / GIB:.2f} GiB"
+        elif cls == F.FP8_UNSUPPORTED:
+            if flags.fp8_kv:
+                banned = {flags.kv_cache_dtype} | (
+                    {"fp8", "fp8_e4m3"} if flags.kv_cache_dtype in ("fp8", "fp8_e4m3") else set()
+                )
+                if flags.kv_cache_dtype == "fp8_e5m2":
+                    banned |= FP8_KV_DTYPES
+                ev = replace(ev, banned_kv=ev.banned_kv | banned)
+                note = f"{flags.kv_cache_dtype} KV is not supported here"
+            elif flags.quantization == "fp8":
+                ev = replace(ev, no_fp8_weights=True)
+                note = "fp8 weights are not supported here"
+        elif cls == F.CONFIG_ERROR and (flags.max_model_len or 0) > arch.max_position_embeddings:
+            limit = int(n.get("derived_max_model_len") or arch.max_position_embeddings)
+            ev = replace(ev, context_cap=limit)
+            note = f"the model's context limit is {limit}"
+        elif cls == F.CONFIG_ERROR:
+            note = "vLLM needs max_num_batched_tokens >= max_num_seqs"
+        last = dict(ev.last)
+        last[cls] = (flags, (float(tried or 0), float(free_mib or 0)))
+        return replace(ev, last=last), note
+
+    def _mark_ineffective(
+        self, ev: Evidence, cls: str, flags: EngineFlags, figures: tuple[float, ...]
+    ) -> Evidence:
+        """The levers changed since the last failure of this class did not move its figures: ineffective."""
+        last = ev.last.get(cls)
+        if last is None or not any(figures):
+            return ev
+        before, then = last
+        moved = any(
+            abs(a - b) > UNCHANGED * max(abs(a), abs(b), 1.0) for a, b in zip(figures, then, strict=True)
+        )
+        if moved:
+            return ev
+        levers = {name for name in COSTS if getattr(flags, name) != getattr(before, name)}
+        return replace(ev, ineffective=ev.ineffective | {(cls, lever) for lever in levers})
+
+    def _context_error(self, flags: EngineFlags, failure: Failure) -> bool:
+        """A config error with a fix: the context above the model's limit, or more sequences than batched
+        tokens (vLLM's SchedulerConfig refuses both; the candidates never break the second rule)."""
+        if failure.cls != F.CONFIG_ERROR or self.facts.arch is None:
+            return False
+        text = (failure.evidence + " " + failure.detail).lower().replace("-", "_")
+        if "max_num_batched_tokens" in text and "max_num_seqs" in text:
+            return True
+        if "schedulerconfig" in text:  # its message can sit on a line the evidence does not hold
+            batch = M.resolve_batch(self.facts.arch, self.facts.device, flags, self.facts.version)
+            return batch.max_num_seqs > batch.max_num_batched_tokens
+        limit = failure.numbers.get("derived_max_model_len") or self.facts.arch.max_position_embeddings
+        return "max_model_len" in text and (flags.max_model_len or 0) > limit
+
+    # --- stopping --------------------------------------------------------------------------------
+
+    def _give_up(self, failure: Failure | None) -> GiveUp:
+        """Nothing within the bounds fits even without the margin: name the bound and the ways out
+        (``failure``: the one that led here; None before any launch)."""
+        after = f"after {failure.cls}, " if failure is not None else "before any launch, "
+        b = self.facts.bounds
+        ways: list[str] = []
+        bound = ""
+        cap = self._util_cap(self.facts.user.tensor_parallel_size)
+        if cap < b.min_gpu_memory_utilization:
+            found = conditions(self.facts.device)
+            held = ", ".join(found.get("holders") or []) or "nothing r1sup can name"
+            ways.append(
+                f"free GPU memory: {found.get('free_gib')} of {found.get('total_gib')} GiB (held: {held}); "
+                f"utilization {cap:g} would be below ladder.min_gpu_memory_utilization "
+                f"{b.min_gpu_memory_utilization:g}"
+            )
+            reason = (
+                f"{after}what is free allows utilization {cap:g}, below "
+                f"ladder.min_gpu_memory_utilization {b.min_gpu_memory_utilization:g} (held: {held})"
+            )
+            bound = "ladder.min_gpu_memory_utilization"
+            return GiveUp(reason, tuple(ways + list(self.facts.suggestions)), EXIT_NO_WORKING_CONFIG, bound)
+        relaxed = Search(
+            replace(
+                self.facts,
+                bounds=replace(b, min_max_model_len=16, target_context=None, target_concurrency=None),
+            ),
+            self.evidence,
+        )
+        best = relaxed.best(margin=False)
+        if best is not None:
+            bound = (
+                "target.context"
+                if b.target_context and best.context < b.target_context
+                else "ladder.min_max_model_len"
+            )
+            if b.target_concurrency and best.context >= b.min_context:
+                bound = "target.concurrency"
+            changed = self.facts.user.describe_change(best.flags)
+            ways.append(
+                f"the longest context that fits is {best.context} tokens with {changed} "
+                f"(KV cache {best.kv_tokens} tokens); lower {bound} to accept it"
+            )
+        else:
+            wider_bounds: tuple[tuple[str, bool, dict[str, Any]], ...] = (
+                (
+                    "ladder.allow_weight_quantization",
+                    b.allow_weight_quantization,
+                    {"allow_weight_quantization": True},
+                ),
+                (
+                    "ladder.max_gpu_memory_utilization",
+                    b.max_gpu_memory_utilization >= 0.98,
+                    {"max_gpu_memory_utilization": 0.98},
+                ),
+            )
+            for name, allowed, change in wider_bounds:
+                if allowed:
+                    continue
+                wider = Search(replace(self.facts, bounds=replace(b, **change)), self.evidence).best(
+                    margin=False
+                )
+                if wider is not None:
+                    bound = bound or name
+                    what = self.facts.user.describe_change(wider.flags)
+                    ways.append(f"{name} = {list(change.values())[0]}: context {wider.context} with {what}")
+            bound = bound or "the device"
+            ways.append(
+                "more GPU memory (a larger card, or more GPUs with tensor parallel), or a smaller model"
+            )
+        ways += list(self.facts.suggestions)
+        reason = (
+            f"{after}no configuration within the bounds is predicted to fit "
+            f"(calibrated by {self.evidence.calibrated} launch(es)); blocked by {bound}"
+        )
+        return GiveUp(reason, tuple(dict.fromkeys(ways)), EXIT_NO_WORKING_CONFIG, bound)
+
+    def _stop(self, ev: Evidence, give_up: GiveUp) -> GiveUp:
+        self.evidence = ev
+        return give_up
+
+    def _fallback(self, ev: Evidence, outcome: Outcome) -> Decision:
+        """The blind branch's per-class step (no architecture, the CPU backend, host OOM, naive)."""
+        self.evidence = ev
+        lf = self.facts.ladder_facts or B.Facts()
+        decision = blind.next_step(
+            outcome.flags, outcome.failure, self._history, self.facts.bounds, lf, outcome.figures
+        )
+        if isinstance(decision, blind.GiveUp):
+            return GiveUp(decision.reason, decision.suggestions, decision.exit_code)
+        self._history = decision.history
+        if decision.flags in ev.tried:
+            return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
+        return Next(decision.flags, decision.reason)
+
+    # --- transient conditions ----------------------------------------------------------------------
+
+    def fits_now(self, flags: EngineFlags) -> bool:
+        """Whether ``flags`` (a saved profile's) is predicted to start on the box as it is now: vLLM's
+        free-memory check, and one request of its context in the KV cache (no margin: it worked before)."""
+        device = self.facts.device
+        if device.backend == "cpu" or not device.gpus or not device.total_bytes:
+            return True
+        if self.facts.arch is None:
+            need = M.requested_bytes(device, flags.gpu_memory_utilization)
+            return (device.free_bytes or device.total_bytes) >= need + FREE_MARGIN_GIB * GIB
+        est = M.evaluate(self.facts.arch, device, flags, self.facts.version, self.evidence.calibration)
+        if est.startup_problem is not None or est.kv.bytes <= 0:
+            return False
+        return request_blocks(est) >= M.cdiv(est.batch.max_model_len, est.block_size)
+
+    def degraded_by_others(self, flags: EngineFlags, found: Mapping[str, Any]) -> str | None:
+        """Why ``flags``, found while other processes held GPU memory (``found``: :func:`conditions`), is
+        worse than what the box gives without them; None when it is not (or nothing else held memory)."""
+        others = float(found.get("others_gib") or 0.0)
+        if others < OTHERS_NOTICED_GIB or not self.usable:
+            return None
+        idle = Search(
+            replace(self.facts, device=idle_device(self.facts.device, int(others * GIB))),
+            Evidence(calibration=self.evidence.calibration, calibrated=self.evidence.calibrated),
+        )
+        best = idle.better_than(flags)
+        if best is None:
+            return None
+        return (
+            f"other processes held {others:.1f} GiB: without them the box gives context {best.context} "
+            f"and {best.kv_tokens} KV tokens ({self.facts.user.describe_change(best.flags)})"
+        )
+
+    def better_than(self, flags: EngineFlags) -> Candidate | None:
+        """The best candidate on this box when it gives a longer context than ``flags`` or
+        DEGRADED_KV_RATIO more KV tokens; else None."""
+        best = self.best(margin=True)
+        if best is None or self.facts.arch is None:
+            return None
+        mine = M.evaluate(
+            self.facts.arch, self.facts.device, flags, self.facts.version, self.evidence.calibration
+        )
+        tokens = (
+            M.num_blocks(max(0, mine.kv.bytes), mine.kv_bytes_per_token, mine.block_size) * mine.block_size
+        )
+        if best.context > (flags.max_model_len or 0) or best.kv_tokens > DEGRADED_KV_RATIO * tokens:
+            return best
+        return None
+
+    # --- what a result gives up ----------------------------------------------------------------------
+
+    def costs(self, flags: EngineFlags) -> list[str]:
+        """What each change of ``flags`` against the user's costs the user, one phrase each (the context
+        first); [] when nothing changed or nothing is known to score it with."""
+        if not self.usable:
+            return []
+        arch, user = self.facts.arch, self.facts.user
+        assert arch is not None
+        out: list[str] = []
+        asked, want = self.asked_context(), self.wanted_seqs()
+        context = flags.max_model_len if flags.max_model_len not in (None, -1) else asked
+        if context < asked:
+            out.append(
+                f"context {context} of the {asked} asked: "
+                f"{100 * (asked - context) / asked:.0f}% of it given up"
+            )
+        seqs = M.resolve_batch(arch, self.facts.device, flags, self.facts.version).max_num_seqs
+        if seqs < want:
+            out.append(
+                f"max_num_seqs {want} -> {seqs}: {seqs} requests run at once instead of {want} "
+                f"({want - seqs} of {want} given up: requests beyond {seqs} queue)"
+            )
+        if flags.enforce_eager and not user.enforce_eager:
+            out.append("enforce_eager: no CUDA graphs, slower decoding (most at small batches)")
+        if flags.fp8_kv and not user.fp8_kv:
+            out.append(f"kv_cache_dtype {flags.kv_cache_dtype}: KV cache in 8 bits, a small accuracy cost")
+        if flags.gpu_memory_utilization > user.gpu_memory_utilization:
+            out.append(
+                f"gpu_memory_utilization {user.gpu_memory_utilization:g} -> "
+                f"{flags.gpu_memory_utilization:g}: more of the card for vLLM, less left for anything else"
+            )
+        elif flags.gpu_memory_utilization < user.gpu_memory_utilization:
+            out.append(
+                f"gpu_memory_utilization {user.gpu_memory_utilization:g} -> "
+                f"{flags.gpu_memory_utilization:g}: a smaller budget (what is free, or room a failure "
+                "showed is needed outside it)"
+            )
+        tokens = M.resolve_batch(arch, self.facts.device, user, self.facts.version).max_num_batched_tokens
+        if flags.max_num_batched_tokens is not None and flags.max_num_batched_tokens < tokens:
+            out.append(
+                f"max_num_batched_tokens {tokens} -> {flags.max_num_batched_tokens}: prompts prefill in "
+                "smaller chunks (slower time to first token on long prompts)"
+            )
+        elif flags.max_num_batched_tokens is not None and flags.max_num_batched_tokens > tokens:
+            out.append(
+                f"max_num_batched_tokens {tokens} -> {flags.max_num_batched_tokens}: as many as the "
+                "sequences (vLLM refuses fewer), more activation memory"
+            )
+        if flags.tensor_parallel_size > user.tensor_parallel_size:
+            tp = flags.tensor_parallel_size
+            out.append(f"tensor_parallel_size {user.tensor_parallel_size} -> {tp}: {tp} GPUs")
+        if flags.quantization != user.quantization and flags.quantization:
+            out.append(f"quantization {flags.quantization}: fp8 weights, a small accuracy cost")
+        if flags.kv_cache_memory_bytes != user.kv_cache_memory_bytes and user.kv_cache_memory_bytes:
+            out.append(
+                "kv_cache_memory_bytes "
+                + (f"shrunk to {flags.kv_cache_memory_bytes}" if flags.kv_cache_memory_bytes else "dropped")
+            )
+        return out
+
+    def reduction(self, flags: EngineFlags) -> dict[str, Any] | None:
+        """When ``flags`` give up more than half the asked context, or run fewer sequences at once than the
+        user gets without r1sup (``start.max_num_seqs`` or vLLM's default): what they give, what was
+        asked, the ways out that would give it, and ``reason``, one line saying so; else None."""
+        if not self.usable:
+            return None
+        arch = self.facts.arch
+        assert arch is not None
+        asked, want = self.asked_context(), self.wanted_seqs()
+        context = flags.max_model_len if flags.max_model_len not in (None, -1) else asked
+        seqs = M.resolve_batch(arch, self.facts.device, flags, self.facts.version).max_num_seqs
+        short, fewer = 2 * context < asked, seqs < want
+        if not (short or fewer):
+            return None
+        ways = self.ways_to(asked, want)
+        gives = []
+        if short:
+            gives.append(f"context {context} of the {asked} asked")
+        if fewer:
+            whose = "asked" if self.facts.user.max_num_seqs else "vLLM's default"
+            gives.append(f"{seqs} requests at once of the {want} {whose}")
+        reason = "reduced: " + " and ".join(gives) + "; "
+        reason += (
+            "ways out: " + "; ".join(ways)
+            if ways
+            else "no way out found (fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU)"
+        )
+        return {
+            "reason": reason,
+            "context": context,
+            "asked_context": asked,
+            "max_num_seqs": seqs,
+            "wanted_max_num_seqs": want,
+            "ways_out": list(ways),
+        }
+
+    def ways_to(self, context: int, seqs: int) -> list[str]:
+        """The ways out that give ``context`` tokens with ``seqs`` sequences, each predicted by the same
+        search with one thing changed: fp8 weights (as this vLLM version spells the flag), tensor parallel
+        over more GPUs like these, a 4-bit checkpoint, a larger GPU of r1sup's catalog."""
+        from r1sup.core import catalog
+
+        arch, device, user, b = self.facts.arch, self.facts.device, self.facts.user, self.facts.bounds
+        assert arch is not None
+        plain = Evidence(calibration=self.evidence.calibration, calibrated=self.evidence.calibrated)
+
+        def gives(facts: Facts) -> bool:
+            best = Search(facts, plain).best(margin=True)
+            return best is not None and best.context >= context and best.seqs >= seqs
+
+        ways: list[str] = []
+        unquantized = M.weight_method(arch, user) is None
+        if unquantized and gives(replace(self.facts, bounds=replace(b, allow_weight_quantization=True))):
+            ways.append(
+                f"fp8 weights (--quantization {fp8_weights_flag(self.facts.version)}; "
+                "ladder.allow_weight_quantization = true)"
+            )
+        bigger = [t for t in M.valid_tp_sizes(arch, 8) if t > max(device.count, user.tensor_parallel_size)]
+        for tp in bigger:
+            more = replace(device, gpus=(device.gpus[0],) * tp, processes=device.processes)
+            if gives(replace(self.facts, device=more, bounds=replace(b, allow_tensor_parallel=True))):
+                ways.append(f"tensor parallel over {tp} GPUs like this one (--tensor-parallel-size {tp})")
+                break
+        if unquantized and gives(replace(self.facts, user=user.replace(quantization="awq"))):
+            ways.append("a 4-bit AWQ or GPTQ checkpoint of this model")
+        total = device.total_bytes
+        for name, spec in sorted(catalog.GPUS.items(), key=lambda kv: kv[1]["total_gib"]):
+            size = int(spec["total_gib"] * GIB)
+            if size <= total or catalog.gpu_platform(name) != "cuda":
+                continue
+            gpu = GpuInfo(0, f"NVIDIA {name}", size, size, tuple(spec["compute_capability"]))
+            card = replace(device, gpus=(gpu,) * max(1, device.count), processes=())
+            if gives(replace(self.facts, device=card)):
+                ways.append(f"a GPU with more memory ({name}, {spec['total_gib']:g} GiB, gives it)")
+                break
+        return ways
+
+    def _explain(self, c: Candidate) -> str:
+        est = c.est
+        parts = [
+            f"{self.facts.user.describe_change(c.flags) or 'the flags as given'}",
+            f"predicted KV {est.kv.gib:.2f} GiB = {c.kv_tokens} tokens",
+        ]
+        if not c.meets_target:
+            parts.append("the target is not met by any candidate")
+        return "; ".join(parts)
+
+
+def margin_bytes(est: M.Estimate, calibrated: int = 0, exact_kv: bool = False) -> int:
+    """Bytes of KV kept spare for the memory model's error (see MEASURED_KV_ERROR_GIB), the one margin of
+    r1sup (``plan`` and every launch of the search): none for a pinned KV size; once a launch measured the
+    KV budget (``calibrated`` launches so far), the calibrated model's error, shrinking with launches;
+    before, two thirds of the overheads still estimated, at most 4% of the budget, divided by
+    1 + ``calibrated``, never below MEASURED_KV_ERROR_GIB."""
+    if est.flags.kv_cache_memory_bytes is not None:
+        return 0
+    if est.non_torch.source == M.REST:
+        # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
+        # flags to these keep the calibrated model's error on real logs, shrinking with launches
+        moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
+        if not moved:  # the same flags as measured: exact when vLLM's token count measured it
+            return 0 if exact_kv else int(PRINTED_GIB_STEP * GIB)
+        return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, calibrated)) * GIB)
+    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
+    if est.cudagraph_estimate.source == M.ESTIMATE:
+        estimated += est.cudagraph_charged
+    if not estimated:
+        return 0
+    base = min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget)
+    floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
+    return int(max(floor, base / (1 + calibrated)))
+
+
+def request_blocks(est: M.Estimate, kv_bytes: int | None = None) -> int:
+    """KV blocks left for requests when ``kv_bytes`` (default: the estimate's) hold the cache: whole
+    blocks, less the one V1 holds back. ``x est.block_size`` is the longest context one request gets;
+    the one blocks-to-context arithmetic of r1sup (``plan`` and the search)."""
+    kv = est.kv.bytes if kv_bytes is None else kv_bytes
+    if kv <= 0:
+        return 0
+    return max(0, M.usable_blocks(M.num_blocks(kv, est.kv_bytes_per_token, est.block_size), est.version))
+
+
+# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
+# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
+# loader warns that ``fp8`` is deprecated for online quantization. Both spellings start there; ``fp8`` is
+# the one every release r1sup knows accepts, and the one the search launches.
+FP8_PER_TENSOR_SPELLING = M.Version(0, 32, 0)
+
+
+def startable_utilization(device: DeviceFacts, tp: int, version: M.Version | str | None = None) -> float:
+    """The highest utilization (2 decimals) whose request fits in what is free now, less the CUDA context
+    and :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows" for the search and ``plan``."""
+    total = device.total_bytes
+    if not total:
+        return 0.0
+    free = device.free_bytes or total
+    room = free - M.context_bytes(device, tp, M.as_version(version)) - FREE_MARGIN_GIB * GIB
+    return max(0.0, math.floor(room / total * 100) / 100)
+
+
+def fp8_weights_flag(version: M.Version) -> str:
+    """``--quantization`` for fp8 weights quantized on the fly from a 16-bit checkpoint, as ``version``
+    spells it: ``fp8_per_tensor`` from :data:`FP8_PER_TENSOR_SPELLING`, ``fp8`` before."""
+    return "fp8_per_tensor" if version >= FP8_PER_TENSOR_SPELLING else "fp8"
+
+
+def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """What the box looked like (kept with a profile): free and total memory of the most loaded GPU, the
+    memory other processes (not ``own_pids``) held on it, and who they were."""
+    if device is None or not device.gpus:
+        return {}
+    per_gpu: dict[int, int] = {}
+    holders = []
+    for p in device.processes:
+        if p.pid in own_pids:
+            continue
+        per_gpu[p.gpu_index] = per_gpu.get(p.gpu_index, 0) + p.used_bytes
+        holders.append(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)")
+    return {
+        "free_gib": round(device.free_bytes / GIB, 2),
+        "total_gib": round(device.total_bytes / GIB, 2),
+        "others_gib": round(max(per_gpu.values(), default=0) / GIB, 2),
+        "holders": holders[:5],
+    }
+
+
+def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
+    """The box with ``others`` bytes more free on every GPU (up to its total): as it is without them."""
+    gpus = tuple(replace(g, free_bytes=min(g.total_bytes, g.free_bytes + others)) for g in device.gpus)
+    return replace(device, gpus=gpus, processes=())
+
+
+def _number(own: float | None, *printed: Any) -> float | None:
+    """A launch's own figure, else the first number its failure printed (as a float)."""
+    if own is not None:
+        return own
+    for value in printed:
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None

@@ -1,0 +1,1083 @@
+"""``r1sup run``: bring vLLM up (saved profile or a search), then keep it serving.
+
+One loop, one queue of events. Signals only append to deques: SIGTERM/SIGINT stop the child group
+and exit 0 (a second one forces), SIGHUP reloads the config. While serving: ``/health`` every
+``daemon.health_interval_s``, vLLM's progress figures (``/metrics``, its stats line) every
+``daemon.liveness_interval_s`` and the engine's processes; :mod:`r1sup.core.liveness` decides from them
+whether the engine is alive, idle or hung (a one-token completion breaks the tie when it is idle).
+A memory failure takes the search's next flags and saves the new profile; a transient one restarts with
+capped exponential backoff with jitter (tenacity), the budget reset after a stable period; beyond it
+r1sup exits 5 for systemd's limits. A stop r1sup chooses (SIGTERM, a reload that changes flags)
+first lets the requests in flight finish (state ``draining``).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import tenacity
+
+from r1sup import __version__
+from r1sup.adapters import health, logs, watch
+from r1sup.adapters.notify import Notifier
+from r1sup.core import events as B  # the bus's events (r1sup.core.events; B.X reads: the event X)
+from r1sup.core import failure as F
+from r1sup.core import liveness, policy
+from r1sup.core.config import Config
+from r1sup.core.errors import (
+    EXIT_FATAL_FAILURE,
+    EXIT_NO_WORKING_CONFIG,
+    EXIT_OK,
+    EXIT_RESTART_BUDGET,
+    InternalError,
+    R1supError,
+)
+from r1sup.core.events import (
+    AttemptFailed,
+    CheckDone,
+    ChildEOF,
+    ChildOutput,
+    Launching,
+    Probing,
+    ReloadRequested,
+    Retrying,
+    SearchEvent,
+    SearchStepped,
+    Signalled,
+)
+from r1sup.core.failure import Failure
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
+from r1sup.state import fleet
+from r1sup.supervision.bus import Bus
+from r1sup.supervision.loop import Done, Phase, Stop, StopRequested
+from r1sup.supervision.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
+from r1sup.supervision.session import Session, now_iso, save_profile
+from r1sup.supervision.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
+from r1sup.supervision.tuner import (
+    Tuner,
+    TuneResult,
+    footing,
+    launch_calibration,
+    new_search,
+)
+from r1sup.supervision.world import World
+
+
+class State(enum.Enum):
+    PLANNING = "planning"
+    LAUNCHING = "launching"
+    PROBING = "probing"
+    SERVING = "serving"
+    DRAINING = "draining"  # a stop r1sup chose waits for the requests in flight; vLLM still serves them
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+_S = State
+LEGAL: dict[State, frozenset[State]] = {
+    _S.PLANNING: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
+    _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.PROBING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    _S.PROBING: frozenset({_S.LAUNCHING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    _S.SERVING: frozenset({_S.PLANNING, _S.LAUNCHING, _S.DRAINING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
+    # the drain ends in the stop it preceded: a re-plan (reload) or the shutdown
+    _S.DRAINING: frozenset({_S.PLANNING, _S.STOPPING, _S.FAILED}),
+    _S.BACKOFF: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
+    _S.FAILED: frozenset(),
+    _S.STOPPED: frozenset(),
+}
+
+
+# states in which systemd's start timeout is extended while the loop turns: loading and probing, and
+# planning, which includes a wait for another replica's tune (state.profile_wait_s)
+_EXTENDING = frozenset({_S.PLANNING, _S.LAUNCHING, _S.PROBING})
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class ServeEnd:
+    """Why serving ended: a failure, a reload with changed flags, or the memory other processes held
+    is back (a planned re-tune to the best profile)."""
+
+    failure: Failure | None
+    served_s: float
+    reload: Config | None = None
+    back_to_best: bool = False
+
+
+class Daemon:
+    def __init__(self, session: Session, notifier: Notifier | None = None) -> None:
+        self.s = session
+        self.config = session.config
+        self.log = session.log
+        self.events = session.events
+        self.runner = session.runner
+        self.notifier = notifier or Notifier()
+        self.state = State.PLANNING
+        self.status_text = ""  # the last STATUS= line, also in status.json
+        self.since = now_iso()
+        self.flags: EngineFlags | None = None
+        self.capacity: dict[str, Any] | None = None  # what the serving flags' probe proved
+        self.profile_source: str | None = None
+        self.last_failure: Failure | None = None
+        self.history: Any = None  # the search (r1sup.core.search.Search) and its evidence, across restarts
+        # serving a profile degraded by other processes' memory: the best profile's key, why, and whether
+        # a re-tune back to it is planned (shown in status.json)
+        self.degraded: dict[str, Any] | None = None
+        self.next_memory_check = 0.0
+        self.know: Any = None
+        self.fingerprint: dict[str, Any] | None = None
+        # the "does not fit" verdict: GPU memory free at the bring-up's start, and whether the verdict
+        # came from the state directory (r1sup.state.nofit) instead of a search
+        self._free_gib_at_start: float | None = None
+        self._no_fit_remembered = False
+        self._restarts = 0
+        self.started_at = now_iso()
+        self.record: Any = None  # r1sup.state.runrecord.RunLog of this run, for `r1sup report`
+        self.clock: Callable[[], float] = lambda: self.runner.clock()
+        self.heartbeat = self.clock()  # the loop's last turn, for /livez
+        self.shared = fleet.Consulted()  # the fleet's store: a lease held while this replica tunes
+        self.runner.tick = self._on_tick
+        # each fact is published once; the subscribers write the sinks (metrics first, the log line
+        # last: when it appears, status.json, /metrics and systemd already say so)
+        self.bus = Bus(self.log)
+        self.publish = self.bus.publish
+        self.metrics_sink: MetricsSink | None = None
+        if self.config.daemon.metrics_port:
+            from r1sup.adapters.metrics import Metrics
+
+            self.metrics_sink = MetricsSink(Metrics(), figures=self._served_figures)
+            self.bus.subscribe(self.metrics_sink)
+        self.systemd = SystemdSink(self.notifier)
+        self.status_file = StatusFile(self, self.log)
+        self.bus.subscribe(self.systemd)
+        self.bus.subscribe(self.status_file)
+        self.bus.subscribe(LogSink(self.log))
+
+    # --- state and status ----------------------------------------------------------------------
+
+    def transition(self, new: State, status: str | None = None) -> None:
+        if new is not self.state and new not in LEGAL[self.state]:
+            raise IllegalTransition(f"{self.state.value} -> {new.value}")
+        old, self.state = self.state, new
+        if old is not new:
+            self.since = now_iso()
+        if status:
+            self.status_text = status
+        self.publish(B.StateChanged(old.value, new.value, status))
+
+    def set_status(self, text: str) -> None:
+        """A new STATUS= line within the same state (e.g. the drain's figures)."""
+        if text != self.status_text:
+            self.status_text = text
+            self.publish(B.StatusText(text))
+
+    @property
+    def api_key(self) -> str | None:
+        return self.s.api_key
+
+    @property
+    def state_dir(self) -> str:
+        return self.config.state.dir
+
+    def status_fields(self, recent: list[dict[str, Any]]) -> dict[str, Any]:
+        """status.json's document now, with the recent events the status file kept."""
+        from r1sup.adapters import statefiles
+
+        current = self.runner.current
+        return {
+            "schema_version": statefiles.SCHEMA_VERSION,
+            "state": self.state.value,
+            "status": self.status_text,
+            "pid": os.getpid(),
+            "child_pid": current.engine.pid if current and current.engine.alive() else None,
+            "launches": self.runner.launches,
+            "profile_source": self.profile_source,
+            "degraded": self.degraded,
+            "flags": self.flags.to_dict() if self.flags else None,
+            # what the serving flags' probe proved; none while nothing serves (launching, backoff, stopped)
+            "capacity": self.capacity if self.state in (State.SERVING, State.DRAINING) else None,
+            "since": self.since,
+            "updated_at": now_iso(),
+            "last_failure": self.last_failure.to_dict() if self.last_failure else None,
+            "config": os.path.abspath(self.config.source) if self.config.source else None,
+            "served_model": self.config.served_name,
+            "port": self.config.server.port,
+            "url": self.record.data["url"] if self.record is not None else None,
+            "started_at": self.started_at,
+            "r1sup_version": __version__,
+            "recent_events": recent,
+            **self.runner.live_status(),
+        }
+
+    def watchdog(self, now: float) -> None:
+        """The loop turned with the engine healthy: WATCHDOG=1 when due (the systemd sink keeps the pace,
+        half systemd's interval); callers publish it only while healthy."""
+        self.publish(B.Heartbeat(now))
+
+    def _on_tick(self) -> None:
+        """Each turn of the loop while a launch, a probe or a wait runs: the loop is alive and vLLM is
+        making progress (a stall ends the launch), so the watchdog is fed and the start timeout extended."""
+        now = self.clock()
+        self.heartbeat = now
+        self.publish(B.Heartbeat(now, starting=self.state in _EXTENDING))
+        self._show_progress(now)
+
+    def _show_progress(self, now: float) -> None:
+        """The loading phase, vLLM's percent, elapsed time and ETA (STATUS= and status.json pace it)."""
+        shown = self.runner.progress_text() if self.state in (State.LAUNCHING, State.PROBING) else None
+        if shown is not None:
+            self.publish(B.LoadingProgress(now, *shown))
+
+    def on_search(self, event: SearchEvent) -> None:
+        """What the search reports: the daemon's state follows it, then it goes on the bus."""
+        if isinstance(event, Launching):
+            self.flags = event.flags
+            self.capacity = None  # until this launch's probe proves what it serves
+            self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
+        elif isinstance(event, Probing):
+            self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
+        elif isinstance(event, AttemptFailed):
+            self.last_failure = event.failure
+        elif isinstance(event, Retrying):
+            self.transition(State.BACKOFF, event.status)
+        self.publish(event)
+
+    # --- main ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.events.install_signal_handlers()
+        try:
+            import signal
+
+            self.events.install_signal_handlers((signal.SIGHUP,))
+            self._start_metrics()
+            self._clean_state_dir()
+            self.transition(State.PLANNING, "planning")
+            try:
+                return self._run()
+            except StopRequested as stop:
+                self.publish(B.StopSignalled(stop.signum))
+            return self._shutdown(EXIT_OK)  # a failure of the stop itself is handled below
+        except InternalError as exc:
+            self._internal(exc)
+            raise
+        except R1supError as exc:  # e.g. the preflight: status says failed, the CLI prints the line
+            self._fail(exc.exit_code, str(exc))
+            raise
+        except Exception as exc:  # r1sup's own failure: stop vLLM cleanly, say failed, exit 1
+            internal = InternalError.from_exception(exc)
+            self._internal(internal)
+            raise internal from None
+        finally:
+            self.shared.release()
+            self.events.restore_signal_handlers()
+            if self.metrics_sink is not None:
+                self.metrics_sink.close()
+
+    def _clean_state_dir(self) -> None:
+        """Temp files of a write that crashed (status.json of a killed daemon) are removed."""
+        from r1sup.adapters import statefiles
+
+        try:
+            directory = statefiles.ensure_state_dir(self.config.state.dir)
+        except R1supError as exc:
+            self.publish(B.StateDirUnusable(str(exc)))
+            return
+        statefiles.sweep_stale_temp_files(directory)
+
+    def _start_metrics(self) -> None:
+        d = self.config.daemon
+        if self.metrics_sink is None:
+            return
+        try:
+            self.metrics_sink.serve(d.metrics_host, d.metrics_port, view=self.endpoint_view, mask=logs.mask)
+            self.publish(B.MetricsListening(d.metrics_host, d.metrics_port))
+        except OSError as exc:
+            self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
+
+    def _served_figures(self) -> Figures:
+        current = self.runner.current
+        return current.figures if current is not None else Figures()
+
+    def endpoint_view(self) -> Any:
+        """The daemon as r1sup's HTTP endpoint sees it (read from the endpoint's thread)."""
+        from r1sup.adapters.endpoint import View, loop_limit_s
+
+        server = self.config.server
+        return View(
+            state=self.state.value,
+            loop_age_s=self.clock() - self.heartbeat,
+            loop_limit_s=loop_limit_s(server.stop_timeout_s, server.memory_release_timeout_s),
+            status=self.status_file.doc,
+        )
+
+    def _run(self) -> int:
+        result = self._bring_up()
+        while True:
+            live = result.live
+            if not result.ok or live is None:
+                reason = result.reason or "no working configuration"
+                if result.exit_code == EXIT_NO_WORKING_CONFIG and not self._no_fit_remembered:
+                    self._remember_no_fit(reason)
+                return self._fail(result.exit_code, reason)
+            end = self._serve(live)
+            if end.reload is not None:
+                result = self._reload(live, end.reload)
+                continue
+            if end.back_to_best:
+                result = self._back_to_best(live)
+                continue
+            result = self._recover(live, end)
+
+    def _fail(self, code: int, reason: str) -> int:
+        from r1sup.adapters import termination
+
+        self.publish(B.DaemonFailed(code, reason))
+        termination.write(termination.path_from(self.config.daemon.termination_log), code, reason)
+        self.runner.stop_current(reason="failed")
+        if self.state not in (State.FAILED, State.STOPPED):
+            self.transition(State.FAILED, f"failed: {reason[:200]}")
+        if self.record is not None:
+            self.record.stopped(self.state.value)
+        return code
+
+    def _internal(self, fault: InternalError) -> None:
+        """r1sup's own failure: vLLM stopped cleanly, status failed with ``internal_error``."""
+        self.publish(B.InternalFault(fault.where, fault.error, fault.trace or ""))
+        self.last_failure = Failure(F.INTERNAL_ERROR, evidence=fault.error, detail=fault.where)
+        self.runner.stop_current(reason="internal error")
+        self._fail(fault.exit_code, str(fault))
+
+    def _shutdown(self, code: int) -> int:
+        current = self.runner.current
+        if self.state in (State.SERVING, State.DRAINING) and current is not None and current.engine.alive():
+            # within the stop grace period, so that a systemctl restart does not cut answers in half
+            budget = min(self.config.daemon.drain_timeout_s, self.config.server.stop_timeout_s)
+            self._drain(
+                current, budget, "shutdown", for_shutdown=True, unready_s=self.config.daemon.drain_unready_s
+            )
+        if self.state not in (State.FAILED, State.STOPPED):
+            if self.state is not State.STOPPING:
+                self.transition(State.STOPPING, "stopping vLLM")
+            self.publish(B.Stopping())
+            self.runner.stop_current(reason="shutdown")
+            self.transition(State.STOPPED, "stopped")
+        if self.record is not None:
+            self.record.stopped(self.state.value)
+        return code
+
+    # --- bringing up ---------------------------------------------------------------------------
+
+    def _tuner(self) -> Tuner:
+        return Tuner(
+            self.config, self.runner, self.log, know=self.know, publish=self.on_search, record=self.record
+        )
+
+    def _bring_up(self, start: EngineFlags | None = None) -> TuneResult:
+        from r1sup.state import runrecord
+
+        if self.know is None:
+            checked = self.s.preflight()  # once per process; again after a reload that changed it
+            self.know = self.runner.world.knowledge(self.config, self.log, engine=checked.engine)
+        else:
+            self._tuner().refresh_device()  # what is free now (another tenant may have come or gone)
+        if self.record is None:
+            self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
+        base = footing(self.config, self.know, self.runner)
+        self.fingerprint = base.fingerprint
+        d = self.config.daemon
+        self.runner.managed_args = liveness.drain_args(
+            (self.fingerprint.get("versions") or {}).get("vllm"),
+            self.config.server.extra_args,
+            max(d.drain_timeout_s, self.config.server.stop_timeout_s) if d.drain_timeout_s > 0 else 0,
+        )
+        key, store = base.key, base.store
+        from r1sup.core import search
+
+        self._free_gib_at_start = search.conditions(self.know.device).get("free_gib")
+        saved = store.load(key) if start is None else None
+        why = ""
+        shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
+        saved = saved or shared.profile
+        self.runner.prove_with(None)
+        saved = self._fitting_profile(saved, store, key) if saved is not None else None
+        if saved is not None and self.degraded is not None:
+            start = EngineFlags.from_dict(saved.flags)
+            self.runner.prove_with(start, saved.probe, saved.observations)
+            why = f"degraded profile {saved.key}: {self.degraded['reason']}"
+            self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
+        elif saved is not None:
+            start = EngineFlags.from_dict(saved.flags)
+            self.runner.prove_with(start, saved.probe, saved.observations)
+            where = "the fleet's profile" if shared.profile is not None else "saved profile"
+            why = f"{where} {key} (tuned {saved.updated_at})"
+            self.publish(B.ProfileFound(key, saved.flags, updated_at=saved.updated_at))
+        measured = None
+        if saved is None and start is None:
+            self.publish(B.ProfileMissing(key))
+            remembered = self._remembered_no_fit(key)
+            if remembered is not None:
+                shared.release()
+                return remembered
+            measured = base.calibration(self.log)
+        tuner = self._tuner()
+        result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
+        self.history = result.history or self.history
+        if result.ok:
+            persisted = saved is not None and result.launches == 1
+            self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
+            if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
+                result.profile_path = save_profile(
+                    self.s, result, self.fingerprint, self._conditions(result, key)
+                )
+            self._served(result)
+            self._forget_no_fit()
+        shared.release()  # after the publish: the replicas waiting on this key find the profile
+        return result
+
+    def _remembered_no_fit(self, key: str) -> TuneResult | None:
+        """The "does not fit" verdict a previous run left for this fingerprint, when it still holds (no
+        more memory free now): the same exit 3 at once, without a second search."""
+        from r1sup.state import nofit
+
+        verdict = nofit.load(self.config.state.dir)
+        if verdict is None or not nofit.still_holds(verdict, key, self._free_gib_at_start):
+            return None
+        self._no_fit_remembered = True
+        self.publish(B.NoFitRemembered(key, verdict.reason, verdict.written_at))
+        return TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG, reason=verdict.reason)
+
+    def _remember_no_fit(self, reason: str) -> None:
+        from r1sup.state import nofit, profiles
+
+        if self.fingerprint is None:
+            return
+        key = profiles.fingerprint_key(self.fingerprint)
+        try:
+            nofit.remember(self.config.state.dir, key, reason, self._free_gib_at_start)
+        except R1supError as exc:  # the verdict stands; a restart searches again
+            self.publish(B.StateDirUnusable(str(exc)))
+            return
+        self.publish(B.NoFitRecorded(key, self._free_gib_at_start))
+
+    def _forget_no_fit(self) -> None:
+        from r1sup.state import nofit
+
+        try:
+            nofit.forget(self.config.state.dir)
+        except OSError as exc:
+            self.publish(B.StateDirUnusable(f"cannot remove {nofit.path_in(self.config.state.dir)}: {exc}"))
+
+    def _fitting_profile(self, saved: Any, store: Any, key: str) -> Any:
+        """The saved profile when it fits what is free now; else the degraded one kept beside it when that
+        fits (self.degraded says so); else None (the search sizes a configuration for what is free)."""
+        from r1sup.core import search
+        from r1sup.state import profiles
+
+        self.degraded = None
+        check = new_search(self.config, self.know)
+        if check.fits_now(EngineFlags.from_dict(saved.flags)):
+            return saved
+        now = search.conditions(self.know.device)
+        self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
+        spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
+        reason = f"the best profile {key} does not fit what is free now ({now.get('free_gib')} GiB)"
+        if spare is not None and check.fits_now(EngineFlags.from_dict(spare.flags)):
+            self.degraded = {"best_key": key, "reason": reason, "since": now_iso(), "retune_planned": False}
+            return spare
+        return None
+
+    def _conditions(self, result: TuneResult, key: str) -> dict[str, Any]:
+        """The conditions a tuned profile was found under; degraded (kept beside the best, and the daemon
+        watches for the memory to come back) when other processes' memory made it worse."""
+        from r1sup.core import search
+
+        found: dict[str, Any] = dict(search.conditions(self.know.device if self.know else None))
+        engine = result.history
+        why = engine.degraded_by_others(result.flags, found) if engine is not None and result.flags else None
+        self.degraded = None
+        if why:
+            found.update(degraded=True, reason=why)
+            self.degraded = {"best_key": key, "reason": why, "since": now_iso(), "retune_planned": False}
+            self.publish(B.ProfileDegraded(key, why))
+        return found
+
+    def memory_check_due(self, now: float) -> bool:
+        """Serving a degraded profile: whether the device is to be looked at now (every
+        ``daemon.memory_check_s``); the look is a check (:func:`_device_check`), answered to
+        :meth:`memory_back`."""
+        if self.degraded is None or now < self.next_memory_check:
+            return False
+        self.next_memory_check = now + self.config.daemon.memory_check_s
+        return True
+
+    def memory_back(self, launch: Launch, device: Any, error: str = "") -> bool:
+        """Serving a degraded profile: whether the best configuration fits once this engine is stopped
+        (the other processes released their memory), by what the device check found (``device``; None:
+        the probe failed with ``error``, which only delays the return)."""
+        from r1sup.core import search
+        from r1sup.state import profiles
+
+        if device is None:
+            self.publish(B.DeviceProbeFailed(error))
+            return False
+        if self.degraded is None:
+            return False
+        own = frozenset(launch.engine.all_pids())
+        mine = sum(p.used_bytes for p in device.processes if p.pid in own)
+        idle = search.idle_device(device, mine)
+        idle = replace(idle, processes=tuple(p for p in device.processes if p.pid not in own))
+        check = new_search(self.config, self.know)
+        check.facts = replace(check.facts, device=idle)
+        store = profiles.ProfileStore(self.config.state.dir)
+        best = store.load(self.degraded["best_key"])
+        if best is not None:
+            fits = check.fits_now(EngineFlags.from_dict(best.flags))
+        else:  # no best profile yet: what the search would plan on the box as it is without this engine
+            fits = self.flags is not None and check.better_than(self.flags) is not None
+        if fits:
+            self.degraded["retune_planned"] = True
+            self.publish(B.RetunePlanned(self.degraded["best_key"]))
+        return fits
+
+    def _waiting(self, text: str) -> None:
+        self.publish(B.ProfileStoreWaiting(text))
+
+    def _consult_fleet(self, key: str, store: Any) -> fleet.Consulted:
+        """No profile here: ask the fleet's store, waiting while another replica tunes this key. The
+        lease it may hand back is held until this bring-up ends (or the daemon does)."""
+        if not self.config.state.profile_store:
+            return fleet.Consulted()
+        self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
+        if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
+            self.publish(B.ProfileStoreHit(key))
+        return self.shared
+
+    def _served(self, result: TuneResult) -> None:
+        from r1sup.supervision.session import capacity_of
+
+        self.flags = result.flags
+        self.capacity = capacity_of(self.config, result)
+        ctx = result.flags.max_model_len if result.flags else None
+        text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
+            f" (context {ctx})" if ctx else ""
+        )
+        self.transition(State.SERVING, text)
+        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
+
+    # --- serving -------------------------------------------------------------------------------
+
+    def _serve(self, launch: Launch) -> ServeEnd:
+        end: ServeEnd = self.runner.loop.run(Serving(self, launch))
+        return end
+
+    def log_verdict(
+        self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
+    ) -> liveness.Verdict:
+        """Each decision as a ``liveness`` event with the figures it rested on: at info (error when
+        hung) when the verdict changes, at debug after each new sample of vLLM's figures."""
+        changed = last is None or (verdict.state, verdict.evidence) != (last.state, last.evidence)
+        if not (changed or sampled or verdict.probe):
+            return verdict
+        self.publish(B.LivenessJudged(launch.number, verdict, changed))
+        return verdict
+
+    def hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure:
+        """The failure a hung verdict stands for; vLLM's own account first (an OOM traceback, ...: the
+        serving phase has flushed the output that explains a dead engine)."""
+        if verdict.evidence in liveness.DEAD_EVIDENCE:
+            seen = launch.reader.verdict(exit_code=launch.engine.poll())
+            if seen.cls != F.NONE:
+                return seen
+        cls = F.ENGINE_DEAD if verdict.evidence in liveness.DEAD_EVIDENCE else F.HANG
+        numbers = {
+            k: float(v) for k, v in verdict.figures.items() if isinstance(v, (int, float)) and v is not None
+        }
+        return Failure(cls, F.PHASE_SERVING, evidence=verdict.reason, numbers=numbers, detail=verdict.reason)
+
+    # --- draining ------------------------------------------------------------------------------
+
+    def _drain(
+        self,
+        launch: Launch,
+        budget_s: float,
+        reason: str,
+        *,
+        for_shutdown: bool = False,
+        unready_s: float = 0.0,
+    ) -> None:
+        """Let the requests in flight finish, up to ``budget_s``, before a stop r1sup chose.
+
+        First out of the load balancer: the state is ``draining`` at once, so ``/readyz`` says 503, while
+        vLLM still takes every request (one a load balancer sent before it saw the 503 is served, not
+        refused). That lasts ``unready_s`` at least, then until ``/metrics`` shows none running or
+        waiting. A vLLM launched with ``--shutdown-timeout`` (0.18 and later; r1sup adds it) then gets a
+        SIGTERM to its API server alone: it finishes what slipped in since the last read, refuses new
+        requests and exits; past half the budget with requests still pending it gets that SIGTERM
+        anyway, so that the rest of the budget goes to the requests in flight, not to new ones. An
+        older vLLM takes requests until the budget runs out. A second SIGTERM ends the wait at once;
+        the caller then stops vLLM as usual (group SIGTERM, grace, SIGKILL).
+        """
+        if budget_s <= 0 or not launch.engine.alive():
+            return
+        unready_s = min(max(unready_s, 0.0), budget_s)
+        t0 = self.clock()
+        if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
+            self.transition(State.DRAINING, liveness.drain_status(None))
+        ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
+        first = self.runner.world.read_metrics(ep, min(2.0, budget_s)).figures
+        if unready_s <= 0 and (first is None or first.pending == 0):
+            self.publish(B.DrainSkipped(reason, first.to_dict() if first else None))
+            return
+        itself = liveness.drains_itself(launch.spec.argv)
+        deadline = t0 + budget_s
+        if first is not None:
+            self.set_status(liveness.drain_status(first))
+        self.publish(B.DrainStarted(reason, budget_s, itself, first.to_dict() if first else {}, unready_s))
+        phase = Draining(
+            self, launch, ep, first, t0 + unready_s, deadline, itself=itself, for_shutdown=for_shutdown
+        )
+        self.runner.loop.run(phase)
+        figures = phase.figures.to_dict() if phase.figures else {}
+        self.publish(B.DrainFinished(reason, self.clock() - t0, phase.complete, figures))
+
+    def serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
+        self.last_failure = failure
+        served = self.clock() - start
+        self.publish(B.ServingFailed(failure, served))
+        return ServeEnd(failure, served)
+
+    # --- recovering ----------------------------------------------------------------------------
+
+    def _recover(self, launch: Launch, end: ServeEnd) -> TuneResult:
+        failure = end.failure
+        assert failure is not None
+        self.runner.stop(launch, reason=f"serving failed: {failure.cls}")
+        flags = launch.flags
+        if failure.memory:
+            from r1sup.core import search as S
+
+            search = self.history
+            if not isinstance(search, S.Search):
+                search = new_search(
+                    self.config, self.know, launch_calibration(self.know, flags, launch.figures)
+                )
+            self._tuner().refresh_device()
+            decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
+            if isinstance(decision, S.GiveUp):
+                return TuneResult(
+                    ok=False,
+                    exit_code=decision.exit_code,
+                    reason=decision.reason,
+                    suggestions=list(decision.ways_out),
+                )
+            self.history = search
+            step = SearchStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
+            self.publish(B.StepAfterServing(step, failure.evidence, decision.reason))
+            result = self._tuner().run(
+                decision.flags,
+                keep_running=True,
+                history=self.history,
+                why=f"serving failed ({failure.cls}): {decision.reason}",
+            )
+            self.history = result.history or self.history
+            if result.ok:
+                from r1sup.state import profiles
+
+                self.profile_source = "tuned"
+                key = profiles.fingerprint_key(self.fingerprint or {})
+                result.profile_path = save_profile(
+                    self.s, result, self.fingerprint or {}, self._conditions(result, key)
+                )
+                self._served(result)
+            return result
+        if failure.cls not in policy.TRANSIENT:
+            return TuneResult(
+                ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}"
+            )
+        return self._restart(flags, end)
+
+    def _restart(self, flags: EngineFlags, end: ServeEnd) -> TuneResult:
+        d = self.config.daemon
+        if end.served_s >= d.stable_after_s:
+            self._restarts = 0
+        self._restarts += 1
+        if self._restarts > d.restart_budget:
+            reason = f"{self._restarts - 1} restarts without {d.stable_after_s:.0f}s of stable serving"
+            return TuneResult(ok=False, exit_code=EXIT_RESTART_BUDGET, reason=reason)
+        delay = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
+        self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
+        self.publish(B.RestartScheduled(self._restarts, d.restart_budget, delay))
+        self.runner.sleep(delay)
+        result = self._tuner().run(
+            flags,
+            keep_running=True,
+            history=self.history,
+            why=f"restart {self._restarts} after {end.failure.cls if end.failure else 'a failure'}",
+        )
+        if result.ok:
+            self._served(result)
+        return result
+
+    # --- reloading -----------------------------------------------------------------------------
+
+    def load_new_config(self) -> Config | None:
+        """SIGHUP: the config read again. One that implies the same flags and server is applied at
+        once; one that implies others is returned, for the caller to drain, stop and re-plan with;
+        None when there is nothing to relaunch (applied, unreadable, or no file to read)."""
+        from r1sup.core import config as cfg
+
+        self.publish(B.Reloading())
+        try:
+            source = self.config.source
+            new = cfg.load_bounded(source, overrides=self.s.overrides) if source else None
+        except R1supError as exc:
+            self.publish(B.ReloadFailed(str(exc)))
+            return None
+        if new is not None and os.path.realpath(new.state.dir) != os.path.realpath(self.config.state.dir):
+            # the state directory's lock (one r1sup per state directory) stays with the one it took
+            self.publish(B.ReloadFailed("state.dir: a new state directory takes a restart, not a reload"))
+            return None
+        changed = _implied_change(self.config, new) if new else False
+        if new is not None and not changed:
+            self.config = new
+            self.runner.config = new
+        self.publish(B.ConfigReloaded(changed, applied=new is not None and not changed))
+        return new if changed else None
+
+    def _back_to_best(self, launch: Launch) -> TuneResult:
+        """The planned re-tune: the memory other processes held is back, so drain, stop and bring the best
+        configuration up (the saved best profile when there is one, else a new search)."""
+        d = self.config.daemon
+        self._drain(launch, d.drain_timeout_s, "planned re-tune", unready_s=d.drain_unready_s)
+        self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
+        self.history = None
+        self.transition(State.PLANNING, "re-tune: the memory other processes held is back")
+        return self._bring_up()
+
+    def _reload(self, launch: Launch, new: Config) -> TuneResult:
+        self._drain(
+            launch, new.daemon.drain_timeout_s, "config reloaded", unready_s=new.daemon.drain_unready_s
+        )
+        self.runner.stop(launch, reason="config reloaded")
+        self.config = new
+        self.s.config = new
+        self.runner.config = new
+        self.know = None
+        self.history = None
+        self.transition(State.PLANNING, "re-planning after reload")
+        return self._bring_up()
+
+
+def _check(read: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
+    """A read as a runner check: the observation it returns travels as the payload."""
+
+    def run() -> tuple[bool, str, Any]:
+        obs = read()
+        return bool(getattr(obs, "ok", True)), getattr(obs, "error", "") or getattr(obs, "detail", ""), obs
+
+    return run
+
+
+def _device_check(probe: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
+    """The device probe (NVML) as a check: its facts, or (not ok) what made it fail."""
+
+    def run() -> tuple[bool, str, Any]:
+        try:
+            return True, "", probe()
+        except Exception as exc:  # noqa: BLE001 - a probe that fails only delays the return
+            return False, f"{type(exc).__name__}: {exc}", None
+
+    return run
+
+
+def _implied_change(old: Config, new: Config) -> bool:
+    """Whether the new config implies other flags or another server (then re-tune)."""
+    return (
+        old.model != new.model
+        or old.start != new.start
+        or old.ladder != new.ladder
+        or old.target != new.target
+        or old.server.host != new.server.host
+        or old.server.port != new.server.port
+        or old.server.python != new.server.python
+        or old.server.launch != new.server.launch
+        or old.server.extra_args != new.server.extra_args
+        or old.server.env != new.server.env
+    )
+
+
+def backoff_delay(restart: int, initial: float, maximum: float) -> float:
+    """Capped exponential backoff with jitter, as tenacity computes it: initial x 2^(n-1) + U(0, initial)."""
+    wait = tenacity.wait_exponential_jitter(initial=initial, max=maximum, jitter=initial)
+    state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = restart
+    return float(wait(state))
+
+
+class ServingRunner(LaunchHost, Protocol):
+    """What the serving and draining phases use of the runner: a launch's host, and the world (the
+    process watch, ``/metrics``, the device)."""
+
+    world: World
+
+
+class ServingHost(Protocol):
+    """What :class:`Serving` and :class:`Draining` need of the daemon that owns them: its config, clock and
+    bus, and the decisions that are the daemon's (a reload, a failure's record, a verdict's log, the
+    watchdog, whether the memory other processes held is back)."""
+
+    config: Config
+    heartbeat: float
+    clock: Callable[[], float]
+
+    @property
+    def runner(self) -> ServingRunner: ...
+
+    @property
+    def api_key(self) -> str | None: ...
+
+    def publish(self, event: Any) -> None: ...
+
+    def set_status(self, text: str) -> None: ...
+
+    def load_new_config(self) -> Config | None: ...
+
+    def serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd: ...
+
+    def hung_failure(self, launch: Launch, verdict: liveness.Verdict) -> Failure: ...
+
+    def log_verdict(
+        self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
+    ) -> liveness.Verdict: ...
+
+    def watchdog(self, now: float) -> None: ...
+
+    def memory_check_due(self, now: float) -> bool: ...
+
+    def memory_back(self, launch: Launch, device: Any, error: str = "") -> bool: ...
+
+
+class Serving(Phase):
+    """The engine serves: ``/health`` every ``daemon.health_interval_s``, vLLM's progress figures every
+    ``daemon.liveness_interval_s``, its processes; :mod:`r1sup.core.liveness` decides from them. Ends (a
+    :class:`ServeEnd`) in a failure, a reload that changes the flags, or the memory being back for a
+    degraded profile. Its own tick: the watchdog is fed only while the engine is healthy."""
+
+    ticks = False
+    reloads = True
+
+    def __init__(self, daemon: ServingHost, launch: Launch) -> None:
+        self.d = daemon
+        self.launch = launch
+        d = daemon.config.daemon
+        self.cfg = d
+        self.start = start = daemon.clock()
+        ep = health.Endpoint(daemon.config.server.host, daemon.config.server.port, daemon.api_key)
+        self.ep = ep
+        self.policy = liveness.Policy.from_config(d)
+        self.track = liveness.start(start)
+        world = daemon.runner.world
+        self.procs = world.process_watch(launch.engine.pid) if launch.engine.pid else None
+        self.read = functools.partial(world.read_metrics, ep, d.health_timeout_s)
+        # the completion may wait as long as a stall is tolerated: its answer, however late, is progress
+        name, timeout = daemon.config.served_name, d.progress_timeout_s
+        self.probe = _check(lambda: watch.send_probe(ep, name, timeout))
+        self.last: liveness.Verdict | None = None
+        self.next_health = start + d.health_interval_s
+        self.next_sample = start  # the first figures at once: the baseline progress is measured against
+        self.next_record = start
+        self.busy: set[str] = set()  # checks in flight
+        self.healthy = True
+
+    def on(self, event: Any, now: float) -> Any:
+        daemon, launch, d, runner = self.d, self.launch, self.cfg, self.d.runner
+        daemon.heartbeat = now
+        if isinstance(event, ReloadRequested):
+            new = daemon.load_new_config()
+            return Done(ServeEnd(None, now - self.start, reload=new)) if new is not None else None
+        sampled = False
+        memory_back = False
+        track = self.track
+        if isinstance(event, CheckDone) and event.launch == launch.number:
+            self.busy.discard(event.kind)
+            sampled = event.kind == "metrics"
+            if event.kind == "devices":  # serving a degraded profile: what the device has free now
+                memory_back = self.healthy and daemon.memory_back(launch, event.payload, event.detail)
+            elif event.kind == "health":
+                self.healthy = event.ok
+                track = liveness.observe(track, liveness.HealthResult(now, event.ok, event.detail))
+                if event.ok:
+                    daemon.publish(B.HealthPassed())
+            elif isinstance(event.payload, (liveness.MetricsSample, liveness.ProbeResult)):
+                track = liveness.observe(track, event.payload)
+            elif event.kind == "metrics":  # the read itself raised: no figures this time
+                track = liveness.observe(track, liveness.MetricsSample(now, None, event.detail))
+            elif event.kind == "liveness":
+                track = liveness.observe(track, liveness.ProbeResult(now, False, detail=event.detail))
+        elif isinstance(event, (ChildOutput, ChildEOF)):
+            runner.handle_output(launch, event)
+            stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
+            if stats is not None:
+                track = liveness.observe(track, liveness.StatsSeen(now, stats))
+        self.track = track
+        if launch.engine.poll() is not None:
+            ended = runner.exit_failure(launch, now, F.PHASE_SERVING)
+            if ended is not None:
+                return Done(daemon.serve_failure(launch, self.start, ended))
+            return None
+        runner.record_descendants(launch, now)
+        if now >= self.next_record:
+            gone = self.procs.check() if self.procs else None
+            if gone:
+                self.track = liveness.observe(self.track, liveness.CoreGone(now, gone))
+            self.next_record = now + 1.0
+        if "health" not in self.busy and now >= self.next_health:
+            self.busy.add("health")
+            self.next_health = now + d.health_interval_s
+            ep, timeout = self.ep, d.health_timeout_s
+            runner.run_check("health", launch, lambda: (*health.check_health(ep, timeout), None))
+        if "metrics" not in self.busy and now >= self.next_sample:
+            self.busy.add("metrics")
+            due, self.next_sample = self.next_sample, self.next_sample + d.liveness_interval_s
+            if self.next_sample <= now:  # fell behind (a slow read): a new grid from now
+                due, self.next_sample = now, now + d.liveness_interval_s
+            runner.run_check("metrics", launch, _check(functools.partial(self.read, at=due)))
+        verdict = liveness.decide(self.track, now, self.policy)
+        self.last = daemon.log_verdict(launch, verdict, self.last, sampled)
+        if verdict.hung:
+            start = self.start
+
+            def hung_end() -> Done:
+                return Done(daemon.serve_failure(launch, start, daemon.hung_failure(launch, verdict)))
+
+            if verdict.evidence not in liveness.DEAD_EVIDENCE:
+                return hung_end()
+            # the traceback that explains it may still be in the pipe; the process may linger (a
+            # teardown stuck on the device), so a quiet pipe ends the wait, not the end of the output
+            return Flushing(runner, launch, now + EXIT_DRAIN_S, until_quiet=True, then=hung_end)
+        if verdict.probe and "liveness" not in self.busy:
+            self.busy.add("liveness")
+            self.track = liveness.observe(self.track, liveness.ProbeSent(now))
+            runner.run_check("liveness", launch, self.probe)
+        if self.healthy or verdict.evidence == liveness.EVIDENCE_PROGRESS:
+            daemon.watchdog(now)
+        if memory_back and self.healthy:
+            return Done(ServeEnd(None, now - self.start, back_to_best=True))
+        if self.healthy and "devices" not in self.busy and daemon.memory_check_due(now):
+            self.busy.add("devices")
+            runner.run_check("devices", launch, _device_check(runner.world.device))
+        return None
+
+
+class Draining(Phase):
+    """A stop r1sup chose waits for the requests in flight (see :meth:`Daemon._drain`), in two steps.
+
+    Open: vLLM takes requests; the step ends once ``QUIET_READS`` reads of ``/metrics`` in a row, begun
+    after ``quiet_at``, show none pending (a request still in vLLM's HTTP layer is not in its figures
+    yet). Closing (a vLLM that drains itself): SIGTERM to its API server, which
+    finishes what it holds and exits. An older vLLM ends at the open step. Either ends at ``deadline``;
+    a vLLM still open at the midpoint between ``quiet_at`` and ``deadline`` is closed then (the rest is
+    for the requests in flight), and one closed at or after the deadline still gets ``CLOSE_S``. For a
+    shutdown a second stop signal ends it; during a reload's drain a stop signal hands over to the
+    shutdown."""
+
+    READ_EVERY_S = 0.5
+    QUIET_READS = 2
+    CLOSE_S = 5.0  # the least a vLLM asked to close gets to finish what slipped in since the last read
+
+    def __init__(
+        self,
+        daemon: ServingHost,
+        launch: Launch,
+        ep: health.Endpoint,
+        first: liveness.Figures | None,
+        quiet_at: float,
+        deadline: float,
+        *,
+        itself: bool,
+        for_shutdown: bool,
+    ) -> None:
+        self.d = daemon
+        self.launch = launch
+        self.ep = ep
+        self.figures: liveness.Figures | None = first
+        self.quiet_at = quiet_at
+        self.close_at = quiet_at + (deadline - quiet_at) / 2 if itself else deadline
+        self.deadline = deadline
+        self.itself = itself
+        self.for_shutdown = for_shutdown
+        self.next_read = daemon.clock()
+        self.read_since: float | None = None  # when the read in progress began
+        self.quiet_reads = 0  # reads in a row begun after quiet_at that showed none pending
+        self.closing = False
+        self.complete = False
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        if not self.for_shutdown:
+            return Stop(signal.signum)
+        return Done() if signal.count >= 2 else None  # a second SIGTERM forces the stop
+
+    def due(self, now: float) -> float:
+        if self.closing:
+            return self.deadline - now
+        return max(
+            0.0, min(self.next_read if self.read_since is None else self.deadline, self.close_at) - now
+        )
+
+    def _close(self, now: float) -> None:
+        """vLLM's own drain: it stops taking requests and finishes the ones it holds, then exits."""
+        self.closing = True
+        self.deadline = max(self.deadline, now + self.CLOSE_S)
+        self.launch.stopping = True  # what vLLM prints from now on is its teardown (relayed as such)
+        self.launch.engine.terminate_leader()
+
+    def on(self, event: Any, now: float) -> Any:
+        launch, runner = self.launch, self.d.runner
+        if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "drain":
+            began, self.read_since = self.read_since, None
+            read = event.payload
+            if read is not None and read.figures is not None:
+                self.figures = read.figures
+                self.d.set_status(liveness.drain_status(read.figures))
+                quiet = read.figures.pending == 0 and began is not None and began >= self.quiet_at
+                self.quiet_reads = self.quiet_reads + 1 if quiet else 0
+                if self.quiet_reads >= self.QUIET_READS and not self.closing:
+                    if not self.itself:
+                        self.complete = True
+                        return Done()
+                    self._close(now)
+        elif event is not None:
+            runner.handle_output(launch, event)
+        if not launch.engine.alive():
+            # closing: vLLM finished its drain and exited (else it crashed)
+            self.complete = self.closing
+            return Done()
+        if now >= self.deadline:
+            if self.itself and not self.closing:
+                self._close(now)
+                return None
+            return Done()
+        if self.closing:
+            return None
+        if now >= self.close_at and self.itself:
+            self._close(now)
+            return None
+        if self.read_since is None and now >= self.next_read:
+            self.read_since = now
+            self.next_read = now + self.READ_EVERY_S
+            ep, read = self.ep, runner.world.read_metrics
+            runner.run_check("drain", launch, lambda: (True, "", read(ep, 2.0)))
+        return None

@@ -1,0 +1,162 @@
+"""The one loop: the only reader of the event queue.
+
+Every wait of r1sup (a launch starting, the probe, serving, a drain, a backoff, the output that follows
+an exit) is a :class:`Phase`. :meth:`Loop.run` turns the loop for it::
+
+    event = queue.get(timeout)
+    outcome = phase.on(event, now)
+
+``on`` returns None to go on, another phase to hand over to, or :class:`Done` with the phase's outcome.
+Before each read the loop hands the phase what the signal handlers queued (``Signalled``, and
+``ReloadRequested`` to a phase that takes reloads: events of :mod:`r1sup.core.events`, as the queue's are)
+and, for phases that want it, calls the tick (watchdog, start timeout, the progress line). A stop
+signal a phase does not take ends the loop as :class:`StopRequested`, raised here and nowhere else; a
+fault of r1sup's own (an exception in a check thread) is raised here too.
+
+A phase never enters the loop from its own turn: it hands over to another phase (a flush of the output
+that explains a failure, the stop after it) and that phase's outcome ends the run; a run inside a run
+raises :class:`LoopReentered`. Work that blocks (a readiness or health check, the probe, the preflight's
+import of vLLM, NVML, the wait for the device memory after a stop) runs off the loop's thread and comes
+back as a ``CheckDone`` event.
+
+The clock is the loop's: a replay test gives it a fake one and a scripted queue, and the same phases
+run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from r1sup.core.events import EventQueue, ReloadRequested, Signalled
+
+TURN_S = 0.2  # the longest a turn waits for an event: signals and timers are looked at this often
+
+
+class LoopReentered(RuntimeError):
+    """A phase entered the loop from inside one of its turns (r1sup's own bug)."""
+
+
+class StopRequested(Exception):
+    """A stop signal arrived while a phase waited; the caller stops the child and exits."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"signal {signum}")
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a phase ended in."""
+
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A phase's answer to a stop signal it does not wait through."""
+
+    signum: int
+
+
+class Phase(abc.ABC):
+    """One way of waiting. Subclasses implement :meth:`on`; the class attributes say what the loop
+    gives them."""
+
+    ticks = True  # the loop's tick runs on each turn (watchdog, start timeout, progress line)
+    faults = True  # a fault of r1sup's own from a check thread ends the wait (raised by the loop)
+    reloads = False  # SIGHUP is handed over as ReloadRequested (else it stays queued)
+
+    def due(self, now: float) -> float:
+        """Seconds until this phase needs a turn without an event (a timer); the loop caps it."""
+        return TURN_S
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        """A stop signal is pending: by default the wait ends and the caller stops."""
+        return Stop(signal.signum)
+
+    @abc.abstractmethod
+    def on(self, event: Any, now: float) -> Any:
+        """One turn: ``event`` is what the queue gave (None when nothing came in time)."""
+
+
+Fault = Callable[[], BaseException | None]
+
+
+class Loop:
+    """Runs phases against one :class:`EventQueue` and one clock."""
+
+    def __init__(
+        self,
+        events: EventQueue,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        tick: Callable[[], None] = lambda: None,
+        fault: Fault = lambda: None,
+    ) -> None:
+        self.events = events
+        self.clock = clock
+        self.tick = tick
+        self.fault = fault
+        self.phase: Phase | None = None  # the phase turning now; None between runs
+
+    def run(self, phase: Phase) -> Any:
+        """Turn until ``phase`` (or the phase it handed over to) is done; returns its outcome.
+
+        A phase never enters the loop itself (it hands over to another phase instead): a run inside a
+        run is r1sup's own bug and raises :class:`LoopReentered`."""
+        if self.phase is not None:
+            raise LoopReentered(f"{type(phase).__name__} inside {type(self.phase).__name__}")
+        try:
+            while True:
+                self.phase = phase
+                outcome = self._turn(phase)
+                if isinstance(outcome, Phase):
+                    phase = outcome
+                elif isinstance(outcome, Done):
+                    return outcome.value
+                elif isinstance(outcome, Stop):
+                    raise StopRequested(outcome.signum)
+        finally:
+            self.phase = None
+
+    def _turn(self, phase: Phase) -> Any:
+        if phase.faults:
+            fault = self.fault()
+            if fault is not None:
+                raise fault
+        events = self.events
+        if events.signals:
+            outcome = phase.on_signal(Signalled(events.signals[0], len(events.signals)), self.clock())
+            if outcome is not None:
+                return outcome
+        if phase.reloads and events.reloads:
+            events.reloads.clear()
+            outcome = phase.on(ReloadRequested(), self.clock())
+            if outcome is not None:
+                return outcome
+        if phase.ticks:
+            self.tick()
+        wait = min(TURN_S, max(0.0, phase.due(self.clock())))
+        event = events.get(wait)
+        return phase.on(event, self.clock())
+
+
+class Waiting(Phase):
+    """Wait until a moment (a backoff, a poll of the fleet's store); ``output`` takes what the queue
+    brings meanwhile (a running engine's lines)."""
+
+    def __init__(self, until: float, output: Callable[[Any], None] | None = None) -> None:
+        self.until = until
+        self.output = output
+
+    def due(self, now: float) -> float:
+        return self.until - now
+
+    def on(self, event: Any, now: float) -> Any:
+        if event is not None and self.output is not None:
+            self.output(event)
+        return Done() if now >= self.until else None

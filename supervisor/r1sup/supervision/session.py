@@ -1,0 +1,150 @@
+"""Wiring shared by ``tune`` and ``run``: config, key, logging, signals, runner, hooks, profiles."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from r1sup.adapters import apikey as sec
+from r1sup.adapters import logs
+from r1sup.core.config import Config
+from r1sup.core.events import EventQueue
+from r1sup.supervision.runner import Hooks, Runner
+
+
+@dataclass
+class Session:
+    config: Config
+    api_key: str | None
+    log: Any
+    events: EventQueue
+    runner: Runner
+    overrides: dict[str, Any]
+    checked: tuple[Any, Any] | None = None  # (preflight key, its result): once per process
+    lock: Any = None  # statefiles.StateLock: one r1sup per state directory, held for the process's life
+
+    def preflight(self) -> Any:
+        """The preflight of the current config (:mod:`r1sup.adapters.preflight`), run once and again only when
+        a reload changed what it checks; raises :class:`r1sup.core.errors.PreflightError`. Interruptible. The
+        import of vLLM is skipped when the state directory remembers a check of the same install."""
+        from r1sup.adapters import preflight
+
+        key = preflight.key(self.config)
+        if self.checked is None or self.checked[0] != key:
+            # the import of vLLM takes up to minutes: a check off the loop's thread, the loop turning
+            world, config, log = self.runner.world, self.config, self.log
+            result = self.runner.off_loop(
+                "preflight", lambda cancelled: world.preflight(config, log, cancelled)
+            )
+            self.checked = (key, result)
+        return self.checked[1]
+
+
+def default_hooks() -> Hooks:
+    from r1sup.adapters import devices
+
+    def memory_released(pids: Any) -> bool:
+        held = {p.pid for p in devices.gpu_processes()}
+        return not held.intersection(pids)
+
+    return Hooks(memory_released=memory_released, gpu_processes=devices.gpu_processes)
+
+
+def open_session(
+    args: argparse.Namespace,
+    config: Config,
+    *,
+    overrides: dict[str, Any] | None = None,
+) -> Session:
+    api_key = sec.load_api_key(config)
+    secrets = sec.secret_values(config, api_key)
+    level = args.log_level or "info"
+    logs.configure(level=level, fmt=args.log_format, stream=sys.stderr, secrets=secrets)
+    log = logs.get_logger(command=args.command)
+    lock = _lock(args, config)
+    for warning in sec.permission_warnings(config):
+        log.warning("file_permissions", **warning)
+    events = EventQueue()
+    console = logs.console_format(args.log_format, sys.stderr)
+    runner = Runner(
+        config,
+        events,
+        api_key=api_key,
+        hooks=default_hooks(),
+        log=log,
+        relay_level="debug" if console else "info",
+        display=logs.status_line(),
+        fold_tracebacks=console,
+    )
+    return Session(config, api_key, log, events, runner, dict(overrides or {}), lock=lock)
+
+
+def _lock(args: argparse.Namespace, config: Config) -> Any:
+    """The state directory's lock (statefiles.lock_state_dir): a second ``run`` or ``tune`` on it ends
+    here, before anything is launched or killed, with one line naming the holder (exit 2)."""
+    from r1sup.adapters import statefiles
+
+    what = f"r1sup {args.command}" + (f" --config {args.config}" if getattr(args, "config", None) else "")
+    return statefiles.lock_state_dir(config.state.dir, logs.mask(what))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def capacity_of(config: Any, result: Any) -> dict[str, Any] | None:
+    """The verified capacity of a passed tune result (r1sup.core.capacity), with the search's own verdict
+    on whether it is reduced when the result carries one."""
+    from r1sup.core import capacity
+
+    flags = result.flags.to_dict() if result.flags is not None else None
+    return capacity.verified(
+        result.probe,
+        flags,
+        result.figures,
+        capacity.asked(config),
+        reduced=getattr(result, "reduced", None),
+    )
+
+
+def save_profile(
+    session: Session,
+    result: Any,
+    fingerprint: dict[str, Any],
+    conditions: dict[str, Any] | None = None,
+) -> str | None:
+    """Persist a passed configuration (and publish it to the fleet's store, if there is one); returns
+    the local path, or None when saving failed (logged). ``conditions`` (search.conditions) are saved
+    with it; a profile they mark ``degraded`` is kept beside the best one under its own key
+    (profiles.degraded_fingerprint) and never published."""
+    from r1sup.state import profiles
+
+    degraded = bool(conditions and conditions.get("degraded"))
+    fp = profiles.degraded_fingerprint(fingerprint) if degraded else fingerprint
+    profile = profiles.Profile.create(
+        fingerprint=fp,
+        model=session.config.model.name,
+        served_name=session.config.served_name,
+        flags=result.flags,
+        command=list(result.command),
+        probe=result.probe,
+        observations=result.figures,
+        attempts=[a.to_dict() for a in result.attempts],
+    )
+    reduced = getattr(result, "reduced", None)
+    if reduced:  # the flags give up more than half the asked context or serve fewer sequences than asked
+        conditions = {**(conditions or {}), "reduced": dict(reduced)}
+    if conditions:
+        profile = replace(profile, conditions=dict(conditions))
+    verified = capacity_of(session.config, result)
+    if verified:
+        profile = replace(profile, capacity=verified)
+    path = profiles.ProfileStore(session.config.state.dir).save(profile)
+    if session.config.state.profile_store and not degraded:
+        from r1sup.state import fleet
+
+        fleet.publish(session.config, profile)
+    return str(path) if path is not None else None
