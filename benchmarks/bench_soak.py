@@ -71,7 +71,10 @@ def r1sup_env(r1sup_path: str | None) -> dict[str, str]:
 
 def known_settings(r1sup_path: str | None) -> set[str]:
     """The settings of the r1sup under test (another version may not have the new ones)."""
-    code = "import json; from r1sup.core import config as c; print(json.dumps([d for d, _, _ in c.declarations()]))"
+    code = (
+        "import json; from r1sup.core import config as c; "
+        "print(json.dumps([d for d, _, _ in c.declarations()]))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         env=r1sup_env(r1sup_path),

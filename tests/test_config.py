@@ -204,8 +204,8 @@ def test_light_commands_import_nothing_heavy(tmp_path: Path, argv: list[str]):
 
     code = (
         "import sys; from r1sup.cli.app import main; main(sys.argv[1:]); "
-        "heavy = [m for m in ('openai', 'torch', 'vllm', 'httpx', 'r1sup.core.planner', 'r1sup.adapters.probe') "
-        "if m in sys.modules]; "
+        "heavy = [m for m in ('openai', 'torch', 'vllm', 'httpx', 'r1sup.core.planner', "
+        "'r1sup.adapters.probe') if m in sys.modules]; "
         "print('HEAVY', heavy)"
     )
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]

@@ -285,7 +285,13 @@ import json, sys
 from r1sup.cli.app import main
 code = main(["status", "--state-dir", sys.argv[1], "--json"])
 HEAVY = ("torch", "vllm", "openai", "transformers", "pynvml")
-OURS = ("r1sup.adapters.devices", "r1sup.core.planner", "r1sup.adapters.modelinfo", "r1sup.adapters.launcher", "r1sup.adapters.probe")
+OURS = (
+    "r1sup.adapters.devices",
+    "r1sup.core.planner",
+    "r1sup.adapters.modelinfo",
+    "r1sup.adapters.launcher",
+    "r1sup.adapters.probe",
+)
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY or m in OURS)
 print(json.dumps({"code": code, "heavy": heavy, "psutil": "psutil" in sys.modules}), file=sys.stderr)
 """
