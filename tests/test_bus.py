@@ -153,9 +153,9 @@ def test_daemon_py_writes_to_no_sink_outside_the_subscribers():
 
 # --- the whole package: status.json, the metrics and sd_notify are the subscribers' alone -----------
 
-PACKAGE = Path(daemon_module.__file__).parent
+PACKAGE = Path(daemon_module.__file__).parents[1]  # supervisor/r1sup
 # where each sink is defined; the subscribers are its only writers
-SINK_MODULES = frozenset({"subscribers.py", "notify.py", "metrics.py"})
+SINK_MODULES = frozenset({"supervision/subscribers.py", "adapters/notify.py", "adapters/metrics.py"})
 NOTIFY_CALLS = frozenset(n for n in vars(Notifier) if not n.startswith("_")) - {"enabled"}
 METRIC_CALLS = frozenset(n for n in vars(Metrics) if not n.startswith("_"))
 METRIC_CALLS |= {"inc", "dec", "set", "labels", "observe"}
@@ -235,7 +235,11 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
                 found[name] = writes
     assert found == {}
     # and the check does see the subscribers' own writes: systemd's, the metrics' and status.json's
-    theirs = " ".join(systemd_metrics_status_writes((PACKAGE / "subscribers.py").read_text(encoding="utf-8")))
+    theirs = " ".join(
+        systemd_metrics_status_writes(
+            (PACKAGE / "supervision" / "subscribers.py").read_text(encoding="utf-8")
+        )
+    )
     assert "n.ready" in theirs and "m.probe" in theirs  # the sinks' local names for them
     assert "self.metrics.serve" in theirs and "statefiles.atomic_write_json" in theirs
 
@@ -244,15 +248,15 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
 # subscribers: what is not (yet) an event. Exact, so that a new direct writer fails here and one moved
 # behind the bus takes its module off this list.
 DIRECT_LOGGERS = {
-    "runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
-    "tuner.py": "what is known before a search: the device, the model, the plan, the calibration",
-    "fleet.py": "the shared profile store's lease and publication",
-    "preflight.py": "the preflight's cache and its import check",
-    "statefiles.py": "files set aside, the state directory's lock",
-    "session.py": "file permissions at start-up",
-    "commands/tune.py": "an interrupted or failed tune",
-    "worker.py": "r1sup worker, a headless vLLM of a multi-node group (a process of its own, with no bus)",
-    "logs.py": "the logging set-up itself (structlog)",
+    "supervision/runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
+    "supervision/tuner.py": "what is known before a search: the device, the model, the plan, the calibration",
+    "state/fleet.py": "the shared profile store's lease and publication",
+    "adapters/preflight.py": "the preflight's cache and its import check",
+    "adapters/statefiles.py": "files set aside, the state directory's lock",
+    "supervision/session.py": "file permissions at start-up",
+    "cli/commands/tune.py": "an interrupted or failed tune",
+    "supervision/worker.py": "r1sup worker, a headless vLLM of a multi-node group (its own process, no bus)",
+    "adapters/logs.py": "the logging set-up itself (structlog)",
 }
 
 
@@ -261,7 +265,7 @@ def test_the_modules_that_still_log_directly_are_the_known_ones():
     for path in sorted(PACKAGE.rglob("*.py")):
         name = path.relative_to(PACKAGE).as_posix()
         writes = [w for w in sink_writes(path.read_text(encoding="utf-8")) if "log" in w]
-        if writes and name not in ("bus.py", "subscribers.py"):
+        if writes and name not in ("supervision/bus.py", "supervision/subscribers.py"):
             direct[name] = writes
     assert sorted(direct) == sorted(DIRECT_LOGGERS), {
         n: w for n, w in direct.items() if n not in DIRECT_LOGGERS
