@@ -276,6 +276,9 @@ def test_an_unusable_cache_place_never_fails_the_preflight(tmp_path: Path) -> No
     assert not preflight.check_engine_cached(config, FAKE_ENV).cached
 
 
+# serial: the cache's key reads the engine package's and site-packages' listings, which other workers'
+# first imports change (new __pycache__ entries) between this test's two looks
+@pytest.mark.serial
 def test_check_always_imports_and_leaves_the_cache_alone(tmp_path: Path) -> None:
     config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)})
     assert not preflight.check_engine_cached(config, FAKE_ENV).cached
