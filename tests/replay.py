@@ -151,6 +151,8 @@ class Script:
     completion_s: Callable[[float], float | None] = lambda s: CHECK_LATENCY_S
     drain_s: float | None = None  # asked to drain (SIGTERM to its leader): exits this much later
     # (None: once its figures show nothing pending)
+    # with drain_s: vLLM's "request processing complete" line this long after it is asked to drain
+    drained_line_s: float | None = None
     term_ignored: bool = False  # SIGTERM to its group does nothing: only SIGKILL ends it
     teardown: list[str] = field(default_factory=list)  # lines it prints after SIGTERM, 0.5 s apart
 
@@ -216,6 +218,9 @@ class FakeEngine:
         script says, else once its figures show nothing pending (looked at every 0.5 s, for an hour)."""
         s, now = self.script, self.h.clock()
         if s.drain_s is not None:
+            if s.drained_line_s is not None:
+                line = "(EngineCore pid=7) INFO [shutdown] EngineCore: request processing complete"
+                self.h.queue.at(now + s.drained_line_s, ChildOutput(self.launch_id, line))
             self._exit(now + s.drain_s, 0)
             return
         for step in range(1, 7201):

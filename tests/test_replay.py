@@ -547,6 +547,26 @@ def test_requests_that_keep_coming_close_vllm_at_half_the_budget(tmp_path: Path)
     assert finished["complete"] is True and 19.0 <= finished["seconds"] <= 19.6
 
 
+def test_vllm_saying_its_drain_is_done_ends_the_wait_for_its_slow_teardown(tmp_path: Path) -> None:
+    # nothing in flight: vLLM is closed after two quiet reads, says at once that its requests are done,
+    # then takes 40 s to exit (vLLM 0.32's CPU worker ignores its executor's SIGTERM): r1sup's stop ends it
+    r = replay(tmp_path, Script(drain_s=40.0, drained_line_s=0.3), daemon={"drain_unready_s": 1.0})
+    _sigterm_after_serving(r, lambda s: IDLE)
+    assert r.run() == errors.EXIT_OK
+    finished = r.log.named("drain_finished")[0]
+    assert finished["complete"] is True and finished["seconds"] <= 4.0
+    assert r.engine(1).stopped_by == "stop"  # r1sup's stop, not its own exit 40 s later
+
+
+def test_without_the_drained_line_the_drain_waits_for_vllm_to_exit(tmp_path: Path) -> None:
+    r = replay(tmp_path, Script(drain_s=20.0), daemon={"drain_unready_s": 1.0})
+    _sigterm_after_serving(r, lambda s: IDLE)
+    assert r.run() == errors.EXIT_OK
+    finished = r.log.named("drain_finished")[0]
+    assert finished["complete"] is True and 21.0 <= finished["seconds"] <= 24.0
+    assert r.engine(1).code == 0
+
+
 @covers((S.SERVING, S.STOPPING))
 def test_without_a_drain_sigterm_stops_the_engine_at_once(tmp_path: Path) -> None:
     # drain_timeout_s 0: vLLM is not asked to drain itself, and requests in flight do not hold the stop

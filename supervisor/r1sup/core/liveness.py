@@ -542,6 +542,16 @@ def drain_args(vllm_version: str | None, extra_args: Sequence[str], seconds: flo
     return (SHUTDOWN_TIMEOUT_FLAG, str(math.ceil(seconds)))
 
 
+# What vLLM's engine core prints once its drain has nothing left in flight (vLLM 0.32's
+# EngineCore._handle_shutdown); an older vLLM without the line is waited for until it exits.
+DRAINED_LINE = "[shutdown] EngineCore: request processing complete"
+
+
+def drained_line(line: str) -> bool:
+    """Whether a line of vLLM's output says its own drain has finished the requests in flight."""
+    return DRAINED_LINE in line
+
+
 def drains_itself(argv: Sequence[str]) -> bool:
     """Whether a vLLM command line asks vLLM to drain on SIGTERM (``--shutdown-timeout`` above 0)."""
     for i, arg in enumerate(argv):

@@ -1061,6 +1061,11 @@ class Draining(Phase):
                     self._close(now)
         elif event is not None:
             runner.handle_output(launch, event)
+            if self.closing and isinstance(event, B.ChildOutput) and liveness.drained_line(event.line):
+                # vLLM says its drain is over (nothing in flight); what is left is its teardown, which on
+                # the CPU backend waits 30 s for a worker that ignores its SIGTERM: r1sup's stop does that
+                self.complete = True
+                return Done()
         if not launch.engine.alive():
             # closing: vLLM finished its drain and exited (else it crashed)
             self.complete = self.closing
