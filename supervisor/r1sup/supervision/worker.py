@@ -37,7 +37,7 @@ from r1sup.core.config import Config
 from r1sup.core.errors import ConfigError
 from r1sup.core.events import ChildOutput, EventQueue, Signalled
 from r1sup.core.flags import EngineFlags
-from r1sup.supervision.loop import Done, Loop, Phase, Stop, StopRequested
+from r1sup.supervision.loop import Done, Loop, Phase, StopRequested, Waiting
 
 FETCH_TIMEOUT_S = 3.0
 MAX_STATUS_BYTES = 1024 * 1024  # the leader's status document is a few KiB
@@ -268,40 +268,38 @@ class Worker:
     def wait(self, seconds: float) -> None:
         """Forward vLLM's output for ``seconds``; a signal ends the wait within the loop's turn."""
         try:
-            self.loop.run(Forwarding(self.out, until=self.clock() + seconds))
+            self.loop.run(Waiting(self.clock() + seconds, output=self.forward))
         except StopRequested:
             return
 
+    def forward(self, event: Any) -> None:
+        if isinstance(event, ChildOutput):
+            self.out.write(event.line + "\n")
+            self.out.flush()
+
     def drain_output(self) -> None:
         """Forward what vLLM printed and is still queued (after a stop), then return."""
-        self.loop.run(Forwarding(self.out, until=self.clock(), drain=True))
+        self.loop.run(Flushing(self.forward))
+        self.out.flush()
 
 
-class Forwarding(Phase):
-    """The worker's one phase: vLLM's lines go to ``out`` until ``until``; with ``drain``, until the
-    queue is empty (a stop's last lines), signals or not."""
+class Flushing(Phase):
+    """Hands what is queued to ``output`` until the queue is empty (a stop's last lines), signals or not."""
 
     ticks = False
     faults = False
 
-    def __init__(self, out: Any, until: float, drain: bool = False) -> None:
-        self.out = out
-        self.until = until
-        self.drain = drain
+    def __init__(self, output: Callable[[Any], None]) -> None:
+        self.output = output
 
     def due(self, now: float) -> float:
-        return 0.0 if self.drain else self.until - now
+        return 0.0
 
     def on_signal(self, signal: Signalled, now: float) -> Any:
-        return None if self.drain else Stop(signal.signum)
+        return None
 
     def on(self, event: Any, now: float) -> Any:
-        if isinstance(event, ChildOutput):
-            self.out.write(event.line + "\n")
-        if self.drain:
-            if event is None:
-                self.out.flush()
-                return Done()
-            return None
-        self.out.flush()
-        return Done() if now >= self.until else None
+        if event is None:
+            return Done()
+        self.output(event)
+        return None
