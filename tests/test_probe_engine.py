@@ -65,9 +65,13 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
             f"of ~{wave['prompt_tokens']} prompt tokens of 16 asked" in b for b in capacity["reduced_because"]
         ), capacity
 
-        # short prompts: two fit in the cache at once, and both ran together
+        # short prompts: two fit in the cache at once, and both ran together. Each asks 512 tokens, so
+        # the pair decodes together for seconds: with 64, a starved CI machine's API server delivered
+        # each answer in one burst after the other and vLLM's gauges never showed them running at once
         runner.config = cfg.load(
-            path, environ={}, overrides={"probe.prompt_tokens": "200", "probe.output_tokens": "64"}
+            path,
+            environ={},
+            overrides={"probe.prompt_tokens": "200", "probe.output_tokens": "512", "probe.requests": "2"},
         )
         assert runner.probe(launch) == F.NO_FAILURE
         short = launch.probe
