@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from r1sup.adapters.endpoint import Endpoint, View, loop_limit_s
@@ -197,23 +197,32 @@ class Worker:
             leader=self.url,
         )
         try:
-            while not self.events.signals:
-                self.turn()
-                self.wait(self.config.multinode.leader_poll_s)
+            self.loop.run(self._lifetime())  # the worker's whole life in one run of the loop
         finally:
-            self.stop_engine("signal" if self.events.signals else "exit")
             self.events.restore_signal_handlers()
             if self.endpoint is not None:
                 self.endpoint.close()
         self.log.info("worker_stopped")
         return 0
 
-    def turn(self) -> None:
+    def _lifetime(self) -> Generator[Phase, Any, None]:
+        """The loop's script: a turn, then the wait until the next, until a stop signal; then vLLM is
+        stopped (after an error of r1sup's own too, which then goes on to the CLI)."""
+        try:
+            while not self.events.signals:
+                yield from self.turn()
+                yield from self.wait(self.config.multinode.leader_poll_s)
+        except Exception:
+            yield from self.stop_engine("signal" if self.events.signals else "exit")
+            raise
+        yield from self.stop_engine("signal" if self.events.signals else "exit")
+
+    def turn(self) -> Generator[Phase, Any, None]:
         """One look at the leader and the child, and what follows from it."""
         self.last_turn = self.clock()
         if self.engine is not None and not self.engine.alive():
             self.log.warning("worker_vllm_exited", leader_launch=self.running, returncode=self.engine.poll())
-            self.stop_engine("exited")
+            yield from self.stop_engine("exited")
         doc = self.fetch(self.url)
         leader = multinode.leader_launch(doc) if doc is not None else None
         if doc is None and self.leader_seen:
@@ -228,7 +237,7 @@ class Worker:
                 leader = None
         action = multinode.decide(leader, self.running, self.joined)
         if action.stop:
-            self.stop_engine("leader_changed")
+            yield from self.stop_engine("leader_changed")
         if action.join is not None and flags is not None:
             self.start_engine(action.join, flags)
 
@@ -250,13 +259,13 @@ class Worker:
             argv=" ".join(spec.display),
         )
 
-    def stop_engine(self, reason: str) -> None:
+    def stop_engine(self, reason: str) -> Generator[Phase, Any, None]:
         engine, self.engine, self.running = self.engine, None, None
         if engine is None:
             return
         server = self.config.server
         report = engine.stop(server.stop_timeout_s, release_timeout=server.memory_release_timeout_s)
-        self.drain_output()
+        yield from self.drain_output()
         self.log.info(
             "worker_vllm_stopped",
             reason=reason,
@@ -265,10 +274,10 @@ class Worker:
             returncode=engine.poll(),
         )
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float) -> Generator[Phase, Any, None]:
         """Forward vLLM's output for ``seconds``; a signal ends the wait within the loop's turn."""
         try:
-            self.loop.run(Waiting(self.clock() + seconds, output=self.forward))
+            yield Waiting(self.clock() + seconds, output=self.forward)
         except StopRequested:
             return
 
@@ -277,9 +286,9 @@ class Worker:
             self.out.write(event.line + "\n")
             self.out.flush()
 
-    def drain_output(self) -> None:
+    def drain_output(self) -> Generator[Phase, Any, None]:
         """Forward what vLLM printed and is still queued (after a stop), then return."""
-        self.loop.run(Flushing(self.forward))
+        yield Flushing(self.forward)
         self.out.flush()
 
 
