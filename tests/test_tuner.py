@@ -165,7 +165,7 @@ def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Pa
     know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
     runner = ScriptedRunner(["oom_cudagraph", "ok"])
     seen: list[E.SearchEvent] = []
-    monkeypatch.setattr(T.Tuner, "refresh_device", lambda self: None)
+    monkeypatch.setattr(T.Tuner, "refresh_device", lambda self: iter(()))
     start = EngineFlags(max_model_len=8192)
     search = T.Tuner(config, runner, log=structlog_null(), know=know, publish=seen.append).run(start)  # type: ignore[arg-type]
     with pytest.raises(StopIteration) as ended:  # the scripted runner has no waits: it never yields

@@ -399,7 +399,8 @@ class Daemon:
             checked = yield from self.s.preflight()  # once per process; again after a reload that changed it
             self.know = self.runner.world.knowledge(self.config, self.log, engine=checked.engine)
         else:
-            self._tuner().refresh_device()  # what is free now (another tenant may have come or gone)
+            # what is free now (another tenant may have come or gone)
+            yield from self._tuner().refresh_device()
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
         base = footing(self.config, self.know, self.runner)
@@ -645,7 +646,9 @@ class Daemon:
         if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
             self.transition(State.DRAINING, liveness.drain_status(None))
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
-        first = self.runner.world.read_metrics(ep, min(2.0, budget_s)).figures
+        read, timeout = self.runner.world.read_metrics, min(2.0, budget_s)
+        self.runner.run_check("drain", launch, lambda: (True, "", read(ep, timeout)))
+        first = yield FirstRead(self.runner, launch)
         if unready_s <= 0 and (first is None or first.pending == 0):
             self.publish(B.DrainSkipped(reason, first.to_dict() if first else None))
             return
@@ -682,7 +685,7 @@ class Daemon:
                 search = new_search(
                     self.config, self.know, launch_calibration(self.know, flags, launch.figures)
                 )
-            self._tuner().refresh_device()
+            yield from self._tuner().refresh_device()
             decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
             if isinstance(decision, S.GiveUp):
                 return TuneResult(
@@ -987,6 +990,25 @@ class Serving(Phase):
         if self.healthy and "devices" not in self.busy and daemon.memory_check_due(now):
             self.busy.add("devices")
             runner.run_check("devices", launch, _device_check(runner.world.device))
+        return None
+
+
+class FirstRead(Phase):
+    """The drain's first read of ``/metrics`` (its ``drain`` check): until it answers (its figures, None
+    when it had none), vLLM's output taken meanwhile. A stop signal waits for the drain, which decides."""
+
+    def __init__(self, runner: ServingRunner, launch: Launch) -> None:
+        self.runner = runner
+        self.launch = launch
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        return None
+
+    def on(self, event: Any, now: float) -> Any:
+        if isinstance(event, CheckDone) and event.launch == self.launch.number and event.kind == "drain":
+            return Done(getattr(event.payload, "figures", None))
+        if event is not None:
+            self.runner.handle_output(self.launch, event)
         return None
 
 

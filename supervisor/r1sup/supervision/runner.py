@@ -389,16 +389,22 @@ class Runner:
 
     # --- launching -----------------------------------------------------------------------------
 
-    def preflight(self, spec: LaunchSpec) -> Failure | None:
-        """Clean up our leftovers; a port held by anything else is fatal; log foreign GPU users."""
-        world = self.world
-        killed = world.kill_leftovers(spec.instance)
+    def preflight(self, spec: LaunchSpec) -> Generator[Phase, Any, Failure | None]:
+        """Clean up our leftovers; a port held by anything else is fatal; log foreign GPU users. The
+        looking and killing (processes, ports, NVML) is a check off the loop's thread."""
+        world, gpu_processes = self.world, self.hooks.gpu_processes
+
+        def clear(cancelled: Cancel) -> tuple[list[int], Any, list[Any]]:
+            killed = world.kill_leftovers(spec.instance)
+            holder = world.port_holder(spec.host, spec.port, spec.instance)
+            if holder is not None and holder.ours and holder.pid:
+                world.kill_leftovers(spec.instance)
+                holder = world.port_holder(spec.host, spec.port, spec.instance)
+            return killed, holder, gpu_processes() if holder is None else []
+
+        killed, holder, foreign = yield from self.off_loop("leftovers", clear)
         if killed:
             self.log.warning("leftovers_killed", pids=killed)
-        holder = world.port_holder(spec.host, spec.port, spec.instance)
-        if holder is not None and holder.ours and holder.pid:
-            world.kill_leftovers(spec.instance)
-            holder = world.port_holder(spec.host, spec.port, spec.instance)
         if holder is not None:
             who = f"pid {holder.pid} ({holder.name})" if holder.pid else holder.name
             detail = f"port {spec.port} on {spec.host} is held by {who}"
@@ -407,7 +413,7 @@ class Runner:
             return Failure(
                 F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers={"port": float(spec.port)}
             )
-        for proc in self.hooks.gpu_processes():
+        for proc in foreign:
             self.log.warning(
                 "foreign_gpu_process",
                 pid=proc.pid,
@@ -424,7 +430,7 @@ class Runner:
         launch = Launch(self._ids, flags, spec, engine, LogReader(), self.clock(), attempt=attempt)
         launch.progress = P.LoadProgress(launch.started, self.expected_phases)
         self.current = launch
-        blocked = self.preflight(spec)
+        blocked = yield from self.preflight(spec)
         if blocked is not None:
             launch.failure = blocked
             self.log.error("failure_classified", attempt=attempt, **_failure_fields(blocked))

@@ -250,11 +250,22 @@ class Tuner:
         self.bounds = B.Bounds.from_config(config)
         self.record = record  # r1sup.state.runrecord.RunLog: every attempt for `r1sup report`
 
-    def refresh_device(self) -> None:
-        try:
-            self.know.device = self.runner.world.device()
-        except Exception as exc:  # noqa: BLE001
-            self.publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
+    def refresh_device(self) -> Generator[Phase, Any, None]:
+        """What the device has free now (NVML: a check off the loop's thread); a probe that fails is
+        reported and the last facts kept."""
+        probe = self.runner.world.device
+
+        def look(cancelled: Any) -> tuple[Any, str]:
+            try:
+                return probe(), ""
+            except Exception as exc:  # noqa: BLE001 - the search goes on with the last facts
+                return None, f"{type(exc).__name__}: {exc}"
+
+        device, error = yield from self.runner.off_loop("devices", look)
+        if error:
+            self.publish(DeviceProbeFailed(error, search=True))
+        else:
+            self.know.device = device
 
     def run(
         self,
@@ -386,7 +397,8 @@ class Tuner:
                 suggestions=suggestions,
                 bounds=self.bounds,
             )
-            self.refresh_device()  # what is free now that this launch is gone (another tenant may have moved)
+            # what is free now that this launch is gone (another tenant may have moved)
+            yield from self.refresh_device()
             outcome = S.Outcome(flags, failure, figures, self.know.device)
             decision = search.after(outcome)
             if isinstance(decision, S.GiveUp):
