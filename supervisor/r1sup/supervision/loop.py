@@ -192,7 +192,7 @@ class Loop:
 
 
 class Waiting(Phase):
-    """Wait until a moment (a backoff, a poll of the fleet's store); ``output`` takes what the queue
+    """Wait until a moment (a backoff, a worker's next look at its leader); ``output`` takes what the queue
     brings meanwhile (a running engine's lines)."""
 
     def __init__(self, until: float, output: Callable[[Any], None] | None = None) -> None:

@@ -3,7 +3,9 @@
 Its waits are phases of the one loop (:mod:`r1sup.supervision.loop`): :class:`Starting` until vLLM is ready or
 has failed, :class:`ProbeWait` until the probe returns, :class:`Stopping` (SIGTERM, SIGKILL on its timer,
 the wait for the device memory), :class:`Flushing` for the output that follows an exit or a stop,
-:class:`Awaiting` for blocking work of no launch (the preflight). Checks that block (readiness, the
+:class:`Awaiting` for blocking work of no launch (the preflight, the fleet's store, a launch's clean-up of
+leftovers, NVML). The runner's waits are generators that yield these phases to the script of the
+process (``launch = yield from runner.launch(...)``). Checks that block (readiness, the
 probe, the stop's reaping and memory wait) run on threads and report back as events, so vLLM's output
 is drained all the time. The phases reach the runner through :class:`LaunchHost` only; the runner
 reaches the world (engine, probe child, device, ``/metrics``, clock) through its

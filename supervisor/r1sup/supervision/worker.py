@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,7 +36,7 @@ from r1sup.adapters.logs import get_logger
 from r1sup.core import multinode
 from r1sup.core.config import Config
 from r1sup.core.errors import ConfigError
-from r1sup.core.events import ChildOutput, EventQueue, Signalled
+from r1sup.core.events import CheckDone, ChildOutput, EventQueue, Signalled
 from r1sup.core.flags import EngineFlags
 from r1sup.supervision.loop import Done, Loop, Phase, StopRequested, Waiting
 
@@ -264,7 +265,19 @@ class Worker:
         if engine is None:
             return
         server = self.config.server
-        report = engine.stop(server.stop_timeout_s, release_timeout=server.memory_release_timeout_s)
+        grace, release, events = server.stop_timeout_s, server.memory_release_timeout_s, self.events
+
+        def stop() -> None:  # on its own thread: SIGTERM, SIGKILL on its timer, the reaping
+            try:
+                answer: Any = engine.stop(grace, release_timeout=release)
+            except Exception as exc:  # noqa: BLE001 - raised again in the loop's thread
+                answer = exc
+            events.put(CheckDone("stopped", engine.launch_id, True, "", answer))
+
+        threading.Thread(target=stop, daemon=True, name="check-stopped").start()
+        report = yield Stopping(engine.launch_id, self.forward)
+        if isinstance(report, Exception):
+            raise report
         yield from self.drain_output()
         self.log.info(
             "worker_vllm_stopped",
@@ -290,6 +303,28 @@ class Worker:
         """Forward what vLLM printed and is still queued (after a stop), then return."""
         yield Flushing(self.forward)
         self.out.flush()
+
+
+class Stopping(Phase):
+    """Until the stop of launch ``number`` (a check on its own thread) answers with its report; vLLM's
+    teardown lines go to ``output`` meanwhile. Signals and faults wait: the stop is under way."""
+
+    ticks = False
+    faults = False
+
+    def __init__(self, number: int, output: Callable[[Any], None]) -> None:
+        self.number = number
+        self.output = output
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        return None
+
+    def on(self, event: Any, now: float) -> Any:
+        if isinstance(event, CheckDone) and event.kind == "stopped" and event.launch == self.number:
+            return Done(event.payload)
+        if event is not None:
+            self.output(event)
+        return None
 
 
 class Flushing(Phase):
