@@ -67,6 +67,26 @@ def test_the_entry_check_finds_a_wait_that_enters_the_loop_itself(tmp_path: Path
     assert _loop_runs(rogue) == [("Runner.sleep", 3)]
 
 
+def test_a_script_that_enters_the_loop_again_is_a_bug() -> None:
+    clock = FakeClock()
+    looped = Loop(ScriptedQueue(clock), clock=clock)
+
+    def script() -> Any:
+        yield loop.Waiting(clock() + 1.0)
+        looped.run(loop.Waiting(clock() + 1.0))  # a wait that forgot to be a phase of the script
+
+    with pytest.raises(loop.LoopReentered, match="Waiting inside Waiting"):
+        looped.run(script())
+
+    def first() -> Any:  # before its first wait too
+        looped.run(loop.Waiting(clock() + 1.0))
+        yield loop.Waiting(clock() + 1.0)
+
+    with pytest.raises(loop.LoopReentered, match="Waiting inside a script"):
+        looped.run(first())
+    assert looped.run(loop.Waiting(clock() + 1.0)) is None  # not left marked as running
+
+
 class _Entries:
     """Counts the runs of the loop and the kinds of phase that turned in them."""
 

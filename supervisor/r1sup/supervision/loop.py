@@ -125,7 +125,8 @@ class Loop:
         self.clock = clock
         self.tick = tick
         self.fault = fault
-        self.phase: Phase | None = None  # the phase turning now; None between runs
+        self.phase: Phase | None = None  # the phase turning now (or last, while the script runs)
+        self.running = False  # a run is under way: its script or one of its phases has the thread
 
     def run(self, work: Phase | Script) -> Any:
         """Turn until ``work`` is done; returns its outcome. ``work`` is a :data:`Script` (the process's
@@ -134,8 +135,10 @@ class Loop:
 
         A phase never enters the loop itself (it hands over to another phase instead): a run inside a
         run is r1sup's own bug and raises :class:`LoopReentered`."""
-        if self.phase is not None:
-            raise LoopReentered(f"{_name(work)} inside {type(self.phase).__name__}")
+        if self.running:
+            inside = type(self.phase).__name__ if self.phase is not None else "a script"
+            raise LoopReentered(f"{_name(work)} inside {inside}")
+        self.running = True
         script = _single(work) if isinstance(work, Phase) else work
         try:
             step: Callable[[], Phase] = functools.partial(script.send, None)
@@ -151,6 +154,7 @@ class Loop:
                     step = functools.partial(script.send, outcome)
         finally:
             self.phase = None
+            self.running = False
             script.close()
 
     def _wait(self, phase: Phase) -> Any:
