@@ -421,7 +421,8 @@ class Replay:
 
     def _check(self, kind: str, launch: Any, fn: Callable[[], Any]) -> None:
         now = self.clock()
-        if kind in ("preflight", "stopped", "devices"):  # the fakes answer these: what fn returns
+        # the fakes answer these: what fn returns
+        if kind in ("preflight", "leftovers", "stopped", "devices"):
             number = launch.number if launch is not None else 0
             self.queue.at(now + CHECK_LATENCY_S, CheckDone(kind, number, *fn()))
             return

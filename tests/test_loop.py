@@ -231,7 +231,7 @@ def test_the_preflight_runs_off_the_loops_thread_and_a_stop_signal_cancels_it(tm
     threading.Timer(0.1, lambda: session.events.signals.append(signal.SIGTERM)).start()
     t0 = time.monotonic()
     with pytest.raises(StopRequested):
-        session.preflight()
+        session.runner.loop.run(session.preflight())
     assert time.monotonic() - t0 < 2.0  # the loop's turn, not the work, ended the wait
     assert ended.wait(2.0) and where == ["check-preflight"]
     assert session.checked is None  # nothing remembered: a later preflight runs again
@@ -250,10 +250,11 @@ def test_the_preflight_check_returns_its_result_once_and_raises_its_refusal_in_t
         return "checked"
 
     session = _session(tmp_path, passes)
-    assert session.preflight() == "checked" and session.preflight() == "checked" and calls == [1]
+    run = session.runner.loop.run
+    assert run(session.preflight()) == "checked" and run(session.preflight()) == "checked" and calls == [1]
 
     def refuses(config: Any, log: Any, cancelled: Any) -> Any:
         raise PreflightError("server.python", "No module named 'vllm'", exit_code=errors.EXIT_FATAL_FAILURE)
 
     with pytest.raises(PreflightError, match="No module named 'vllm'"):
-        _session(tmp_path, refuses).preflight()
+        (refused := _session(tmp_path, refuses)).runner.loop.run(refused.preflight())

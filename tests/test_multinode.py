@@ -220,15 +220,15 @@ def test_a_worker_whose_vllm_cannot_start_waits_for_the_leaders_next_launch(tmp_
     )
     doc = {"state": "launching", "child_pid": 7, "launches": 1, "flags": {}, "started_at": "t0"}
     worker = Worker(config, fetch=lambda url: doc)
-    worker.turn()
+    worker.loop.run(worker.turn())
     assert worker.engine is None and worker.state() == "waiting" and worker.joined == ("t0", 1)
-    worker.turn()  # the same launch: not tried again
+    worker.loop.run(worker.turn())  # the same launch: not tried again
     assert worker.starts == 1
     doc = {**doc, "flags": {"no_such_flag": 1}, "launches": 2}
-    worker.turn()  # flags r1sup does not know: nothing to join
+    worker.loop.run(worker.turn())  # flags r1sup does not know: nothing to join
     assert worker.starts == 1 and worker.joined == ("t0", 1)
     doc = {**doc, "flags": {"max_model_len": 4096}}
-    worker.turn()  # the leader's next launch: tried (and failed) once
+    worker.loop.run(worker.turn())  # the leader's next launch: tried (and failed) once
     assert worker.starts == 2 and worker.joined == ("t0", 2) and worker.engine is None
 
 

@@ -30,11 +30,11 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
     runner = Runner(config, EventQueue(), log=get_logger(test="probe"), relay=False)
     launch = None
     try:
-        launch = runner.launch(EngineFlags.from_start(config.start), attempt=1)
+        launch = runner.loop.run(runner.launch(EngineFlags.from_start(config.start), attempt=1))
         assert launch.ready, launch.failure
         assert launch.figures.kv_cache_tokens == 3840  # 4,000,000 B / 1024 B per token, 128-blocks
 
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         p = launch.probe
         assert p is not None and p["ok"] and p["succeeded"] == 6 and p["concurrency"] == 2
         # prompts near the 2048-token context, measured with the server's /tokenize
@@ -73,7 +73,7 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
             environ={},
             overrides={"probe.prompt_tokens": "200", "probe.output_tokens": "512", "probe.requests": "2"},
         )
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         short = launch.probe
         assert short is not None and short["concurrency_proven"] == 2 and not short["queued"], short
 
@@ -84,13 +84,13 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         core = _engine_core(launch.engine.pid)
         killer = threading.Thread(target=_kill_when_busy, args=(core, runner.endpoint), daemon=True)
         killer.start()
-        failure = runner.probe(launch)
+        failure = runner.loop.run(runner.probe(launch))
         assert failure.cls == F.ENGINE_DEAD
         assert failure.phase == F.PHASE_SERVING
         assert launch.probe is not None and not launch.probe["ok"]
     finally:
         if launch is not None:
-            runner.stop(launch, reason="test over")
+            runner.loop.run(runner.stop(launch, reason="test over"))
         wait_until(lambda: not engine_processes(path), 30, interval=0.5, what="no vLLM left")
         kill_engine_processes(path)
 

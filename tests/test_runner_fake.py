@@ -249,15 +249,15 @@ def probe_children() -> list[psutil.Process]:
 
 
 def launch_ready(runner: Runner) -> Launch:
-    launch = runner.launch(EngineFlags.from_start(runner.config.start), attempt=1)
+    launch = runner.loop.run(runner.launch(EngineFlags.from_start(runner.config.start), attempt=1))
     assert launch.ready, launch.failure
     return launch
 
 
 def cleanup(runner: Runner, launch: Launch | None, path: Path) -> None:
     if launch is not None:
-        runner.stop(launch, reason="test over")
-    runner.stop_current("test over")
+        runner.loop.run(runner.stop(launch, reason="test over"))
+    runner.loop.run(runner.stop_current("test over"))
     wait_until(lambda: not engine_processes(path), 30, interval=0.2, what="no engine left")
     kill_engine_processes(path)
     wait_until(lambda: not probe_children(), 30, interval=0.2, what="no probe child left")
@@ -306,11 +306,11 @@ def test_the_probe_child_starts_with_the_engine_and_runs_the_probe(tmp_path: Pat
         waiting = probe_children()
         assert len(waiting) == 1, "one probe child, started before vLLM was ready"
         assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe["succeeded"] == 4
         assert made[0].used and len(made) == 1  # the probe ran in the child started with the engine
         # a second probe of the same launch starts a child of its own
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert len(made) == 2 and made[1].used and made[1].pid != waiting[0].pid
     finally:
         cleanup(runner, launch, path)
@@ -324,7 +324,7 @@ def test_the_waiting_probe_child_dies_with_the_launch(tmp_path: Path) -> None:
     try:
         launch = launch_ready(runner)
         (child,) = probe_children()
-        runner.stop(launch, reason="test")
+        runner.loop.run(runner.stop(launch, reason="test"))
         launch = None
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     finally:
@@ -340,10 +340,10 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         launch = launch_ready(runner)
         flags = launch.flags.to_dict()
         runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), PROVEN)  # another's flags
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe["requests"] == 4
         runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
         # a record saved without the sizing (an older profile): the prompt is sized with /tokenize
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
@@ -352,13 +352,13 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         kv = launch.figures.kv_cache_tokens
         assert kv is not None
         runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv))
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] <= SHORT_PROMPT_TOKENS
         # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
         runner.prove_with(
             launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv + 1)
         )
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] > SHORT_PROMPT_TOKENS
     finally:
         cleanup(runner, launch, path)
@@ -392,7 +392,9 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
     try:
         launch = launch_ready(runner)
         flags = launch.flags.to_dict()
-        assert runner.probe(launch) == F.NO_FAILURE  # the full probe sizes its prompts with /tokenize
+        assert (
+            runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
+        )  # the full probe sizes its prompts with /tokenize
         full = launch.probe
         assert full is not None and not full["sizing_reused"] and full["tokenize_calls"] > 4
         assert full["sizing"]["model"] == "r1" and len(full["sizing"]["prompts"]) == 4
@@ -400,7 +402,7 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
         runner.prove_with(
             launch.flags, full
         )  # the saved profile's flags: its record stands in for the sizing
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         short = launch.probe
         assert short["requests"] == 1 and short["sizing_reused"]
         assert short["tokenize_calls"] == 1  # the check that the server counts the first prompt alike
@@ -409,13 +411,13 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
         # a record this server does not count alike (another template or tokenizer): sized again
         entry = {**full["sizing"]["prompts"][0], "tokens": full["sizing"]["prompts"][0]["tokens"] - 1}
         runner.prove_with(launch.flags, {**full, "sizing": {**full["sizing"], "prompts": [entry]}})
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
         assert launch.probe["prompt_tokens"] == short["prompt_tokens"]
 
         # another profile's flags: no record is passed, the prompts are sized
         runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), full)
-        assert runner.probe(launch) == F.NO_FAILURE
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 4
 
         # a child whose clients were built for another connection builds them for the spec's
@@ -437,7 +439,7 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
     try:
         launch = launch_ready(runner)
         runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": 8100})
-        failure = runner.probe(launch)
+        failure = runner.loop.run(runner.probe(launch))
         assert launch.probe is not None and launch.probe["requests"] == 1
         assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure
     finally:
@@ -469,7 +471,7 @@ def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
     try:
         launch = launch_ready(runner)
         with capture_logs() as logs:
-            assert runner.probe(launch) == F.NO_FAILURE  # every request succeeded
+            assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE  # every request succeeded
         p = launch.probe
         assert p is not None and p["ok"] and p["succeeded"] == 4 and p["concurrency"] == 4
         assert p["concurrency_proven"] == proven and p["running_peak"] == proven
@@ -515,10 +517,10 @@ def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_
     launch = None
     try:
         flags = EngineFlags.from_dict({**EngineFlags.from_start(config.start).to_dict(), "max_num_seqs": 2})
-        launch = runner.launch(flags, attempt=1)
+        launch = runner.loop.run(runner.launch(flags, attempt=1))
         assert launch.ready, launch.failure
         with capture_logs() as logs:
-            assert runner.probe(launch) == F.NO_FAILURE
+            assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         p = launch.probe
         assert p is not None and p["ok"] and p["concurrency_proven"] == 1  # one context request at a time
         wave = p["wave"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from r1sup.core import catalog, planner
 from r1sup.core import config as cfg
@@ -118,11 +121,13 @@ class ScriptedRunner:
     def check_signals(self) -> None:
         pass
 
-    def sleep(self, seconds: float) -> None:
-        pass
+    def sleep(self, seconds: float) -> Iterator[Any]:
+        yield from ()
 
-    def launch(self, flags: EngineFlags, *, attempt: int) -> Any:
+    def launch(self, flags: EngineFlags, *, attempt: int) -> Iterator[Any]:
         from r1sup.core import failure as F
+
+        yield from ()
 
         self.launched.append(flags)
         outcome = self.outcomes.pop(0)
@@ -144,10 +149,11 @@ class ScriptedRunner:
     def capacity_failure(self, launch: Any) -> None:
         return None
 
-    def probe(self, launch: Any) -> Any:
+    def probe(self, launch: Any) -> Iterator[Any]:
         raise AssertionError("the probe is off in this config")
 
-    def stop(self, launch: Any, *, reason: str) -> None:
+    def stop(self, launch: Any, *, reason: str) -> Iterator[Any]:
+        yield from ()
         self.stopped.append(reason)
 
 
@@ -159,9 +165,12 @@ def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Pa
     know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
     runner = ScriptedRunner(["oom_cudagraph", "ok"])
     seen: list[E.SearchEvent] = []
-    monkeypatch.setattr(T.Tuner, "refresh_device", lambda self: None)
+    monkeypatch.setattr(T.Tuner, "refresh_device", lambda self: iter(()))
     start = EngineFlags(max_model_len=8192)
-    result = T.Tuner(config, runner, log=structlog_null(), know=know, publish=seen.append).run(start)  # type: ignore[arg-type]
+    search = T.Tuner(config, runner, log=structlog_null(), know=know, publish=seen.append).run(start)  # type: ignore[arg-type]
+    with pytest.raises(StopIteration) as ended:  # the scripted runner has no waits: it never yields
+        next(search)
+    result = ended.value.value
     assert result.ok and result.launches == 2, result.reason
     kinds = [type(e).__name__ for e in seen]
     # the flags found give up part of what was asked (ConfigReduced says what), then the success

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -257,7 +257,19 @@ class Daemon:
     # --- main ----------------------------------------------------------------------------------
 
     def run(self) -> int:
+        """The daemon's whole life in one run of the loop (:meth:`_lifetime` is its script)."""
         self.events.install_signal_handlers()
+        try:
+            code: int = self.runner.loop.run(self._lifetime())
+            return code
+        finally:
+            self.shared.release()
+            self.events.restore_signal_handlers()
+            if self.metrics_sink is not None:
+                self.metrics_sink.close()
+
+    def _lifetime(self) -> Generator[Phase, Any, int]:
+        """Bring-up, serving, recovering and the stop: each wait is a phase this script yields."""
         try:
             import signal
 
@@ -266,25 +278,20 @@ class Daemon:
             self._clean_state_dir()
             self.transition(State.PLANNING, "planning")
             try:
-                return self._run()
+                return (yield from self._run())
             except StopRequested as stop:
                 self.publish(B.StopSignalled(stop.signum))
-            return self._shutdown(EXIT_OK)  # a failure of the stop itself is handled below
+            return (yield from self._shutdown(EXIT_OK))  # a failure of the stop itself is handled below
         except InternalError as exc:
-            self._internal(exc)
+            yield from self._internal(exc)
             raise
         except R1supError as exc:  # e.g. the preflight: status says failed, the CLI prints the line
-            self._fail(exc.exit_code, str(exc))
+            yield from self._fail(exc.exit_code, str(exc))
             raise
         except Exception as exc:  # r1sup's own failure: stop vLLM cleanly, say failed, exit 1
             internal = InternalError.from_exception(exc)
-            self._internal(internal)
+            yield from self._internal(internal)
             raise internal from None
-        finally:
-            self.shared.release()
-            self.events.restore_signal_handlers()
-            if self.metrics_sink is not None:
-                self.metrics_sink.close()
 
     def _clean_state_dir(self) -> None:
         """Temp files of a write that crashed (status.json of a killed daemon) are removed."""
@@ -323,56 +330,56 @@ class Daemon:
             status=self.status_file.doc,
         )
 
-    def _run(self) -> int:
-        result = self._bring_up()
+    def _run(self) -> Generator[Phase, Any, int]:
+        result = yield from self._bring_up()
         while True:
             live = result.live
             if not result.ok or live is None:
                 reason = result.reason or "no working configuration"
                 if result.exit_code == EXIT_NO_WORKING_CONFIG and not self._no_fit_remembered:
                     self._remember_no_fit(reason)
-                return self._fail(result.exit_code, reason)
-            end = self._serve(live)
+                return (yield from self._fail(result.exit_code, reason))
+            end = yield Serving(self, live)
             if end.reload is not None:
-                result = self._reload(live, end.reload)
+                result = yield from self._reload(live, end.reload)
                 continue
             if end.back_to_best:
-                result = self._back_to_best(live)
+                result = yield from self._back_to_best(live)
                 continue
-            result = self._recover(live, end)
+            result = yield from self._recover(live, end)
 
-    def _fail(self, code: int, reason: str) -> int:
+    def _fail(self, code: int, reason: str) -> Generator[Phase, Any, int]:
         from r1sup.adapters import termination
 
         self.publish(B.DaemonFailed(code, reason))
         termination.write(termination.path_from(self.config.daemon.termination_log), code, reason)
-        self.runner.stop_current(reason="failed")
+        yield from self.runner.stop_current(reason="failed")
         if self.state not in (State.FAILED, State.STOPPED):
             self.transition(State.FAILED, f"failed: {reason[:200]}")
         if self.record is not None:
             self.record.stopped(self.state.value)
         return code
 
-    def _internal(self, fault: InternalError) -> None:
+    def _internal(self, fault: InternalError) -> Generator[Phase, Any, None]:
         """r1sup's own failure: vLLM stopped cleanly, status failed with ``internal_error``."""
         self.publish(B.InternalFault(fault.where, fault.error, fault.trace or ""))
         self.last_failure = Failure(F.INTERNAL_ERROR, evidence=fault.error, detail=fault.where)
-        self.runner.stop_current(reason="internal error")
-        self._fail(fault.exit_code, str(fault))
+        yield from self.runner.stop_current(reason="internal error")
+        yield from self._fail(fault.exit_code, str(fault))
 
-    def _shutdown(self, code: int) -> int:
+    def _shutdown(self, code: int) -> Generator[Phase, Any, int]:
         current = self.runner.current
         if self.state in (State.SERVING, State.DRAINING) and current is not None and current.engine.alive():
             # within the stop grace period, so that a systemctl restart does not cut answers in half
             budget = min(self.config.daemon.drain_timeout_s, self.config.server.stop_timeout_s)
-            self._drain(
+            yield from self._drain(
                 current, budget, "shutdown", for_shutdown=True, unready_s=self.config.daemon.drain_unready_s
             )
         if self.state not in (State.FAILED, State.STOPPED):
             if self.state is not State.STOPPING:
                 self.transition(State.STOPPING, "stopping vLLM")
             self.publish(B.Stopping())
-            self.runner.stop_current(reason="shutdown")
+            yield from self.runner.stop_current(reason="shutdown")
             self.transition(State.STOPPED, "stopped")
         if self.record is not None:
             self.record.stopped(self.state.value)
@@ -385,14 +392,15 @@ class Daemon:
             self.config, self.runner, self.log, know=self.know, publish=self.on_search, record=self.record
         )
 
-    def _bring_up(self, start: EngineFlags | None = None) -> TuneResult:
+    def _bring_up(self, start: EngineFlags | None = None) -> Generator[Phase, Any, TuneResult]:
         from r1sup.state import runrecord
 
         if self.know is None:
-            checked = self.s.preflight()  # once per process; again after a reload that changed it
+            checked = yield from self.s.preflight()  # once per process; again after a reload that changed it
             self.know = self.runner.world.knowledge(self.config, self.log, engine=checked.engine)
         else:
-            self._tuner().refresh_device()  # what is free now (another tenant may have come or gone)
+            # what is free now (another tenant may have come or gone)
+            yield from self._tuner().refresh_device()
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
         base = footing(self.config, self.know, self.runner)
@@ -409,7 +417,9 @@ class Daemon:
         self._free_gib_at_start = search.conditions(self.know.device).get("free_gib")
         saved = store.load(key) if start is None else None
         why = ""
-        shared = self._consult_fleet(key, store) if saved is None and start is None else fleet.Consulted()
+        shared = (
+            (yield from self._consult_fleet(key)) if saved is None and start is None else fleet.Consulted()
+        )
         saved = saved or shared.profile
         self.runner.prove_with(None)
         saved = self._fitting_profile(saved, store, key) if saved is not None else None
@@ -433,7 +443,9 @@ class Daemon:
                 return remembered
             measured = base.calibration(self.log)
         tuner = self._tuner()
-        result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
+        result = yield from tuner.run(
+            start, keep_running=True, history=self.history, calibration=measured, why=why
+        )
         self.history = result.history or self.history
         if result.ok:
             persisted = saved is not None and result.launches == 1
@@ -555,12 +567,13 @@ class Daemon:
     def _waiting(self, text: str) -> None:
         self.publish(B.ProfileStoreWaiting(text))
 
-    def _consult_fleet(self, key: str, store: Any) -> fleet.Consulted:
-        """No profile here: ask the fleet's store, waiting while another replica tunes this key. The
-        lease it may hand back is held until this bring-up ends (or the daemon does)."""
+    def _consult_fleet(self, key: str) -> Generator[Phase, Any, fleet.Consulted]:
+        """No profile here: ask the fleet's store (off the loop's thread), waiting while another
+        replica tunes this key. The lease it may hand back is held until this bring-up ends (or the
+        daemon does)."""
         if not self.config.state.profile_store:
             return fleet.Consulted()
-        self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
+        self.shared = yield from self.runner.consult_fleet(key, status=self._waiting)
         if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
             self.publish(B.ProfileStoreHit(key))
         return self.shared
@@ -578,10 +591,6 @@ class Daemon:
         self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
 
     # --- serving -------------------------------------------------------------------------------
-
-    def _serve(self, launch: Launch) -> ServeEnd:
-        end: ServeEnd = self.runner.loop.run(Serving(self, launch))
-        return end
 
     def log_verdict(
         self, launch: Launch, verdict: liveness.Verdict, last: liveness.Verdict | None, sampled: bool
@@ -617,7 +626,7 @@ class Daemon:
         *,
         for_shutdown: bool = False,
         unready_s: float = 0.0,
-    ) -> None:
+    ) -> Generator[Phase, Any, None]:
         """Let the requests in flight finish, up to ``budget_s``, before a stop r1sup chose.
 
         First out of the load balancer: the state is ``draining`` at once, so ``/readyz`` says 503, while
@@ -637,7 +646,9 @@ class Daemon:
         if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
             self.transition(State.DRAINING, liveness.drain_status(None))
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
-        first = self.runner.world.read_metrics(ep, min(2.0, budget_s)).figures
+        read, timeout = self.runner.world.read_metrics, min(2.0, budget_s)
+        self.runner.run_check("drain", launch, lambda: (True, "", read(ep, timeout)))
+        first = yield FirstRead(self.runner, launch)
         if unready_s <= 0 and (first is None or first.pending == 0):
             self.publish(B.DrainSkipped(reason, first.to_dict() if first else None))
             return
@@ -649,7 +660,7 @@ class Daemon:
         phase = Draining(
             self, launch, ep, first, t0 + unready_s, deadline, itself=itself, for_shutdown=for_shutdown
         )
-        self.runner.loop.run(phase)
+        yield phase
         figures = phase.figures.to_dict() if phase.figures else {}
         self.publish(B.DrainFinished(reason, self.clock() - t0, phase.complete, figures))
 
@@ -661,10 +672,10 @@ class Daemon:
 
     # --- recovering ----------------------------------------------------------------------------
 
-    def _recover(self, launch: Launch, end: ServeEnd) -> TuneResult:
+    def _recover(self, launch: Launch, end: ServeEnd) -> Generator[Phase, Any, TuneResult]:
         failure = end.failure
         assert failure is not None
-        self.runner.stop(launch, reason=f"serving failed: {failure.cls}")
+        yield from self.runner.stop(launch, reason=f"serving failed: {failure.cls}")
         flags = launch.flags
         if failure.memory:
             from r1sup.core import search as S
@@ -674,7 +685,7 @@ class Daemon:
                 search = new_search(
                     self.config, self.know, launch_calibration(self.know, flags, launch.figures)
                 )
-            self._tuner().refresh_device()
+            yield from self._tuner().refresh_device()
             decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
             if isinstance(decision, S.GiveUp):
                 return TuneResult(
@@ -686,7 +697,7 @@ class Daemon:
             self.history = search
             step = SearchStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
             self.publish(B.StepAfterServing(step, failure.evidence, decision.reason))
-            result = self._tuner().run(
+            result = yield from self._tuner().run(
                 decision.flags,
                 keep_running=True,
                 history=self.history,
@@ -707,9 +718,9 @@ class Daemon:
             return TuneResult(
                 ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}"
             )
-        return self._restart(flags, end)
+        return (yield from self._restart(flags, end))
 
-    def _restart(self, flags: EngineFlags, end: ServeEnd) -> TuneResult:
+    def _restart(self, flags: EngineFlags, end: ServeEnd) -> Generator[Phase, Any, TuneResult]:
         d = self.config.daemon
         if end.served_s >= d.stable_after_s:
             self._restarts = 0
@@ -720,8 +731,8 @@ class Daemon:
         delay = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
         self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
         self.publish(B.RestartScheduled(self._restarts, d.restart_budget, delay))
-        self.runner.sleep(delay)
-        result = self._tuner().run(
+        yield from self.runner.sleep(delay)
+        result = yield from self._tuner().run(
             flags,
             keep_running=True,
             history=self.history,
@@ -757,28 +768,28 @@ class Daemon:
         self.publish(B.ConfigReloaded(changed, applied=new is not None and not changed))
         return new if changed else None
 
-    def _back_to_best(self, launch: Launch) -> TuneResult:
+    def _back_to_best(self, launch: Launch) -> Generator[Phase, Any, TuneResult]:
         """The planned re-tune: the memory other processes held is back, so drain, stop and bring the best
         configuration up (the saved best profile when there is one, else a new search)."""
         d = self.config.daemon
-        self._drain(launch, d.drain_timeout_s, "planned re-tune", unready_s=d.drain_unready_s)
-        self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
+        yield from self._drain(launch, d.drain_timeout_s, "planned re-tune", unready_s=d.drain_unready_s)
+        yield from self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
         self.history = None
         self.transition(State.PLANNING, "re-tune: the memory other processes held is back")
-        return self._bring_up()
+        return (yield from self._bring_up())
 
-    def _reload(self, launch: Launch, new: Config) -> TuneResult:
-        self._drain(
+    def _reload(self, launch: Launch, new: Config) -> Generator[Phase, Any, TuneResult]:
+        yield from self._drain(
             launch, new.daemon.drain_timeout_s, "config reloaded", unready_s=new.daemon.drain_unready_s
         )
-        self.runner.stop(launch, reason="config reloaded")
+        yield from self.runner.stop(launch, reason="config reloaded")
         self.config = new
         self.s.config = new
         self.runner.config = new
         self.know = None
         self.history = None
         self.transition(State.PLANNING, "re-planning after reload")
-        return self._bring_up()
+        return (yield from self._bring_up())
 
 
 def _check(read: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
@@ -979,6 +990,25 @@ class Serving(Phase):
         if self.healthy and "devices" not in self.busy and daemon.memory_check_due(now):
             self.busy.add("devices")
             runner.run_check("devices", launch, _device_check(runner.world.device))
+        return None
+
+
+class FirstRead(Phase):
+    """The drain's first read of ``/metrics`` (its ``drain`` check): until it answers (its figures, None
+    when it had none), vLLM's output taken meanwhile. A stop signal waits for the drain, which decides."""
+
+    def __init__(self, runner: ServingRunner, launch: Launch) -> None:
+        self.runner = runner
+        self.launch = launch
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        return None
+
+    def on(self, event: Any, now: float) -> Any:
+        if isinstance(event, CheckDone) and event.launch == self.launch.number and event.kind == "drain":
+            return Done(getattr(event.payload, "figures", None))
+        if event is not None:
+            self.runner.handle_output(self.launch, event)
         return None
 
 

@@ -13,9 +13,14 @@ and, for phases that want it, calls the tick (watchdog, start timeout, the progr
 signal a phase does not take ends the loop as :class:`StopRequested`, raised here and nowhere else; a
 fault of r1sup's own (an exception in a check thread) is raised here too.
 
-A phase never enters the loop from its own turn: it hands over to another phase (a flush of the output
-that explains a failure, the stop after it) and that phase's outcome ends the run; a run inside a run
-raises :class:`LoopReentered`. Work that blocks (a readiness or health check, the probe, the preflight's
+The loop is entered once per process (``r1sup run``, ``tune``, ``worker``), with a :data:`Script`: the
+supervisor's control flow as a generator that yields the phase to wait in and is sent that phase's
+outcome (``result = yield Starting(...)``; its steps are generators too, joined with ``yield from``).
+A stop signal a phase does not take is thrown into the script as :class:`StopRequested`, as is an
+exception of a phase's turn, at the ``yield`` that waited; what the script returns ends the run. A
+phase never enters the loop from its own turn: it hands over to another phase (a flush of the output
+that explains a failure, the stop after it) and that phase's outcome goes to the script; a run inside a
+run raises :class:`LoopReentered`. Work that blocks (a readiness or health check, the probe, the preflight's
 import of vLLM, NVML, the wait for the device memory after a stop) runs off the loop's thread and comes
 back as a ``CheckDone`` event.
 
@@ -26,8 +31,9 @@ run in milliseconds.
 from __future__ import annotations
 
 import abc
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +59,13 @@ class Done:
     """What a phase ended in."""
 
     value: Any = None
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """How a wait ended when the script is to be thrown an error instead of sent an outcome."""
+
+    error: Exception
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,17 @@ class Phase(abc.ABC):
 
 
 Fault = Callable[[], BaseException | None]
+# a process's control flow: yields the phase to wait in, is sent its outcome, returns the run's outcome
+Script = Generator[Phase, Any, Any]
+
+
+def _single(phase: Phase) -> Script:
+    """The script of one phase: its outcome is the run's."""
+    return (yield phase)
+
+
+def _name(work: Any) -> str:
+    return type(work).__name__ if isinstance(work, Phase) else getattr(work, "__qualname__", "script")
 
 
 class Loop:
@@ -101,15 +125,41 @@ class Loop:
         self.clock = clock
         self.tick = tick
         self.fault = fault
-        self.phase: Phase | None = None  # the phase turning now; None between runs
+        self.phase: Phase | None = None  # the phase turning now (or last, while the script runs)
+        self.running = False  # a run is under way: its script or one of its phases has the thread
 
-    def run(self, phase: Phase) -> Any:
-        """Turn until ``phase`` (or the phase it handed over to) is done; returns its outcome.
+    def run(self, work: Phase | Script) -> Any:
+        """Turn until ``work`` is done; returns its outcome. ``work`` is a :data:`Script` (the process's
+        whole control flow: the one entry of a process) or a single phase (and the phases it hands
+        over to).
 
         A phase never enters the loop itself (it hands over to another phase instead): a run inside a
         run is r1sup's own bug and raises :class:`LoopReentered`."""
-        if self.phase is not None:
-            raise LoopReentered(f"{type(phase).__name__} inside {type(self.phase).__name__}")
+        if self.running:
+            inside = type(self.phase).__name__ if self.phase is not None else "a script"
+            raise LoopReentered(f"{_name(work)} inside {inside}")
+        self.running = True
+        script = _single(work) if isinstance(work, Phase) else work
+        try:
+            step: Callable[[], Phase] = functools.partial(script.send, None)
+            while True:
+                try:
+                    phase = step()
+                except StopIteration as end:
+                    return end.value
+                outcome = self._wait(phase)
+                if isinstance(outcome, _Raised):
+                    step = functools.partial(script.throw, outcome.error)
+                else:
+                    step = functools.partial(script.send, outcome)
+        finally:
+            self.phase = None
+            self.running = False
+            script.close()
+
+    def _wait(self, phase: Phase) -> Any:
+        """Turn ``phase`` (and the phases it hands over to) until it is done: its outcome, or the
+        exception the script is to be thrown (a stop signal, a fault, a phase's own error)."""
         try:
             while True:
                 self.phase = phase
@@ -119,9 +169,9 @@ class Loop:
                 elif isinstance(outcome, Done):
                     return outcome.value
                 elif isinstance(outcome, Stop):
-                    raise StopRequested(outcome.signum)
-        finally:
-            self.phase = None
+                    return _Raised(StopRequested(outcome.signum))
+        except Exception as exc:  # the script decides what an error of the wait means, as a caller did
+            return _Raised(exc)
 
     def _turn(self, phase: Phase) -> Any:
         if phase.faults:
@@ -146,7 +196,7 @@ class Loop:
 
 
 class Waiting(Phase):
-    """Wait until a moment (a backoff, a poll of the fleet's store); ``output`` takes what the queue
+    """Wait until a moment (a backoff, a worker's next look at its leader); ``output`` takes what the queue
     brings meanwhile (a running engine's lines)."""
 
     def __init__(self, until: float, output: Callable[[Any], None] | None = None) -> None:

@@ -3,7 +3,9 @@
 Its waits are phases of the one loop (:mod:`r1sup.supervision.loop`): :class:`Starting` until vLLM is ready or
 has failed, :class:`ProbeWait` until the probe returns, :class:`Stopping` (SIGTERM, SIGKILL on its timer,
 the wait for the device memory), :class:`Flushing` for the output that follows an exit or a stop,
-:class:`Awaiting` for blocking work of no launch (the preflight). Checks that block (readiness, the
+:class:`Awaiting` for blocking work of no launch (the preflight, the fleet's store, a launch's clean-up of
+leftovers, NVML). The runner's waits are generators that yield these phases to the script of the
+process (``launch = yield from runner.launch(...)``). Checks that block (readiness, the
 probe, the stop's reaping and memory wait) run on threads and report back as events, so vLLM's output
 is drained all the time. The phases reach the runner through :class:`LaunchHost` only; the runner
 reaches the world (engine, probe child, device, ``/metrics``, clock) through its
@@ -13,7 +15,7 @@ reaches the world (engine, probe child, device, ``/metrics``, clock) through its
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,6 +45,7 @@ READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readines
 READY_RETRY_S = 0.05
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
 EXIT_FLUSH_S = 0.5  # and then this much longer for what is still queued, unless its output ended
+FLEET_WAITING = "profile_store_waiting"  # the fleet's wait, said on the loop's thread (a CheckDone's kind)
 DESCENDANTS_EVERY_S = 2.0  # the engine's processes are recorded this often (a scan of every process)
 
 
@@ -207,10 +210,10 @@ class Runner:
         fault, self.fault = self.fault, None
         return fault
 
-    def sleep(self, seconds: float, launch: Launch | None = None) -> None:
+    def sleep(self, seconds: float, launch: Launch | None = None) -> Generator[Phase, Any, None]:
         """An interruptible wait (a stop signal ends it) that keeps taking the child's output."""
         output = (lambda event: self.handle_output(launch, event)) if launch is not None else None
-        self.loop.run(Waiting(self.clock() + seconds, output))
+        yield Waiting(self.clock() + seconds, output)
 
     def run_check(self, kind: str, launch: Launch | None, fn: Callable[[], tuple[bool, str, Any]]) -> None:
         """Run ``fn`` off the loop's thread; its answer comes back as a :class:`CheckDone` event (of launch
@@ -230,16 +233,16 @@ class Runner:
 
         threading.Thread(target=work, daemon=True, name=f"check-{kind}").start()
 
-    def off_loop(self, kind: str, work: Callable[[Callable[[], None]], Any]) -> Any:
-        """Blocking work of no launch (the preflight's import of vLLM) as a check, while the loop turns:
-        returns what ``work`` returned, or raises the :class:`R1supError` it raised. ``work`` is given a
-        ``cancelled()`` to call while it waits: once a stop signal has ended the wait (StopRequested,
-        raised here), it raises, so that the work ends what it started."""
-        cancel = threading.Event()
-
-        def cancelled() -> None:
-            if cancel.is_set():
-                raise _Cancelled(kind)
+    def off_loop(
+        self, kind: str, work: Callable[[Cancel], Any], output: Callable[[Any], None] | None = None
+    ) -> Generator[Phase, Any, Any]:
+        """Blocking work of no launch (the preflight's import of vLLM, the fleet's store) as a check,
+        while the loop turns: returns what ``work`` returned, or raises the :class:`R1supError` it
+        raised. ``work`` is given a :class:`Cancel` to call while it waits (and to sleep on): once a
+        stop signal has ended the wait (StopRequested, raised here), it raises, so that the work ends
+        what it started. ``output`` takes the other events that come meanwhile (what the work put on the
+        queue for the loop's thread)."""
+        cancelled = Cancel(kind)
 
         def run() -> tuple[bool, str, Any]:
             try:
@@ -248,10 +251,32 @@ class Runner:
                 return False, str(exc), exc
 
         self.run_check(kind, None, run)
-        done: CheckDone = self.loop.run(Awaiting(kind, cancel))
+        done: CheckDone = yield Awaiting(kind, cancelled.event, output)
         if not done.ok and isinstance(done.payload, R1supError):
             raise done.payload
         return done.payload
+
+    def consult_fleet(
+        self, key: str, status: Callable[[str], None] = lambda text: None
+    ) -> Generator[Phase, Any, Any]:
+        """The fleet's store (:func:`r1sup.state.fleet.consult`) off the loop's thread: its reads, and
+        its wait while another replica tunes ``key``, block. What it says while it waits (``status``)
+        comes back through the queue, to be said on the loop's thread; a stop signal ends the wait."""
+        from r1sup.state import fleet
+
+        config, events = self.config, self.events
+
+        def waiting(text: str) -> None:
+            events.put(CheckDone(FLEET_WAITING, 0, True, text, None))
+
+        def said(event: Any) -> None:
+            if isinstance(event, CheckDone) and event.kind == FLEET_WAITING:
+                status(event.detail)
+
+        def work(cancelled: Cancel) -> Any:
+            return fleet.consult(config, key, sleep=cancelled.sleep, status=waiting)
+
+        return (yield from self.off_loop("fleet", work, said))
 
     def handle_output(self, launch: Launch, event: object) -> None:
         if isinstance(event, ChildOutput) and event.launch == launch.number:
@@ -366,16 +391,22 @@ class Runner:
 
     # --- launching -----------------------------------------------------------------------------
 
-    def preflight(self, spec: LaunchSpec) -> Failure | None:
-        """Clean up our leftovers; a port held by anything else is fatal; log foreign GPU users."""
-        world = self.world
-        killed = world.kill_leftovers(spec.instance)
+    def preflight(self, spec: LaunchSpec) -> Generator[Phase, Any, Failure | None]:
+        """Clean up our leftovers; a port held by anything else is fatal; log foreign GPU users. The
+        looking and killing (processes, ports, NVML) is a check off the loop's thread."""
+        world, gpu_processes = self.world, self.hooks.gpu_processes
+
+        def clear(cancelled: Cancel) -> tuple[list[int], Any, list[Any]]:
+            killed = world.kill_leftovers(spec.instance)
+            holder = world.port_holder(spec.host, spec.port, spec.instance)
+            if holder is not None and holder.ours and holder.pid:
+                world.kill_leftovers(spec.instance)
+                holder = world.port_holder(spec.host, spec.port, spec.instance)
+            return killed, holder, gpu_processes() if holder is None else []
+
+        killed, holder, foreign = yield from self.off_loop("leftovers", clear)
         if killed:
             self.log.warning("leftovers_killed", pids=killed)
-        holder = world.port_holder(spec.host, spec.port, spec.instance)
-        if holder is not None and holder.ours and holder.pid:
-            world.kill_leftovers(spec.instance)
-            holder = world.port_holder(spec.host, spec.port, spec.instance)
         if holder is not None:
             who = f"pid {holder.pid} ({holder.name})" if holder.pid else holder.name
             detail = f"port {spec.port} on {spec.host} is held by {who}"
@@ -384,7 +415,7 @@ class Runner:
             return Failure(
                 F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers={"port": float(spec.port)}
             )
-        for proc in self.hooks.gpu_processes():
+        for proc in foreign:
             self.log.warning(
                 "foreign_gpu_process",
                 pid=proc.pid,
@@ -393,7 +424,7 @@ class Runner:
             )
         return None
 
-    def launch(self, flags: EngineFlags, *, attempt: int) -> Launch:
+    def launch(self, flags: EngineFlags, *, attempt: int) -> Generator[Phase, Any, Launch]:
         """Start vLLM with ``flags`` and wait until it is ready or has failed."""
         self._ids += 1
         spec = build_spec(self.config, flags, api_key=self.api_key, managed=self.managed_args)
@@ -401,7 +432,7 @@ class Runner:
         launch = Launch(self._ids, flags, spec, engine, LogReader(), self.clock(), attempt=attempt)
         launch.progress = P.LoadProgress(launch.started, self.expected_phases)
         self.current = launch
-        blocked = self.preflight(spec)
+        blocked = yield from self.preflight(spec)
         if blocked is not None:
             launch.failure = blocked
             self.log.error("failure_classified", attempt=attempt, **_failure_fields(blocked))
@@ -420,16 +451,13 @@ class Runner:
         self.log.info("child_started", attempt=attempt, pid=engine.pid)
         if self.config.probe.enabled:
             self._start_probe_process(launch)
-        self._wait_ready(launch)
+        yield Starting(self, launch)
         if launch.failure.cls != F.NONE:
             self.finish_progress(launch)
             self.log.error(
                 "failure_classified", attempt=attempt, **_failure_fields(launch.failure), **_folded(launch)
             )
         return launch
-
-    def _wait_ready(self, launch: Launch) -> None:
-        self.loop.run(Starting(self, launch))
 
     def announce_ready(self, launch: Launch) -> None:
         """``engine_ready`` with what vLLM printed since the last phase; the probe's phase begins."""
@@ -444,10 +472,12 @@ class Runner:
         self.log.info("engine_ready", launch=launch.number, seconds=launch.ready_after_s, **fields)
         self.show_progress(launch, force=True)
 
-    def drain(self, launch: Launch, limit_s: float = 0.5, *, until_quiet: bool = False) -> None:
+    def drain(
+        self, launch: Launch, limit_s: float = 0.5, *, until_quiet: bool = False
+    ) -> Generator[Phase, Any, None]:
         """Take what output is still queued for this launch: until its end (EOF) or ``limit_s``, or
         with ``until_quiet`` as soon as nothing more came for 50 ms (an engine still running)."""
-        self.loop.run(Flushing(self, launch, self.clock() + limit_s, until_quiet))
+        yield Flushing(self, launch, self.clock() + limit_s, until_quiet)
 
     def record_descendants(self, launch: Launch, now: float) -> None:
         """Record the engine's processes (to kill them even if they leave the group), at most every
@@ -505,7 +535,7 @@ class Runner:
                 )
         return None
 
-    def probe(self, launch: Launch) -> Failure:
+    def probe(self, launch: Launch) -> Generator[Phase, Any, Failure]:
         """Run the load probe against the launched server; NONE when it passed."""
         from r1sup.adapters.probe import (
             WAVE_PROMPT_TOKENS,
@@ -574,7 +604,7 @@ class Runner:
         child = self._take_probe_process(launch)
         self._probe_proc = child
         self.run_check("probe", launch, lambda: _probe_call(child.run, spec))
-        result: dict[str, Any] = self.loop.run(ProbeWait(self, launch, self.clock() + p.timeout_s + 30))
+        result: dict[str, Any] = yield ProbeWait(self, launch, self.clock() + p.timeout_s + 30)
         launch.probe = result
         internal = result.get("internal")
         if internal:  # the probe child crashed or could not import: r1sup's fault, never the engine's
@@ -583,7 +613,7 @@ class Runner:
             self.log.error("failure_classified", launch=launch.number, **_failure_fields(failure))
             raise fault
         # what vLLM printed while the requests ran; after failed requests, give its traceback time
-        self.drain(launch, 0.3, until_quiet=bool(result.get("ok")))
+        yield from self.drain(launch, 0.3, until_quiet=bool(result.get("ok")))
         self.finish_progress(launch)
         code = launch.engine.poll()
         seen = launch.reader.verdict(exit_code=code)
@@ -617,9 +647,9 @@ class Runner:
 
     # --- stopping ------------------------------------------------------------------------------
 
-    def stop_current(self, reason: str) -> None:
+    def stop_current(self, reason: str) -> Generator[Phase, Any, None]:
         if self.current is not None and self.current.engine.proc is not None:
-            self.stop(self.current, reason=reason)
+            yield from self.stop(self.current, reason=reason)
         self._kill_probe()
         self.current = None
 
@@ -654,7 +684,7 @@ class Runner:
         if ahead is not None:
             ahead[1].kill()
 
-    def stop(self, launch: Launch, *, reason: str) -> StopReport:
+    def stop(self, launch: Launch, *, reason: str) -> Generator[Phase, Any, StopReport]:
         self._kill_probe()
         self.finish_progress(launch)
         server = self.config.server
@@ -663,11 +693,11 @@ class Runner:
             launch.stopping = True  # what vLLM prints from now on is its teardown
             return Stopping(self, launch, server.stop_timeout_s, server.memory_release_timeout_s)
 
-        # one run of the loop: what vLLM printed before the stop is relayed as it came, then the stop
-        # (SIGTERM, SIGKILL on its timer, the wait for the memory), then the output that followed it
+        # one wait: what vLLM printed before the stop is relayed as it came, then the stop (SIGTERM,
+        # SIGKILL on its timer, the wait for the memory), then the output that followed it
         queued = self.events.queued()
         flush = Flushing(self, launch, self.clock(), until_quiet=True, at_most=queued, then=stopping)
-        report: StopReport = self.loop.run(flush)
+        report: StopReport = yield flush
         launch.stop_report = report
         if self.current is launch:
             self.current = None
@@ -747,12 +777,16 @@ class Stopping(Phase):
 
 
 class Awaiting(Phase):
-    """Until the check ``kind`` of no launch answers (its :class:`CheckDone`). A stop signal sets
-    ``cancel`` (the check's work then ends what it started) and ends the wait as StopRequested."""
+    """Until the check ``kind`` of no launch answers (its :class:`CheckDone`); ``output`` takes the other
+    events meanwhile. A stop signal sets ``cancel`` (the check's work then ends what it started) and
+    ends the wait as StopRequested."""
 
-    def __init__(self, kind: str, cancel: threading.Event) -> None:
+    def __init__(
+        self, kind: str, cancel: threading.Event, output: Callable[[Any], None] | None = None
+    ) -> None:
         self.kind = kind
         self.cancel = cancel
+        self.output = output
 
     def on_signal(self, signal: Signalled, now: float) -> Any:
         self.cancel.set()
@@ -761,11 +795,31 @@ class Awaiting(Phase):
     def on(self, event: Any, now: float) -> Any:
         if isinstance(event, CheckDone) and event.launch == 0 and event.kind == self.kind:
             return Done(event)
+        if event is not None and self.output is not None:
+            self.output(event)
         return None
 
 
 class _Cancelled(Exception):
     """Raised inside a check's work once the wait for it was given up."""
+
+
+class Cancel:
+    """What off-loop work calls while it waits: raises :class:`_Cancelled` once the loop gave the wait
+    up (a stop signal), so that the work ends what it started; :meth:`sleep` waits on it."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.event = threading.Event()
+
+    def __call__(self) -> None:
+        if self.event.is_set():
+            raise _Cancelled(self.kind)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on the work's thread; a stop signal ends the wait (and the work) at once."""
+        self.event.wait(seconds)
+        self()
 
 
 class Starting(Phase):

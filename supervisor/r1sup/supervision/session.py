@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -12,6 +13,7 @@ from r1sup.adapters import apikey as sec
 from r1sup.adapters import logs
 from r1sup.core.config import Config
 from r1sup.core.events import EventQueue
+from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Hooks, Runner
 
 
@@ -26,7 +28,7 @@ class Session:
     checked: tuple[Any, Any] | None = None  # (preflight key, its result): once per process
     lock: Any = None  # statefiles.StateLock: one r1sup per state directory, held for the process's life
 
-    def preflight(self) -> Any:
+    def preflight(self) -> Generator[Phase, Any, Any]:
         """The preflight of the current config (:mod:`r1sup.adapters.preflight`), run once and again only when
         a reload changed what it checks; raises :class:`r1sup.core.errors.PreflightError`. Interruptible. The
         import of vLLM is skipped when the state directory remembers a check of the same install."""
@@ -36,7 +38,7 @@ class Session:
         if self.checked is None or self.checked[0] != key:
             # the import of vLLM takes up to minutes: a check off the loop's thread, the loop turning
             world, config, log = self.runner.world, self.config, self.log
-            result = self.runner.off_loop(
+            result = yield from self.runner.off_loop(
                 "preflight", lambda cancelled: world.preflight(config, log, cancelled)
             )
             self.checked = (key, result)

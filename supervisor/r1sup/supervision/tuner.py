@@ -7,7 +7,7 @@ Used by ``r1sup tune`` (stop the server at the end, print a report) and by ``r1s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,6 +45,7 @@ from r1sup.core.knowledge import (
     new_search,
     planner_suggestions,
 )
+from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Launch, Runner
 from r1sup.supervision.subscribers import logging_bus
 
@@ -249,11 +250,22 @@ class Tuner:
         self.bounds = B.Bounds.from_config(config)
         self.record = record  # r1sup.state.runrecord.RunLog: every attempt for `r1sup report`
 
-    def refresh_device(self) -> None:
-        try:
-            self.know.device = self.runner.world.device()
-        except Exception as exc:  # noqa: BLE001
-            self.publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
+    def refresh_device(self) -> Generator[Phase, Any, None]:
+        """What the device has free now (NVML: a check off the loop's thread); a probe that fails is
+        reported and the last facts kept."""
+        probe = self.runner.world.device
+
+        def look(cancelled: Any) -> tuple[Any, str]:
+            try:
+                return probe(), ""
+            except Exception as exc:  # noqa: BLE001 - the search goes on with the last facts
+                return None, f"{type(exc).__name__}: {exc}"
+
+        device, error = yield from self.runner.off_loop("devices", look)
+        if error:
+            self.publish(DeviceProbeFailed(error, search=True))
+        else:
+            self.know.device = device
 
     def run(
         self,
@@ -263,8 +275,9 @@ class Tuner:
         history: Any = None,
         why: str = "",
         calibration: Any = None,
-    ) -> TuneResult:
-        """``history``: the search of an earlier run to continue (its evidence), or None for a new one."""
+    ) -> Generator[Phase, Any, TuneResult]:
+        """``history``: the search of an earlier run to continue (its evidence), or None for a new one.
+        Its waits (each launch, probe, stop and backoff) are yielded to the loop's script."""
         from r1sup.core import search as S
 
         result = TuneResult(ok=False, exit_code=EXIT_NO_WORKING_CONFIG)
@@ -294,7 +307,7 @@ class Tuner:
             if attempt == 1:
                 self._cold_start_check(flags)
             self.publish(Launching(attempt, flags))
-            launch = self.runner.launch(flags, attempt=attempt)
+            launch = yield from self.runner.launch(flags, attempt=attempt)
             result.launches += 1 if launch.started_engine else 0
             result.command = list(launch.spec.display)
             failure = launch.failure
@@ -304,7 +317,7 @@ class Tuner:
                     self.publish(CapacityShort(attempt, failure))
                 elif self.config.probe.enabled:
                     self.publish(Probing(attempt, flags))
-                    failure = self.runner.probe(launch)
+                    failure = yield from self.runner.probe(launch)
             figures = launch.figures
             calibration = launch_calibration(self.know, flags, figures) or calibration
             record = Attempt(
@@ -330,7 +343,7 @@ class Tuner:
                     f"{flags.describe_change(better)} (this launch's figures: a longer context fits)"
                 )
                 self._record(record, None)
-                self.runner.stop(launch, reason="refined by its own figures")
+                yield from self.runner.stop(launch, reason="refined by its own figures")
                 self.publish(SearchRefined(flags, better))
                 why = f"attempt {attempt} passed; its figures say a longer context fits"
                 flags = better
@@ -338,7 +351,7 @@ class Tuner:
             if failure.cls != F.NONE and good is not None and flags != good:
                 record.change = f"back to the flags that passed ({flags.describe_change(good)})"
                 self._record(record, None)
-                self.runner.stop(launch, reason=f"failed: {failure.cls}")
+                yield from self.runner.stop(launch, reason=f"failed: {failure.cls}")
                 why = f"attempt {attempt} failed ({failure.cls}): back to the flags that passed"
                 flags = good
                 continue
@@ -354,7 +367,7 @@ class Tuner:
                 if keep_running:
                     result.live = launch
                 else:
-                    self.runner.stop(launch, reason="tune finished")
+                    yield from self.runner.stop(launch, reason="tune finished")
                 self.publish(SearchSucceeded(result.launches, flags))
                 self._record(record, result)
                 return result
@@ -368,11 +381,11 @@ class Tuner:
                     "from nothing (cold) and had less memory; the compile cache is warm now"
                 )
                 self._record(record, None)
-                self.runner.stop(launch, reason=f"cold compile cache: {failure.cls}")
+                yield from self.runner.stop(launch, reason=f"cold compile cache: {failure.cls}")
                 self.publish(ColdCacheRelaunch(attempt, failure.cls, flags, figures.kv_cache_gib))
                 why = f"attempt {attempt} started on a cold compile cache ({failure.cls}): relaunched warm"
                 continue
-            self.runner.stop(launch, reason=f"failed: {failure.cls}")
+            yield from self.runner.stop(launch, reason=f"failed: {failure.cls}")
             result.failure = failure
             self.publish(AttemptFailed(attempt, failure))
             suggestions = (
@@ -384,7 +397,8 @@ class Tuner:
                 suggestions=suggestions,
                 bounds=self.bounds,
             )
-            self.refresh_device()  # what is free now that this launch is gone (another tenant may have moved)
+            # what is free now that this launch is gone (another tenant may have moved)
+            yield from self.refresh_device()
             outcome = S.Outcome(flags, failure, figures, self.know.device)
             decision = search.after(outcome)
             if isinstance(decision, S.GiveUp):
@@ -405,7 +419,7 @@ class Tuner:
             if decision.retry:
                 delay = self.config.daemon.backoff_initial_s
                 self.publish(Retrying(attempt + 1, delay, failure.cls))
-                self.runner.sleep(delay)
+                yield from self.runner.sleep(delay)
             flags = decision.flags
 
     def _proven_warm(self, flags: EngineFlags) -> bool:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from r1sup.adapters.endpoint import Endpoint, View, loop_limit_s
@@ -35,7 +36,7 @@ from r1sup.adapters.logs import get_logger
 from r1sup.core import multinode
 from r1sup.core.config import Config
 from r1sup.core.errors import ConfigError
-from r1sup.core.events import ChildOutput, EventQueue, Signalled
+from r1sup.core.events import CheckDone, ChildOutput, EventQueue, Signalled
 from r1sup.core.flags import EngineFlags
 from r1sup.supervision.loop import Done, Loop, Phase, StopRequested, Waiting
 
@@ -197,23 +198,32 @@ class Worker:
             leader=self.url,
         )
         try:
-            while not self.events.signals:
-                self.turn()
-                self.wait(self.config.multinode.leader_poll_s)
+            self.loop.run(self._lifetime())  # the worker's whole life in one run of the loop
         finally:
-            self.stop_engine("signal" if self.events.signals else "exit")
             self.events.restore_signal_handlers()
             if self.endpoint is not None:
                 self.endpoint.close()
         self.log.info("worker_stopped")
         return 0
 
-    def turn(self) -> None:
+    def _lifetime(self) -> Generator[Phase, Any, None]:
+        """The loop's script: a turn, then the wait until the next, until a stop signal; then vLLM is
+        stopped (after an error of r1sup's own too, which then goes on to the CLI)."""
+        try:
+            while not self.events.signals:
+                yield from self.turn()
+                yield from self.wait(self.config.multinode.leader_poll_s)
+        except Exception:
+            yield from self.stop_engine("signal" if self.events.signals else "exit")
+            raise
+        yield from self.stop_engine("signal" if self.events.signals else "exit")
+
+    def turn(self) -> Generator[Phase, Any, None]:
         """One look at the leader and the child, and what follows from it."""
         self.last_turn = self.clock()
         if self.engine is not None and not self.engine.alive():
             self.log.warning("worker_vllm_exited", leader_launch=self.running, returncode=self.engine.poll())
-            self.stop_engine("exited")
+            yield from self.stop_engine("exited")
         doc = self.fetch(self.url)
         leader = multinode.leader_launch(doc) if doc is not None else None
         if doc is None and self.leader_seen:
@@ -228,7 +238,7 @@ class Worker:
                 leader = None
         action = multinode.decide(leader, self.running, self.joined)
         if action.stop:
-            self.stop_engine("leader_changed")
+            yield from self.stop_engine("leader_changed")
         if action.join is not None and flags is not None:
             self.start_engine(action.join, flags)
 
@@ -250,13 +260,25 @@ class Worker:
             argv=" ".join(spec.display),
         )
 
-    def stop_engine(self, reason: str) -> None:
+    def stop_engine(self, reason: str) -> Generator[Phase, Any, None]:
         engine, self.engine, self.running = self.engine, None, None
         if engine is None:
             return
         server = self.config.server
-        report = engine.stop(server.stop_timeout_s, release_timeout=server.memory_release_timeout_s)
-        self.drain_output()
+        grace, release, events = server.stop_timeout_s, server.memory_release_timeout_s, self.events
+
+        def stop() -> None:  # on its own thread: SIGTERM, SIGKILL on its timer, the reaping
+            try:
+                answer: Any = engine.stop(grace, release_timeout=release)
+            except Exception as exc:  # noqa: BLE001 - raised again in the loop's thread
+                answer = exc
+            events.put(CheckDone("stopped", engine.launch_id, True, "", answer))
+
+        threading.Thread(target=stop, daemon=True, name="check-stopped").start()
+        report = yield Stopping(engine.launch_id, self.forward)
+        if isinstance(report, Exception):
+            raise report
+        yield from self.drain_output()
         self.log.info(
             "worker_vllm_stopped",
             reason=reason,
@@ -265,10 +287,10 @@ class Worker:
             returncode=engine.poll(),
         )
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float) -> Generator[Phase, Any, None]:
         """Forward vLLM's output for ``seconds``; a signal ends the wait within the loop's turn."""
         try:
-            self.loop.run(Waiting(self.clock() + seconds, output=self.forward))
+            yield Waiting(self.clock() + seconds, output=self.forward)
         except StopRequested:
             return
 
@@ -277,10 +299,32 @@ class Worker:
             self.out.write(event.line + "\n")
             self.out.flush()
 
-    def drain_output(self) -> None:
+    def drain_output(self) -> Generator[Phase, Any, None]:
         """Forward what vLLM printed and is still queued (after a stop), then return."""
-        self.loop.run(Flushing(self.forward))
+        yield Flushing(self.forward)
         self.out.flush()
+
+
+class Stopping(Phase):
+    """Until the stop of launch ``number`` (a check on its own thread) answers with its report; vLLM's
+    teardown lines go to ``output`` meanwhile. Signals and faults wait: the stop is under way."""
+
+    ticks = False
+    faults = False
+
+    def __init__(self, number: int, output: Callable[[Any], None]) -> None:
+        self.number = number
+        self.output = output
+
+    def on_signal(self, signal: Signalled, now: float) -> Any:
+        return None
+
+    def on(self, event: Any, now: float) -> Any:
+        if isinstance(event, CheckDone) and event.kind == "stopped" and event.launch == self.number:
+            return Done(event.payload)
+        if event is not None:
+            self.output(event)
+        return None
 
 
 class Flushing(Phase):

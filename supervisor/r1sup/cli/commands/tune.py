@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Generator
 from typing import Any
 
 from r1sup.adapters import logs
 from r1sup.cli.app import load_config
 from r1sup.core.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
 from r1sup.core.multinode import check_leader
-from r1sup.supervision.loop import StopRequested
+from r1sup.supervision.loop import Phase, StopRequested
 from r1sup.supervision.session import Session, open_session, save_profile
 from r1sup.supervision.tuner import Tuner, TuneResult
 
@@ -27,25 +28,13 @@ def main(args: argparse.Namespace) -> int:
     check_leader(config.multinode, "tune")
     session = open_session(args, config)
     session.events.install_signal_handlers()
-    try:
-        result, record = _tune(session)
-    except StopRequested as stop:
-        session.runner.stop_current(reason="signal")
-        session.log.warning("tune_interrupted", signal=stop.signum)
-        sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
-        return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
-    except InternalError as exc:
-        _internal(session, exc)
-        raise
-    except R1supError:  # the preflight's (nothing launched) and the like: the CLI prints the line
-        session.runner.stop_current(reason="failed")
-        raise
-    except Exception as exc:  # r1sup's own failure: stop vLLM cleanly, then one line and exit 1
-        internal = InternalError.from_exception(exc)
-        _internal(session, internal)
-        raise internal from None
+    try:  # the whole tune in one run of the loop
+        done: tuple[TuneResult, Any] | int = session.runner.loop.run(_script(session))
     finally:
         session.events.restore_signal_handlers()
+    if isinstance(done, int):
+        return done
+    result, record = done
     # --json: the result, and what its probe proved (r1sup.core.capacity; null without a passed probe)
     doc = {**result.to_dict(), "capacity": report.capacity_of(record.data) if result.ok else None}
     text = json.dumps(doc, indent=2, default=str) + "\n" if args.json else report.render_text(record.data)
@@ -56,21 +45,43 @@ def main(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _internal(session: Session, fault: InternalError) -> None:
+def _script(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any] | int]:
+    """The tune's waits as the loop's script: the result and its run record, or the exit code of a
+    stop signal (vLLM stopped); an error stops vLLM and goes on to the CLI."""
+    try:
+        return (yield from _tune(session))
+    except StopRequested as stop:
+        yield from session.runner.stop_current(reason="signal")
+        session.log.warning("tune_interrupted", signal=stop.signum)
+        sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
+        return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
+    except InternalError as exc:
+        yield from _internal(session, exc)
+        raise
+    except R1supError:  # the preflight's (nothing launched) and the like: the CLI prints the line
+        yield from session.runner.stop_current(reason="failed")
+        raise
+    except Exception as exc:  # r1sup's own failure: stop vLLM cleanly, then one line and exit 1
+        internal = InternalError.from_exception(exc)
+        yield from _internal(session, internal)
+        raise internal from None
+
+
+def _internal(session: Session, fault: InternalError) -> Generator[Phase, Any, None]:
     session.log.error("internal_error", where=fault.where, error=fault.error)
     if fault.trace:
         session.log.debug("internal_error_traceback", traceback=fault.trace)
-    session.runner.stop_current(reason="internal error")
+    yield from session.runner.stop_current(reason="internal error")
 
 
-def _tune(session: Session) -> tuple[TuneResult, Any]:
+def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup.core.flags import EngineFlags
     from r1sup.state import fleet, runrecord
     from r1sup.supervision.tuner import footing
 
     config = session.config
-    checked = session.preflight()  # before any model load; raises with nothing launched
+    checked = yield from session.preflight()  # before any model load; raises with nothing launched
     know = session.runner.world.knowledge(config, session.log, engine=checked.engine)
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
     tuner = Tuner(config, session.runner, session.log, know=know, record=record)
@@ -78,11 +89,15 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     base = footing(config, know, session.runner)
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
     # the probe; without one this replica tunes, holding the key's lease until its profile is published
-    shared = fleet.consult(config, base.key, sleep=session.runner.sleep)
+    shared = (
+        (yield from session.runner.consult_fleet(base.key))
+        if config.state.profile_store
+        else fleet.Consulted()
+    )
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
         measured = None if start else base.calibration(session.log)
-        result = tuner.run(start, calibration=measured)
+        result = yield from tuner.run(start, calibration=measured)
         if result.ok:
             result.profile_path = save_profile(session, result, base.fingerprint)
             record.finish(result.to_dict())
