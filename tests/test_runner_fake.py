@@ -458,9 +458,10 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
 def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
     tmp_path: Path, start: dict[str, Any], proven: int
 ) -> None:
-    # slow enough requests (prefill 0.2 s, decode 0.1 s) that vLLM's gauges and the streams see them
+    # slow enough requests that vLLM's gauges and the streams see them, and that the wave's 16 overlap
+    # on a busy machine (with a decode four times faster, only 4 of them once ran together)
     scenario = fake_scenario(
-        tmp_path, time_scale=0.05, runtime={"decode_tokens_per_s": 4, "prefill_tokens_per_s": 2000}
+        tmp_path, time_scale=0.05, runtime={"decode_tokens_per_s": 1, "prefill_tokens_per_s": 2000}
     )
     probe = {"requests": 4, "concurrency": 4}
     body = fake_body(tmp_path, model=QWEN_7B, start=start, server={"env": fake_env(scenario)}, probe=probe)
@@ -508,7 +509,7 @@ def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_
     """No target, vLLM's default sequences asked; the launch runs with max_num_seqs 2: the wave sends the
     2 vLLM would run, both run, and the capacity says 2 at once of the 16 asked."""
     scenario = fake_scenario(
-        tmp_path, time_scale=0.05, runtime={"decode_tokens_per_s": 4, "prefill_tokens_per_s": 2000}
+        tmp_path, time_scale=0.05, runtime={"decode_tokens_per_s": 1, "prefill_tokens_per_s": 2000}
     )
     body = fake_body(tmp_path, model=QWEN_7B, server={"env": fake_env(scenario)}, probe={"requests": 2})
     path = write_config(tmp_path / "r1sup.toml", body)
