@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,16 @@ def test_flat_keys_split_into_the_figures_and_the_messages_own() -> None:
         "kv_available_gib": -0.25,
         "device_index": 0,
     }
+
+
+def test_the_serialised_keys_keep_the_order_they_were_read_in() -> None:
+    # the log's order, not the fields': a record written now is the bytes one written before the type
+    read = {"tried_to_allocate_mib": 20.0, "kv_cache_gib": 1.5, "device_free_mib": 3.0, "weights_gib": 14.0}
+    numbers = Numbers.from_dict(read)
+    assert list(numbers.to_dict()) == list(read)
+    more = replace(numbers, kv_capacity_tokens=4096)  # set later: after the keys read
+    assert list(more.to_dict()) == [*read, "kv_capacity_tokens"]
+    assert numbers == Numbers.from_dict(dict(reversed(read.items())))  # the order is not part of the value
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from r1sup.core.figures import EMPTY, Figures
@@ -111,7 +111,9 @@ class Numbers:
     it (an int when it had no decimals).
 
     Serialised (run records, ``diagnose --json``, events) by :meth:`to_dict`: one flat object whose keys
-    are the field names (the log reader's canonical keys), the figures' first.
+    are the field names (the log reader's canonical keys), in the order :meth:`from_dict` read them (the
+    order the log printed them: records and ``--json`` output stay the bytes r1sup wrote when the
+    numbers were a dict), then any other field set, in the order declared.
     """
 
     figures: Figures = EMPTY
@@ -156,6 +158,8 @@ class Numbers:
     stats_running: float | None = None
     stats_waiting: float | None = None
     own_completion_unanswered_s: float | None = None
+    # the keys in the order they were read: serialisation only, not part of the value
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Numbers:
@@ -171,12 +175,16 @@ class Numbers:
         figures = Figures.from_dict(data)
         if not values and not figures:
             return NO_NUMBERS
-        return cls(figures=figures, **values)
+        kept = {*values, *figures.to_dict()}
+        order = tuple(key for key in data if key in kept)
+        return cls(figures=figures, **values, key_order=order)
 
     def to_dict(self) -> dict[str, float]:
         """The numbers printed, by their keys (None left out): the serialised form."""
-        out = self.figures.to_dict()
-        out.update((name, v) for name in MESSAGE_NAMES if (v := getattr(self, name)) is not None)
+        flat = self.figures.to_dict()
+        flat.update((name, v) for name in MESSAGE_NAMES if (v := getattr(self, name)) is not None)
+        out = {key: flat.pop(key) for key in self.key_order if key in flat}
+        out.update(flat)
         return out
 
     def __bool__(self) -> bool:
@@ -184,7 +192,9 @@ class Numbers:
         return bool(self.figures) or any(getattr(self, name) is not None for name in MESSAGE_NAMES)
 
 
-MESSAGE_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Numbers) if f.name != "figures")
+MESSAGE_NAMES: tuple[str, ...] = tuple(
+    f.name for f in fields(Numbers) if f.name not in ("figures", "key_order")
+)
 NUMBER_NAMES: tuple[str, ...] = FIGURE_NAMES + MESSAGE_NAMES
 """Every key :meth:`Numbers.to_dict` can write."""
 NO_NUMBERS = Numbers()

@@ -382,7 +382,10 @@ class Runner:
             if holder.cmdline:
                 detail += f": {holder.cmdline[:200]}"
             return Failure(
-                F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers=F.Numbers(Figures(port=spec.port))
+                F.PORT_IN_USE,
+                F.PHASE_STARTUP,
+                evidence=detail,
+                numbers=F.Numbers.from_dict({"port": float(spec.port)}),
             )
         for proc in self.hooks.gpu_processes():
             self.log.warning(
@@ -500,8 +503,8 @@ class Runner:
                     F.PHASE_KV_CACHE,
                     evidence=f"KV cache holds {int(tokens)} tokens; the target needs {tgt.concurrency} x "
                     f"{tgt.context} = {need}",
-                    numbers=F.Numbers(
-                        Figures(kv_cache_gib=figures.kv_cache_gib or 0.0), kv_capacity_tokens=tokens
+                    numbers=F.Numbers.from_dict(
+                        {"kv_capacity_tokens": tokens, "kv_cache_gib": figures.kv_cache_gib or 0.0}
                     ),
                     detail="target",
                 )
