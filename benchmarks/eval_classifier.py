@@ -169,7 +169,7 @@ def classify(source: str, rec: dict[str, object]) -> Result:
         evidence=failure.evidence,
         kind=str(rec.get("kind") or "earlier"),
         figures=len(figures),
-        missed=tuple(missed_figures(rec, dict(failure.numbers))),
+        missed=tuple(missed_figures(rec, failure.numbers.to_dict())),
     )
 
 

@@ -10,7 +10,7 @@ from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds, Facts
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
-from r1sup.core.failure import Failure
+from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 
@@ -46,7 +46,7 @@ def kv_fail(length: int, estimate: int, **numbers: float) -> Failure:
         F.KV_INSUFFICIENT,
         F.PHASE_KV_CACHE,
         "ValueError: To serve at least one request ...",
-        {"max_model_len": length, "estimated_max_model_len": estimate, **numbers},
+        Numbers.from_dict({"max_model_len": length, "estimated_max_model_len": estimate, **numbers}),
     )
 
 
@@ -158,7 +158,7 @@ def test_free_memory_below_utilization_uses_what_is_free():
         F.FREE_MEM_BELOW_UTIL,
         F.PHASE_STARTUP,
         "ValueError: Available memory on node 0 ...",
-        {"free_gib": 6.89, "total_gib": 8.21, "gpu_memory_utilization": 0.99},
+        Numbers.from_dict({"free_gib": 6.89, "total_gib": 8.21, "gpu_memory_utilization": 0.99}),
     )
     d = step(EngineFlags(gpu_memory_utilization=0.99), f, TINY_CPU)
     assert isinstance(d, blind.Step)
@@ -171,7 +171,7 @@ def test_free_memory_too_low_names_holders():
         F.FREE_MEM_BELOW_UTIL,
         F.PHASE_STARTUP,
         "ValueError: Free memory on device ...",
-        {"free_gib": 6.0, "total_gib": 24.0},
+        Numbers.from_dict({"free_gib": 6.0, "total_gib": 24.0}),
     )
     d = step(EngineFlags(gpu_memory_utilization=0.9), f, facts)
     assert (
@@ -195,7 +195,7 @@ def test_sampler_warmup_oom_lowers_sequences():
         F.OOM_PROFILE,
         F.PHASE_PROFILE,
         "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests.",
-        {"dummy_requests": 256},
+        Numbers.from_dict({"dummy_requests": 256}),
     )
     d = step(EngineFlags(), f, R14_4090)
     assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 128
@@ -206,7 +206,7 @@ def test_profile_oom_uses_the_allocation_figures():
         F.OOM_PROFILE,
         F.PHASE_PROFILE,
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
-        {"tried_to_allocate_mib": 4000.0, "device_free_mib": 1000.0},
+        Numbers.from_dict({"tried_to_allocate_mib": 4000.0, "device_free_mib": 1000.0}),
     )
     d = step(EngineFlags(max_num_batched_tokens=8192), f, R14_4090)
     assert isinstance(d, blind.Step) and d.flags.max_num_batched_tokens == 1638  # 8192 x 0.8 x 1000/4000
@@ -312,7 +312,7 @@ def target_fail(tokens: int, kv_gib: float) -> Failure:
         F.KV_INSUFFICIENT,
         F.PHASE_KV_CACHE,
         evidence,
-        {"kv_capacity_tokens": float(tokens), "kv_cache_gib": kv_gib},
+        Numbers.from_dict({"kv_capacity_tokens": float(tokens), "kv_cache_gib": kv_gib}),
         detail="target",
     )
 
@@ -413,7 +413,7 @@ def test_no_kv_memory_uses_vllms_available_kv_figure():
         F.NO_KV_MEMORY,
         F.PHASE_KV_CACHE,
         "ValueError: No available memory for the cache blocks.",
-        {"kv_cache_gib": -2.54, "weights_gib": 14.19},
+        Numbers.from_dict({"kv_cache_gib": -2.54, "weights_gib": 14.19}),
     )
     d = step(EngineFlags(max_model_len=8192, gpu_memory_utilization=0.55), f, q7, obs={"weights_gib": 14.19})
     assert isinstance(d, blind.Step) and d.flags.gpu_memory_utilization == pytest.approx(0.68)
@@ -433,7 +433,7 @@ def test_kv_allocation_oom_shrinks_a_pinned_cache(pinned, tried, free, expected)
         F.OOM_KV_ALLOC,
         F.PHASE_KV_CACHE,
         "torch.OutOfMemoryError: CUDA out of memory.",
-        {"tried_to_allocate_mib": tried, "device_free_mib": free},
+        Numbers.from_dict({"tried_to_allocate_mib": tried, "device_free_mib": free}),
     )
     flags = EngineFlags(max_model_len=8192, kv_cache_memory_bytes=pinned)
     d = step(flags, f, R14_4090)

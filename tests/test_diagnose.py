@@ -124,7 +124,9 @@ def test_advice_never_promises_a_change_the_ladder_gives_up_on() -> None:
         fl.KV_INSUFFICIENT,
         fl.PHASE_KV_CACHE,
         "ValueError: To serve at least one request ...",
-        {"max_model_len": 32768.0, "estimated_max_model_len": 1024.0, "kv_available_gib": 0.1},
+        fl.Numbers.from_dict(
+            {"max_model_len": 32768.0, "estimated_max_model_len": 1024.0, "kv_available_gib": 0.1}
+        ),
     )
     text = advise(failure, {"max_model_len": 32768, "kv_cache_memory_bytes": 100_000_000})
     assert text.startswith("r1sup would stop (exit 3)") and "1024" in text
@@ -145,9 +147,12 @@ def test_render_numbers_and_empty_verdict() -> None:
     assert "class     none (not memory)" in text and "numbers   (none)" in text and "evidence  (none)" in text
     assert text.endswith("next      nothing\n")
     text = render(
-        fl.Failure(fl.OOM_RUNTIME, phase=fl.PHASE_SERVING, evidence="bell\x07", numbers={"a_gib": 1.5}), "-"
+        fl.Failure(
+            fl.OOM_RUNTIME, phase=fl.PHASE_SERVING, evidence="bell\x07", numbers=fl.Numbers(host_used_gb=1.5)
+        ),
+        "-",
     )
-    assert "evidence  bell?" in text and "  a_gib  1.5" in text
+    assert "evidence  bell?" in text and "  host_used_gb  1.5" in text
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,8 +387,8 @@ def test_real_engine_kv_budget_failure_streamed(tiny_model: Path) -> None:
     verdict = reader.verdict(exit_code)
     assert exit_code != 0
     assert (verdict.cls, verdict.phase) == (fl.KV_INSUFFICIENT, fl.PHASE_KV_CACHE), verdict
-    assert verdict.numbers["max_model_len"] == 32768
-    assert 0 < verdict.numbers["estimated_max_model_len"] < 32768
+    assert verdict.numbers.figures.max_model_len == 32768
+    assert 0 < verdict.numbers.estimated_max_model_len < 32768
     assert "estimated maximum model length" in verdict.evidence
     assert any(p.kind == "engine_config" for p in progress)
 

@@ -296,7 +296,10 @@ def test_fixture_verdict(
     for verdict in (streamed.verdict(exit_code), diagnose_text(lines, exit_code)[0]):
         assert (verdict.cls, verdict.phase) == (cls, phase), verdict
         for key, value in numbers.items():
-            assert verdict.numbers.get(key) == pytest.approx(value), (key, dict(verdict.numbers))
+            assert verdict.numbers.to_dict().get(key) == pytest.approx(value), (
+                key,
+                verdict.numbers.to_dict(),
+            )
         assert verdict.memory == (cls in fl.MEMORY_CLASSES)
         if cls != fl.NONE:
             assert verdict.evidence
@@ -374,7 +377,9 @@ def test_verdict_carries_the_line_of_its_evidence(name: str, needle: str) -> Non
         # docker's own error before vLLM ever ran is read, but it is no line of vLLM output
         assert diagnosis.vllm_log == (name != "gpu/port-in-use-docker-allocated.log")
         assert diagnosis.lines == len(lines)
-        integers = {key: value for key, value in diagnosis.failure.numbers.items() if key in INTEGER_KEYS}
+        integers = {
+            key: value for key, value in diagnosis.failure.numbers.to_dict().items() if key in INTEGER_KEYS
+        }
         assert all(type(value) is int for value in integers.values()), integers
 
 

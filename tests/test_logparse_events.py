@@ -75,7 +75,7 @@ def test_the_last_launch_is_diagnosed_with_its_flags() -> None:
     assert diagnosis.vllm_log
     assert diagnosis.failure.cls == fl.OOM_PROFILE  # after "Model loading took": the profile run
     assert diagnosis.failure.evidence.startswith("torch.OutOfMemoryError: CUDA out of memory.")
-    assert diagnosis.failure.numbers["tried_to_allocate_mib"] == 1536
+    assert diagnosis.failure.numbers.tried_to_allocate_mib == 1536
     assert reader.engine_args["kv_cache_dtype"] == "fp8_e5m2"
     assert reader.engine_args["gpu_memory_utilization"] == 0.84
     lines = text.split("\n")

@@ -334,7 +334,7 @@ def test_decide_gives_an_out_of_memory_its_step(
     )
     got = decide(Collected(findings={families.OOM: oom}, observations={"weights_gib": 14.0}), 1)
     assert got.failure.cls == cls and got.line == 10
-    assert got.failure.numbers == {"weights_gib": 14.0, "tried_to_allocate_mib": 20.0}
+    assert got.failure.numbers.to_dict() == {"weights_gib": 14.0, "tried_to_allocate_mib": 20.0}
 
 
 def test_decide_takes_the_most_specific_finding_not_the_last() -> None:
@@ -344,7 +344,7 @@ def test_decide_takes_the_most_specific_finding_not_the_last() -> None:
     )
     got = decide(Collected(findings={fl.ENGINE_DEAD: dead, fl.KV_INSUFFICIENT: kv}), 1)
     assert (got.failure.cls, got.failure.phase, got.line) == (fl.KV_INSUFFICIENT, fl.PHASE_KV_CACHE, 20)
-    assert got.failure.evidence == kv.text and got.failure.numbers == {"max_model_len": 8192}
+    assert got.failure.evidence == kv.text and got.failure.numbers.to_dict() == {"max_model_len": 8192}
 
 
 def test_decide_a_finding_vllm_survived_is_no_failure() -> None:

@@ -51,7 +51,7 @@ def test_a_runtime_oom_after_traffic_is_oom_runtime(line: str) -> None:
     # the excerpt keeps no start-up milestone and no frame: the traffic alone says the server was serving
     failure = verdict([line, OOM])
     assert (failure.cls, failure.phase) == (fl.OOM_RUNTIME, fl.PHASE_SERVING)
-    assert failure.numbers["tried_to_allocate_mib"] == 2048
+    assert failure.numbers.tried_to_allocate_mib == 2048
 
 
 def test_idle_statistics_are_not_traffic() -> None:
@@ -280,10 +280,10 @@ def test_torchs_breakdown_after_its_oom_message() -> None:
         "(e.g., CUDA Graphs), and 121.43 MiB is reserved by PyTorch but unallocated."
     )
     numbers = verdict([line]).numbers
-    assert numbers["allocated_by_pytorch_gib"] == 13.81
-    assert numbers["private_pools_mib"] == 106
-    assert numbers["reserved_unallocated_mib"] == 121.43
-    assert numbers["process_in_use_gib"] == 15.63
+    assert numbers.allocated_by_pytorch_gib == 13.81
+    assert numbers.private_pools_mib == 106
+    assert numbers.reserved_unallocated_mib == 121.43
+    assert numbers.process_in_use_gib == 15.63
 
 
 def test_rays_node_memory() -> None:
@@ -295,7 +295,7 @@ def test_rays_node_memory() -> None:
     )
     failure = verdict([line])
     assert failure.cls == fl.HOST_OOM
-    assert (failure.numbers["host_used_gb"], failure.numbers["host_total_gb"]) == (2152.43, 2265.25)
+    assert (failure.numbers.host_used_gb, failure.numbers.host_total_gb) == (2152.43, 2265.25)
 
 
 def test_the_port_holder_vllm_names() -> None:
@@ -307,7 +307,7 @@ def test_the_port_holder_vllm_names() -> None:
     ]
     failure = verdict(lines)
     assert failure.cls == fl.PORT_IN_USE
-    assert (failure.numbers["port"], failure.numbers["holder_pid"]) == (44319, 60914)
+    assert (failure.numbers.figures.port, failure.numbers.figures.holder_pid) == (44319, 60914)
 
 
 def test_rays_repeat_count_and_nccls_driver_version() -> None:
@@ -320,7 +320,10 @@ def test_rays_repeat_count_and_nccls_driver_version() -> None:
     ]
     failure = verdict(lines)
     assert failure.cls == fl.CUDA_ERROR
-    assert (failure.numbers["repeated_across_cluster"], failure.numbers["cuda_driver_version"]) == (6, 12080)
+    assert (failure.numbers.figures.repeated_across_cluster, failure.numbers.figures.cuda_driver_version) == (
+        6,
+        12080,
+    )
 
 
 def test_a_message_broken_at_each_sentence_keeps_all_its_figures() -> None:
@@ -332,7 +335,7 @@ def test_a_message_broken_at_each_sentence_keeps_all_its_figures() -> None:
         "and 26.44 MiB is reserved by PyTorch but unallocated.",
     ]
     numbers = verdict(lines).numbers
-    assert (numbers["process_in_use_gib"], numbers["reserved_unallocated_mib"]) == (10.41, 26.44)
+    assert (numbers.process_in_use_gib, numbers.reserved_unallocated_mib) == (10.41, 26.44)
 
 
 def test_the_method_a_worker_names_is_the_step() -> None:
@@ -358,7 +361,7 @@ def test_an_oom_creating_the_kv_cache_blocks_of_an_early_release() -> None:
     ]
     failure = verdict(lines)
     assert (failure.cls, failure.phase) == (fl.OOM_KV_ALLOC, fl.PHASE_KV_CACHE)
-    assert failure.numbers["device_allocated_gib"] == 21.78
+    assert failure.numbers.device_allocated_gib == 21.78
 
 
 RAY_ACTOR_DEATH = (

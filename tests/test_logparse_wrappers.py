@@ -67,5 +67,5 @@ def test_a_message_wrapped_in_the_middle_of_a_word_is_joined() -> None:
     assert lines[-1][:1].isalpha() and not lines[-1].startswith(" ")
     failure = diagnose_text(lines)[0]
     assert failure.cls == fl.OOM_WEIGHTS
-    assert failure.numbers["tried_to_allocate_mib"] == 2048
-    assert failure.numbers["device_total_gib"] == 23.57
+    assert failure.numbers.tried_to_allocate_mib == 2048
+    assert failure.numbers.device_total_gib == 23.57

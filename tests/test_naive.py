@@ -7,7 +7,7 @@ from r1sup.core import catalog, memmodel, naive
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds, Facts
-from r1sup.core.failure import Failure
+from r1sup.core.failure import Failure, Numbers
 from r1sup.core.flags import EngineFlags
 
 TINY_CPU = Facts(
@@ -31,7 +31,7 @@ def kv_fail(length: int, estimate: int) -> Failure:
         F.KV_INSUFFICIENT,
         F.PHASE_KV_CACHE,
         "ValueError: To serve at least one request ...",
-        {"max_model_len": length, "estimated_max_model_len": estimate},
+        Numbers.from_dict({"max_model_len": length, "estimated_max_model_len": estimate}),
     )
 
 

@@ -15,7 +15,7 @@ from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
-from r1sup.core.failure import Failure
+from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
@@ -40,7 +40,7 @@ def oom(cls: str, tried_gib: float, free_gib: float, phase: str = F.PHASE_SERVIN
         cls,
         phase,
         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried_gib:.2f} GiB",
-        {"tried_to_allocate_mib": tried_gib * 1024, "device_free_mib": free_gib * 1024},
+        Numbers.from_dict({"tried_to_allocate_mib": tried_gib * 1024, "device_free_mib": free_gib * 1024}),
     )
 
 
@@ -126,7 +126,7 @@ def test_kv_insufficient_calibrates_the_model_with_vllms_figure() -> None:
         F.KV_INSUFFICIENT,
         F.PHASE_KV_CACHE,
         "ValueError: To serve at least one request ...",
-        {"max_model_len": 131072, "kv_available_gib": measured},
+        Numbers.from_dict({"max_model_len": 131072, "kv_available_gib": measured}),
     )
     figures = {"kv_cache_gib": measured, "requested_gib": 0.9 * 23.99, "weights_gib": est.weights.gib}
     d = s.after(S.Outcome(user, failure, Figures(**figures), device))
@@ -146,7 +146,9 @@ def test_free_memory_is_read_again_after_each_launch() -> None:
         F.PHASE_STARTUP,
         "ValueError: Free memory on device (20.0/23.99 GiB) on startup is less than desired GPU memory "
         "utilization (0.9, 21.59 GiB).",
-        {"free_gib": 20.0, "total_gib": 23.99, "gpu_memory_utilization": 0.9, "requested_gib": 21.59},
+        Numbers.from_dict(
+            {"free_gib": 20.0, "total_gib": 23.99, "gpu_memory_utilization": 0.9, "requested_gib": 21.59}
+        ),
     )
     d = s.after(S.Outcome(user, failure, Figures(), idle))
     assert isinstance(d, S.Next)
@@ -197,7 +199,7 @@ def test_a_context_above_the_models_limit_is_capped_not_fatal() -> None:
         F.PHASE_STARTUP,
         "ValueError: User-specified max_model_len (262144) is greater than the derived max_model_len "
         "(max_position_embeddings=131072 or model_max_length=None in model's config.json).",
-        {"derived_max_model_len": 131072},
+        Numbers.from_dict({"derived_max_model_len": 131072}),
     )
     d = s.after(S.Outcome(user, failure, Figures(), device))
     assert isinstance(d, S.Next)

@@ -36,19 +36,19 @@ def advise(
     from r1sup.core import catalog
 
     n = failure.numbers
-    flags = flags_from_log(engine_args or {}, n)
-    total = n.get("total_gib") or n.get("device_total_gib") or n.get("node_total_gib")
+    flags = flags_from_log(engine_args or {}, n.figures.max_model_len, n.figures.gpu_memory_utilization)
+    total = n.figures.total_gib or n.device_total_gib or n.figures.node_total_gib
     backend = "cpu" if device == "cpu" else "cuda"
     lf = B.Facts(
         backend=backend,
         total_gib=total,
-        free_gib=n.get("free_gib"),
-        model_max_len=int(n["derived_max_model_len"]) if n.get("derived_max_model_len") else None,
+        free_gib=n.figures.free_gib,
+        model_max_len=int(n.derived_max_model_len) if n.derived_max_model_len else None,
         block_size=M.block_size(backend),
         vllm_version=engine_version,
     )
     if failure.cls == F.NONE:
-        tokens, conc = n.get("kv_cache_tokens"), n.get("max_concurrency")
+        tokens, conc = n.figures.kv_cache_tokens, n.figures.max_concurrency
         held = f" The KV cache holds {int(tokens)} tokens" if tokens else ""
         held += (
             f" ({conc:g}x requests of the full context at once)."

@@ -96,16 +96,16 @@ def kv_bytes_available(flags: EngineFlags, failure: Failure, facts: Facts, obs: 
         return float(flags.kv_cache_memory_bytes)
     n = failure.numbers
     bpt = kv_bpt(flags, facts)
-    if bpt and n.get("estimated_max_model_len"):
+    if bpt and n.estimated_max_model_len:
         # the estimate is (blocks - 1) x block: the budget holds at least that many blocks plus one
-        return (n["estimated_max_model_len"] / facts.block_size + 1) * facts.block_size * bpt
-    if n.get("kv_available_gib"):
-        return n["kv_available_gib"] * GIB
-    if n.get("kv_cache_gib"):
-        return n["kv_cache_gib"] * GIB
+        return (n.estimated_max_model_len / facts.block_size + 1) * facts.block_size * bpt
+    if n.kv_available_gib:
+        return n.kv_available_gib * GIB
+    if n.figures.kv_cache_gib:
+        return n.figures.kv_cache_gib * GIB
     if obs.kv_cache_gib:
         return obs.kv_cache_gib * GIB
-    tokens = n.get("kv_capacity_tokens") or obs.kv_cache_tokens
+    tokens = n.kv_capacity_tokens or obs.kv_cache_tokens
     if bpt and tokens:
         return tokens * bpt
     return None
@@ -171,7 +171,7 @@ def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
 
 
 def _context(flags: EngineFlags, failure: Failure, facts: Facts) -> int | None:
-    return flags.max_model_len or facts.model_max_len or _int(failure.numbers.get("max_model_len"))
+    return flags.max_model_len or facts.model_max_len or _int(failure.numbers.figures.max_model_len)
 
 
 def _int(value: float | None) -> int | None:
@@ -334,9 +334,7 @@ def _kv_options(
         return
 
     # Without the model's KV size: work from vLLM's estimate alone.
-    estimate = _int(
-        failure.numbers.get("estimated_max_model_len") or failure.numbers.get("kv_capacity_tokens")
-    )
+    estimate = _int(failure.numbers.estimated_max_model_len or failure.numbers.kv_capacity_tokens)
     if fp8 and estimate and need_len and 2 * estimate >= need_len:
         yield Step(
             flags.replace(kv_cache_dtype=fp8), f"fp8 KV ({fp8}) about doubles vLLM's estimate {estimate}"
@@ -365,7 +363,7 @@ def _charged_graphs(
         return 0.0
     if not memmodel.rules(facts.version()).graph_estimate_charged:
         return 0.0
-    gib = failure.numbers.get("cudagraph_estimated_gib") or obs.cudagraph_estimated_gib
+    gib = failure.numbers.figures.cudagraph_estimated_gib or obs.cudagraph_estimated_gib
     return float(gib) * GIB if gib else 0.0
 
 
@@ -510,7 +508,8 @@ def _no_kv_memory(
     total = facts.total_gib * GIB if facts.total_gib else 0.0
     need_kv = bytes_for_len(need_len, bpt, facts.block_size) * (1 + KV_MARGIN) if bpt and need_len else None
     n = failure.numbers
-    avail = n.get("kv_available_gib", n.get("kv_cache_gib"))  # vLLM's "Available KV cache memory", may be < 0
+    # vLLM's "Available KV cache memory", may be < 0
+    avail = n.kv_available_gib if n.kv_available_gib is not None else n.figures.kv_cache_gib
     used = sum(
         v or 0.0 for v in (obs.weights_gib, obs.non_torch_gib, obs.peak_activation_gib, obs.cudagraph_gib)
     )
@@ -556,8 +555,8 @@ def _free_mem_below_util(
     history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
-    free = n.get("free_gib", facts.free_gib)
-    total = n.get("total_gib", facts.total_gib)
+    free = n.figures.free_gib if n.figures.free_gib is not None else facts.free_gib
+    total = n.figures.total_gib if n.figures.total_gib is not None else facts.total_gib
     if not free or not total:
         util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
         if util >= bounds.min_gpu_memory_utilization:
@@ -623,10 +622,10 @@ def _oom_profile(
     n = failure.numbers
     sampler = "sampler" in failure.evidence.lower() or "dummy requests" in failure.evidence.lower()
     default_seqs, default_batched = facts.batch(flags)
-    seqs = flags.max_num_seqs or _int(n.get("dummy_requests")) or default_seqs
-    batched = flags.max_num_batched_tokens or _int(n.get("max_num_batched_tokens")) or default_batched
+    seqs = flags.max_num_seqs or _int(n.dummy_requests) or default_seqs
+    batched = flags.max_num_batched_tokens or _int(n.figures.max_num_batched_tokens) or default_batched
     factor = 0.5
-    tried, free = n.get("tried_to_allocate_mib"), n.get("device_free_mib")
+    tried, free = n.tried_to_allocate_mib, n.device_free_mib
     if tried and free is not None and tried > 0:
         factor = min(0.5, max(0.05, 0.8 * free / tried))
     new_seqs = max(bounds.min_seqs, int(seqs * factor))
@@ -676,7 +675,7 @@ def _oom_kv_alloc(
     history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
-    tried, free = n.get("tried_to_allocate_mib"), n.get("device_free_mib")
+    tried, free = n.tried_to_allocate_mib, n.device_free_mib
     if flags.kv_cache_memory_bytes:
         # vLLM takes a pinned KV size as given, whatever the utilization: only a smaller size helps. The
         # CUDA-graph capture and the sampler warm-up allocate after the KV cache, so part of what was

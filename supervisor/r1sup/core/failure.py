@@ -6,9 +6,13 @@ they can see (a hang, a failed probe), the search keys on ``cls``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from r1sup.core.figures import EMPTY, Figures
+from r1sup.core.figures import FIELD_NAMES as FIGURE_NAMES
 
 # Memory classes: a different configuration can fix them.
 OOM_WEIGHTS = "oom_weights"
@@ -95,19 +99,115 @@ def phase_after(reached: int) -> str:
 
 
 @dataclass(frozen=True)
-class Failure:
-    """The verdict on a launch or a serving period.
+class Numbers:
+    """The figures a launch's log printed up to its verdict: one frozen, typed value.
 
-    ``numbers`` uses the canonical keys: max_model_len, estimated_max_model_len, kv_capacity_tokens,
-    kv_needed_gib, kv_available_gib, free_gib, total_gib, requested_gib, gpu_memory_utilization,
-    tried_to_allocate_mib, device_free_mib, device_total_gib, and on the success path weights_gib,
-    kv_cache_gib, kv_cache_tokens, max_concurrency, cudagraph_gib, peak_activation_gib.
+    ``figures``: the launch's own figures (the success path), with those a failure message printed
+    again over them (the context, the free and total memory, the utilization and budget of a failed
+    check, the port another process holds). The other fields are the figures only failure messages
+    carry, then those a hung serving engine's verdict rests on. Every field is optional (None: not
+    printed); units are in the names: ``_gib``, ``_mib``, ``_gb`` (decimal GB, as Ray prints them),
+    ``_s``, ``_tokens``; lengths, counts and indices are plain numbers. A number is kept as vLLM printed
+    it (an int when it had no decimals).
+
+    Serialised (run records, ``diagnose --json``, events) by :meth:`to_dict`: one flat object whose keys
+    are the field names (the log reader's canonical keys), in the order :meth:`from_dict` read them (the
+    order the log printed them: records and ``--json`` output stay the bytes r1sup wrote when the
+    numbers were a dict), then any other field set, in the order declared.
     """
+
+    figures: Figures = EMPTY
+    # the KV cache checks ("... X GiB KV cache is needed, ... the available KV cache memory (Y GiB)")
+    kv_needed_gib: float | None = None
+    kv_available_gib: float | None = None  # may be negative: the budget was spent before the KV cache
+    estimated_max_model_len: int | None = None  # "the estimated maximum model length is N"
+    kv_capacity_tokens: int | None = None  # v0's "tokens that can be stored in KV cache (N)"; blocks x block
+    derived_max_model_len: int | None = None  # "greater than the derived max_model_len (N)"
+    # the start-up's free-memory check
+    initial_free_gib: float | None = None  # "Initial free memory X GiB, current free memory Y GiB"
+    shortfall_gib: float | None = None  # r1sup's: requested minus free, what was missing
+    # torch's out-of-memory message and its breakdown
+    tried_to_allocate_mib: float | None = None
+    device_index: int | None = None
+    device_total_gib: float | None = None
+    device_free_mib: float | None = None
+    device_allocated_gib: float | None = None
+    process_in_use_gib: float | None = None
+    allocated_by_pytorch_gib: float | None = None
+    private_pools_mib: float | None = None
+    reserved_unallocated_mib: float | None = None
+    dummy_requests: int | None = None  # the sampler's warm-up batch that ran out of memory
+    # Ray's memory monitor
+    host_used_gb: float | None = None
+    host_total_gb: float | None = None
+    # the device's compute capability an unsupported kernel named (7.5, 8.9)
+    compute_capability: float | None = None
+    # a serving engine judged hung or dead: the liveness figures the verdict rests on
+    # (:func:`r1sup.core.liveness.figures_of`; requests and tokens are vLLM's /metrics counters)
+    running: float | None = None
+    waiting: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    finished: float | None = None
+    kv_usage: float | None = None  # 0..1, the fullest engine's
+    since_progress_s: float | None = None
+    stalled_s: float | None = None
+    metrics_age_s: float | None = None
+    health_failures: float | None = None  # in a row
+    stats_line_age_s: float | None = None
+    stats_running: float | None = None
+    stats_waiting: float | None = None
+    own_completion_unanswered_s: float | None = None
+    # the keys in the order they were read: serialisation only, not part of the value
+    key_order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Numbers:
+        """From the log reader's flat keys or a serialised ``numbers`` object: the numbers of known keys
+        (finite, not booleans); anything else is left out."""
+        if not data:
+            return NO_NUMBERS
+        values: dict[str, Any] = {}
+        for key in MESSAGE_NAMES:
+            v = data.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values[key] = v
+        figures = Figures.from_dict(data)
+        if not values and not figures:
+            return NO_NUMBERS
+        kept = {*values, *figures.to_dict()}
+        order = tuple(key for key in data if key in kept)
+        return cls(figures=figures, **values, key_order=order)
+
+    def to_dict(self) -> dict[str, float]:
+        """The numbers printed, by their keys (None left out): the serialised form."""
+        flat = self.figures.to_dict()
+        flat.update((name, v) for name in MESSAGE_NAMES if (v := getattr(self, name)) is not None)
+        out = {key: flat.pop(key) for key in self.key_order if key in flat}
+        out.update(flat)
+        return out
+
+    def __bool__(self) -> bool:
+        """True when the log printed any number."""
+        return bool(self.figures) or any(getattr(self, name) is not None for name in MESSAGE_NAMES)
+
+
+MESSAGE_NAMES: tuple[str, ...] = tuple(
+    f.name for f in fields(Numbers) if f.name not in ("figures", "key_order")
+)
+NUMBER_NAMES: tuple[str, ...] = FIGURE_NAMES + MESSAGE_NAMES
+"""Every key :meth:`Numbers.to_dict` can write."""
+NO_NUMBERS = Numbers()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The verdict on a launch or a serving period; ``numbers``: what its log printed (:class:`Numbers`)."""
 
     cls: str
     phase: str = PHASE_STARTUP
     evidence: str = ""
-    numbers: Mapping[str, float] = field(default_factory=dict)
+    numbers: Numbers = NO_NUMBERS
     detail: str = ""  # free text: who holds the port, which request failed, ...
 
     @property
@@ -124,7 +224,7 @@ class Failure:
             "phase": self.phase,
             "memory": self.memory,
             "evidence": self.evidence,
-            "numbers": dict(self.numbers),
+            "numbers": self.numbers.to_dict(),
             "detail": self.detail,
         }
 
@@ -134,7 +234,7 @@ class Failure:
             cls=str(data.get("class", NONE)),
             phase=str(data.get("phase", PHASE_STARTUP)),
             evidence=str(data.get("evidence", "")),
-            numbers={k: float(v) for k, v in dict(data.get("numbers") or {}).items()},
+            numbers=Numbers.from_dict(data.get("numbers")),
             detail=str(data.get("detail", "")),
         )
 

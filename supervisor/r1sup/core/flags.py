@@ -162,7 +162,9 @@ _TYPES: dict[str, type] = {
 }
 
 
-def flags_from_log(args: Mapping[str, object], numbers: Mapping[str, float]) -> EngineFlags:
+def flags_from_log(
+    args: Mapping[str, object], max_model_len: int | None, gpu_memory_utilization: float | None
+) -> EngineFlags:
     """The flags a logged launch ran with: vLLM's "non-default args", then the figures its messages
     printed (the context and utilization of the failed check)."""
     values: dict[str, Any] = {}
@@ -174,8 +176,8 @@ def flags_from_log(args: Mapping[str, object], numbers: Mapping[str, float]) -> 
         if kind is not str and not isinstance(value, (int, float)):
             continue
         values[name] = value if kind is str else kind(value)
-    if "max_model_len" not in values and numbers.get("max_model_len"):
-        values["max_model_len"] = int(numbers["max_model_len"])
-    if "gpu_memory_utilization" not in values and numbers.get("gpu_memory_utilization"):
-        values["gpu_memory_utilization"] = float(numbers["gpu_memory_utilization"])
+    if "max_model_len" not in values and max_model_len:
+        values["max_model_len"] = int(max_model_len)
+    if "gpu_memory_utilization" not in values and gpu_memory_utilization:
+        values["gpu_memory_utilization"] = float(gpu_memory_utilization)
     return EngineFlags(**values)

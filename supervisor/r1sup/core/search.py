@@ -673,13 +673,13 @@ class Search:
         # the figures the failure printed where the launch's own do not have them
         f = replace(
             f,
-            kv_cache_gib=_number(f.kv_cache_gib, n.get("kv_cache_gib"), n.get("kv_available_gib")),
-            weights_gib=_number(f.weights_gib, n.get("weights_gib")),
-            requested_gib=_number(f.requested_gib, n.get("requested_gib")),
-            total_gib=_number(f.total_gib, n.get("total_gib")),
-            gpu_memory_utilization=_number(f.gpu_memory_utilization, n.get("gpu_memory_utilization")),
+            kv_cache_gib=_number(f.kv_cache_gib, n.figures.kv_cache_gib, n.kv_available_gib),
+            weights_gib=_number(f.weights_gib, n.figures.weights_gib),
+            requested_gib=_number(f.requested_gib, n.figures.requested_gib),
+            total_gib=_number(f.total_gib, n.figures.total_gib),
+            gpu_memory_utilization=_number(f.gpu_memory_utilization, n.figures.gpu_memory_utilization),
         )
-        estimate = n.get("estimated_max_model_len")
+        estimate = n.estimated_max_model_len
         tokens = f.kv_cache_tokens
         if tokens and flags.kv_cache_memory_bytes is None and failure.cls == F.NONE:
             # "GPU KV cache size: N tokens" is the block count times the block: exact where "Available KV
@@ -710,8 +710,8 @@ class Search:
             ev = replace(ev, calibration=cal, calibrated=ev.calibrated + 1, exact_kv=exact)
             if f.kv_cache_gib is not None:
                 note = f"vLLM measured {f.kv_cache_gib:.2f} GiB for the KV cache"
-        tried = n.get("tried_to_allocate_mib")
-        free_mib = n.get("device_free_mib")
+        tried = n.tried_to_allocate_mib
+        free_mib = n.device_free_mib
         need = int(max(0.0, (tried or 0) - (free_mib or 0)) * MIB) if tried else 0
         prior = M.evaluate(arch, device, flags, self.facts.version, ev.calibration)
         here = (device.free_bytes or device.total_bytes) - prior.context.bytes
@@ -720,7 +720,7 @@ class Search:
         if cls == F.FREE_MEM_BELOW_UTIL:
             # what is free is a condition of the moment, not of the box: the probe after the launch says
             # what is free now; only without one does the printed figure cap utilization
-            free_gib, total_gib = n.get("free_gib"), n.get("total_gib")
+            free_gib, total_gib = n.figures.free_gib, n.figures.total_gib
             if free_gib and total_gib and outcome.device is None:
                 cap = math.floor((free_gib - FREE_MARGIN_GIB) / total_gib * 100) / 100
                 ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
@@ -773,7 +773,7 @@ class Search:
                 ev = replace(ev, no_fp8_weights=True)
                 note = "fp8 weights are not supported here"
         elif cls == F.CONFIG_ERROR and (flags.max_model_len or 0) > arch.max_position_embeddings:
-            limit = int(n.get("derived_max_model_len") or arch.max_position_embeddings)
+            limit = int(n.derived_max_model_len or arch.max_position_embeddings)
             ev = replace(ev, context_cap=limit)
             note = f"the model's context limit is {limit}"
         elif cls == F.CONFIG_ERROR:
@@ -809,7 +809,7 @@ class Search:
         if "schedulerconfig" in text:  # its message can sit on a line the evidence does not hold
             batch = M.resolve_batch(self.facts.arch, self.facts.device, flags, self.facts.version)
             return batch.max_num_seqs > batch.max_num_batched_tokens
-        limit = failure.numbers.get("derived_max_model_len") or self.facts.arch.max_position_embeddings
+        limit = failure.numbers.derived_max_model_len or self.facts.arch.max_position_embeddings
         return "max_model_len" in text and (flags.max_model_len or 0) > limit
 
     # --- stopping --------------------------------------------------------------------------------
@@ -1193,11 +1193,11 @@ def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
     return replace(device, gpus=gpus, processes=())
 
 
-def _number(own: float | None, *printed: Any) -> float | None:
+def _number(own: float | None, *printed: float | None) -> float | None:
     """A launch's own figure, else the first number its failure printed (as a float)."""
     if own is not None:
         return own
     for value in printed:
-        if isinstance(value, (int, float)):
+        if value is not None:
             return float(value)
     return None

@@ -611,9 +611,9 @@ class Daemon:
             if seen.cls != F.NONE:
                 return seen
         cls = F.ENGINE_DEAD if verdict.evidence in liveness.DEAD_EVIDENCE else F.HANG
-        numbers = {
-            k: float(v) for k, v in verdict.figures.items() if isinstance(v, (int, float)) and v is not None
-        }
+        numbers = F.Numbers.from_dict(
+            {k: float(v) for k, v in verdict.figures.items() if isinstance(v, (int, float)) and v is not None}
+        )
         return Failure(cls, F.PHASE_SERVING, evidence=verdict.reason, numbers=numbers, detail=verdict.reason)
 
     # --- draining ------------------------------------------------------------------------------

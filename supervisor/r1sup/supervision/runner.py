@@ -413,7 +413,10 @@ class Runner:
             if holder.cmdline:
                 detail += f": {holder.cmdline[:200]}"
             return Failure(
-                F.PORT_IN_USE, F.PHASE_STARTUP, evidence=detail, numbers={"port": float(spec.port)}
+                F.PORT_IN_USE,
+                F.PHASE_STARTUP,
+                evidence=detail,
+                numbers=F.Numbers.from_dict({"port": float(spec.port)}),
             )
         for proc in foreign:
             self.log.warning(
@@ -530,7 +533,9 @@ class Runner:
                     F.PHASE_KV_CACHE,
                     evidence=f"KV cache holds {int(tokens)} tokens; the target needs {tgt.concurrency} x "
                     f"{tgt.context} = {need}",
-                    numbers={"kv_capacity_tokens": tokens, "kv_cache_gib": figures.kv_cache_gib or 0.0},
+                    numbers=F.Numbers.from_dict(
+                        {"kv_capacity_tokens": tokens, "kv_cache_gib": figures.kv_cache_gib or 0.0}
+                    ),
                     detail="target",
                 )
         return None
@@ -1032,7 +1037,7 @@ def _failure_fields(failure: Failure) -> dict[str, Any]:
         "phase": failure.phase,
         "memory": failure.memory,
         "evidence": failure.evidence[:500],
-        "numbers": dict(failure.numbers),
+        "numbers": failure.numbers.to_dict(),
         "detail": failure.detail,
     }
 

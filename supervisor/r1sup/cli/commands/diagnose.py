@@ -101,7 +101,7 @@ def report(diagnosis: Diagnosis, advice: str) -> dict[str, Any]:
         "memory": failure.memory,
         "line": diagnosis.line,
         "evidence": failure.evidence,
-        "numbers": dict(failure.numbers),
+        "numbers": failure.numbers.to_dict(),
         "advice": advice if diagnosis.vllm_log else f"Not a vLLM log: {not_a_log_reason(diagnosis)}.",
     }
 
@@ -128,7 +128,7 @@ def render(failure: Failure, advice: str, line: int | None = None) -> str:
         lines.append(f"line      {line}")
     if failure.detail:
         lines.append(f"where     {_printable(failure.detail)}")
-    numbers = dict(failure.numbers)
+    numbers = failure.numbers.to_dict()
     keys = [k for k in _KEY_ORDER if k in numbers] + sorted(k for k in numbers if k not in _KEY_ORDER)
     if keys:
         width = max(len(k) for k in keys)

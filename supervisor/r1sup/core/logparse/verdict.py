@@ -14,7 +14,7 @@ was reached, and last from the start-up milestones passed (``r1sup.core.failure.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from r1sup.core.failure import (
     CONFIG_ERROR,
@@ -39,6 +39,7 @@ from r1sup.core.failure import (
     PHASE_STARTUP,
     PORT_IN_USE,
     Failure,
+    Numbers,
     phase_after,
 )
 from r1sup.core.logparse.families import CONFIG_LIKE, OOM, P_HOST, P_NATIVE
@@ -182,7 +183,7 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
             NONE,
             phase=PHASE_SERVING if c.serving else PHASE_STARTUP,
             evidence=c.ready_text or "",
-            numbers=dict(c.observations),
+            numbers=Numbers.from_dict(c.observations),
         )
         return Decision(failure, c.ready_line if c.ready_text else None)
     inferred = _infer_v0_kv(c)
@@ -205,7 +206,7 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
             ENGINE_DEAD,
             phase=phase,
             evidence=f"the log ends inside a traceback; last frame: {cut.last_frame}",
-            numbers=dict(c.observations),
+            numbers=Numbers.from_dict(c.observations),
             detail=f"{where}, traceback from line {cut.start_line}",
         )
         return Decision(failure, cut.start_line)
@@ -279,12 +280,14 @@ def _build(c: Collected, finding: Finding, cls: str) -> Failure:
     numbers.update(finding.numbers)
     detail = (finding.process or "main") + (f" pid {finding.pid}" if finding.pid is not None else "")
     detail += f", line {finding.line_no}"
-    return Failure(cls, phase=phase, evidence=finding.text, numbers=numbers, detail=detail)
+    return Failure(cls, phase=phase, evidence=finding.text, numbers=Numbers.from_dict(numbers), detail=detail)
 
 
 def _bare(c: Collected, cls: str, evidence: str, detail: str) -> Failure:
     phase = PHASE_SERVING if c.serving else (best_phase(c.frame_phases) or phase_after(c.reached))
-    return Failure(cls, phase=phase, evidence=evidence, numbers=dict(c.observations), detail=detail)
+    return Failure(
+        cls, phase=phase, evidence=evidence, numbers=Numbers.from_dict(c.observations), detail=detail
+    )
 
 
 def _infer_v0_kv(c: Collected) -> Failure | None:
@@ -292,7 +295,7 @@ def _infer_v0_kv(c: Collected) -> Failure | None:
     blocks = c.observations.get("gpu_blocks")
     if blocks is None or c.ready:
         return None
-    numbers = dict(c.observations)
+    numbers = Numbers.from_dict(c.observations)
     if blocks <= 0:
         return Failure(
             NO_KV_MEMORY,
@@ -305,12 +308,11 @@ def _infer_v0_kv(c: Collected) -> Failure | None:
     max_len = c.observations.get("max_model_len")
     if max_len is None or capacity >= max_len:
         return None
-    numbers["kv_capacity_tokens"] = capacity
     return Failure(
         KV_INSUFFICIENT,
         phase=PHASE_KV_CACHE,
         evidence=f"# GPU blocks: {int(blocks)} x {c.block_size} tokens = {int(capacity)} tokens "
         f"< max_model_len {int(max_len)}",
-        numbers=numbers,
+        numbers=replace(numbers, kv_capacity_tokens=int(capacity)),
         detail="inferred from the block count",
     )
