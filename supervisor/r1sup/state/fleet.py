@@ -104,7 +104,7 @@ class Holder:
                 expires_at=float(data["expires_at"]),
                 key=str(data.get("key", "")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: a pid of Infinity
             raise ValueError(f"bad lease record: {exc}") from None
 
 
