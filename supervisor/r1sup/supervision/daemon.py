@@ -440,7 +440,7 @@ class Daemon:
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
             if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
                 result.profile_path = save_profile(
-                    self.s, result, self.fingerprint, self._conditions(result, key)
+                    self.s, result, self.fingerprint, self._conditions(result, key), tell=self.publish
                 )
             self._served(result)
             self._forget_no_fit()
@@ -560,7 +560,9 @@ class Daemon:
         lease it may hand back is held until this bring-up ends (or the daemon does)."""
         if not self.config.state.profile_store:
             return fleet.Consulted()
-        self.shared = fleet.consult(self.config, key, sleep=self.runner.sleep, status=self._waiting)
+        self.shared = fleet.consult(
+            self.config, key, sleep=self.runner.sleep, tell=self.publish, status=self._waiting
+        )
         if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
             self.publish(B.ProfileStoreHit(key))
         return self.shared
@@ -699,7 +701,7 @@ class Daemon:
                 self.profile_source = "tuned"
                 key = profiles.fingerprint_key(self.fingerprint or {})
                 result.profile_path = save_profile(
-                    self.s, result, self.fingerprint or {}, self._conditions(result, key)
+                    self.s, result, self.fingerprint or {}, self._conditions(result, key), tell=self.publish
                 )
                 self._served(result)
             return result

@@ -63,9 +63,11 @@ def _knowledge(config: Config, log: Any, engine: Any = None) -> Any:
 
 
 def _preflight(config: Config, log: Any, check: Callable[[], None]) -> Any:
+    """The preflight (the session's, for ``tune`` and ``run`` alike), its events written by the log's sink."""
     from r1sup.adapters import preflight
+    from r1sup.supervision.subscribers import logging_bus
 
-    return preflight.run(config, log=log, check=check, cache=True)
+    return preflight.run(config, publish=logging_bus(log).publish, check=check, cache=True)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ from typing import Any
 from r1sup.adapters import logs
 from r1sup.cli.app import load_config
 from r1sup.core.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
+from r1sup.core.events import InternalFault, TuneInterrupted
 from r1sup.core.multinode import check_leader
 from r1sup.supervision.loop import StopRequested
-from r1sup.supervision.session import Session, open_session, save_profile
+from r1sup.supervision.session import Session, log_only, open_session, save_profile
 from r1sup.supervision.tuner import Tuner, TuneResult
 
 
@@ -31,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
         result, record = _tune(session)
     except StopRequested as stop:
         session.runner.stop_current(reason="signal")
-        session.log.warning("tune_interrupted", signal=stop.signum)
+        log_only(session.log)(TuneInterrupted(stop.signum))
         sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
         return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
     except InternalError as exc:
@@ -57,9 +58,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _internal(session: Session, fault: InternalError) -> None:
-    session.log.error("internal_error", where=fault.where, error=fault.error)
-    if fault.trace:
-        session.log.debug("internal_error_traceback", traceback=fault.trace)
+    log_only(session.log)(InternalFault(fault.where, fault.error, fault.trace))
     session.runner.stop_current(reason="internal error")
 
 
@@ -78,13 +77,14 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     base = footing(config, know, session.runner)
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
     # the probe; without one this replica tunes, holding the key's lease until its profile is published
-    shared = fleet.consult(config, base.key, sleep=session.runner.sleep)
+    publish = log_only(session.log)  # no daemon: the fleet's store is heard in the log alone
+    shared = fleet.consult(config, base.key, sleep=session.runner.sleep, tell=publish)
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
         measured = None if start else base.calibration(session.log)
         result = tuner.run(start, calibration=measured)
         if result.ok:
-            result.profile_path = save_profile(session, result, base.fingerprint)
+            result.profile_path = save_profile(session, result, base.fingerprint, tell=publish)
             record.finish(result.to_dict())
     finally:
         shared.release()
