@@ -483,18 +483,18 @@ class Daemon:
     def _fitting_profile(self, saved: Any, store: Any, key: str) -> Any:
         """The saved profile when it fits what is free now; else the degraded one kept beside it when that
         fits (self.degraded says so); else None (the search sizes a configuration for what is free)."""
-        from r1sup.core import search
+        from r1sup.core import profile_fit, search
         from r1sup.state import profiles
 
         self.degraded = None
         check = new_search(self.config, self.know)
-        if check.fits_now(EngineFlags.from_dict(saved.flags)):
+        if profile_fit.fits_now(check, EngineFlags.from_dict(saved.flags)):
             return saved
         now = search.conditions(self.know.device)
         self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
         spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
         reason = f"the best profile {key} does not fit what is free now ({now.get('free_gib')} GiB)"
-        if spare is not None and check.fits_now(EngineFlags.from_dict(spare.flags)):
+        if spare is not None and profile_fit.fits_now(check, EngineFlags.from_dict(spare.flags)):
             self.degraded = {"best_key": key, "reason": reason, "since": now_iso(), "retune_planned": False}
             return spare
         return None
@@ -502,11 +502,15 @@ class Daemon:
     def _conditions(self, result: TuneResult, key: str) -> dict[str, Any]:
         """The conditions a tuned profile was found under; degraded (kept beside the best, and the daemon
         watches for the memory to come back) when other processes' memory made it worse."""
-        from r1sup.core import search
+        from r1sup.core import profile_fit, search
 
         found: dict[str, Any] = dict(search.conditions(self.know.device if self.know else None))
         engine = result.history
-        why = engine.degraded_by_others(result.flags, found) if engine is not None and result.flags else None
+        why = (
+            profile_fit.degraded_by_others(engine, result.flags, found)
+            if engine is not None and result.flags
+            else None
+        )
         self.degraded = None
         if why:
             found.update(degraded=True, reason=why)
@@ -527,7 +531,7 @@ class Daemon:
         """Serving a degraded profile: whether the best configuration fits once this engine is stopped
         (the other processes released their memory), by what the device check found (``device``; None:
         the probe failed with ``error``, which only delays the return)."""
-        from r1sup.core import search
+        from r1sup.core import profile_fit
         from r1sup.state import profiles
 
         if device is None:
@@ -537,16 +541,16 @@ class Daemon:
             return False
         own = frozenset(launch.engine.all_pids())
         mine = sum(p.used_bytes for p in device.processes if p.pid in own)
-        idle = search.idle_device(device, mine)
+        idle = profile_fit.idle_device(device, mine)
         idle = replace(idle, processes=tuple(p for p in device.processes if p.pid not in own))
         check = new_search(self.config, self.know)
         check.facts = replace(check.facts, device=idle)
         store = profiles.ProfileStore(self.config.state.dir)
         best = store.load(self.degraded["best_key"])
         if best is not None:
-            fits = check.fits_now(EngineFlags.from_dict(best.flags))
+            fits = profile_fit.fits_now(check, EngineFlags.from_dict(best.flags))
         else:  # no best profile yet: what the search would plan on the box as it is without this engine
-            fits = self.flags is not None and check.better_than(self.flags) is not None
+            fits = self.flags is not None and profile_fit.better_than(check, self.flags) is not None
         if fits:
             self.degraded["retune_planned"] = True
             self.publish(B.RetunePlanned(self.degraded["best_key"]))
