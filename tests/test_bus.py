@@ -262,11 +262,11 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
 
 # The modules that still write log lines themselves, besides the bus (``subscriber_failed``) and the
 # subscribers: what is not (yet) an event. Exact, so that a new direct writer fails here and one moved
-# behind the bus takes its module off this list. The preflight, the fleet's store, the session's start
-# and ``r1sup tune`` publish events instead (a ``publish`` handed in where there is no daemon's bus).
+# behind the bus takes its module off this list. The preflight, the fleet's store, what is known before a
+# search (supervision/footing.py), the session's start and ``r1sup tune`` publish events instead (a
+# ``publish`` handed in, or a bus with the log's sink alone where there is no daemon's bus).
 DIRECT_LOGGERS = {
     "supervision/runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
-    "supervision/tuner.py": "what is known before a search: the device, the model, the plan, the calibration",
     "adapters/statefiles.py": "files set aside, the state directory's lock: beneath the sinks (status.json "
     "is written through it) and called from every layer",
     "state/profiles.py": "the profile store's saves, imports and exports, and what the fingerprint lacks",
@@ -462,7 +462,27 @@ def test_lines_of_the_parts_without_a_bus_of_their_own_keep_their_names_levels_a
         sink(E.FleetLeaseBreakFailed(f"{store}/leases/k.lease", "Permission denied"))
         sink(E.FleetLeaseLost("k", store))
         sink(E.FleetLeaseReleaseFailed("k", "gone"))
-    assert logs == [
+        sink(E.PlannerNote("model architecture unknown"))
+        sink(E.PlanMade(SECOND, "fits_with_changes", FIRST.describe_change(SECOND)))
+        sink(E.PlannerCalibrated(FIRST, {"weights_gib": 14.2, "kv_cache_gib": 3.5}))
+    assert logs[-3:] == [
+        {"event": "planner_note", "log_level": "info", "note": "model architecture unknown"},
+        {
+            "event": "plan_made",
+            "log_level": "info",
+            "flags": SECOND.to_dict(),
+            "verdict": "fits_with_changes",
+            "changed": FIRST.describe_change(SECOND),
+        },
+        {
+            "event": "planner_calibrated",
+            "log_level": "info",
+            "flags": FIRST.to_dict(),
+            "weights_gib": 14.2,
+            "kv_cache_gib": 3.5,
+        },
+    ]
+    assert logs[:-3] == [
         {
             "event": "preflight_passed",
             "log_level": "info",

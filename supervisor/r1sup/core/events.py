@@ -226,8 +226,8 @@ class SearchGaveUp:
 
 @dataclass(frozen=True)
 class DeviceProbeFailed:
-    """NVML could not be read: while serving a debug line; ``search``: the search's look before its next
-    flags (a warning: they are chosen without what is free now)."""
+    """NVML could not be read: while serving a debug line; ``search``: the look before a search or before
+    its next flags (a warning: they are chosen without what is free now)."""
 
     error: str
     search: bool = False
@@ -524,7 +524,34 @@ class StateDirUnusable:
     error: str
 
 
-# --- before the bus's daemon exists: the preflight, the state files, a one-shot command
+# --- what is known before a search (r1sup.supervision.footing)
+
+
+@dataclass(frozen=True)
+class PlannerNote:
+    """What the search goes without (the model's architecture unknown, its config.json not understood)."""
+
+    note: str
+
+
+@dataclass(frozen=True)
+class PlanMade:
+    """The search's recommendation for the first launch: its flags, verdict and change to the user's."""
+
+    flags: EngineFlags
+    verdict: str
+    changed: str
+
+
+@dataclass(frozen=True)
+class PlannerCalibrated:
+    """The memory model calibrated by an earlier launch on this box: its flags and printed figures."""
+
+    flags: EngineFlags
+    figures: Mapping[str, Any]
+
+
+# --- before the daemon's bus exists or beside it: the preflight, a command's start, `r1sup tune`
 
 
 @dataclass(frozen=True)
@@ -732,6 +759,9 @@ DaemonEvent = (
     | MetricsListening
     | MetricsUnavailable
     | StateDirUnusable
+    | PlannerNote
+    | PlanMade
+    | PlannerCalibrated
     | PreflightPassed
     | PreflightFailed
     | PreflightCacheUnusable

@@ -55,6 +55,7 @@ from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.state import fleet
 from r1sup.supervision.bus import Bus
+from r1sup.supervision.footing import footing
 from r1sup.supervision.loop import Done, Phase, Stop, StopRequested
 from r1sup.supervision.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
 from r1sup.supervision.session import Session, now_iso, save_profile
@@ -62,7 +63,6 @@ from r1sup.supervision.subscribers import LogSink, MetricsSink, StatusFile, Syst
 from r1sup.supervision.tuner import (
     Tuner,
     TuneResult,
-    footing,
     launch_calibration,
     new_search,
 )
@@ -431,7 +431,7 @@ class Daemon:
             if remembered is not None:
                 shared.release()
                 return remembered
-            measured = base.calibration(self.log)
+            measured = base.calibration(self.publish)
         tuner = self._tuner()
         result = tuner.run(start, keep_running=True, history=self.history, calibration=measured, why=why)
         self.history = result.history or self.history

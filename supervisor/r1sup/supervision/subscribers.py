@@ -63,6 +63,9 @@ from r1sup.core.events import (
     MetricsUnavailable,
     NoFitRecorded,
     NoFitRemembered,
+    PlanMade,
+    PlannerCalibrated,
+    PlannerNote,
     PreflightCacheNotSaved,
     PreflightCacheUnusable,
     PreflightFailed,
@@ -255,6 +258,12 @@ class LogSink:
                 log.warning("metrics_unavailable", host=host, port=port, error=error)
             case StateDirUnusable(error):
                 log.warning("state_dir_unusable", error=error)
+            case PlannerNote(note):
+                log.info("planner_note", note=note)
+            case PlanMade(flags, verdict, changed):
+                log.info("plan_made", flags=flags.to_dict(), verdict=verdict, changed=changed)
+            case PlannerCalibrated(flags, figures):
+                log.info("planner_calibrated", flags=flags.to_dict(), **figures)
             case PreflightPassed():
                 log.info("preflight_passed", **vars(event))
             case PreflightFailed(field, error, exit_code):

@@ -57,7 +57,7 @@ def _read_metrics(endpoint: Endpoint, timeout: float, at: float | None = None) -
 
 
 def _knowledge(config: Config, log: Any, engine: Any = None) -> Any:
-    from r1sup.supervision.tuner import gather_knowledge
+    from r1sup.supervision.footing import gather_knowledge
 
     return gather_knowledge(config, log, engine=engine)
 

@@ -66,9 +66,10 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup.core.flags import EngineFlags
     from r1sup.state import fleet, runrecord
-    from r1sup.supervision.tuner import footing
+    from r1sup.supervision.footing import footing
 
     config = session.config
+    publish = log_only(session.log)  # no daemon's bus: what the fleet and the footing tell, the log writes
     checked = session.preflight()  # before any model load; raises with nothing launched
     know = session.runner.world.knowledge(config, session.log, engine=checked.engine)
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
@@ -77,11 +78,10 @@ def _tune(session: Session) -> tuple[TuneResult, Any]:
     base = footing(config, know, session.runner)
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
     # the probe; without one this replica tunes, holding the key's lease until its profile is published
-    publish = log_only(session.log)  # no daemon: the fleet's store is heard in the log alone
     shared = fleet.consult(config, base.key, sleep=session.runner.sleep, tell=publish)
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
-        measured = None if start else base.calibration(session.log)
+        measured = None if start else base.calibration(publish)
         result = tuner.run(start, calibration=measured)
         if result.ok:
             result.profile_path = save_profile(session, result, base.fingerprint, tell=publish)
