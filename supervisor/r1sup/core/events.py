@@ -10,7 +10,9 @@ Three families, all here and nowhere else:
   (:class:`SearchStepped`), a retry, a refinement, the success or giving up;
 - **the daemon's** (:data:`DaemonEvent`, which includes the search's): the facts it publishes on its bus
   (:mod:`r1sup.supervision.bus`), which only the subscribers (:mod:`r1sup.supervision.subscribers`) turn into
-  log lines, ``status.json``, the Prometheus metrics and sd_notify.
+  log lines, ``status.json``, the Prometheus metrics and sd_notify. A part that has no bus at hand (the
+  preflight, the fleet's store, what is known before a search, ``r1sup tune``) is handed a
+  :data:`Publish`: the daemon's bus, or one whose only subscriber is the log's sink.
 
 Events are frozen: whoever receives one reads it, never changes it, so a run can be replayed. This module
 is a leaf: it imports the standard library and the core's value types (:class:`r1sup.core.failure.Failure`,

@@ -443,6 +443,7 @@ class Lease:
                 ok = False
             if not ok and not self.lost:
                 self.lost = True
+                # told from this thread: on the daemon's bus only the log's sink acts on this event
                 self.store.tell(FleetLeaseLost(self.key, str(self.store)))
 
     def release(self) -> None:
