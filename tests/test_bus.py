@@ -102,15 +102,26 @@ def _chain(node: ast.expr) -> list[str]:
     return [node.id, *reversed(names)]
 
 
+def _makes_logger(node: ast.expr) -> bool:
+    """``get_logger()``, ``logs.get_logger(...)``, ``(log or get_logger())``: a logger made on the spot."""
+    if isinstance(node, ast.BoolOp):
+        return any(_makes_logger(value) for value in node.values)
+    return isinstance(node, ast.Call) and _chain(node.func)[-1:] == ["get_logger"]
+
+
 def sink_writes(source: str) -> list[str]:
     """Calls that write to a sink directly: a method of a logger, notifier or metrics object (also
-    through getattr), writing status.json or its recent events, or structlog itself."""
+    through getattr, or of a logger made on the spot), writing status.json or its recent events, or
+    structlog itself."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             found += [(node.lineno, f"import {m}") for m in modules if m.split(".")[0] == "structlog"]
         if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and _makes_logger(node.func.value):
+            found.append((node.lineno, f"get_logger().{node.func.attr}"))
             continue
         chain = _chain(node.func)
         if isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args:
@@ -133,6 +144,9 @@ def f(self, level):
     statefiles.atomic_write_json(path, {})
     Tuner(self.config, self.runner, self.log)   # handing the logger on is no write
     self.publish(E.Stopping())
+    get_logger().warning("state_dir_created")
+    (log or logs.get_logger(command="tune")).info("x")
+    log = get_logger()   # making one is no write
 """
     assert sink_writes(source) == [
         "line 2: import structlog",
@@ -143,6 +157,8 @@ def f(self, level):
         "line 8: self.write_status",
         "line 9: self.note",
         "line 10: statefiles.atomic_write_json",
+        "line 13: get_logger().warning",
+        "line 14: get_logger().info",
     ]
 
 
@@ -246,15 +262,16 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
 
 # The modules that still write log lines themselves, besides the bus (``subscriber_failed``) and the
 # subscribers: what is not (yet) an event. Exact, so that a new direct writer fails here and one moved
-# behind the bus takes its module off this list.
+# behind the bus takes its module off this list. The preflight, the fleet's store, what is known before a
+# search (supervision/footing.py), the session's start and ``r1sup tune`` publish events instead (a
+# ``publish`` handed in, or a bus with the log's sink alone where there is no daemon's bus).
 DIRECT_LOGGERS = {
     "supervision/runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
-    "supervision/tuner.py": "what is known before a search: the device, the model, the plan, the calibration",
-    "state/fleet.py": "the shared profile store's lease and publication",
-    "adapters/preflight.py": "the preflight's cache and its import check",
-    "adapters/statefiles.py": "files set aside, the state directory's lock",
-    "supervision/session.py": "file permissions at start-up",
-    "cli/commands/tune.py": "an interrupted or failed tune",
+    "adapters/statefiles.py": "files set aside, the state directory's lock: beneath the sinks (status.json "
+    "is written through it) and called from every layer",
+    "state/profiles.py": "the profile store's saves, imports and exports, and what the fingerprint lacks",
+    "state/runrecord.py": "a run record that could not be saved, and saved again",
+    "adapters/endpoint.py": "r1sup's /status and /metrics listener's warnings, from its own thread",
     "supervision/worker.py": "r1sup worker, a headless vLLM of a multi-node group (its own process, no bus)",
     "adapters/logs.py": "the logging set-up itself (structlog)",
 }
@@ -415,6 +432,147 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
         {"event": "memory_chart_unavailable", "log_level": "debug", "error": "ValueError: no GPU"},
         {"event": "device_probe_failed", "log_level": "warning", "error": "NVMLError: gone"},
         {"event": "device_probe_failed", "log_level": "debug", "error": "NVMLError: gone"},
+    ]
+
+
+def test_lines_of_the_parts_without_a_bus_of_their_own_keep_their_names_levels_and_fields():
+    """The preflight, the fleet's store, the session's start and ``r1sup tune`` publish events; the log's
+    sink writes the lines they wrote themselves before (the README's and operators' names)."""
+    store = "/srv/store"
+    with capture_logs() as logs:
+        sink = LogSink(structlog.get_logger())
+        sink(E.PreflightPassed("/usr/bin/python3", "vllm", "0.32.0", "2.9.0", "hf-cache", "/hf", 1.5, True))
+        sink(E.PreflightFailed("server.python", "cannot import vllm", 4))
+        sink(E.PreflightCacheUnusable("/s/preflight.json", "not JSON"))
+        sink(E.PreflightCacheNotSaved("/s/preflight.json", "disk full"))
+        sink(E.FilePermissions({"file": "/k", "mode": "0o644", "why": "key file readable by others"}))
+        sink(E.TuneInterrupted(15))
+        sink(E.FleetHit("k", store, 2.5))
+        sink(E.FleetMiss("k", store))
+        sink(E.FleetUnavailable(store, "refused"))
+        sink(E.FleetLeaseAcquired("k", store, 600.0))
+        sink(E.FleetWaiting("k", "node-b", 7, 42.0))
+        sink(E.FleetWaitTimeout("k", 300.0))
+        sink(E.FleetPublished("k", store, written=True))
+        sink(E.FleetPublished("k", store, written=False))
+        sink(E.FleetReadOnly("k", store))
+        sink(E.FleetPublishFailed("k", store, "read-only file system"))
+        sink(E.FleetFileInvalid(f"{store}/profiles/k.json", "not JSON"))
+        sink(E.FleetLeaseTakenOver("k", None, None, "unreadable lease (not JSON)"))
+        sink(E.FleetLeaseBreakFailed(f"{store}/leases/k.lease", "Permission denied"))
+        sink(E.FleetLeaseLost("k", store))
+        sink(E.FleetLeaseReleaseFailed("k", "gone"))
+        sink(E.PlannerNote("model architecture unknown"))
+        sink(E.PlanMade(SECOND, "fits_with_changes", FIRST.describe_change(SECOND)))
+        sink(E.PlannerCalibrated(FIRST, {"weights_gib": 14.2, "kv_cache_gib": 3.5}))
+    assert logs[-3:] == [
+        {"event": "planner_note", "log_level": "info", "note": "model architecture unknown"},
+        {
+            "event": "plan_made",
+            "log_level": "info",
+            "flags": SECOND.to_dict(),
+            "verdict": "fits_with_changes",
+            "changed": FIRST.describe_change(SECOND),
+        },
+        {
+            "event": "planner_calibrated",
+            "log_level": "info",
+            "flags": FIRST.to_dict(),
+            "weights_gib": 14.2,
+            "kv_cache_gib": 3.5,
+        },
+    ]
+    assert logs[:-3] == [
+        {
+            "event": "preflight_passed",
+            "log_level": "info",
+            "python": "/usr/bin/python3",
+            "engine_package": "vllm",
+            "vllm_version": "0.32.0",
+            "torch_version": "2.9.0",
+            "model": "hf-cache",
+            "model_where": "/hf",
+            "seconds": 1.5,
+            "cached": True,
+        },
+        {
+            "event": "preflight_failed",
+            "log_level": "error",
+            "field": "server.python",
+            "error": "cannot import vllm",
+            "exit_code": 4,
+        },
+        {
+            "event": "preflight_cache_unusable",
+            "log_level": "debug",
+            "path": "/s/preflight.json",
+            "reason": "not JSON",
+        },
+        {
+            "event": "preflight_cache_not_saved",
+            "log_level": "debug",
+            "path": "/s/preflight.json",
+            "error": "disk full",
+        },
+        {
+            "event": "file_permissions",
+            "log_level": "warning",
+            "file": "/k",
+            "mode": "0o644",
+            "why": "key file readable by others",
+        },
+        {"event": "tune_interrupted", "log_level": "warning", "signal": 15},
+        {"event": "profile_store_hit", "log_level": "info", "key": "k", "store": store, "waited_s": 2.5},
+        {"event": "profile_store_miss", "log_level": "info", "key": "k", "store": store, "read_only": True},
+        {"event": "profile_store_unavailable", "log_level": "warning", "store": store, "error": "refused"},
+        {
+            "event": "profile_lease_acquired",
+            "log_level": "info",
+            "key": "k",
+            "store": store,
+            "lease_s": 600.0,
+        },
+        {
+            "event": "profile_store_waiting",
+            "log_level": "info",
+            "key": "k",
+            "holder_host": "node-b",
+            "holder_pid": 7,
+            "lease_expires_in_s": 42.0,
+        },
+        {"event": "profile_store_wait_timeout", "log_level": "warning", "key": "k", "waited_s": 300.0},
+        {"event": "profile_published", "log_level": "info", "key": "k", "store": store},
+        {"event": "profile_store_unchanged", "log_level": "info", "key": "k", "store": store},
+        {"event": "profile_store_read_only", "log_level": "info", "key": "k", "store": store},
+        {
+            "event": "profile_publish_failed",
+            "log_level": "error",
+            "key": "k",
+            "store": store,
+            "error": "read-only file system",
+        },
+        {
+            "event": "profile_store_file_invalid",
+            "log_level": "warning",
+            "path": f"{store}/profiles/k.json",
+            "reason": "not JSON",
+        },
+        {
+            "event": "profile_lease_taken_over",
+            "log_level": "warning",
+            "key": "k",
+            "holder_host": None,
+            "holder_pid": None,
+            "why": "unreadable lease (not JSON)",
+        },
+        {
+            "event": "profile_lease_break_failed",
+            "log_level": "warning",
+            "path": f"{store}/leases/k.lease",
+            "error": "Permission denied",
+        },
+        {"event": "profile_lease_lost", "log_level": "warning", "key": "k", "store": store},
+        {"event": "profile_lease_release_failed", "log_level": "warning", "key": "k", "error": "gone"},
     ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, free_port, wait_until
+from r1sup.core import events as E
 from r1sup.core.config import build
 from r1sup.core.errors import ConfigError
 from r1sup.core.hardware import DeviceFacts, GpuInfo
@@ -27,6 +28,12 @@ from r1sup.state.profiles import Profile, ProfileStore, fingerprint, fingerprint
 
 GIB = 1024**3
 HERE = Here(host="node-a", pid=100, boot_id="boot-1", pid_ns=4026531836)
+
+
+@pytest.fixture
+def heard() -> list[Any]:
+    """What the store and ``consult`` told their caller (the events a bus would carry)."""
+    return []
 
 
 def a_fingerprint(model: str = "org/model", driver: str = "550.54.14") -> dict[str, Any]:
@@ -100,8 +107,8 @@ def test_when_a_lease_may_be_taken_over(record: Holder, now: float, alive: bool,
 # --- a directory store -----------------------------------------------------------------------------
 
 
-def test_publish_then_lookup(tmp_path: Path):
-    store = DirectoryStore(tmp_path / "store", here=HERE)
+def test_publish_then_lookup(tmp_path: Path, heard: list[Any]):
+    store = DirectoryStore(tmp_path / "store", tell=heard.append, here=HERE)
     profile = a_profile()
     assert store.lookup(profile.key) is None
     assert store.publish(profile) is True
@@ -122,21 +129,22 @@ def test_publish_then_lookup(tmp_path: Path):
     ['{"schema_version": 1, "key": "trunc', "not json", '{"schema_version": 1}', "[]"],
 )
 def test_an_unusable_file_in_the_store_is_a_miss_and_is_left_for_the_next_publish(
-    tmp_path: Path, content: str
+    tmp_path: Path, content: str, heard: list[Any]
 ):
-    store = DirectoryStore(tmp_path, here=HERE)
+    store = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
     profile = a_profile()
     (tmp_path / "profiles").mkdir()
     bad = tmp_path / "profiles" / f"{profile.key}.json"
     bad.write_text(content)
     assert store.lookup(profile.key) is None
+    assert [type(e) for e in heard] == [E.FleetFileInvalid] and heard[0].path == str(bad)
     assert bad.read_text() == content  # not moved: other replicas read this directory too
     assert store.publish(profile) is True
     assert store.lookup(profile.key) is not None
 
 
-def test_a_file_holding_another_key_is_not_used(tmp_path: Path):
-    store = DirectoryStore(tmp_path, here=HERE)
+def test_a_file_holding_another_key_is_not_used(tmp_path: Path, heard: list[Any]):
+    store = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
     other = a_profile(a_fingerprint(model="org/other"))
     (tmp_path / "profiles").mkdir()
     wrong = tmp_path / "profiles" / f"{a_profile().key}.json"
@@ -148,17 +156,17 @@ def test_a_file_holding_another_key_is_not_used(tmp_path: Path):
     assert store.lookup(a_profile().key) is None
 
 
-def test_a_bad_key_is_refused_before_any_path_is_built(tmp_path: Path):
+def test_a_bad_key_is_refused_before_any_path_is_built(tmp_path: Path, heard: list[Any]):
     with pytest.raises(ConfigError):
-        DirectoryStore(tmp_path, here=HERE).lookup("../../etc/passwd")
+        DirectoryStore(tmp_path, tell=heard.append, here=HERE).lookup("../../etc/passwd")
 
 
 # --- the lease -------------------------------------------------------------------------------------
 
 
-def test_one_holder_at_a_time_and_release(tmp_path: Path):
-    a = DirectoryStore(tmp_path, here=HERE)
-    b = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b", pid=7))
+def test_one_holder_at_a_time_and_release(tmp_path: Path, heard: list[Any]):
+    a = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
+    b = DirectoryStore(tmp_path, tell=heard.append, here=dataclasses.replace(HERE, host="node-b", pid=7))
     key = a_profile().key
     lease = a.try_acquire(key, 60.0)
     assert isinstance(lease, Lease)
@@ -174,9 +182,9 @@ def test_one_holder_at_a_time_and_release(tmp_path: Path):
     again.release()
 
 
-def test_the_holder_renews_its_lease_while_it_lives(tmp_path: Path):
+def test_the_holder_renews_its_lease_while_it_lives(tmp_path: Path, heard: list[Any]):
     # a short lease, still long beside the fsyncs of a renewal on a busy disk
-    store = DirectoryStore(tmp_path, here=HERE)
+    store = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
     key = a_profile().key
     lease = store.try_acquire(key, 3.0)
     assert isinstance(lease, Lease)
@@ -187,21 +195,22 @@ def test_the_holder_renews_its_lease_while_it_lives(tmp_path: Path):
         renewed = store.holder(key)[0]
         assert renewed is not None and renewed.owner == first.owner
         assert renewed.expires_at > first.expires_at + 1.0
-        other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
+        other = DirectoryStore(tmp_path, tell=heard.append, here=dataclasses.replace(HERE, host="node-b"))
         assert isinstance(other.try_acquire(key, 3.0), Holder)
         assert not lease.lost
     finally:
         lease.release()
 
 
-def test_a_lease_someone_else_took_over_is_reported_lost_and_not_released(tmp_path: Path):
-    store = DirectoryStore(tmp_path, here=HERE)
+def test_a_lease_someone_else_took_over_is_reported_lost_and_not_released(tmp_path: Path, heard: list[Any]):
+    store = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
     key = a_profile().key
     lease = store.try_acquire(key, 0.6)
     assert isinstance(lease, Lease)
     usurper = {**Holder("o2", "node-b", 9, None, None, time.time() + 60, key).to_dict()}
     store.lease_path(key).write_text(json.dumps(usurper))
     wait_until(lambda: lease.lost, 5, what="the lease to be reported lost")
+    assert heard == [E.FleetLeaseLost(key, str(tmp_path))]
     lease.release()
     assert json.loads(store.lease_path(key).read_text())["owner"] == "o2"  # the other holder's, kept
 
@@ -210,7 +219,8 @@ HOLDER_SCRIPT = textwrap.dedent(
     """
     import sys, time
     from r1sup.state.fleet import DirectoryStore, Here
-    store = DirectoryStore(sys.argv[1], here=Here(host="elsewhere", pid=1, boot_id=None, pid_ns=None))
+    here = Here(host="elsewhere", pid=1, boot_id=None, pid_ns=None)
+    store = DirectoryStore(sys.argv[1], tell=lambda event: None, here=here)
     lease = store.try_acquire(sys.argv[2], float(sys.argv[3]))
     print("held" if lease is not None and not hasattr(lease, "host") else "not held", flush=True)
     time.sleep(600)
@@ -218,7 +228,9 @@ HOLDER_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_killed_holders_lease_expires_and_is_taken_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_killed_holders_lease_expires_and_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heard: list[Any]
+):
     monkeypatch.setattr(fleet, "CLOCK_SKEW_S", 1.0)
     key = a_profile().key
     ttl = 3.0
@@ -231,7 +243,7 @@ def test_a_killed_holders_lease_expires_and_is_taken_over(tmp_path: Path, monkey
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-        me = DirectoryStore(tmp_path, here=HERE)
+        me = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
         time.sleep(ttl + 1.0)  # past the first expiry: the holder's thread has renewed it
         assert isinstance(me.try_acquire(key, ttl), Holder)
         proc.kill()
@@ -249,15 +261,15 @@ def test_a_killed_holders_lease_expires_and_is_taken_over(tmp_path: Path, monkey
         proc.wait(timeout=10)
 
 
-def test_a_holder_on_this_host_whose_process_is_gone_is_taken_over_at_once(tmp_path: Path):
+def test_a_holder_on_this_host_whose_process_is_gone_is_taken_over_at_once(tmp_path: Path, heard: list[Any]):
     here = fleet.this_process()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=10)
     record = Holder("o1", here.host, dead.pid, here.boot_id, here.pid_ns, time.time() + 3600, "k")
     (tmp_path / "leases").mkdir()
     key = a_profile().key
-    DirectoryStore(tmp_path).lease_path(key).write_text(json.dumps(record.to_dict()))
-    store = DirectoryStore(tmp_path)
+    DirectoryStore(tmp_path, tell=heard.append).lease_path(key).write_text(json.dumps(record.to_dict()))
+    store = DirectoryStore(tmp_path, tell=heard.append)
     assert store.try_acquire(key, 60.0) is None  # broken now
     lease = store.try_acquire(key, 60.0)
     assert isinstance(lease, Lease)
@@ -286,11 +298,11 @@ def served(tmp_path: Path):
     server.server_close()
 
 
-def test_an_http_store_serves_a_directory_store_as_it_is(tmp_path: Path, served: str):
+def test_an_http_store_serves_a_directory_store_as_it_is(tmp_path: Path, served: str, heard: list[Any]):
     profile = a_profile()
     http_store = HttpStore(served + "/")
     assert http_store.lookup(profile.key) is None  # 404
-    DirectoryStore(tmp_path, here=HERE).publish(profile)
+    DirectoryStore(tmp_path, tell=heard.append, here=HERE).publish(profile)
     found = http_store.lookup(profile.key)
     assert found is not None and found.flags == profile.flags
     assert http_store.publish(profile) is False and http_store.try_acquire(profile.key, 10) is None
@@ -299,13 +311,14 @@ def test_an_http_store_serves_a_directory_store_as_it_is(tmp_path: Path, served:
         http_store.lookup(profile.key)
 
 
-def test_an_unreachable_http_store_is_an_error_the_replica_survives(tmp_path: Path):
+def test_an_unreachable_http_store_is_an_error_the_replica_survives(tmp_path: Path, heard: list[Any]):
     store = HttpStore(f"http://127.0.0.1:{free_port()}", timeout_s=2)
     with pytest.raises(StoreError):
         store.lookup(a_profile().key)
     config = build({"model": {"name": "m"}, "state": {"profile_store": store.url}}, env={})
-    said = consult(config, a_profile().key, sleep=lambda s: None)
+    said = consult(config, a_profile().key, sleep=lambda s: None, tell=heard.append)
     assert said.profile is None and said.lease is None  # tune here, nothing to wait for
+    assert [type(e) for e in heard] == [E.FleetUnavailable]
 
 
 # --- consult: what run and tune do -----------------------------------------------------------------
@@ -315,9 +328,9 @@ def store_config(location: Path | str, **state: Any) -> Any:
     return build({"model": {"name": "m"}, "state": {"profile_store": str(location), **state}}, env={})
 
 
-def test_consult_waits_for_the_holder_and_takes_its_profile(tmp_path: Path):
+def test_consult_waits_for_the_holder_and_takes_its_profile(tmp_path: Path, heard: list[Any]):
     profile = a_profile()
-    other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
+    other = DirectoryStore(tmp_path, tell=heard.append, here=dataclasses.replace(HERE, host="node-b"))
     lease = other.try_acquire(profile.key, 60.0)
     assert isinstance(lease, Lease)
     naps: list[float] = []
@@ -329,22 +342,29 @@ def test_consult_waits_for_the_holder_and_takes_its_profile(tmp_path: Path):
             other.publish(profile)
             lease.release()
 
-    said = consult(store_config(tmp_path), profile.key, sleep=nap, status=statuses.append)
+    said = consult(store_config(tmp_path), profile.key, sleep=nap, tell=heard.append, status=statuses.append)
     assert said.profile is not None and said.profile.flags == profile.flags and said.lease is None
     assert len(naps) == 3 and statuses == [f"waiting for node-b (pid 100) to tune; profile store {tmp_path}"]
+    assert [type(e) for e in heard] == [E.FleetWaiting, E.FleetHit]
+    assert heard[0].holder_host == "node-b" and (heard[1].key, heard[1].store) == (profile.key, str(tmp_path))
 
 
-def test_consult_takes_the_lease_when_nobody_tunes(tmp_path: Path):
-    said = consult(store_config(tmp_path), a_profile().key, sleep=lambda s: pytest.fail("no wait expected"))
+def test_consult_takes_the_lease_when_nobody_tunes(tmp_path: Path, heard: list[Any]):
+    said = consult(
+        store_config(tmp_path),
+        a_profile().key,
+        sleep=lambda s: pytest.fail("no wait expected"),
+        tell=heard.append,
+    )
     assert said.profile is None and isinstance(said.lease, Lease)
-    assert DirectoryStore(tmp_path).holder(a_profile().key)[0] is not None
+    assert DirectoryStore(tmp_path, tell=heard.append).holder(a_profile().key)[0] is not None
     said.release()
-    assert DirectoryStore(tmp_path).holder(a_profile().key) == (None, None)
+    assert DirectoryStore(tmp_path, tell=heard.append).holder(a_profile().key) == (None, None)
 
 
-def test_consult_gives_up_waiting_after_profile_wait_s(tmp_path: Path):
+def test_consult_gives_up_waiting_after_profile_wait_s(tmp_path: Path, heard: list[Any]):
     profile = a_profile()
-    other = DirectoryStore(tmp_path, here=dataclasses.replace(HERE, host="node-b"))
+    other = DirectoryStore(tmp_path, tell=heard.append, here=dataclasses.replace(HERE, host="node-b"))
     lease = other.try_acquire(profile.key, 600.0)
     assert isinstance(lease, Lease)
     clock = [0.0]
@@ -354,11 +374,16 @@ def test_consult_gives_up_waiting_after_profile_wait_s(tmp_path: Path):
 
     try:
         said = consult(
-            store_config(tmp_path, profile_wait_s=30.0), profile.key, sleep=nap, clock=lambda: clock[0]
+            store_config(tmp_path, profile_wait_s=30.0),
+            profile.key,
+            sleep=nap,
+            tell=heard.append,
+            clock=lambda: clock[0],
         )
     finally:
         lease.release()
     assert said.profile is None and said.lease is None and said.waited_s >= 30.0
+    assert [type(e) for e in heard] == [E.FleetWaiting, E.FleetWaitTimeout]
 
 
 def test_an_unusable_store_location_is_a_config_error():
@@ -368,10 +393,10 @@ def test_an_unusable_store_location_is_a_config_error():
         build({"model": {"name": "m"}, "state": {"profile_store": " "}}, env={})
 
 
-def test_a_profile_store_directory_that_cannot_be_created_is_survived(tmp_path: Path):
+def test_a_profile_store_directory_that_cannot_be_created_is_survived(tmp_path: Path, heard: list[Any]):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    said = consult(store_config(blocker / "store"), a_profile().key, sleep=lambda s: None)
+    said = consult(store_config(blocker / "store"), a_profile().key, sleep=lambda s: None, tell=heard.append)
     assert said.profile is None and said.lease is None
 
 

@@ -2,7 +2,7 @@
 
 A property over the catalog (models x GPUs x vLLM versions x with and without a target x an idle and a
 busy GPU): the plan's recommended flags and verdict are the first launch of ``tune`` as the tuner
-decides it (:func:`r1sup.supervision.tuner.plan_first_decision` on :func:`r1sup.supervision.tuner.new_search`,
+decides it (:func:`r1sup.supervision.footing.plan_first_decision` on :func:`r1sup.core.knowledge.new_search`,
 the code path ``tune`` and ``run`` take), and the plan's exit 3 means ``tune`` gives up without a launch. A
 few real ``tune`` runs on the fake engine (tests/fakevllm) check the same against
 ``r1sup plan --config --json``.
@@ -23,7 +23,7 @@ from r1sup.core import catalog, config, memmodel, planner
 from r1sup.core.bounds import Bounds
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo, ProcessUse
-from r1sup.supervision import tuner
+from r1sup.supervision import footing, tuner
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
@@ -68,7 +68,7 @@ def both(model: str, device: DeviceFacts, version: str, start: dict[str, Any], t
     # r1sup tune: the tuner's first decision
     know = tuner.ModelKnowledge(device=device, arch=arch, vllm_version=version)
     search = tuner.new_search(cfg, know)
-    first, why, give_up = tuner.plan_first_decision(cfg, know, search, get_logger())
+    first, why, give_up = footing.plan_first_decision(cfg, know, search, get_logger())
     return plan, first, give_up, EngineFlags.from_start(cfg.start)
 
 

@@ -18,9 +18,11 @@ from structlog.testing import capture_logs
 
 from conftest import engine_available, free_port
 from r1sup.adapters import preflight
-from r1sup.adapters.logs import get_logger
 from r1sup.core import config as cfg
+from r1sup.core import events as E
 from r1sup.core.errors import PreflightError
+from r1sup.core.hardware import DeviceFacts
+from r1sup.state import profiles
 from r1sup_proc import ROOT, R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
 
@@ -129,9 +131,13 @@ def test_vllm_version_is_vllm_dunder_version_even_for_the_cpu_build() -> None:
 
 
 def test_engine_versions_for_the_fingerprint_are_none_when_the_interpreter_fails(tmp_path: Path) -> None:
+    config = build(server={"python": str(tmp_path / "missing")})
+    with pytest.raises(PreflightError) as refused_versions:
+        preflight.engine_versions(config)
+    assert refused_versions.value.field == "server.python"
     with capture_logs() as logs:
-        versions = preflight.engine_versions(build(server={"python": str(tmp_path / "missing")}))
-    assert versions == {"vllm": None, "torch": None}
+        fp = profiles.current_fingerprint(config, device=DeviceFacts(backend="cpu", cpu_model="any"))
+    assert fp["versions"] == {"vllm": None, "torch": None}
     assert [e["field"] for e in logs if e["event"] == "engine_versions_failed"] == ["server.python"]
 
 
@@ -223,9 +229,9 @@ def test_a_changed_interpreter_is_checked_again(tmp_path: Path) -> None:
 def test_a_corrupt_cache_means_a_full_check_and_is_rewritten(tmp_path: Path, content: bytes) -> None:
     config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path)})
     (tmp_path / preflight.CACHE_FILE).write_bytes(content)
-    with capture_logs() as logs:
-        assert not preflight.check_engine_cached(config, FAKE_ENV, log=get_logger()).cached
-    assert all(e["log_level"] == "debug" for e in logs)
+    heard: list[object] = []
+    assert not preflight.check_engine_cached(config, FAKE_ENV, publish=heard.append).cached
+    assert all(isinstance(e, E.PreflightCacheUnusable) for e in heard)  # said, never an error
     assert preflight.check_engine_cached(config, FAKE_ENV).cached  # rewritten whole
 
 
@@ -265,12 +271,10 @@ def test_a_cache_entry_that_does_not_fit_means_a_full_check(tmp_path: Path) -> N
 def test_an_unusable_cache_place_never_fails_the_preflight(tmp_path: Path) -> None:
     (tmp_path / "state" / preflight.CACHE_FILE).mkdir(parents=True)  # a directory where the file goes
     config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path / "state")})
-    with capture_logs() as logs:
-        for _ in range(2):
-            assert not preflight.check_engine_cached(config, FAKE_ENV, log=get_logger()).cached
-    said = [e["event"] for e in logs if e["event"].startswith("preflight_cache")]
-    assert said == ["preflight_cache_unusable", "preflight_cache_not_saved"] * 2
-    assert all(e["log_level"] == "debug" for e in logs if e["event"].startswith("preflight_cache"))
+    heard: list[object] = []
+    for _ in range(2):
+        assert not preflight.check_engine_cached(config, FAKE_ENV, publish=heard.append).cached
+    assert [type(e) for e in heard] == [E.PreflightCacheUnusable, E.PreflightCacheNotSaved] * 2
     (tmp_path / "file").write_text("")  # a state.dir that cannot be created
     config = build(server={"launch": ["-m", "fakevllm"]}, state={"dir": str(tmp_path / "file" / "state")})
     assert not preflight.check_engine_cached(config, FAKE_ENV).cached

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from r1sup.core import catalog, memmodel
+from r1sup.core import catalog, memmodel, profile_fit
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds
@@ -261,17 +261,17 @@ def test_a_profile_found_beside_another_tenant_is_degraded_and_the_idle_box_is_n
     s = search(Q7, busy, user, target_concurrency=2, target_context=8192)
     found_busy = s.first()
     assert found_busy != user and found_busy.gpu_memory_utilization < 0.9
-    why = s.degraded_by_others(found_busy, S.conditions(busy))
+    why = profile_fit.degraded_by_others(s, found_busy, S.conditions(busy))
     assert why is not None and "5.0 GiB" in why
     idle = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192)
-    assert idle.degraded_by_others(idle.first(), S.conditions(gpu(23.99))) is None
+    assert profile_fit.degraded_by_others(idle, idle.first(), S.conditions(gpu(23.99))) is None
 
 
 def test_a_saved_profile_is_checked_against_what_is_free_now() -> None:
     user = EngineFlags(max_model_len=32768)
     best = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192).first()
-    assert search(Q7, gpu(23.99), user).fits_now(best)
-    assert not search(Q7, busy_gpu(23.99, 5.0), user).fits_now(best)
+    assert profile_fit.fits_now(search(Q7, gpu(23.99), user), best)
+    assert not profile_fit.fits_now(search(Q7, busy_gpu(23.99, 5.0), user), best)
 
 
 # --- the objective serves traffic: max_num_seqs is concurrency, never free (issue 29) -----------------

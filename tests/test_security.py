@@ -492,7 +492,7 @@ def test_no_profile_or_store_entry_crashes_r1sup_or_reaches_vllm_refused(tmp_pat
         directory.mkdir(parents=True)
         (directory / f"{key}.json").write_text(text)
     local = ProfileStore(root / "state").load(key)
-    shared = DirectoryStore(root / "store").lookup(key)
+    shared = DirectoryStore(root / "store", tell=lambda event: None).lookup(key)
     assert (local is None) == (shared is None)  # one validation for both
     for profile in (local, shared):
         if profile is not None:
@@ -547,7 +547,7 @@ def test_no_lease_record_crashes_a_replica_or_holds_forever(tmp_path_factory, re
     (root / "leases").mkdir()
     key = "0123456789abcdef"
     (root / "leases" / f"{key}.lease").write_text(json.dumps(record, allow_nan=True, default=str))
-    got = DirectoryStore(root).try_acquire(key, 30.0)
+    got = DirectoryStore(root, tell=lambda event: None).try_acquire(key, 30.0)
     if isinstance(got, Lease):
         got.release()
     elif isinstance(got, Holder):  # it stands: a record a live holder could have written

@@ -17,8 +17,10 @@ from r1sup.core.events import status_line
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.knowledge import adopt_versions
 from r1sup.state import profiles
-from r1sup.supervision.tuner import ModelKnowledge, adopt_versions, calibration, planner_suggestions
+from r1sup.state.calibration import calibration
+from r1sup.supervision.tuner import ModelKnowledge, planner_suggestions
 from r1sup_proc import write_config
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"

@@ -42,6 +42,13 @@ from typing import Any
 
 from r1sup.core.config import Config
 from r1sup.core.errors import EXIT_CONFIG, PreflightError
+from r1sup.core.events import (
+    PreflightCacheNotSaved,
+    PreflightCacheUnusable,
+    PreflightFailed,
+    PreflightPassed,
+    Publish,
+)
 
 ENGINE_TIMEOUT_S = 180.0
 KEY_TIMEOUT_S = 30.0  # the install key imports nothing; an interpreter this slow to start gets a full check
@@ -370,18 +377,13 @@ def check_engine(
     )
 
 
-def engine_versions(config: Config, log: Any = None) -> dict[str, str | None]:
+def engine_versions(config: Config) -> dict[str, str | None]:
     """``{"vllm": ..., "torch": ...}`` read the way the preflight reads them, for callers that fingerprint
-    without a preflight (profile export and import); None where the interpreter could not tell
-    (logged as ``engine_versions_failed``)."""
+    without a preflight (profile export and import); raises :class:`PreflightError` where the interpreter
+    could not tell (the caller decides what that costs)."""
     from r1sup.adapters import launcher
-    from r1sup.adapters.logs import get_logger
 
-    try:
-        return check_engine(config, launcher.engine_env(config)).versions()
-    except PreflightError as exc:
-        (log or get_logger()).warning("engine_versions_failed", field=exc.field, error=exc.message)
-        return {"vllm": None, "torch": None}
+    return check_engine(config, launcher.engine_env(config)).versions()
 
 
 def _text(value: Any) -> str | None:
@@ -484,13 +486,13 @@ def check_engine_cached(
     config: Config,
     env: Mapping[str, str],
     *,
-    log: Any = None,
+    publish: Publish | None = None,
     check: Callable[[], None] = lambda: None,
 ) -> EngineEnv:
     """:func:`check_engine`, skipped when ``STATE_DIR/preflight.json`` holds a passed check of the same
     install key. A cache that is missing, unreadable, corrupt or stale means the full check; a passed
-    full check is written back (a failure to write is logged at debug level, never an error); a failed
-    one is never remembered."""
+    full check is written back (a failure to write is published, never an error); a failed one is never
+    remembered. ``publish`` (the caller's: events, never log lines of its own) hears what the cache said."""
     from r1sup.adapters import statefiles
     from r1sup.core.errors import R1supError
 
@@ -499,8 +501,8 @@ def check_engine_cached(
     t0 = time.monotonic()
     key = install_key(config, env, check=check)
     cache, problem = statefiles.inspect_json(path, expect_schema=None, max_bytes=1 << 20)
-    if problem is not None and log is not None:
-        log.debug("preflight_cache_unusable", path=str(path), reason=problem)
+    if problem is not None and publish is not None:
+        publish(PreflightCacheUnusable(str(path), problem))
     hit = cached_engine(cache, key, time.time()) if key is not None else None
     if hit is not None:
         return replace(hit, seconds=round(time.monotonic() - t0, 2))
@@ -512,8 +514,8 @@ def check_engine_cached(
         directory = statefiles.ensure_state_dir(config.state.dir)
         statefiles.atomic_write_json(directory / CACHE_FILE, remembered(cache, key, engine, time.time()))
     except (R1supError, OSError) as exc:
-        if log is not None:
-            log.debug("preflight_cache_not_saved", path=str(path), error=str(exc))
+        if publish is not None:
+            publish(PreflightCacheNotSaved(str(path), str(exc)))
     return engine
 
 
@@ -577,12 +579,16 @@ def key(config: Config) -> tuple[Any, ...]:
 
 
 def run(
-    config: Config, *, log: Any = None, check: Callable[[], None] = lambda: None, cache: bool = False
+    config: Config,
+    *,
+    publish: Publish | None = None,
+    check: Callable[[], None] = lambda: None,
+    cache: bool = False,
 ) -> Result:
-    """Steps 1 to 3 for ``config`` (the port is the runner's, before each launch). Logs
-    ``preflight_passed`` or ``preflight_failed`` (when given a ``log``); raises :class:`PreflightError`.
-    With ``cache`` (``tune`` and ``run``) the import of the engine is skipped when the state directory
-    remembers a passed check of the same install (:func:`check_engine_cached`)."""
+    """Steps 1 to 3 for ``config`` (the port is the runner's, before each launch). Publishes
+    :class:`PreflightPassed` or :class:`PreflightFailed` (when given a ``publish``); raises
+    :class:`PreflightError`. With ``cache`` (``tune`` and ``run``) the import of the engine is skipped when
+    the state directory remembers a passed check of the same install (:func:`check_engine_cached`)."""
     from r1sup.adapters import launcher
 
     env = launcher.engine_env(config)
@@ -590,26 +596,26 @@ def run(
         check_interpreter(interpreter(config))  # cheap checks first, the import of vLLM last
         model = resolve_model(config.model.name, config.model.revision, env)
         if cache:
-            engine = check_engine_cached(config, env, log=log, check=check)
+            engine = check_engine_cached(config, env, publish=publish, check=check)
         else:
             engine = check_engine(config, env, check=check)
     except PreflightError as exc:
-        if log is not None:
-            log.error("preflight_failed", field=exc.field, error=exc.message, exit_code=exc.exit_code)
+        if publish is not None:
+            publish(PreflightFailed(exc.field, exc.message, exc.exit_code))
         raise
-    if log is None:
-        return Result(engine, model)
-    log.info(
-        "preflight_passed",
-        python=engine.python,
-        engine_package=engine.package,
-        vllm_version=engine.version,
-        torch_version=engine.torch_version,
-        model=model.kind,
-        model_where=model.where,
-        seconds=engine.seconds,
-        cached=engine.cached,
-    )
+    if publish is not None:
+        publish(
+            PreflightPassed(
+                python=engine.python,
+                engine_package=engine.package,
+                vllm_version=engine.version,
+                torch_version=engine.torch_version,
+                model=model.kind,
+                model_where=model.where,
+                seconds=engine.seconds,
+                cached=engine.cached,
+            )
+        )
     return Result(engine, model)
 
 

@@ -10,7 +10,9 @@ Three families, all here and nowhere else:
   (:class:`SearchStepped`), a retry, a refinement, the success or giving up;
 - **the daemon's** (:data:`DaemonEvent`, which includes the search's): the facts it publishes on its bus
   (:mod:`r1sup.supervision.bus`), which only the subscribers (:mod:`r1sup.supervision.subscribers`) turn into
-  log lines, ``status.json``, the Prometheus metrics and sd_notify.
+  log lines, ``status.json``, the Prometheus metrics and sd_notify. A part that has no bus at hand (the
+  preflight, the fleet's store, what is known before a search, ``r1sup tune``) is handed a
+  :data:`Publish`: the daemon's bus, or one whose only subscriber is the log's sink.
 
 Events are frozen: whoever receives one reads it, never changes it, so a run can be replayed. This module
 is a leaf: it imports the standard library and the core's value types (:class:`r1sup.core.failure.Failure`,
@@ -23,7 +25,7 @@ from __future__ import annotations
 import collections
 import queue
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,8 +228,8 @@ class SearchGaveUp:
 
 @dataclass(frozen=True)
 class DeviceProbeFailed:
-    """NVML could not be read: while serving a debug line; ``search``: the search's look before its next
-    flags (a warning: they are chosen without what is free now)."""
+    """NVML could not be read: while serving a debug line; ``search``: the look before a search or before
+    its next flags (a warning: they are chosen without what is free now)."""
 
     error: str
     search: bool = False
@@ -524,6 +526,192 @@ class StateDirUnusable:
     error: str
 
 
+# --- what is known before a search (r1sup.supervision.footing)
+
+
+@dataclass(frozen=True)
+class PlannerNote:
+    """What the search goes without (the model's architecture unknown, its config.json not understood)."""
+
+    note: str
+
+
+@dataclass(frozen=True)
+class PlanMade:
+    """The search's recommendation for the first launch: its flags, verdict and change to the user's."""
+
+    flags: EngineFlags
+    verdict: str
+    changed: str
+
+
+@dataclass(frozen=True)
+class PlannerCalibrated:
+    """The memory model calibrated by an earlier launch on this box: its flags and printed figures."""
+
+    flags: EngineFlags
+    figures: Mapping[str, Any]
+
+
+# --- before the daemon's bus exists or beside it: the preflight, a command's start, `r1sup tune`
+
+
+@dataclass(frozen=True)
+class PreflightPassed:
+    python: str
+    engine_package: str | None
+    vllm_version: str | None
+    torch_version: str | None
+    model: str  # where the model is: local, hf-cache, download
+    model_where: str
+    seconds: float
+    cached: bool  # vLLM's import skipped: the state directory remembered a check of the same install
+
+
+@dataclass(frozen=True)
+class PreflightFailed:
+    field: str
+    error: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class PreflightCacheUnusable:
+    """``preflight.json`` could not be used (the full check runs)."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PreflightCacheNotSaved:
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
+class FilePermissions:
+    """A file others can read or write (r1sup.adapters.apikey.permission_warnings: file, mode, why)."""
+
+    warning: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TuneInterrupted:
+    """``r1sup tune`` stopped by a signal (vLLM stopped)."""
+
+    signum: int
+
+
+# --- the fleet's shared profile store (r1sup.state.fleet)
+
+
+@dataclass(frozen=True)
+class FleetHit:
+    """The shared store holds ``key``'s profile (found after ``waited_s``)."""
+
+    key: str
+    store: str
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class FleetMiss:
+    """A read-only store without ``key``'s profile: this replica tunes on its own."""
+
+    key: str
+    store: str
+
+
+@dataclass(frozen=True)
+class FleetUnavailable:
+    store: str
+    error: str
+
+
+@dataclass(frozen=True)
+class FleetLeaseAcquired:
+    key: str
+    store: str
+    lease_s: float
+
+
+@dataclass(frozen=True)
+class FleetWaiting:
+    """Another replica holds ``key``'s lease: waiting for its profile."""
+
+    key: str
+    holder_host: str
+    holder_pid: int
+    lease_expires_in_s: float
+
+
+@dataclass(frozen=True)
+class FleetWaitTimeout:
+    key: str
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class FleetPublished:
+    """``written``: the profile went to the store; else the store held the same flags already."""
+
+    key: str
+    store: str
+    written: bool
+
+
+@dataclass(frozen=True)
+class FleetReadOnly:
+    key: str
+    store: str
+
+
+@dataclass(frozen=True)
+class FleetPublishFailed:
+    key: str
+    store: str
+    error: str
+
+
+@dataclass(frozen=True)
+class FleetFileInvalid:
+    """A profile in the shared store that cannot be read (left there: a replica replaces it)."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FleetLeaseTakenOver:
+    """A stale lease moved aside (``why``): its holder stopped renewing or is gone."""
+
+    key: str
+    holder_host: str | None
+    holder_pid: int | None
+    why: str
+
+
+@dataclass(frozen=True)
+class FleetLeaseBreakFailed:
+    path: str
+    error: str | None
+
+
+@dataclass(frozen=True)
+class FleetLeaseLost:
+    """Our lease could not be renewed: another replica may tune this key beside us."""
+
+    key: str
+    store: str
+
+
+@dataclass(frozen=True)
+class FleetLeaseReleaseFailed:
+    key: str
+    error: str
+
+
 # every event the bus carries: the daemon's own and the search's
 DaemonEvent = (
     Launching
@@ -573,4 +761,30 @@ DaemonEvent = (
     | MetricsListening
     | MetricsUnavailable
     | StateDirUnusable
+    | PlannerNote
+    | PlanMade
+    | PlannerCalibrated
+    | PreflightPassed
+    | PreflightFailed
+    | PreflightCacheUnusable
+    | PreflightCacheNotSaved
+    | FilePermissions
+    | TuneInterrupted
+    | FleetHit
+    | FleetMiss
+    | FleetUnavailable
+    | FleetLeaseAcquired
+    | FleetWaiting
+    | FleetWaitTimeout
+    | FleetPublished
+    | FleetReadOnly
+    | FleetPublishFailed
+    | FleetFileInvalid
+    | FleetLeaseTakenOver
+    | FleetLeaseBreakFailed
+    | FleetLeaseLost
+    | FleetLeaseReleaseFailed
 )
+
+# how a part that has no bus of its own hands its events on: the bus's ``publish``, or a log-only one
+Publish = Callable[[DaemonEvent], None]

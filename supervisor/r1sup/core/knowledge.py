@@ -1,14 +1,16 @@
 """What r1sup knows about the box and the model before a launch, and the search and planner built on it.
 
 Pure (core): :class:`ModelKnowledge` (the probed device, the model's architecture, the versions; gathered
-by :func:`r1sup.supervision.tuner.gather_knowledge`), the search of a bring-up (:func:`new_search`), the
-planner's plan for a launch's flags (:func:`plan_for`, the one call the tuner and the run records make), a
-calibration from a launch's figures, and the first launch's reason with the box in it.
+by :func:`r1sup.supervision.footing.gather_knowledge`), the search of a bring-up (:func:`new_search`), the
+first launch's flags (:func:`first_decision`) and its reason with the box in it, the planner's plan for a
+launch's flags (:func:`plan_for`, the one call the tuner and the run records make), and a calibration from
+a launch's figures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from r1sup.core import bounds as B
 from r1sup.core import memmodel as M
@@ -131,3 +133,28 @@ def explain_first(why: str, know: ModelKnowledge) -> str:
     facts = [f"free {free:.1f} of {total:.1f} GiB"]
     facts += [f"pid {p.pid} {p.name} holds {p.used_bytes / GIB:.1f} GiB" for p in device.processes[:3]]
     return f"{why} ({'; '.join(facts)})"
+
+
+def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
+    """The vLLM version the fingerprint learned from ``server.python``, when nothing better is known."""
+    versions = fingerprint.get("versions")
+    if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
+        know.vllm_version = str(versions["vllm"])
+
+
+def first_decision(
+    config: Config, know: ModelKnowledge, search: S.Search
+) -> tuple[EngineFlags, str, S.GiveUp | None, S.Recommendation | None]:
+    """The first launch's flags and why: the user's (``ladder.first_launch = "as_configured"``), or the
+    search's recommendation (:meth:`r1sup.core.search.Search.recommend`, the flags ``r1sup plan``
+    recommends); with the search's GiveUp when nothing within the bounds is predicted to fit (``r1sup
+    plan``'s exit 3: then nothing is launched), and the recommendation itself when the search was asked."""
+    flags = EngineFlags.from_start(config.start)
+    if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
+        return flags, "as configured", None, None
+    rec = search.recommend()
+    if rec.verdict == "does_not_fit":
+        return flags, "the plan: " + rec.reason, rec.give_up, rec
+    if rec.flags == flags:
+        return flags, "as configured", None, rec
+    return rec.flags, "planned: " + flags.describe_change(rec.flags), None, rec

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -100,8 +100,6 @@ REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give 
 REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
 MIN_BATCHED_TOKENS = 256
 FREE_MARGIN_GIB = B.FREE_MARGIN_GIB
-OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
-DEGRADED_KV_RATIO = 1.05  # without them, 5% more KV tokens (or a longer context) makes it degraded
 
 
 @dataclass(frozen=True)
@@ -909,56 +907,6 @@ class Search:
             return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
         return Next(decision.flags, decision.reason)
 
-    # --- transient conditions ----------------------------------------------------------------------
-
-    def fits_now(self, flags: EngineFlags) -> bool:
-        """Whether ``flags`` (a saved profile's) is predicted to start on the box as it is now: vLLM's
-        free-memory check, and one request of its context in the KV cache (no margin: it worked before)."""
-        device = self.facts.device
-        if device.backend == "cpu" or not device.gpus or not device.total_bytes:
-            return True
-        if self.facts.arch is None:
-            need = M.requested_bytes(device, flags.gpu_memory_utilization)
-            return (device.free_bytes or device.total_bytes) >= need + FREE_MARGIN_GIB * GIB
-        est = M.evaluate(self.facts.arch, device, flags, self.facts.version, self.evidence.calibration)
-        if est.startup_problem is not None or est.kv.bytes <= 0:
-            return False
-        return request_blocks(est) >= M.cdiv(est.batch.max_model_len, est.block_size)
-
-    def degraded_by_others(self, flags: EngineFlags, found: Mapping[str, Any]) -> str | None:
-        """Why ``flags``, found while other processes held GPU memory (``found``: :func:`conditions`), is
-        worse than what the box gives without them; None when it is not (or nothing else held memory)."""
-        others = float(found.get("others_gib") or 0.0)
-        if others < OTHERS_NOTICED_GIB or not self.usable:
-            return None
-        idle = Search(
-            replace(self.facts, device=idle_device(self.facts.device, int(others * GIB))),
-            Evidence(calibration=self.evidence.calibration, calibrated=self.evidence.calibrated),
-        )
-        best = idle.better_than(flags)
-        if best is None:
-            return None
-        return (
-            f"other processes held {others:.1f} GiB: without them the box gives context {best.context} "
-            f"and {best.kv_tokens} KV tokens ({self.facts.user.describe_change(best.flags)})"
-        )
-
-    def better_than(self, flags: EngineFlags) -> Candidate | None:
-        """The best candidate on this box when it gives a longer context than ``flags`` or
-        DEGRADED_KV_RATIO more KV tokens; else None."""
-        best = self.best(margin=True)
-        if best is None or self.facts.arch is None:
-            return None
-        mine = M.evaluate(
-            self.facts.arch, self.facts.device, flags, self.facts.version, self.evidence.calibration
-        )
-        tokens = (
-            M.num_blocks(max(0, mine.kv.bytes), mine.kv_bytes_per_token, mine.block_size) * mine.block_size
-        )
-        if best.context > (flags.max_model_len or 0) or best.kv_tokens > DEGRADED_KV_RATIO * tokens:
-            return best
-        return None
-
     # --- what a result gives up ----------------------------------------------------------------------
 
     def costs(self, flags: EngineFlags) -> list[str]:
@@ -1185,12 +1133,6 @@ def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset(
         "others_gib": round(max(per_gpu.values(), default=0) / GIB, 2),
         "holders": holders[:5],
     }
-
-
-def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
-    """The box with ``others`` bytes more free on every GPU (up to its total): as it is without them."""
-    gpus = tuple(replace(g, free_bytes=min(g.total_bytes, g.free_bytes + others)) for g in device.gpus)
-    return replace(device, gpus=gpus, processes=())
 
 
 def _number(own: float | None, *printed: float | None) -> float | None:

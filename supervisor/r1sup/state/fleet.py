@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from r1sup.adapters.logs import get_logger
 from r1sup.adapters.statefiles import (
     MAX_STATE_FILE_BYTES,
     StateWriteError,
@@ -57,6 +56,23 @@ from r1sup.adapters.statefiles import (
     utc_now_iso,
 )
 from r1sup.core.errors import ConfigError, R1supError
+from r1sup.core.events import (
+    FleetFileInvalid,
+    FleetHit,
+    FleetLeaseAcquired,
+    FleetLeaseBreakFailed,
+    FleetLeaseLost,
+    FleetLeaseReleaseFailed,
+    FleetLeaseTakenOver,
+    FleetMiss,
+    FleetPublished,
+    FleetPublishFailed,
+    FleetReadOnly,
+    FleetUnavailable,
+    FleetWaiting,
+    FleetWaitTimeout,
+    Publish,
+)
 from r1sup.state.profiles import KEY_RE, Profile
 
 PROFILES = "profiles"
@@ -104,7 +120,7 @@ class Holder:
                 expires_at=float(data["expires_at"]),
                 key=str(data.get("key", "")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: a pid of Infinity
             raise ValueError(f"bad lease record: {exc}") from None
 
 
@@ -202,9 +218,10 @@ class DirectoryStore:
 
     writable = True
 
-    def __init__(self, path: str | os.PathLike[str], here: Here | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, tell: Publish, here: Here | None = None) -> None:
         self.root = Path(path)
         self.here = here or this_process()
+        self.tell = tell  # the caller's publish: what the store saw goes there as events
 
     def __str__(self) -> str:
         return str(self.root)
@@ -222,14 +239,14 @@ class DirectoryStore:
         data, problem = inspect_json(path)
         if problem is not None:
             # never moved aside here: a replica replaces it on its next publish
-            get_logger().warning("profile_store_file_invalid", path=str(path), reason=problem)
+            self.tell(FleetFileInvalid(str(path), problem))
             return None
         if data is None:
             return None
         try:
             return _profile(data, key)
         except ValueError as exc:
-            get_logger().warning("profile_store_file_invalid", path=str(path), reason=str(exc))
+            self.tell(FleetFileInvalid(str(path), str(exc)))
             return None
 
     def publish(self, profile: Profile) -> bool:
@@ -298,7 +315,7 @@ class DirectoryStore:
         except FileNotFoundError:
             return  # someone else broke or released it first
         except OSError as exc:
-            get_logger().warning("profile_lease_break_failed", path=str(path), error=exc.strerror)
+            self.tell(FleetLeaseBreakFailed(str(path), exc.strerror))
             return
         data, _ = inspect_json(aside, expect_schema=None)
         moved = None
@@ -311,12 +328,13 @@ class DirectoryStore:
         else:
             if judged is not None:  # what its writes in flight left behind: it renews no more
                 _remove_temp_files(path.parent, f".{path.name}.{judged.pid}.")
-            get_logger().warning(
-                "profile_lease_taken_over",
-                key=judged.key if judged else path.stem,
-                holder_host=judged.host if judged else None,
-                holder_pid=judged.pid if judged else None,
-                why=why,
+            self.tell(
+                FleetLeaseTakenOver(
+                    key=judged.key if judged else path.stem,
+                    holder_host=judged.host if judged else None,
+                    holder_pid=judged.pid if judged else None,
+                    why=why,
+                )
             )
         with contextlib.suppress(OSError):
             os.unlink(aside)
@@ -425,7 +443,8 @@ class Lease:
                 ok = False
             if not ok and not self.lost:
                 self.lost = True
-                get_logger().warning("profile_lease_lost", key=self.key, store=str(self.store))
+                # told from this thread: on the daemon's bus only the log's sink acts on this event
+                self.store.tell(FleetLeaseLost(self.key, str(self.store)))
 
     def release(self) -> None:
         self._stop.set()
@@ -433,7 +452,7 @@ class Lease:
         try:
             self.store.release(self.key, self.owner)
         except (OSError, R1supError) as exc:
-            get_logger().warning("profile_lease_release_failed", key=self.key, error=str(exc))
+            self.store.tell(FleetLeaseReleaseFailed(self.key, str(exc)))
 
 
 # --- what run and tune do ----------------------------------------------------------------------------
@@ -442,10 +461,10 @@ class Lease:
 Store = DirectoryStore | HttpStore
 
 
-def open_store(location: str | None) -> Store | None:
+def open_store(location: str | None, tell: Publish) -> Store | None:
     if not location:
         return None
-    return HttpStore(location) if is_url(location) else DirectoryStore(location)
+    return HttpStore(location) if is_url(location) else DirectoryStore(location, tell=tell)
 
 
 @dataclass
@@ -469,16 +488,17 @@ def consult(
     key: str,
     *,
     sleep: Callable[[float], None],
+    tell: Publish,
     status: Callable[[str], None] = lambda text: None,
     store: Store | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Consulted:
     """Look for ``key`` in the shared store; without it take the lease, or wait for the replica that
-    holds it. ``sleep`` is the caller's interruptible wait (signals end it). Never raises for the store
-    itself: an unreachable store is logged and the replica tunes on its own."""
-    log = get_logger()
+    holds it. ``sleep`` is the caller's interruptible wait (signals end it); ``tell`` its publish (what
+    the store said goes there as events). Never raises for the store itself: an unreachable store is
+    told and the replica tunes on its own."""
     st = config.state
-    store = store if store is not None else open_store(st.profile_store)
+    store = store if store is not None else open_store(st.profile_store, tell)
     out = Consulted(store=store)
     if store is None:
         return out
@@ -490,14 +510,14 @@ def consult(
             found = store.lookup(key)
             if found is not None:
                 out.profile, out.waited_s = found, round(clock() - start, 1)
-                log.info("profile_store_hit", key=key, store=str(store), waited_s=out.waited_s)
+                tell(FleetHit(key, str(store), out.waited_s))
                 return out
             got = store.try_acquire(key, st.profile_lease_s)
         except R1supError as exc:
-            log.warning("profile_store_unavailable", store=str(store), error=str(exc))
+            tell(FleetUnavailable(str(store), str(exc)))
             return out
         if got is None and not store.writable:
-            log.info("profile_store_miss", key=key, store=str(store), read_only=True)
+            tell(FleetMiss(key, str(store)))
             return out
         if isinstance(got, Lease):
             try:
@@ -507,41 +527,35 @@ def consult(
             if found is not None:
                 got.release()
                 out.profile = found
-                log.info("profile_store_hit", key=key, store=str(store), waited_s=round(clock() - start, 1))
+                tell(FleetHit(key, str(store), round(clock() - start, 1)))
                 return out
             out.lease, out.waited_s = got, round(clock() - start, 1)
-            log.info("profile_lease_acquired", key=key, store=str(store), lease_s=st.profile_lease_s)
+            tell(FleetLeaseAcquired(key, str(store), st.profile_lease_s))
             return out
         if isinstance(got, Holder) and announced != got.owner:
             announced = got.owner
             text = f"waiting for {got.host} (pid {got.pid}) to tune; profile store {store}"
-            log.info(
-                "profile_store_waiting",
-                key=key,
-                holder_host=got.host,
-                holder_pid=got.pid,
-                lease_expires_in_s=round(got.expires_at - time.time(), 1),
-            )
+            tell(FleetWaiting(key, got.host, got.pid, round(got.expires_at - time.time(), 1)))
             status(text)
         if clock() - start >= st.profile_wait_s:
-            log.warning("profile_store_wait_timeout", key=key, waited_s=round(clock() - start, 1))
+            tell(FleetWaitTimeout(key, round(clock() - start, 1)))
             out.waited_s = round(clock() - start, 1)
             return out
         sleep(poll)
 
 
-def publish(config: Any, profile: Profile, store: Store | None = None) -> None:
-    """Publish ``profile`` to the shared store, if there is one (never raises: logged)."""
-    store = store if store is not None else open_store(config.state.profile_store)
+def publish(config: Any, profile: Profile, *, tell: Publish, store: Store | None = None) -> None:
+    """Publish ``profile`` to the shared store, if there is one (never raises: told to ``tell``, the
+    caller's publish)."""
+    store = store if store is not None else open_store(config.state.profile_store, tell)
     if store is None:
         return
-    log = get_logger()
     if not store.writable:
-        log.info("profile_store_read_only", key=profile.key, store=str(store))
+        tell(FleetReadOnly(profile.key, str(store)))
         return
     try:
         written = store.publish(profile)
     except (R1supError, OSError) as exc:
-        log.error("profile_publish_failed", key=profile.key, store=str(store), error=str(exc))
+        tell(FleetPublishFailed(profile.key, str(store), str(exc)))
         return
-    log.info("profile_published" if written else "profile_store_unchanged", key=profile.key, store=str(store))
+    tell(FleetPublished(profile.key, str(store), written))

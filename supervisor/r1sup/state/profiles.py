@@ -39,7 +39,7 @@ from r1sup.adapters.statefiles import (
     set_file_aside,
     utc_now_iso,
 )
-from r1sup.core.errors import ConfigError, R1supError
+from r1sup.core.errors import ConfigError, PreflightError, R1supError
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
@@ -573,7 +573,11 @@ def current_fingerprint(
         get_logger().warning("model_config_unavailable", model=config.model.name, error=str(exc))
         config_hash = None
     if versions is None:
-        versions = preflight.engine_versions(config)
+        try:
+            versions = preflight.engine_versions(config)
+        except PreflightError as exc:  # the fingerprint says "unknown": no profile matches it by chance
+            get_logger().warning("engine_versions_failed", field=exc.field, error=exc.message)
+            versions = {"vllm": None, "torch": None}
     return fingerprint(
         model=config.model.name,
         model_config_hash=config_hash,

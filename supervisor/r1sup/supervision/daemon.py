@@ -55,6 +55,7 @@ from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.state import fleet
 from r1sup.supervision.bus import Bus
+from r1sup.supervision.footing import footing
 from r1sup.supervision.loop import Done, Phase, Stop, StopRequested
 from r1sup.supervision.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
 from r1sup.supervision.session import Session, now_iso, save_profile
@@ -62,7 +63,6 @@ from r1sup.supervision.subscribers import LogSink, MetricsSink, StatusFile, Syst
 from r1sup.supervision.tuner import (
     Tuner,
     TuneResult,
-    footing,
     launch_calibration,
     new_search,
 )
@@ -441,7 +441,7 @@ class Daemon:
             if remembered is not None:
                 shared.release()
                 return remembered
-            measured = base.calibration(self.log)
+            measured = base.calibration(self.publish)
         tuner = self._tuner()
         result = yield from tuner.run(
             start, keep_running=True, history=self.history, calibration=measured, why=why
@@ -452,7 +452,7 @@ class Daemon:
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
             if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
                 result.profile_path = save_profile(
-                    self.s, result, self.fingerprint, self._conditions(result, key)
+                    self.s, result, self.fingerprint, self._conditions(result, key), tell=self.publish
                 )
             self._served(result)
             self._forget_no_fit()
@@ -495,18 +495,18 @@ class Daemon:
     def _fitting_profile(self, saved: Any, store: Any, key: str) -> Any:
         """The saved profile when it fits what is free now; else the degraded one kept beside it when that
         fits (self.degraded says so); else None (the search sizes a configuration for what is free)."""
-        from r1sup.core import search
+        from r1sup.core import profile_fit, search
         from r1sup.state import profiles
 
         self.degraded = None
         check = new_search(self.config, self.know)
-        if check.fits_now(EngineFlags.from_dict(saved.flags)):
+        if profile_fit.fits_now(check, EngineFlags.from_dict(saved.flags)):
             return saved
         now = search.conditions(self.know.device)
         self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
         spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
         reason = f"the best profile {key} does not fit what is free now ({now.get('free_gib')} GiB)"
-        if spare is not None and check.fits_now(EngineFlags.from_dict(spare.flags)):
+        if spare is not None and profile_fit.fits_now(check, EngineFlags.from_dict(spare.flags)):
             self.degraded = {"best_key": key, "reason": reason, "since": now_iso(), "retune_planned": False}
             return spare
         return None
@@ -514,11 +514,15 @@ class Daemon:
     def _conditions(self, result: TuneResult, key: str) -> dict[str, Any]:
         """The conditions a tuned profile was found under; degraded (kept beside the best, and the daemon
         watches for the memory to come back) when other processes' memory made it worse."""
-        from r1sup.core import search
+        from r1sup.core import profile_fit, search
 
         found: dict[str, Any] = dict(search.conditions(self.know.device if self.know else None))
         engine = result.history
-        why = engine.degraded_by_others(result.flags, found) if engine is not None and result.flags else None
+        why = (
+            profile_fit.degraded_by_others(engine, result.flags, found)
+            if engine is not None and result.flags
+            else None
+        )
         self.degraded = None
         if why:
             found.update(degraded=True, reason=why)
@@ -539,7 +543,7 @@ class Daemon:
         """Serving a degraded profile: whether the best configuration fits once this engine is stopped
         (the other processes released their memory), by what the device check found (``device``; None:
         the probe failed with ``error``, which only delays the return)."""
-        from r1sup.core import search
+        from r1sup.core import profile_fit
         from r1sup.state import profiles
 
         if device is None:
@@ -549,16 +553,16 @@ class Daemon:
             return False
         own = frozenset(launch.engine.all_pids())
         mine = sum(p.used_bytes for p in device.processes if p.pid in own)
-        idle = search.idle_device(device, mine)
+        idle = profile_fit.idle_device(device, mine)
         idle = replace(idle, processes=tuple(p for p in device.processes if p.pid not in own))
         check = new_search(self.config, self.know)
         check.facts = replace(check.facts, device=idle)
         store = profiles.ProfileStore(self.config.state.dir)
         best = store.load(self.degraded["best_key"])
         if best is not None:
-            fits = check.fits_now(EngineFlags.from_dict(best.flags))
+            fits = profile_fit.fits_now(check, EngineFlags.from_dict(best.flags))
         else:  # no best profile yet: what the search would plan on the box as it is without this engine
-            fits = self.flags is not None and check.better_than(self.flags) is not None
+            fits = self.flags is not None and profile_fit.better_than(check, self.flags) is not None
         if fits:
             self.degraded["retune_planned"] = True
             self.publish(B.RetunePlanned(self.degraded["best_key"]))
@@ -573,7 +577,7 @@ class Daemon:
         daemon does)."""
         if not self.config.state.profile_store:
             return fleet.Consulted()
-        self.shared = yield from self.runner.consult_fleet(key, status=self._waiting)
+        self.shared = yield from self.runner.consult_fleet(key, self.publish, status=self._waiting)
         if self.shared.profile is not None:  # saved here only once it passed its probe (_bring_up)
             self.publish(B.ProfileStoreHit(key))
         return self.shared
@@ -710,7 +714,7 @@ class Daemon:
                 self.profile_source = "tuned"
                 key = profiles.fingerprint_key(self.fingerprint or {})
                 result.profile_path = save_profile(
-                    self.s, result, self.fingerprint or {}, self._conditions(result, key)
+                    self.s, result, self.fingerprint or {}, self._conditions(result, key), tell=self.publish
                 )
                 self._served(result)
             return result

@@ -26,7 +26,7 @@ from r1sup.core import failure as F
 from r1sup.core import progress as P
 from r1sup.core.config import Config
 from r1sup.core.errors import InternalError, R1supError
-from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Signalled
+from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Publish, Signalled
 from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as EMPTY_FIGURES
 from r1sup.core.figures import Figures
@@ -46,6 +46,7 @@ READY_RETRY_S = 0.05
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
 EXIT_FLUSH_S = 0.5  # and then this much longer for what is still queued, unless its output ended
 FLEET_WAITING = "profile_store_waiting"  # the fleet's wait, said on the loop's thread (a CheckDone's kind)
+FLEET_TOLD = "profile_store_told"  # an event of the fleet's store, published on the loop's thread
 DESCENDANTS_EVERY_S = 2.0  # the engine's processes are recorded this often (a scan of every process)
 
 
@@ -257,24 +258,41 @@ class Runner:
         return done.payload
 
     def consult_fleet(
-        self, key: str, status: Callable[[str], None] = lambda text: None
+        self, key: str, tell: Publish, status: Callable[[str], None] = lambda text: None
     ) -> Generator[Phase, Any, Any]:
         """The fleet's store (:func:`r1sup.state.fleet.consult`) off the loop's thread: its reads, and
         its wait while another replica tunes ``key``, block. What it says while it waits (``status``)
-        comes back through the queue, to be said on the loop's thread; a stop signal ends the wait."""
+        and what it tells (events for ``tell``) come back through the queue, to be said on the loop's
+        thread; a stop signal ends the wait. What the lease it hands back tells later, from its own
+        thread, goes to the log's sink alone (:func:`r1sup.supervision.subscribers.logging_bus`)."""
         from r1sup.state import fleet
+        from r1sup.supervision.subscribers import logging_bus
 
         config, events = self.config, self.events
+        later = logging_bus(self.log).publish
+        consulting = threading.Event()
+        consulting.set()
 
         def waiting(text: str) -> None:
             events.put(CheckDone(FLEET_WAITING, 0, True, text, None))
 
+        def told(event: Any) -> None:
+            if consulting.is_set():
+                events.put(CheckDone(FLEET_TOLD, 0, True, "", event))
+            else:
+                later(event)
+
         def said(event: Any) -> None:
             if isinstance(event, CheckDone) and event.kind == FLEET_WAITING:
                 status(event.detail)
+            elif isinstance(event, CheckDone) and event.kind == FLEET_TOLD:
+                tell(event.payload)
 
         def work(cancelled: Cancel) -> Any:
-            return fleet.consult(config, key, sleep=cancelled.sleep, status=waiting)
+            try:
+                return fleet.consult(config, key, sleep=cancelled.sleep, tell=told, status=waiting)
+            finally:
+                consulting.clear()
 
         return (yield from self.off_loop("fleet", work, said))
 

@@ -12,7 +12,7 @@ from typing import Any
 from r1sup.adapters import apikey as sec
 from r1sup.adapters import logs
 from r1sup.core.config import Config
-from r1sup.core.events import EventQueue
+from r1sup.core.events import EventQueue, FilePermissions, Publish
 from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Hooks, Runner
 
@@ -67,8 +67,9 @@ def open_session(
     logs.configure(level=level, fmt=args.log_format, stream=sys.stderr, secrets=secrets)
     log = logs.get_logger(command=args.command)
     lock = _lock(args, config)
+    publish = log_only(log)  # no daemon and no bus yet: the log's sink writes these lines
     for warning in sec.permission_warnings(config):
-        log.warning("file_permissions", **warning)
+        publish(FilePermissions(warning))
     events = EventQueue()
     console = logs.console_format(args.log_format, sys.stderr)
     runner = Runner(
@@ -82,6 +83,14 @@ def open_session(
         fold_tracebacks=console,
     )
     return Session(config, api_key, log, events, runner, dict(overrides or {}), lock=lock)
+
+
+def log_only(log: Any) -> Publish:
+    """A ``publish`` for what happens where no daemon's bus is (a command's start, ``r1sup tune``): its
+    events written by the log's sink alone (:func:`r1sup.supervision.subscribers.logging_bus`)."""
+    from r1sup.supervision.subscribers import logging_bus
+
+    return logging_bus(log).publish
 
 
 def _lock(args: argparse.Namespace, config: Config) -> Any:
@@ -117,9 +126,12 @@ def save_profile(
     result: Any,
     fingerprint: dict[str, Any],
     conditions: dict[str, Any] | None = None,
+    *,
+    tell: Publish,
 ) -> str | None:
-    """Persist a passed configuration (and publish it to the fleet's store, if there is one); returns
-    the local path, or None when saving failed (logged). ``conditions`` (search.conditions) are saved
+    """Persist a passed configuration (and publish it to the fleet's store, if there is one, what the
+    store said going to ``tell``, the caller's publish); returns the local path, or None when saving
+    failed (logged). ``conditions`` (search.conditions) are saved
     with it; a profile they mark ``degraded`` is kept beside the best one under its own key
     (profiles.degraded_fingerprint) and never published."""
     from r1sup.state import profiles
@@ -148,5 +160,5 @@ def save_profile(
     if session.config.state.profile_store and not degraded:
         from r1sup.state import fleet
 
-        fleet.publish(session.config, profile)
+        fleet.publish(session.config, profile, tell=tell)
     return str(path) if path is not None else None

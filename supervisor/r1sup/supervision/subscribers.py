@@ -37,7 +37,22 @@ from r1sup.core.events import (
     DrainSkipped,
     DrainStarted,
     EstimateUnavailable,
+    FilePermissions,
     FirstFlags,
+    FleetFileInvalid,
+    FleetHit,
+    FleetLeaseAcquired,
+    FleetLeaseBreakFailed,
+    FleetLeaseLost,
+    FleetLeaseReleaseFailed,
+    FleetLeaseTakenOver,
+    FleetMiss,
+    FleetPublished,
+    FleetPublishFailed,
+    FleetReadOnly,
+    FleetUnavailable,
+    FleetWaiting,
+    FleetWaitTimeout,
     HealthPassed,
     Heartbeat,
     InternalFault,
@@ -48,6 +63,13 @@ from r1sup.core.events import (
     MetricsUnavailable,
     NoFitRecorded,
     NoFitRemembered,
+    PlanMade,
+    PlannerCalibrated,
+    PlannerNote,
+    PreflightCacheNotSaved,
+    PreflightCacheUnusable,
+    PreflightFailed,
+    PreflightPassed,
     ProfileDegraded,
     ProfileDoesNotFit,
     ProfileFound,
@@ -71,6 +93,7 @@ from r1sup.core.events import (
     StepAfterServing,
     Stopping,
     StopSignalled,
+    TuneInterrupted,
 )
 from r1sup.core.figures import Figures
 from r1sup.supervision.bus import Bus
@@ -235,6 +258,59 @@ class LogSink:
                 log.warning("metrics_unavailable", host=host, port=port, error=error)
             case StateDirUnusable(error):
                 log.warning("state_dir_unusable", error=error)
+            case PlannerNote(note):
+                log.info("planner_note", note=note)
+            case PlanMade(flags, verdict, changed):
+                log.info("plan_made", flags=flags.to_dict(), verdict=verdict, changed=changed)
+            case PlannerCalibrated(flags, figures):
+                log.info("planner_calibrated", flags=flags.to_dict(), **figures)
+            case PreflightPassed():
+                log.info("preflight_passed", **vars(event))
+            case PreflightFailed(field, error, exit_code):
+                log.error("preflight_failed", field=field, error=error, exit_code=exit_code)
+            case PreflightCacheUnusable(path, reason):
+                log.debug("preflight_cache_unusable", path=path, reason=reason)
+            case PreflightCacheNotSaved(path, error):
+                log.debug("preflight_cache_not_saved", path=path, error=error)
+            case FilePermissions(warning):
+                log.warning("file_permissions", **warning)
+            case TuneInterrupted(signum):
+                log.warning("tune_interrupted", signal=signum)
+            case _:
+                self._fleet(event)
+
+    def _fleet(self, event: DaemonEvent) -> None:
+        """The shared profile store's lines (r1sup.state.fleet)."""
+        log = self.log
+        match event:
+            case FleetHit(key, store, waited_s):
+                log.info("profile_store_hit", key=key, store=store, waited_s=waited_s)
+            case FleetMiss(key, store):
+                log.info("profile_store_miss", key=key, store=store, read_only=True)
+            case FleetUnavailable(store, error):
+                log.warning("profile_store_unavailable", store=store, error=error)
+            case FleetLeaseAcquired(key, store, lease_s):
+                log.info("profile_lease_acquired", key=key, store=store, lease_s=lease_s)
+            case FleetWaiting():
+                log.info("profile_store_waiting", **vars(event))
+            case FleetWaitTimeout(key, waited_s):
+                log.warning("profile_store_wait_timeout", key=key, waited_s=waited_s)
+            case FleetPublished(key, store, written):
+                log.info("profile_published" if written else "profile_store_unchanged", key=key, store=store)
+            case FleetReadOnly(key, store):
+                log.info("profile_store_read_only", key=key, store=store)
+            case FleetPublishFailed(key, store, error):
+                log.error("profile_publish_failed", key=key, store=store, error=error)
+            case FleetFileInvalid(path, reason):
+                log.warning("profile_store_file_invalid", path=path, reason=reason)
+            case FleetLeaseTakenOver():
+                log.warning("profile_lease_taken_over", **vars(event))
+            case FleetLeaseBreakFailed(path, error):
+                log.warning("profile_lease_break_failed", path=path, error=error)
+            case FleetLeaseLost(key, store):
+                log.warning("profile_lease_lost", key=key, store=store)
+            case FleetLeaseReleaseFailed(key, error):
+                log.warning("profile_lease_release_failed", key=key, error=error)
 
 
 def logging_bus(log: Any) -> Bus:

@@ -45,6 +45,7 @@ from r1sup.core.knowledge import (
     new_search,
     planner_suggestions,
 )
+from r1sup.supervision.footing import plan_first_decision
 from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Launch, Runner
 from r1sup.supervision.subscribers import logging_bus
@@ -108,127 +109,6 @@ class TuneResult:
             "costs": self.costs,
             "reduced": self.reduced,
         }
-
-
-def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowledge:
-    """Device facts and the model's architecture, best effort: missing pieces only make the search blunter.
-
-    ``engine`` is the preflight's :class:`r1sup.adapters.preflight.EngineEnv` (the versions of vLLM and
-    torch)."""
-    from r1sup.adapters import devices, modelinfo
-    from r1sup.core import memmodel
-    from r1sup.core.errors import ConfigError
-
-    know = ModelKnowledge()
-    if engine is not None:
-        know.vllm_version, know.torch_version = engine.version, engine.torch_version
-    try:
-        know.device = devices.probe()
-    except Exception as exc:  # noqa: BLE001 - device probing must never stop a launch
-        log.warning("device_probe_failed", error=f"{type(exc).__name__}: {exc}")
-    try:
-        model_config = modelinfo.load_model_config(config.model.name, config.model.revision)
-        know.arch = memmodel.arch_from_config(model_config)
-        know.config_hash = modelinfo.config_hash(model_config)
-    except ConfigError as exc:
-        know.notes.append(f"model architecture unknown ({exc.message}); the search uses vLLM's numbers only")
-    except (ValueError, KeyError, TypeError) as exc:
-        know.notes.append(f"model config.json not understood ({exc}); the search uses vLLM's numbers only")
-    for note in know.notes:
-        log.info("planner_note", note=note)
-    return know
-
-
-def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
-    """The vLLM version the fingerprint learned from ``server.python``, when nothing better is known."""
-    versions = fingerprint.get("versions")
-    if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
-        know.vllm_version = str(versions["vllm"])
-
-
-def plan_first(config: Config, know: ModelKnowledge, search: Any, log: Any) -> tuple[EngineFlags, str]:
-    """The first launch's flags: the user's (``ladder.first_launch = "as_configured"``), or the search's
-    recommendation (:meth:`r1sup.core.search.Search.recommend`, the flags ``r1sup plan`` recommends)."""
-    flags, why, _ = plan_first_decision(config, know, search, log)
-    return flags, why
-
-
-def plan_first_decision(
-    config: Config, know: ModelKnowledge, search: Any, log: Any
-) -> tuple[EngineFlags, str, Any]:
-    """As :func:`plan_first`, with the search's GiveUp when nothing within the bounds is predicted to fit
-    (``r1sup plan``'s exit 3): then nothing is launched."""
-    flags = EngineFlags.from_start(config.start)
-    if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
-        return flags, "as configured", None
-    rec = search.recommend()
-    log.info(
-        "plan_made", flags=rec.flags.to_dict(), verdict=rec.verdict, changed=flags.describe_change(rec.flags)
-    )
-    if rec.verdict == "does_not_fit":
-        return flags, "the plan: " + rec.reason, rec.give_up
-    if rec.flags == flags:
-        return flags, "as configured", None
-    return rec.flags, "planned: " + flags.describe_change(rec.flags), None
-
-
-CALIBRATION_KEYS = ("backend", "gpu", "cpu", "versions", "model")
-
-
-def calibration(store: Any, fingerprint: dict[str, Any]) -> Any:
-    """The memory model's calibration from the newest profile of the same model on the same box and
-    vLLM version (this fingerprint's, or one for another target or bounds): what that launch printed,
-    with its flags (memmodel.Calibration), or None. The model moves each figure to other flags itself."""
-    from r1sup.core import memmodel
-    from r1sup.state import profiles
-
-    found = store.load(profiles.fingerprint_key(fingerprint))
-    same = [found] if found is not None else []
-    same += [
-        p
-        for p, _ in store.near_misses(fingerprint)
-        if all(p.fingerprint.get(k) == fingerprint.get(k) for k in CALIBRATION_KEYS)
-    ]
-    for profile in same:  # this box's own profile first, then the newest
-        figures = profile.observations
-        if not figures:
-            continue
-        try:
-            flags = EngineFlags.from_dict(profile.flags)
-            version = memmodel.as_version((profile.fingerprint.get("versions") or {}).get("vllm"))
-        except (TypeError, ValueError):
-            continue
-        return memmodel.Calibration(flags=flags, figures=figures, version=version)
-    return None
-
-
-@dataclass(frozen=True)
-class Footing:
-    """What a search starts from, the same for ``tune`` and ``run``: this config's fingerprint on this
-    box, its key, and the profile store."""
-
-    fingerprint: dict[str, Any]
-    key: str
-    store: Any  # profiles.ProfileStore
-
-    def calibration(self, log: Any) -> Any:
-        """The planner's calibration from an earlier launch on this box (logged), or None."""
-        measured = calibration(self.store, self.fingerprint)
-        if measured is not None:
-            log.info("planner_calibrated", flags=measured.flags.to_dict(), **measured.figures.to_dict())
-        return measured
-
-
-def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
-    """The fingerprint (the vLLM version it learned adopted into ``know``), its key and the store; the
-    runner's ETA takes the phase times of this fingerprint's last launch."""
-    from r1sup.state import profiles, runrecord
-
-    fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
-    adopt_versions(know, fingerprint)
-    store = profiles.ProfileStore(config.state.dir)
-    runner.expected_phases = runrecord.expected_phases(store, fingerprint)
-    return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
 
 
 class Tuner:

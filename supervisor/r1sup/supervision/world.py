@@ -57,15 +57,17 @@ def _read_metrics(endpoint: Endpoint, timeout: float, at: float | None = None) -
 
 
 def _knowledge(config: Config, log: Any, engine: Any = None) -> Any:
-    from r1sup.supervision.tuner import gather_knowledge
+    from r1sup.supervision.footing import gather_knowledge
 
     return gather_knowledge(config, log, engine=engine)
 
 
 def _preflight(config: Config, log: Any, check: Callable[[], None]) -> Any:
+    """The preflight (the session's, for ``tune`` and ``run`` alike), its events written by the log's sink."""
     from r1sup.adapters import preflight
+    from r1sup.supervision.subscribers import logging_bus
 
-    return preflight.run(config, log=log, check=check, cache=True)
+    return preflight.run(config, publish=logging_bus(log).publish, check=check, cache=True)
 
 
 @dataclass(frozen=True)

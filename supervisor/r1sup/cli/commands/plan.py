@@ -196,7 +196,7 @@ def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, st
         return None, None
     from r1sup.cli.app import load_config
     from r1sup.state import profiles
-    from r1sup.supervision.tuner import calibration
+    from r1sup.state.calibration import calibration
 
     config = load_config(args)
     fingerprint = profiles.current_fingerprint(config, device=device)

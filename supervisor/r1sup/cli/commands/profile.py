@@ -67,7 +67,10 @@ def _gate(store: profiles.ProfileStore, current: dict[str, object], location: st
         raise ConfigError(
             "profile", f"no tuned profile for this box and config (key {key}); run r1sup tune first"
         )
-    fleet_store = fleet.DirectoryStore(location)
+    from r1sup.adapters.logs import get_logger
+    from r1sup.supervision.session import log_only
+
+    fleet_store = fleet.DirectoryStore(location, tell=log_only(get_logger()))
     old = None
     for path in sorted((Path(location) / fleet.PROFILES).glob("*.json")):
         candidate = fleet_store.lookup(path.stem) if path.stem != key else None

@@ -15,9 +15,10 @@ from typing import Any
 from r1sup.adapters import logs
 from r1sup.cli.app import load_config
 from r1sup.core.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
+from r1sup.core.events import InternalFault, TuneInterrupted
 from r1sup.core.multinode import check_leader
 from r1sup.supervision.loop import Phase, StopRequested
-from r1sup.supervision.session import Session, open_session, save_profile
+from r1sup.supervision.session import Session, log_only, open_session, save_profile
 from r1sup.supervision.tuner import Tuner, TuneResult
 
 
@@ -52,7 +53,7 @@ def _script(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any] | 
         return (yield from _tune(session))
     except StopRequested as stop:
         yield from session.runner.stop_current(reason="signal")
-        session.log.warning("tune_interrupted", signal=stop.signum)
+        log_only(session.log)(TuneInterrupted(stop.signum))
         sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
         return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
     except InternalError as exc:
@@ -68,9 +69,7 @@ def _script(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any] | 
 
 
 def _internal(session: Session, fault: InternalError) -> Generator[Phase, Any, None]:
-    session.log.error("internal_error", where=fault.where, error=fault.error)
-    if fault.trace:
-        session.log.debug("internal_error_traceback", traceback=fault.trace)
+    log_only(session.log)(InternalFault(fault.where, fault.error, fault.trace))
     yield from session.runner.stop_current(reason="internal error")
 
 
@@ -78,9 +77,10 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup.core.flags import EngineFlags
     from r1sup.state import fleet, runrecord
-    from r1sup.supervision.tuner import footing
+    from r1sup.supervision.footing import footing
 
     config = session.config
+    publish = log_only(session.log)  # no daemon's bus: what the fleet and the footing tell, the log writes
     checked = yield from session.preflight()  # before any model load; raises with nothing launched
     know = session.runner.world.knowledge(config, session.log, engine=checked.engine)
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
@@ -90,16 +90,16 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
     # the probe; without one this replica tunes, holding the key's lease until its profile is published
     shared = (
-        (yield from session.runner.consult_fleet(base.key))
+        (yield from session.runner.consult_fleet(base.key, publish))
         if config.state.profile_store
         else fleet.Consulted()
     )
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
-        measured = None if start else base.calibration(session.log)
+        measured = None if start else base.calibration(publish)
         result = yield from tuner.run(start, calibration=measured)
         if result.ok:
-            result.profile_path = save_profile(session, result, base.fingerprint)
+            result.profile_path = save_profile(session, result, base.fingerprint, tell=publish)
             record.finish(result.to_dict())
     finally:
         shared.release()
