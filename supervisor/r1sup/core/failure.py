@@ -6,12 +6,11 @@ they can see (a hang, a failed probe), the search keys on ``cls``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from r1sup.core.figures import EMPTY, Figures
+from r1sup.core.figures import EMPTY, Figures, known_numbers
 from r1sup.core.figures import FIELD_NAMES as FIGURE_NAMES
 
 # Memory classes: a different configuration can fix them.
@@ -167,11 +166,7 @@ class Numbers:
         (finite, not booleans); anything else is left out."""
         if not data:
             return NO_NUMBERS
-        values: dict[str, Any] = {}
-        for key in MESSAGE_NAMES:
-            v = data.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                values[key] = v
+        values: dict[str, Any] = known_numbers(data, MESSAGE_NAMES)
         figures = Figures.from_dict(data)
         if not values and not figures:
             return NO_NUMBERS

@@ -15,7 +15,7 @@ when it had no decimals), so that a figure read back from disk writes out the sa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -75,11 +75,7 @@ class Figures:
         known keys (finite, not booleans); anything else is left out."""
         if not data:
             return EMPTY
-        values: dict[str, float] = {}
-        for key in FIELD_NAMES:
-            v = data.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                values[key] = v
+        values = known_numbers(data, FIELD_NAMES)
         return cls(**values) if values else EMPTY  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, float]:
@@ -129,3 +125,13 @@ class Figures:
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Figures))
 EMPTY = Figures()
+
+
+def known_numbers(data: Mapping[str, Any], names: Iterable[str]) -> dict[str, float]:
+    """The values of ``data`` under ``names`` that are numbers (finite, not booleans), ints kept as ints."""
+    values: dict[str, float] = {}
+    for key in names:
+        v = data.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            values[key] = v
+    return values
