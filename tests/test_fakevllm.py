@@ -775,6 +775,8 @@ def test_successful_start_serves_and_stops_on_sigterm(launch: Callable[..., Fake
         "1",
     )
     fake.wait_ready()
+    # the server answers before its start-up lines are written (as uvicorn's do) and read by the thread
+    wait_until(lambda: "Application startup complete." in fake.text, 10, what="the start-up's last line")
     for line in (
         "Model loading took 14.19 GiB memory and",
         "Estimated CUDA graph memory: 0.95 GiB total",
