@@ -253,7 +253,7 @@ def test_shrinks_context_to_the_largest_block_aligned_one_for_the_target() -> No
     assert p.recommended is not None
     length = p.recommended.max_model_len
     assert length is not None and length % 16 == 0 and 2048 <= length < 131072
-    ev = planner._evaluate(arch(Q7), gpu(24), p.recommended, M.NEWEST_KNOWN)
+    ev = planner.evaluate(arch(Q7), gpu(24), p.recommended, M.NEWEST_KNOWN)
     assert ev.usable_blocks(margin=True) >= 8 * M.cdiv(length, 16)
     assert ev.usable_blocks(margin=True) < 8 * M.cdiv(length + 16, 16)
     assert p.max_context_for_target is not None and p.max_context_for_target > 0
@@ -346,7 +346,7 @@ def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
     assert p.recommended == EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
     tokens = p.recommended_kv_capacity_tokens
     assert tokens is not None and 4 * 8192 <= tokens < 2 * 32768
-    ev = planner._evaluate(arch(L8), device, p.recommended, M.NEWEST_KNOWN)
+    ev = planner.evaluate(arch(L8), device, p.recommended, M.NEWEST_KNOWN)
     assert ev.holds(32768, 4, 8192, margin=True)
     assert not ev.fits_context(32768, 4, margin=False)  # the strong reading would shrink the context
     assert ev.context_for(4, 32768, margin=False) < 16384
@@ -367,7 +367,7 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
     assert (rec.gpu_memory_utilization, rec.kv_cache_dtype) == (0.95, "fp8_e5m2")
     assert rec.max_num_seqs is not None and 16 <= rec.max_num_seqs < 256
     assert 4 * 16384 <= rec.max_model_len < 131072 and not rec.enforce_eager
-    ev = planner._evaluate(arch(L8), device, rec, M.NEWEST_KNOWN)
+    ev = planner.evaluate(arch(L8), device, rec, M.NEWEST_KNOWN)
     assert ev.usable_blocks(margin=True) >= M.cdiv(rec.max_model_len, 16)
     assert ev.usable_blocks(margin=True) < M.cdiv(rec.max_model_len + 16, 16)
     assert ev.fits_context(16384, 4, margin=True)
@@ -454,24 +454,24 @@ def test_fewer_seqs(target: int | None, user: int | None, gib: float, expected: 
 def test_margin_is_kept_for_the_estimated_parts_only() -> None:
     flags = EngineFlags(max_model_len=8192)
     v = M.NEWEST_KNOWN
-    ev = planner._evaluate(arch(Q7), gpu(24), flags, v)
+    ev = planner.evaluate(arch(Q7), gpu(24), flags, v)
     est = ev.est
     estimated = est.non_torch.bytes + est.activation.bytes + est.cudagraph_charged
     assert ev.margin == int(min(S.ESTIMATE_MARGIN * estimated, S.MARGIN_FRACTION * est.budget))
     # a logged activation and graph estimate leave only the non-torch estimate uncertain
     cal = Calibration(flags, Figures(peak_activation_gib=0.7, cudagraph_estimated_gib=0.4))
-    seen = planner._evaluate(arch(Q7), gpu(24), flags, v, cal)
+    seen = planner.evaluate(arch(Q7), gpu(24), flags, v, cal)
     assert seen.margin == int(S.ESTIMATE_MARGIN * seen.est.non_torch.bytes) < ev.margin
     # a launch's budget and KV size make the prediction exact; a pinned KV size is exact too
-    exact = planner._evaluate(
+    exact = planner.evaluate(
         arch(Q7), gpu(24), flags, v, Calibration(flags, Figures(requested_gib=21.6, kv_cache_gib=5.0))
     )
-    pinned = planner._evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), v)
+    pinned = planner.evaluate(arch(Q7), gpu(24), flags.replace(kv_cache_memory_bytes=4 * GIB), v)
     # (the search's margin, the one r1sup keeps: vLLM's print precision of the measured budget)
     assert exact.margin == int(0.01 * GIB) and pinned.margin == 0
     assert exact.margin == S.margin_bytes(exact.est, calibrated=1)
     # fewer sequences per batch: smaller estimates, a smaller margin
-    few = planner._evaluate(arch(Q7), gpu(24), flags.replace(max_num_seqs=16), v)
+    few = planner.evaluate(arch(Q7), gpu(24), flags.replace(max_num_seqs=16), v)
     assert few.margin < ev.margin
 
 

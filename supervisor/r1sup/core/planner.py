@@ -124,8 +124,9 @@ def _breakdown(est: M.Estimate, device: DeviceFacts) -> Breakdown:
 
 
 @dataclass(frozen=True)
-class _Eval:
-    """The memory model's estimate of one configuration, with the margin the planner keeps spare."""
+class Evaluation:
+    """The memory model's estimate of one configuration, with the margin the planner keeps spare: what
+    every verdict of :func:`plan` rests on (does it start, how long a context, how many requests)."""
 
     est: M.Estimate
     margin: int = 0  # bytes of KV kept spare for errors of the estimated parts (see _margin)
@@ -194,15 +195,17 @@ class _Eval:
         return _breakdown(self.est, device)
 
 
-def _evaluate(
+def evaluate(
     arch: ModelArch,
     device: DeviceFacts,
     flags: EngineFlags,
     version: Version,
     calibration: Calibration | None = None,
-) -> _Eval:
+) -> Evaluation:
+    """``flags`` on ``device`` as the planner judges them: the memory model's estimate (with
+    ``calibration``, a saved launch's figures, when there is one) and the margin kept for its error."""
     est = M.evaluate(arch, device, flags, version, calibration)
-    return _Eval(est, _margin(est, calibration is not None))
+    return Evaluation(est, _margin(est, calibration is not None))
 
 
 def _margin(est: M.Estimate, calibrated: bool = False) -> int:
@@ -433,7 +436,7 @@ def _e4m3(dtype: str) -> bool:
 
 @dataclass(frozen=True)
 class _Choice:
-    ev: _Eval
+    ev: Evaluation
     context: int
 
 
@@ -453,7 +456,7 @@ def _recommend(
 ) -> _Choice | None:
     """The best configuration predicted to start with a margin, or None.
 
-    It must hold (:meth:`_Eval.holds`, with the margin) one request of its ``max_model_len`` and
+    It must hold (:meth:`Evaluation.holds`, with the margin) one request of its ``max_model_len`` and
     ``concurrency`` requests of ``per_request`` tokens at once (None: requests of the full context).
     Preference (issues 4 and 6): the longest context up to the requested one, then the fewest and mildest
     changes: as given, then with fp8 KV when allowed, then at the highest allowed utilization (with and
@@ -476,20 +479,20 @@ def _recommend(
             return None
         base = base.replace(gpu_memory_utilization=util)
 
-    def evaluate(f: EngineFlags) -> _Eval:
-        return _evaluate(arch, device, f, version, calibration)
+    def judged(f: EngineFlags) -> Evaluation:
+        return evaluate(arch, device, f, version, calibration)
 
-    def keeps(ev: _Eval) -> bool:
+    def keeps(ev: Evaluation) -> bool:
         return ev.holds(requested_context, concurrency, per_request or requested_context, margin=True)
 
-    def shrink(ev: _Eval) -> _Choice | None:
+    def shrink(ev: Evaluation) -> _Choice | None:
         if per_request is None:  # requests of the full context: it shrinks with them
             context = ev.context_for(concurrency, requested_context, margin=True)
         else:
             context = ev.longest_context(concurrency, per_request, requested_context, margin=True)
         if context <= 0 or context < min_context:
             return None
-        return _Choice(evaluate(ev.flags.replace(max_model_len=context)), context)
+        return _Choice(judged(ev.flags.replace(max_model_len=context)), context)
 
     # the ways to keep the requested context, the fewest and mildest changes first
     keep = [base]
@@ -502,7 +505,7 @@ def _recommend(
     seqs = fewer_seqs(arch, device, base, target_concurrency, version)
     if seqs is not None:
         keep.append(keep[-1].replace(max_num_seqs=seqs))
-    evals = [evaluate(f) for f in keep]
+    evals = [judged(f) for f in keep]
     for ev in evals:
         if keeps(ev):
             return _Choice(ev, requested_context)
@@ -511,7 +514,7 @@ def _recommend(
     if bounds.allow_eager and not base.enforce_eager and device.backend != "cpu":
         # without CUDA graphs: their pool (and, from vLLM 0.20, the estimate vLLM charges to the KV
         # budget) goes to the KV cache; taken when that keeps the context or lengthens it by EAGER_MIN_GAIN
-        ev = evaluate(primary.flags.replace(enforce_eager=True))
+        ev = judged(primary.flags.replace(enforce_eager=True))
         if keeps(ev):
             return _Choice(ev, requested_context)
         eager = shrink(ev)
@@ -583,7 +586,7 @@ def plan(
     v = M.as_version(version)
     flags = _normalize_flags(flags)
     stages = M.pipeline_stages(arch)
-    ev = _evaluate(arch, device, flags, v, calibration)
+    ev = evaluate(arch, device, flags, v, calibration)
     auto_fit = flags.max_model_len == -1
     concurrency = max(1, target_concurrency or 1)
     requested_context = ev.est.batch.max_model_len
@@ -686,7 +689,7 @@ def plan(
         choice: _Choice | None = None
         if recommended is not None:
             context = recommended.max_model_len or requested_context
-            choice = _Choice(_evaluate(arch, device, recommended, v, calibration), context)
+            choice = _Choice(evaluate(arch, device, recommended, v, calibration), context)
             if context < requested_context:
                 notes.append(
                     f"one request of {requested_context} tokens does not fit with "
@@ -880,7 +883,7 @@ def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> dict[str
 
 
 def _why_not(
-    ev: _Eval,
+    ev: Evaluation,
     arch: ModelArch,
     *,
     requested_context: int,
@@ -1086,10 +1089,10 @@ def _way_out(
     What it returns is what :func:`plan` says of these flags as given: they start, hold one request of
     the context and ``concurrency`` requests of ``per_request`` tokens (None: of the context) at once."""
 
-    def at(length: int) -> _Eval:
-        return _evaluate(arch, device, flags.replace(max_model_len=length), version, calibration)
+    def at(length: int) -> Evaluation:
+        return evaluate(arch, device, flags.replace(max_model_len=length), version, calibration)
 
-    def holds(ev: _Eval, length: int) -> bool:
+    def holds(ev: Evaluation, length: int) -> bool:
         return ev.holds(length, concurrency, per_request or length, margin=True)
 
     ev = at(context)
@@ -1281,7 +1284,7 @@ def _suggestions(
             flags.replace(enforce_eager=True),
             note="frees the CUDA-graph memory; decoding gets slower",
         )
-    base_seqs = _evaluate(arch, device, flags, version, calibration).max_num_seqs
+    base_seqs = evaluate(arch, device, flags, version, calibration).max_num_seqs
     if device.backend != "cpu" and base_seqs > 64 and flags.max_num_seqs is None:
         add(
             "fewer_seqs",
@@ -1356,7 +1359,7 @@ def _offload_gib(
     if device.backend == "cpu" or flags.kv_cache_memory_bytes is not None:
         return None
     for length in dict.fromkeys((context, min_context)):
-        ev = _evaluate(
+        ev = evaluate(
             arch, device, flags.replace(max_model_len=length, cpu_offload_gb=None), version, calibration
         )
         if not ev.startup_ok:
