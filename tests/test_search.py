@@ -63,7 +63,7 @@ def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
     s = search(Q7, device, user, target_concurrency=1, target_context=4096)
     first = s.first()
     assert first != user
-    assert first.gpu_memory_utilization == s._util_cap(1) > user.gpu_memory_utilization
+    assert first.gpu_memory_utilization == s.utilization_cap(1) > user.gpu_memory_utilization
     assert first.fp8_kv and first.enforce_eager
     assert 4096 <= (first.max_model_len or 0) <= 16384
     assert first.max_num_seqs is not None and first.max_num_seqs >= 16  # ladder.min_max_num_seqs

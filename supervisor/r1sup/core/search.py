@@ -408,7 +408,9 @@ class Search:
             out.append("auto")  # when fp8 fails here
         return list(dict.fromkeys(out))
 
-    def _util_cap(self, tp: int) -> float:
+    def utilization_cap(self, tp: int) -> float:
+        """The highest ``--gpu-memory-utilization`` this search launches on ``tp`` GPUs: the bounds', what
+        the free memory allows, and what a failed launch showed."""
         b, device, ev = self.facts.bounds, self.facts.device, self.evidence
         cap = b.max_gpu_memory_utilization
         if device.free_bytes and device.total_bytes:
@@ -421,7 +423,7 @@ class Search:
         """The user's utilization, the highest allowed, and the highest that leaves outside vLLM's budget
         what a failure showed is needed there (or keeps the budget below what failed to allocate)."""
         b, device, ev = self.facts.bounds, self.facts.device, self.evidence
-        cap = self._util_cap(f.tensor_parallel_size)
+        cap = self.utilization_cap(f.tensor_parallel_size)
         total = device.total_bytes
         room = (device.free_bytes or total) - M.context_bytes(
             device, f.tensor_parallel_size, self.facts.version
@@ -819,7 +821,7 @@ class Search:
         b = self.facts.bounds
         ways: list[str] = []
         bound = ""
-        cap = self._util_cap(self.facts.user.tensor_parallel_size)
+        cap = self.utilization_cap(self.facts.user.tensor_parallel_size)
         if cap < b.min_gpu_memory_utilization:
             found = conditions(self.facts.device)
             held = ", ".join(found.get("holders") or []) or "nothing r1sup can name"
