@@ -612,36 +612,48 @@ BAD_STORE_VALUES = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_bad_store_profile_is_refused_and_the_replica_tunes_on_its_own(tmp_path: Path):
+@pytest.fixture(scope="module")
+def published_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """The store's file name and content of the profile a first replica published after its tune (once
+    per test process: each bad value below tampers with a copy)."""
     from test_tune_fake import run_tune
 
+    tmp_path = tmp_path_factory.mktemp("publisher")
     store = tmp_path / "store"
     body, scenario, home = replica(tmp_path, "a", store)
     first = run_tune(home, body, {**scenario, "time_scale": 0.002})
     assert first.code == 0 and first.result["launches"] == 2, first.explain()
     [published] = (store / "profiles").glob("*.json")
-    good = json.loads(published.read_text())
+    return published.name, json.loads(published.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("section", "name", "value"), BAD_STORE_VALUES, ids=lambda v: str(v)[:24])
+def test_a_bad_store_profile_is_refused_and_the_replica_tunes_on_its_own(
+    tmp_path: Path, published_profile: tuple[str, dict[str, Any]], section: str, name: str, value: Any
+):
+    from test_tune_fake import run_tune
+
+    file_name, good = published_profile
+    store = tmp_path / "store"
+    (store / "profiles").mkdir(parents=True)
+    published = store / "profiles" / file_name
+    published.write_text(_tampered(good, section, name, value))
     body_b, scenario_b, home_b = replica(tmp_path, "b", store)
-    for section, name, value in BAD_STORE_VALUES:
-        published.write_text(_tampered(good, section, name, value))
-        # the same replica each time (its preflight remembered), without a profile of its own
-        for path in [*(home_b / "state" / "profiles").glob("*"), home_b / "engine.jsonl"]:
-            path.unlink(missing_ok=True)
-        second = run_tune(home_b, body_b, {**scenario_b, "time_scale": 0.002})
-        what = f"{section}.{name}={value!r}"
-        assert second.code == 0, (what, second.explain())
-        invalid = second.proc.named("profile_store_file_invalid")
-        assert invalid and name in invalid[0]["reason"], (what, invalid)
-        assert not second.proc.named("profile_store_hit")
-        assert second.result["launches"] == 2, what  # the search ran, as without a store profile
-        for launch in launches(home_b):
-            assert launch["flags"]["kv_cache_dtype"] in (None, "auto", "fp8", "fp8_e4m3", "fp8_e5m2"), what
-            assert launch["flags"]["quantization"] is None and launch["flags"]["tensor_parallel_size"] == 1
-        assert not Path("/tmp/r1sup-pwned").exists()
-        # the replica published its own working profile over the bad one
-        assert Profile.from_dict(json.loads(published.read_text())).flags == good["flags"], what
+    second = run_tune(home_b, body_b, {**scenario_b, "time_scale": 0.002})
+    what = f"{section}.{name}={value!r}"
+    assert second.code == 0, (what, second.explain())
+    invalid = second.proc.named("profile_store_file_invalid")
+    assert invalid and name in invalid[0]["reason"], (what, invalid)
+    assert not second.proc.named("profile_store_hit")
+    assert second.result["launches"] == 2, what  # the search ran, as without a store profile
+    for launch in launches(home_b):
+        assert launch["flags"]["kv_cache_dtype"] in (None, "auto", "fp8", "fp8_e4m3", "fp8_e5m2"), what
+        assert launch["flags"]["quantization"] is None and launch["flags"]["tensor_parallel_size"] == 1
+    assert not Path("/tmp/r1sup-pwned").exists()
+    # the replica published its own working profile over the bad one
+    assert Profile.from_dict(json.loads(published.read_text())).flags == good["flags"], what
 
 
 @pytest.mark.slow
