@@ -86,6 +86,7 @@ def crashing(after_s: float, code: int = 1) -> Script:
 
 
 @covers(
+    (S.PLANNING, S.PLANNING),
     (S.PLANNING, S.LAUNCHING),
     (S.LAUNCHING, S.PROBING),
     (S.PROBING, S.SERVING),

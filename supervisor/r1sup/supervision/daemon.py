@@ -81,19 +81,49 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
-_S = State
-LEGAL: dict[State, frozenset[State]] = {
-    _S.PLANNING: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
-    _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.PROBING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    _S.PROBING: frozenset({_S.LAUNCHING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    _S.SERVING: frozenset({_S.PLANNING, _S.LAUNCHING, _S.DRAINING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    # the drain ends in the stop it preceded: a re-plan (reload) or the shutdown
-    _S.DRAINING: frozenset({_S.PLANNING, _S.STOPPING, _S.FAILED}),
-    _S.BACKOFF: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
-    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
-    _S.FAILED: frozenset(),
-    _S.STOPPED: frozenset(),
+class Cause(enum.Enum):
+    """What happened: the daemon names it, :data:`TRANSITIONS` says which state follows."""
+
+    PLANNED = "planned"  # a plan begins: at the start, and after the stop a reload or a re-tune chose
+    LAUNCH_STARTED = "launch_started"
+    PROBE_STARTED = "probe_started"
+    READY = "ready"  # the load probe passed (or the engine is ready where no probe runs): it serves
+    RETRYING = "retrying"  # an attempt failed without a cause that changes the flags: again after a wait
+    CRASHED = "crashed"  # serving ended in a transient failure within the restart budget: a restart waits
+    DRAIN_REQUESTED = "drain_requested"  # a stop r1sup chose (reload, re-tune, shutdown) waits for requests
+    STOP_REQUESTED = "stop_requested"  # the daemon's shutdown (a stop signal): vLLM is stopped, r1sup exits
+    ENGINE_STOPPED = "engine_stopped"  # the shutdown's stop of vLLM is over
+    GAVE_UP = "gave_up"  # no way to serve (no fit, a fatal failure, the budget spent, r1sup's own fault)
+
+
+_S, _C = State, Cause
+_ALIVE = (_S.PLANNING, _S.LAUNCHING, _S.PROBING, _S.SERVING, _S.DRAINING, _S.BACKOFF)
+# the state table: (where the daemon is, what happened) -> where it goes; a pair not here is a bug
+TRANSITIONS: dict[tuple[State, Cause], State] = {
+    (_S.PLANNING, _C.PLANNED): _S.PLANNING,  # the first plan: its status line
+    # a reload or a re-tune: after its drain, or at once when there was nothing to drain
+    (_S.SERVING, _C.PLANNED): _S.PLANNING,
+    (_S.DRAINING, _C.PLANNED): _S.PLANNING,
+    # the search launches: the first flags, its next step, a retry, or new flags after a serving failure
+    **{(s, _C.LAUNCH_STARTED): _S.LAUNCHING for s in (_S.PLANNING, _S.LAUNCHING, _S.PROBING, _S.SERVING)},
+    (_S.BACKOFF, _C.LAUNCH_STARTED): _S.LAUNCHING,
+    (_S.LAUNCHING, _C.PROBE_STARTED): _S.PROBING,
+    (_S.LAUNCHING, _C.READY): _S.SERVING,
+    (_S.PROBING, _C.READY): _S.SERVING,
+    (_S.LAUNCHING, _C.RETRYING): _S.BACKOFF,
+    (_S.PROBING, _C.RETRYING): _S.BACKOFF,
+    (_S.SERVING, _C.CRASHED): _S.BACKOFF,
+    (_S.SERVING, _C.DRAIN_REQUESTED): _S.DRAINING,
+    **{(s, _C.STOP_REQUESTED): _S.STOPPING for s in _ALIVE},
+    (_S.STOPPING, _C.ENGINE_STOPPED): _S.STOPPED,
+    **{(s, _C.GAVE_UP): _S.FAILED for s in (*_ALIVE, _S.STOPPING)},
 }
+
+# the (from, to) pairs the table allows, for readers that ask where a state may go
+LEGAL: dict[State, frozenset[State]] = {
+    state: frozenset(new for (old, _), new in TRANSITIONS.items() if old is state) for state in State
+}
+TERMINAL = frozenset(state for state, targets in LEGAL.items() if not targets)
 
 
 # states in which systemd's start timeout is extended while the loop turns: loading and probing, and
@@ -167,9 +197,11 @@ class Daemon:
 
     # --- state and status ----------------------------------------------------------------------
 
-    def transition(self, new: State, status: str | None = None) -> None:
-        if new is not self.state and new not in LEGAL[self.state]:
-            raise IllegalTransition(f"{self.state.value} -> {new.value}")
+    def advance(self, cause: Cause, status: str | None = None) -> None:
+        """``cause`` happened: the state table says which state follows (a pair it lacks raises)."""
+        new = TRANSITIONS.get((self.state, cause))
+        if new is None:
+            raise IllegalTransition(f"{cause.value} in state {self.state.value}")
         old, self.state = self.state, new
         if old is not new:
             self.since = now_iso()
@@ -245,13 +277,13 @@ class Daemon:
         if isinstance(event, Launching):
             self.flags = event.flags
             self.capacity = None  # until this launch's probe proves what it serves
-            self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
+            self.advance(Cause.LAUNCH_STARTED, f"attempt {event.attempt}: launching vLLM")
         elif isinstance(event, Probing):
-            self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
+            self.advance(Cause.PROBE_STARTED, f"attempt {event.attempt}: load probe")
         elif isinstance(event, AttemptFailed):
             self.last_failure = event.failure
         elif isinstance(event, Retrying):
-            self.transition(State.BACKOFF, event.status)
+            self.advance(Cause.RETRYING, event.status)
         self.publish(event)
 
     # --- main ----------------------------------------------------------------------------------
@@ -276,7 +308,7 @@ class Daemon:
             self.events.install_signal_handlers((signal.SIGHUP,))
             self._start_metrics()
             self._clean_state_dir()
-            self.transition(State.PLANNING, "planning")
+            self.advance(Cause.PLANNED, "planning")
             try:
                 return (yield from self._run())
             except StopRequested as stop:
@@ -355,7 +387,7 @@ class Daemon:
         termination.write(termination.path_from(self.config.daemon.termination_log), code, reason)
         yield from self.runner.stop_current(reason="failed")
         if self.state not in (State.FAILED, State.STOPPED):
-            self.transition(State.FAILED, f"failed: {reason[:200]}")
+            self.advance(Cause.GAVE_UP, f"failed: {reason[:200]}")
         if self.record is not None:
             self.record.stopped(self.state.value)
         return code
@@ -377,10 +409,10 @@ class Daemon:
             )
         if self.state not in (State.FAILED, State.STOPPED):
             if self.state is not State.STOPPING:
-                self.transition(State.STOPPING, "stopping vLLM")
+                self.advance(Cause.STOP_REQUESTED, "stopping vLLM")
             self.publish(B.Stopping())
             yield from self.runner.stop_current(reason="shutdown")
-            self.transition(State.STOPPED, "stopped")
+            self.advance(Cause.ENGINE_STOPPED, "stopped")
         if self.record is not None:
             self.record.stopped(self.state.value)
         return code
@@ -591,7 +623,7 @@ class Daemon:
         text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
             f" (context {ctx})" if ctx else ""
         )
-        self.transition(State.SERVING, text)
+        self.advance(Cause.READY, text)
         self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
 
     # --- serving -------------------------------------------------------------------------------
@@ -648,7 +680,7 @@ class Daemon:
         unready_s = min(max(unready_s, 0.0), budget_s)
         t0 = self.clock()
         if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
-            self.transition(State.DRAINING, liveness.drain_status(None))
+            self.advance(Cause.DRAIN_REQUESTED, liveness.drain_status(None))
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
         read, timeout = self.runner.world.read_metrics, min(2.0, budget_s)
         self.runner.run_check("drain", launch, lambda: (True, "", read(ep, timeout)))
@@ -733,7 +765,7 @@ class Daemon:
             reason = f"{self._restarts - 1} restarts without {d.stable_after_s:.0f}s of stable serving"
             return TuneResult(ok=False, exit_code=EXIT_RESTART_BUDGET, reason=reason)
         delay = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
-        self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
+        self.advance(Cause.CRASHED, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
         self.publish(B.RestartScheduled(self._restarts, d.restart_budget, delay))
         yield from self.runner.sleep(delay)
         result = yield from self._tuner().run(
@@ -779,7 +811,7 @@ class Daemon:
         yield from self._drain(launch, d.drain_timeout_s, "planned re-tune", unready_s=d.drain_unready_s)
         yield from self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
         self.history = None
-        self.transition(State.PLANNING, "re-tune: the memory other processes held is back")
+        self.advance(Cause.PLANNED, "re-tune: the memory other processes held is back")
         return (yield from self._bring_up())
 
     def _reload(self, launch: Launch, new: Config) -> Generator[Phase, Any, TuneResult]:
@@ -792,7 +824,7 @@ class Daemon:
         self.runner.config = new
         self.know = None
         self.history = None
-        self.transition(State.PLANNING, "re-planning after reload")
+        self.advance(Cause.PLANNED, "re-planning after reload")
         return (yield from self._bring_up())
 
 
