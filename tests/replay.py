@@ -28,7 +28,7 @@ from r1sup.core import catalog, liveness, memmodel
 from r1sup.core import config as cfg
 from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.supervision.daemon import Daemon, State
+from r1sup.supervision.daemon import Cause, Daemon, State
 from r1sup.supervision.runner import Runner
 from r1sup.supervision.session import Session
 from r1sup.supervision.tuner import ModelKnowledge
@@ -366,12 +366,15 @@ class Replay:
         self.daemon = Daemon(session, notifier=self.notifier)
         self.hooks: list[tuple[State, int, Callable[[], None]]] = []
         self.watchers: list[Callable[[State, State], None]] = []
-        original = self.daemon.transition
+        self.causes: list[tuple[State, Cause, State]] = []  # each transition with what caused it
+        original = self.daemon.advance
 
-        def transition(new: State, status: str | None = None) -> None:
+        def advance(cause: Cause, status: str | None = None) -> None:
             old = self.daemon.state
-            original(new, status)
+            original(cause, status)
+            new = self.daemon.state
             self.transitions.append((old, new))
+            self.causes.append((old, cause, new))
             for watcher in self.watchers:
                 watcher(old, new)
             if old is not new:
@@ -380,7 +383,7 @@ class Replay:
                     if state is new and count == entered:
                         action()
 
-        self.daemon.transition = transition  # type: ignore[method-assign]
+        self.daemon.advance = advance  # type: ignore[method-assign]
 
     def script_for(self, launch_id: int) -> Script:
         return self.scripts[min(launch_id, len(self.scripts)) - 1]

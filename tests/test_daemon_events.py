@@ -13,7 +13,7 @@ from r1sup.core import config as cfg
 from r1sup.core import failure as F
 from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.core.flags import EngineFlags
-from r1sup.supervision.daemon import Daemon, IllegalTransition, State
+from r1sup.supervision.daemon import Cause, Daemon, IllegalTransition, State
 from r1sup.supervision.runner import Runner
 from r1sup.supervision.session import Session
 from r1sup_proc import write_config
@@ -67,5 +67,17 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
 
 def test_an_event_the_state_table_forbids_is_refused(tmp_path: Path):
     d, _ = daemon(tmp_path)
-    with pytest.raises(IllegalTransition, match="planning -> probing"):
+    with pytest.raises(IllegalTransition, match="probe_started in state planning"):
         d.on_search(Probing(1, EngineFlags()))
+
+
+def test_a_cause_the_table_has_no_row_for_raises_and_changes_nothing(tmp_path: Path):
+    d, notifier = daemon(tmp_path)
+    d.advance(Cause.PLANNED, "planning")
+    d.advance(Cause.GAVE_UP, "failed: no way to serve")
+    sent = list(notifier.sent)
+    for cause in Cause:
+        with pytest.raises(IllegalTransition, match=f"{cause.value} in state failed"):
+            d.advance(cause, "again")
+    assert d.state is State.FAILED and d.status_text == "failed: no way to serve"
+    assert notifier.sent == sent

@@ -17,7 +17,7 @@ from r1sup.core import errors
 from r1sup.core import failure as F
 from r1sup.core.errors import InternalError, PreflightError
 from r1sup.core.liveness import Figures
-from r1sup.supervision.daemon import LEGAL, State, backoff_delay
+from r1sup.supervision.daemon import LEGAL, Cause, State, backoff_delay
 from replay import IDLE, RUNTIME_OOM, STARTUP, Replay, Script, log_lines
 
 S = State
@@ -86,6 +86,7 @@ def crashing(after_s: float, code: int = 1) -> Script:
 
 
 @covers(
+    (S.PLANNING, S.PLANNING),
     (S.PLANNING, S.LAUNCHING),
     (S.LAUNCHING, S.PROBING),
     (S.PROBING, S.SERVING),
@@ -281,6 +282,24 @@ def test_an_engine_that_crashes_while_serving_is_restarted_after_a_backoff(tmp_p
     backoff = r.log.named("restart_backoff")[0]
     assert backoff["restart"] == 1 and 1.0 <= backoff["seconds"] <= 2.0  # initial x 2^0 + U(0, initial)
     assert r.engine(1).spec.argv == r.engine(2).spec.argv
+
+
+def test_after_a_crash_the_state_the_table_gives_chooses_the_next_step(tmp_path: Path) -> None:
+    # serving ends in a crash: the daemon names it, the table says backoff, and backoff's step (the
+    # restart's wait) launches the same flags again; the launch's causes take it back to serving
+    r = replay(tmp_path, crashing(after_s=20), Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    crash = r.causes.index((S.SERVING, Cause.CRASHED, S.BACKOFF))
+    assert r.causes[crash + 1 :] == [
+        (S.BACKOFF, Cause.LAUNCH_STARTED, S.LAUNCHING),
+        (S.LAUNCHING, Cause.PROBE_STARTED, S.PROBING),
+        (S.PROBING, Cause.READY, S.SERVING),
+        (S.SERVING, Cause.DRAIN_REQUESTED, S.DRAINING),
+        (S.DRAINING, Cause.STOP_REQUESTED, S.STOPPING),
+        (S.STOPPING, Cause.ENGINE_STOPPED, S.STOPPED),
+    ]
+    assert r.log.names("restart_backoff", "launch_started")[-2:] == ["restart_backoff", "launch_started"]
 
 
 def test_status_json_shows_the_capacity_of_the_flags_serving_and_none_while_nothing_serves(
@@ -616,6 +635,18 @@ def test_a_reload_that_changes_flags_drains_before_the_relaunch(tmp_path: Path) 
     assert order[1:5] == ["drain_started", "drain_finished", "engine_stopped", "launch_started"]
     argv = r.engine(2).spec.argv
     assert argv[argv.index("--max-model-len") + 1] == "4096"
+
+
+def test_a_sigterm_during_a_reloads_drain_drains_for_the_shutdown_and_never_replans(tmp_path: Path) -> None:
+    # the daemon is draining for a reload when SIGTERM comes: it stays draining, and draining's step is
+    # now the shutdown's drain; the re-plan the reload wanted never comes
+    r = replay(tmp_path, Script(figures=lambda s: BUSY))
+    r.at_serving(1, _reload_with_new_context(r))
+    r.on_entering(S.DRAINING, lambda: r.signal(5.0, signal.SIGTERM))
+    assert r.run() == errors.EXIT_OK
+    assert [e["reason"] for e in r.log.named("drain_started")] == ["config reloaded", "shutdown"]
+    assert r.states()[-4:] == ["serving", "draining", "stopping", "stopped"]
+    assert len(r.engines) == 1 and "planning" not in r.states()[1:]
 
 
 # --- stops and failures in any state -----------------------------------------------------------------

@@ -9,6 +9,10 @@ A memory failure takes the search's next flags and saves the new profile; a tran
 capped exponential backoff with jitter (tenacity), the budget reset after a stable period; beyond it
 r1sup exits 5 for systemd's limits. A stop r1sup chooses (SIGTERM, a reload that changes flags)
 first lets the requests in flight finish (state ``draining``).
+
+Where the daemon is, is its :class:`State`. What happens is named as a :class:`Cause`; the state table
+(:data:`TRANSITIONS`) says which state follows, and each state the daemon waits in between two facts has
+its step (:meth:`Daemon._run`), as supervisord's ``transition()`` and gunicorn's arbiter dispatch.
 """
 
 from __future__ import annotations
@@ -81,19 +85,49 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
-_S = State
-LEGAL: dict[State, frozenset[State]] = {
-    _S.PLANNING: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
-    _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.PROBING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    _S.PROBING: frozenset({_S.LAUNCHING, _S.SERVING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    _S.SERVING: frozenset({_S.PLANNING, _S.LAUNCHING, _S.DRAINING, _S.BACKOFF, _S.STOPPING, _S.FAILED}),
-    # the drain ends in the stop it preceded: a re-plan (reload) or the shutdown
-    _S.DRAINING: frozenset({_S.PLANNING, _S.STOPPING, _S.FAILED}),
-    _S.BACKOFF: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FAILED}),
-    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
-    _S.FAILED: frozenset(),
-    _S.STOPPED: frozenset(),
+class Cause(enum.Enum):
+    """What happened: the daemon names it, :data:`TRANSITIONS` says which state follows."""
+
+    PLANNED = "planned"  # a plan begins: at the start, and after the stop a reload or a re-tune chose
+    LAUNCH_STARTED = "launch_started"
+    PROBE_STARTED = "probe_started"
+    READY = "ready"  # the load probe passed (or the engine is ready where no probe runs): it serves
+    RETRYING = "retrying"  # an attempt failed without a cause that changes the flags: again after a wait
+    CRASHED = "crashed"  # serving ended in a transient failure within the restart budget: a restart waits
+    DRAIN_REQUESTED = "drain_requested"  # a stop r1sup chose (reload, re-tune, shutdown) waits for requests
+    STOP_REQUESTED = "stop_requested"  # the daemon's shutdown (a stop signal): vLLM is stopped, r1sup exits
+    ENGINE_STOPPED = "engine_stopped"  # the shutdown's stop of vLLM is over
+    GAVE_UP = "gave_up"  # no way to serve (no fit, a fatal failure, the budget spent, r1sup's own fault)
+
+
+_S, _C = State, Cause
+_ALIVE = (_S.PLANNING, _S.LAUNCHING, _S.PROBING, _S.SERVING, _S.DRAINING, _S.BACKOFF)
+# the state table: (where the daemon is, what happened) -> where it goes; a pair not here is a bug
+TRANSITIONS: dict[tuple[State, Cause], State] = {
+    (_S.PLANNING, _C.PLANNED): _S.PLANNING,  # the first plan: its status line
+    # a reload or a re-tune: after its drain, or at once when there was nothing to drain
+    (_S.SERVING, _C.PLANNED): _S.PLANNING,
+    (_S.DRAINING, _C.PLANNED): _S.PLANNING,
+    # the search launches: the first flags, its next step, a retry, or new flags after a serving failure
+    **{(s, _C.LAUNCH_STARTED): _S.LAUNCHING for s in (_S.PLANNING, _S.LAUNCHING, _S.PROBING, _S.SERVING)},
+    (_S.BACKOFF, _C.LAUNCH_STARTED): _S.LAUNCHING,
+    (_S.LAUNCHING, _C.PROBE_STARTED): _S.PROBING,
+    (_S.LAUNCHING, _C.READY): _S.SERVING,
+    (_S.PROBING, _C.READY): _S.SERVING,
+    (_S.LAUNCHING, _C.RETRYING): _S.BACKOFF,
+    (_S.PROBING, _C.RETRYING): _S.BACKOFF,
+    (_S.SERVING, _C.CRASHED): _S.BACKOFF,
+    (_S.SERVING, _C.DRAIN_REQUESTED): _S.DRAINING,
+    **{(s, _C.STOP_REQUESTED): _S.STOPPING for s in _ALIVE},
+    (_S.STOPPING, _C.ENGINE_STOPPED): _S.STOPPED,
+    **{(s, _C.GAVE_UP): _S.FAILED for s in (*_ALIVE, _S.STOPPING)},
 }
+
+# the (from, to) pairs the table allows, for readers that ask where a state may go
+LEGAL: dict[State, frozenset[State]] = {
+    state: frozenset(new for (old, _), new in TRANSITIONS.items() if old is state) for state in State
+}
+TERMINAL = frozenset(state for state, targets in LEGAL.items() if not targets)
 
 
 # states in which systemd's start timeout is extended while the loop turns: loading and probing, and
@@ -143,6 +177,12 @@ class Daemon:
         self._free_gib_at_start: float | None = None
         self._no_fit_remembered = False
         self._restarts = 0
+        # what the state's step takes from the one before: the launch served, how serving ended, the
+        # restart's wait, and whether a stop signal began the shutdown
+        self._live: Launch | None = None
+        self._ended: ServeEnd | None = None
+        self._backoff_s = 0.0
+        self._stop_signalled = False
         self.started_at = now_iso()
         self.record: Any = None  # r1sup.state.runrecord.RunLog of this run, for `r1sup report`
         self.clock: Callable[[], float] = lambda: self.runner.clock()
@@ -167,9 +207,11 @@ class Daemon:
 
     # --- state and status ----------------------------------------------------------------------
 
-    def transition(self, new: State, status: str | None = None) -> None:
-        if new is not self.state and new not in LEGAL[self.state]:
-            raise IllegalTransition(f"{self.state.value} -> {new.value}")
+    def advance(self, cause: Cause, status: str | None = None) -> None:
+        """``cause`` happened: the state table says which state follows (a pair it lacks raises)."""
+        new = TRANSITIONS.get((self.state, cause))
+        if new is None:
+            raise IllegalTransition(f"{cause.value} in state {self.state.value}")
         old, self.state = self.state, new
         if old is not new:
             self.since = now_iso()
@@ -245,13 +287,13 @@ class Daemon:
         if isinstance(event, Launching):
             self.flags = event.flags
             self.capacity = None  # until this launch's probe proves what it serves
-            self.transition(State.LAUNCHING, f"attempt {event.attempt}: launching vLLM")
+            self.advance(Cause.LAUNCH_STARTED, f"attempt {event.attempt}: launching vLLM")
         elif isinstance(event, Probing):
-            self.transition(State.PROBING, f"attempt {event.attempt}: load probe")
+            self.advance(Cause.PROBE_STARTED, f"attempt {event.attempt}: load probe")
         elif isinstance(event, AttemptFailed):
             self.last_failure = event.failure
         elif isinstance(event, Retrying):
-            self.transition(State.BACKOFF, event.status)
+            self.advance(Cause.RETRYING, event.status)
         self.publish(event)
 
     # --- main ----------------------------------------------------------------------------------
@@ -276,12 +318,8 @@ class Daemon:
             self.events.install_signal_handlers((signal.SIGHUP,))
             self._start_metrics()
             self._clean_state_dir()
-            self.transition(State.PLANNING, "planning")
-            try:
-                return (yield from self._run())
-            except StopRequested as stop:
-                self.publish(B.StopSignalled(stop.signum))
-            return (yield from self._shutdown(EXIT_OK))  # a failure of the stop itself is handled below
+            self.advance(Cause.PLANNED, "planning")
+            return (yield from self._run())
         except InternalError as exc:
             yield from self._internal(exc)
             raise
@@ -331,22 +369,43 @@ class Daemon:
         )
 
     def _run(self) -> Generator[Phase, Any, int]:
-        result = yield from self._bring_up()
+        """Where the daemon is, is its state: each turn runs the step of that state, which waits in its
+        phases and names what happened (:meth:`advance`), and the state table says where the daemon is
+        next. A step returns the exit code once the daemon is done. The first stop signal a step's phase
+        does not take begins the shutdown from the state it came in; the shutdown's own phases take the
+        signals that follow (a second one forces the stop)."""
+        steps: dict[State, Callable[[], Generator[Phase, Any, int | None]]] = {
+            State.PLANNING: self._plan,
+            State.SERVING: self._serve,
+            State.BACKOFF: self._wait_to_restart,
+            State.DRAINING: self._draining,
+            State.STOPPING: self._stopping,
+        }
         while True:
-            live = result.live
-            if not result.ok or live is None:
-                reason = result.reason or "no working configuration"
-                if result.exit_code == EXIT_NO_WORKING_CONFIG and not self._no_fit_remembered:
-                    self._remember_no_fit(reason)
-                return (yield from self._fail(result.exit_code, reason))
-            end = yield Serving(self, live)
-            if end.reload is not None:
-                result = yield from self._reload(live, end.reload)
+            try:
+                code = yield from steps[self.state]()
+            except StopRequested as stop:
+                if self._stop_signalled:
+                    raise
+                self._stop_signal(stop.signum)
                 continue
-            if end.back_to_best:
-                result = yield from self._back_to_best(live)
-                continue
-            result = yield from self._recover(live, end)
+            if code is not None:
+                return code
+
+    def _plan(self) -> Generator[Phase, Any, int | None]:
+        """Planning: a saved profile or a search brings vLLM up (serving), or the daemon gives up."""
+        result = yield from self._bring_up()
+        return (yield from self._take(result))
+
+    def _take(self, result: TuneResult) -> Generator[Phase, Any, int | None]:
+        """A bring-up's outcome: its launch is the one served, or the daemon fails (the exit code)."""
+        if result.ok and result.live is not None:
+            self._live = result.live
+            return None
+        reason = result.reason or "no working configuration"
+        if result.exit_code == EXIT_NO_WORKING_CONFIG and not self._no_fit_remembered:
+            self._remember_no_fit(reason)
+        return (yield from self._fail(result.exit_code, reason))
 
     def _fail(self, code: int, reason: str) -> Generator[Phase, Any, int]:
         from r1sup.adapters import termination
@@ -354,8 +413,8 @@ class Daemon:
         self.publish(B.DaemonFailed(code, reason))
         termination.write(termination.path_from(self.config.daemon.termination_log), code, reason)
         yield from self.runner.stop_current(reason="failed")
-        if self.state not in (State.FAILED, State.STOPPED):
-            self.transition(State.FAILED, f"failed: {reason[:200]}")
+        if self.state not in TERMINAL:
+            self.advance(Cause.GAVE_UP, f"failed: {reason[:200]}")
         if self.record is not None:
             self.record.stopped(self.state.value)
         return code
@@ -367,23 +426,30 @@ class Daemon:
         yield from self.runner.stop_current(reason="internal error")
         yield from self._fail(fault.exit_code, str(fault))
 
-    def _shutdown(self, code: int) -> Generator[Phase, Any, int]:
+    def _stop_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT: where vLLM serves, the requests in flight finish first (within the stop grace
+        period, so that a systemctl restart does not cut answers in half); then vLLM is stopped."""
+        self.publish(B.StopSignalled(signum))
+        self._stop_signalled = True
         current = self.runner.current
-        if self.state in (State.SERVING, State.DRAINING) and current is not None and current.engine.alive():
-            # within the stop grace period, so that a systemctl restart does not cut answers in half
-            budget = min(self.config.daemon.drain_timeout_s, self.config.server.stop_timeout_s)
-            yield from self._drain(
-                current, budget, "shutdown", for_shutdown=True, unready_s=self.config.daemon.drain_unready_s
-            )
-        if self.state not in (State.FAILED, State.STOPPED):
-            if self.state is not State.STOPPING:
-                self.transition(State.STOPPING, "stopping vLLM")
-            self.publish(B.Stopping())
-            yield from self.runner.stop_current(reason="shutdown")
-            self.transition(State.STOPPED, "stopped")
+        drains = (
+            self.state in (State.SERVING, State.DRAINING)
+            and current is not None
+            and self._drains(current, self._drain_plan()[0])
+        )
+        if not drains:
+            self.advance(Cause.STOP_REQUESTED, "stopping vLLM")
+        elif self.state is State.SERVING:  # a drain under way (a reload's) turns into the shutdown's
+            self.advance(Cause.DRAIN_REQUESTED, liveness.drain_status(None))
+
+    def _stopping(self) -> Generator[Phase, Any, int]:
+        """Stopping (the shutdown): vLLM stopped, then r1sup exits 0."""
+        self.publish(B.Stopping())
+        yield from self.runner.stop_current(reason="shutdown")
+        self.advance(Cause.ENGINE_STOPPED, "stopped")
         if self.record is not None:
             self.record.stopped(self.state.value)
-        return code
+        return EXIT_OK
 
     # --- bringing up ---------------------------------------------------------------------------
 
@@ -591,7 +657,7 @@ class Daemon:
         text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
             f" (context {ctx})" if ctx else ""
         )
-        self.transition(State.SERVING, text)
+        self.advance(Cause.READY, text)
         self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
 
     # --- serving -------------------------------------------------------------------------------
@@ -633,7 +699,8 @@ class Daemon:
     ) -> Generator[Phase, Any, None]:
         """Let the requests in flight finish, up to ``budget_s``, before a stop r1sup chose.
 
-        First out of the load balancer: the state is ``draining`` at once, so ``/readyz`` says 503, while
+        First out of the load balancer: the state is ``draining`` already (:meth:`_drains` said it
+        would drain, before anything is read), so ``/readyz`` says 503, while
         vLLM still takes every request (one a load balancer sent before it saw the 503 is served, not
         refused). That lasts ``unready_s`` at least, then until ``/metrics`` shows none running or
         waiting. A vLLM launched with ``--shutdown-timeout`` (0.18 and later; r1sup adds it) then gets a
@@ -643,12 +710,8 @@ class Daemon:
         older vLLM takes requests until the budget runs out. A second SIGTERM ends the wait at once;
         the caller then stops vLLM as usual (group SIGTERM, grace, SIGKILL).
         """
-        if budget_s <= 0 or not launch.engine.alive():
-            return
         unready_s = min(max(unready_s, 0.0), budget_s)
         t0 = self.clock()
-        if self.state is not State.DRAINING:  # /readyz 503 from here on, before anything is read
-            self.transition(State.DRAINING, liveness.drain_status(None))
         ep = health.Endpoint(self.config.server.host, self.config.server.port, self.s.api_key)
         read, timeout = self.runner.world.read_metrics, min(2.0, budget_s)
         self.runner.run_check("drain", launch, lambda: (True, "", read(ep, timeout)))
@@ -668,15 +731,61 @@ class Daemon:
         figures = phase.figures.to_dict() if phase.figures else {}
         self.publish(B.DrainFinished(reason, self.clock() - t0, phase.complete, figures))
 
+    def _drains(self, launch: Launch, budget_s: float) -> bool:
+        """Whether a stop r1sup chose drains first: a budget for it, and a vLLM alive to finish requests."""
+        return budget_s > 0 and launch.engine.alive()
+
+    def _drain_plan(self) -> tuple[float, str, float]:
+        """The drain before the stop under way: its budget, its reason, how long it is unready at least.
+        The shutdown's stays within the stop grace period; a reload's follows the new config."""
+        d = self.config.daemon
+        if self._stop_signalled:
+            return min(d.drain_timeout_s, self.config.server.stop_timeout_s), "shutdown", d.drain_unready_s
+        end = self._ended
+        if end is not None and end.reload is not None:
+            return end.reload.daemon.drain_timeout_s, "config reloaded", end.reload.daemon.drain_unready_s
+        return d.drain_timeout_s, "planned re-tune", d.drain_unready_s
+
+    def _draining(self) -> Generator[Phase, Any, None]:
+        """Draining: the requests in flight finish (or the budget ends), then the stop the drain came
+        before: the shutdown, or a reload's or a re-tune's re-plan."""
+        budget_s, reason, unready_s = self._drain_plan()
+        if self._stop_signalled:
+            current = self.runner.current
+            assert current is not None  # the stop signal found it alive
+            yield from self._drain(current, budget_s, reason, for_shutdown=True, unready_s=unready_s)
+            self.advance(Cause.STOP_REQUESTED, "stopping vLLM")
+            return
+        assert self._live is not None and self._ended is not None
+        yield from self._drain(self._live, budget_s, reason, unready_s=unready_s)
+        yield from self._replan(self._live, self._ended)
+
     def serve_failure(self, launch: Launch, start: float, failure: Failure) -> ServeEnd:
         self.last_failure = failure
         served = self.clock() - start
         self.publish(B.ServingFailed(failure, served))
         return ServeEnd(failure, served)
 
-    # --- recovering ----------------------------------------------------------------------------
+    # --- serving and recovering ---------------------------------------------------------------
 
-    def _recover(self, launch: Launch, end: ServeEnd) -> Generator[Phase, Any, TuneResult]:
+    def _serve(self) -> Generator[Phase, Any, int | None]:
+        """Serving, until a failure, a reload that changes the flags, or the memory other processes held
+        being back; the state that follows handles the rest (a restart's wait, a drain, a re-plan)."""
+        launch = self._live
+        assert launch is not None
+        end = yield Serving(self, launch)
+        self._ended = end
+        if end.reload is None and not end.back_to_best:
+            return (yield from self._recover(launch, end))
+        if self._drains(launch, self._drain_plan()[0]):  # /readyz 503 from here on, before anything is read
+            self.advance(Cause.DRAIN_REQUESTED, liveness.drain_status(None))
+        else:
+            yield from self._replan(launch, end)
+        return None
+
+    def _recover(self, launch: Launch, end: ServeEnd) -> Generator[Phase, Any, int | None]:
+        """Serving failed: vLLM stopped; a memory failure takes the search's next flags (launched here),
+        a transient one waits for a restart (backoff) within the budget; else the daemon fails."""
         failure = end.failure
         assert failure is not None
         yield from self.runner.stop(launch, reason=f"serving failed: {failure.cls}")
@@ -692,11 +801,15 @@ class Daemon:
             yield from self._tuner().refresh_device()
             decision = search.after(S.Outcome(flags, failure, launch.figures, self.know.device))
             if isinstance(decision, S.GiveUp):
-                return TuneResult(
-                    ok=False,
-                    exit_code=decision.exit_code,
-                    reason=decision.reason,
-                    suggestions=list(decision.ways_out),
+                return (
+                    yield from self._take(
+                        TuneResult(
+                            ok=False,
+                            exit_code=decision.exit_code,
+                            reason=decision.reason,
+                            suggestions=list(decision.ways_out),
+                        )
+                    )
                 )
             self.history = search
             step = SearchStepped(self.runner.launches + 1, flags, decision.flags, failure.cls)
@@ -717,34 +830,35 @@ class Daemon:
                     self.s, result, self.fingerprint or {}, self._conditions(result, key), tell=self.publish
                 )
                 self._served(result)
-            return result
+            return (yield from self._take(result))
         if failure.cls not in policy.TRANSIENT:
-            return TuneResult(
-                ok=False, exit_code=EXIT_FATAL_FAILURE, reason=f"{failure.cls}: {failure.evidence}"
-            )
-        return (yield from self._restart(flags, end))
-
-    def _restart(self, flags: EngineFlags, end: ServeEnd) -> Generator[Phase, Any, TuneResult]:
+            return (yield from self._fail(EXIT_FATAL_FAILURE, f"{failure.cls}: {failure.evidence}"))
         d = self.config.daemon
         if end.served_s >= d.stable_after_s:
             self._restarts = 0
         self._restarts += 1
         if self._restarts > d.restart_budget:
             reason = f"{self._restarts - 1} restarts without {d.stable_after_s:.0f}s of stable serving"
-            return TuneResult(ok=False, exit_code=EXIT_RESTART_BUDGET, reason=reason)
-        delay = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
-        self.transition(State.BACKOFF, f"restart {self._restarts}/{d.restart_budget} in {delay:.1f}s")
-        self.publish(B.RestartScheduled(self._restarts, d.restart_budget, delay))
-        yield from self.runner.sleep(delay)
+            return (yield from self._fail(EXIT_RESTART_BUDGET, reason))
+        self._backoff_s = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
+        self.advance(Cause.CRASHED, f"restart {self._restarts}/{d.restart_budget} in {self._backoff_s:.1f}s")
+        self.publish(B.RestartScheduled(self._restarts, d.restart_budget, self._backoff_s))
+        return None
+
+    def _wait_to_restart(self) -> Generator[Phase, Any, int | None]:
+        """Backoff after a crash while serving: the wait, then the same flags launched again."""
+        launch, end = self._live, self._ended
+        assert launch is not None and end is not None
+        yield from self.runner.sleep(self._backoff_s)
         result = yield from self._tuner().run(
-            flags,
+            launch.flags,
             keep_running=True,
             history=self.history,
             why=f"restart {self._restarts} after {end.failure.cls if end.failure else 'a failure'}",
         )
         if result.ok:
             self._served(result)
-        return result
+        return (yield from self._take(result))
 
     # --- reloading -----------------------------------------------------------------------------
 
@@ -772,28 +886,25 @@ class Daemon:
         self.publish(B.ConfigReloaded(changed, applied=new is not None and not changed))
         return new if changed else None
 
-    def _back_to_best(self, launch: Launch) -> Generator[Phase, Any, TuneResult]:
-        """The planned re-tune: the memory other processes held is back, so drain, stop and bring the best
-        configuration up (the saved best profile when there is one, else a new search)."""
-        d = self.config.daemon
-        yield from self._drain(launch, d.drain_timeout_s, "planned re-tune", unready_s=d.drain_unready_s)
-        yield from self.runner.stop(launch, reason="planned re-tune: the memory other processes held is back")
-        self.history = None
-        self.transition(State.PLANNING, "re-tune: the memory other processes held is back")
-        return (yield from self._bring_up())
-
-    def _reload(self, launch: Launch, new: Config) -> Generator[Phase, Any, TuneResult]:
-        yield from self._drain(
-            launch, new.daemon.drain_timeout_s, "config reloaded", unready_s=new.daemon.drain_unready_s
-        )
+    def _replan(self, launch: Launch, end: ServeEnd) -> Generator[Phase, Any, None]:
+        """The stop a reload that changes the flags, or the planned re-tune, chose (after its drain): vLLM
+        stopped, then planning again (the re-tune brings the best configuration up: the saved best
+        profile when there is one, else a new search)."""
+        new = end.reload
+        if new is None:
+            yield from self.runner.stop(
+                launch, reason="planned re-tune: the memory other processes held is back"
+            )
+            self.history = None
+            self.advance(Cause.PLANNED, "re-tune: the memory other processes held is back")
+            return
         yield from self.runner.stop(launch, reason="config reloaded")
         self.config = new
         self.s.config = new
         self.runner.config = new
         self.know = None
         self.history = None
-        self.transition(State.PLANNING, "re-planning after reload")
-        return (yield from self._bring_up())
+        self.advance(Cause.PLANNED, "re-planning after reload")
 
 
 def _check(read: Callable[[], Any]) -> Callable[[], tuple[bool, str, Any]]:
