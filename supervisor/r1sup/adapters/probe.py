@@ -14,8 +14,9 @@ and its result says so (``queued``, ``waiting_peak``); the capacity r1sup record
 proven figure (:mod:`r1sup.core.capacity`).
 
 The probe runs in a child process (``python -m r1sup.adapters.probe``: the spec as JSON on stdin, the result
-as JSON on stdout), so that the openai client, httpx and their pools never stay resident in the
-long-running supervisor, and a wedged client can be killed. The API key travels on stdin, never argv.
+as JSON on stdout, read back once into a :class:`r1sup.core.probing.ProbeResult`), so that the openai
+client, httpx and their pools never stay resident in the long-running supervisor, and a wedged client
+can be killed. The API key travels on stdin, never argv.
 The child imports the client before it reads its spec, so the runner starts it together with vLLM
 (:class:`ProbeProcess`): the import (seconds on a small machine) overlaps the engine's start-up, and so
 does building its clients (:class:`Clients`) when it is told the connection at its start. A child whose
