@@ -86,6 +86,15 @@ def test_values_of_the_wrong_type_are_none_never_a_crash() -> None:
     assert Capacity.from_dict(None) is None and Asked.from_dict({"requests": True}) == Asked()
 
 
+def test_a_probe_that_gave_no_result_has_no_figures() -> None:
+    # what the probe_failed event logs of it: no count of zero for requests never counted
+    result = ProbeResult.unanswered("the probe did not return", timed_out=True)
+    assert not result.ok and result.timed_out and result.first_error == "the probe did not return"
+    assert (result.requests, result.succeeded, result.duration_s, result.streams_peak) == (None,) * 4
+    # the record the dict it stands for read as (the runner's fallback was ``{"ok": false, ...}``)
+    assert result == ProbeResult.from_dict({"ok": False, "errors": [result.first_error], "timed_out": True})
+
+
 def test_a_skipped_wave_writes_only_what_it_knew() -> None:
     wave = Wave(requests=1, output_tokens=32, limit=1, skipped="one at once")
     assert wave.to_dict() == {"requests": 1, "output_tokens": 32, "limit": 1, "skipped": "one at once"}

@@ -156,6 +156,13 @@ class ProbeResult:
             values["internal"] = ProbeFault(str(internal.get("where")), str(internal.get("error")))
         return cls(**values)
 
+    @classmethod
+    def unanswered(cls, error: str, timed_out: bool = False) -> ProbeResult:
+        """A probe that gave no result (its check failed, or it did not return in time): failed, with
+        no figures (None, not zero) and ``error``."""
+        figures: dict[str, Any] = dict.fromkeys(_NUMBERS)
+        return cls(**figures, errors=(error,), timed_out=timed_out)
+
     def to_dict(self) -> dict[str, Any]:
         """The record, every field by its name in the order declared (the child's output, ``probe``)."""
         out: dict[str, Any] = {}

@@ -935,11 +935,11 @@ class ProbeWait(Phase):
         self.runner.show_progress(launch)
         if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
             payload = event.payload
-            return Done(payload if isinstance(payload, ProbeResult) else ProbeResult(errors=(event.detail,)))
+            return Done(payload if isinstance(payload, ProbeResult) else ProbeResult.unanswered(event.detail))
         if event is not None:
             self.runner.handle_output(launch, event)
         if now > self.deadline:
-            return Done(ProbeResult(errors=("the probe did not return",), timed_out=True))
+            return Done(ProbeResult.unanswered("the probe did not return", timed_out=True))
         return None
 
 
