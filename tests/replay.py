@@ -28,6 +28,7 @@ from r1sup.core import catalog, liveness, memmodel
 from r1sup.core import config as cfg
 from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.probing import ProbeResult
 from r1sup.supervision.daemon import Cause, Daemon, State
 from r1sup.supervision.runner import Runner
 from r1sup.supervision.session import Session
@@ -451,7 +452,9 @@ class Replay:
                     "error": "ImportError: no module named openai",
                 }
             ok = s.probe_ok
-            self.queue.at(now + s.probe_s, CheckDone(kind, launch.number, ok, detail, payload))
+            # the probe child's JSON, read back as the runner reads it
+            result = ProbeResult.from_dict(payload)
+            self.queue.at(now + s.probe_s, CheckDone(kind, launch.number, ok, detail, result))
             return
         elif kind == "health":
             ok = engine.alive() and s.health(since)

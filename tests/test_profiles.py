@@ -20,10 +20,12 @@ from structlog.testing import capture_logs
 
 from r1sup.adapters import preflight
 from r1sup.adapters.statefiles import StateWriteError
+from r1sup.core import capacity
 from r1sup.core.errors import ConfigError
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.core.probing import ProbeResult
 from r1sup.state import profiles
 from r1sup.state.profiles import (
     Profile,
@@ -741,28 +743,42 @@ PASSED = {
 }
 
 
+def _verified(
+    probe: dict[str, Any],
+    flags: dict[str, Any],
+    figures: Figures | None,
+    asked: dict[str, Any],
+    reduced: bool = False,
+) -> capacity.Capacity | None:
+    """The capacity of a probe record, its flags' and what was asked (as they are stored)."""
+    return capacity.verified(
+        ProbeResult.from_dict(probe),
+        flags.get("max_model_len"),
+        figures,
+        capacity.Asked.from_dict(asked),
+        reduced,
+    )
+
+
 def test_the_capacity_a_probe_proved_is_saved_and_read_back() -> None:
     from dataclasses import replace
 
-    from r1sup.core import capacity
-
     flags = {"max_model_len": 8192}
-    verified = capacity.verified(
-        PASSED, flags, Figures(kv_cache_tokens=101456), {"requests": 4, "context": 16384}
-    )
+    verified = _verified(PASSED, flags, Figures(kv_cache_tokens=101456), {"requests": 4, "context": 16384})
     assert verified is not None
-    assert (verified["requests"], verified["context_tokens"], verified["kv_cache_tokens"]) == (
+    assert (verified.requests, verified.context_tokens, verified.kv_cache_tokens) == (
         2,
         8192,
         101456,
     )
-    assert verified["probe_tokens"] == 8036 and verified["output_tokens_per_second"] == 96.5
-    assert verified["reduced"] and verified["reduced_because"] == [
+    assert verified.probe_tokens == 8036 and verified.output_tokens_per_second == 96.5
+    assert verified.reduced and verified.reduced_because == (
         "2 request(s) at once of 4 asked",
         "context 8,192 of 16,384 asked",
-    ]
+    )
     profile = replace(
-        make_profile(created_at="2025-01-01T00:00:00Z", updated_at="2025-01-02T00:00:00Z"), capacity=verified
+        make_profile(created_at="2025-01-01T00:00:00Z", updated_at="2025-01-02T00:00:00Z"),
+        capacity=verified.to_dict(),
     )
     data = json.loads(json.dumps(profile.to_dict()))
     assert Profile.from_dict(data) == profile and data["schema_version"] == 1
@@ -786,15 +802,15 @@ def test_what_a_probe_proves(
     requests: int | None,
     reduced: bool | None,
 ) -> None:
-    from r1sup.core import capacity
 
-    verified = capacity.verified(probe, flags, None, asked)
+    verified = _verified(probe, flags, None, asked)
     if reduced is None:
         assert verified is None
         return
-    assert verified is not None and verified["requests"] == requests and verified["reduced"] is reduced
+    assert verified is not None and verified.requests == requests and verified.reduced is reduced
     # the search's own verdict adds to what the figures show, never hides it
-    assert capacity.verified(probe, flags, None, asked, reduced=True)["reduced"]  # type: ignore[index]
+    again = _verified(probe, flags, None, asked, reduced=True)
+    assert again is not None and again.reduced
 
 
 WAVE = {
@@ -810,20 +826,19 @@ WAVE = {
 
 
 def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_beside_them() -> None:
-    from r1sup.core import capacity
 
     probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": WAVE}
     asked = {"requests": 1, "context": 8192, "concurrent": 16}
-    c = capacity.verified(probe, {"max_model_len": 8192}, None, asked)
-    assert c is not None and not c["reduced"], c
-    assert (c["requests"], c["concurrent_prompt_tokens"], c["context_requests"]) == (16, 250, 1)
+    c = _verified(probe, {"max_model_len": 8192}, None, asked)
+    assert c is not None and not c.reduced, c
+    assert (c.requests, c.concurrent_prompt_tokens, c.context_requests) == (16, 250, 1)
     # the throughput and TTFT are the wave's, measured at the 16 at once
-    assert (c["output_tokens_per_second"], c["ttft_p50_s"], c["ttft_p95_s"]) == (812.0, 0.05, 0.09)
-    assert c["probe_tokens"] == 8036  # the context requests' size, as before
-    assert capacity.text(c).startswith(
+    assert (c.output_tokens_per_second, c.ttft_p50_s, c.ttft_p95_s) == (812.0, 0.05, 0.09)
+    assert c.probe_tokens == 8036  # the context requests' size, as before
+    assert c.text().startswith(
         "16 request(s) at once of ~250 prompt tokens; 1 of up to 8,192 tokens, 812.0 output tok/s"
     )
-    assert capacity.check(json.loads(json.dumps(c))) == c
+    assert capacity.check(json.loads(json.dumps(c.to_dict()))) == c.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -859,21 +874,19 @@ def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_besid
 def test_fewer_requests_at_once_than_asked_is_reduced_and_says_their_size(
     wave: dict[str, Any], asked_concurrent: int, requests: int, because: list[str]
 ) -> None:
-    from r1sup.core import capacity
 
     probe = {**PASSED, "concurrency": 1, "concurrency_proven": 1, "wave": wave}
     asked = {"requests": 1, "context": 8192, "concurrent": asked_concurrent}
-    c = capacity.verified(probe, {"max_model_len": 8192}, None, asked)
-    assert c is not None and c["requests"] == requests and c["context_requests"] == 1
-    assert c["reduced_because"] == because and c["reduced"] == bool(because)
+    c = _verified(probe, {"max_model_len": 8192}, None, asked)
+    assert c is not None and c.requests == requests and c.context_requests == 1
+    assert list(c.reduced_because) == because and c.reduced == bool(because)
 
 
 def test_a_probe_without_a_wave_is_not_held_against_the_concurrency_asked() -> None:
     """A record from before the wave (or a probe that was not asked for one) proves what it proves."""
-    from r1sup.core import capacity
 
-    c = capacity.verified(PASSED, {"max_model_len": 8192}, None, {"requests": 2, "concurrent": 16})
-    assert c is not None and c["requests"] == 2 and c["asked_concurrent"] is None and not c["reduced"]
+    c = _verified(PASSED, {"max_model_len": 8192}, None, {"requests": 2, "concurrent": 16})
+    assert c is not None and c.requests == 2 and c.asked_concurrent is None and not c.reduced
 
 
 @pytest.mark.parametrize(

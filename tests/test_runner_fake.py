@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from r1sup.supervision.world import World
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, fake_body, fake_env, fake_scenario
 
-PROVEN = {"ok": True, "requests": 4, "succeeded": 4, "concurrency": 1, "prompt_tokens": 8000}
+PROVEN = ProbeResult(ok=True, requests=4, succeeded=4, concurrency=1, prompt_tokens=8000)
 
 
 # --- the probe's size: pure --------------------------------------------------------------------------
@@ -62,22 +63,26 @@ PROVEN = {"ok": True, "requests": 4, "succeeded": 4, "concurrency": 1, "prompt_t
     [
         (None, (4, False)),  # no saved profile: the full probe
         (PROVEN, (1, True)),  # one wave at the target concurrency
-        ({**PROVEN, "ok": False}, (4, False)),  # the saved probe failed
-        ({**PROVEN, "succeeded": 3}, (4, False)),  # a request of it failed
-        ({**PROVEN, "requests": 2, "succeeded": 2}, (4, False)),  # a smaller probe than configured now
-        ({**PROVEN, "prompt_tokens": 4000}, (4, False)),  # shorter prompts than this probe's
-        ({**PROVEN, "prompt_tokens": 7800}, (1, True)),  # within what a built prompt may fall short
-        ({k: v for k, v in PROVEN.items() if k != "concurrency"}, (4, False)),  # an unreadable record
+        (replace(PROVEN, ok=False), (4, False)),  # the saved probe failed
+        (replace(PROVEN, succeeded=3), (4, False)),  # a request of it failed
+        (replace(PROVEN, requests=2, succeeded=2), (4, False)),  # a smaller probe than configured now
+        (replace(PROVEN, prompt_tokens=4000), (4, False)),  # shorter prompts than this probe's
+        (replace(PROVEN, prompt_tokens=7800), (1, True)),  # within what a built prompt may fall short
+        # an unreadable record: a saved probe without its concurrency
+        (
+            ProbeResult.from_dict({k: v for k, v in PROVEN.to_dict().items() if k != "concurrency"}),
+            (4, False),
+        ),
     ],
 )
 def test_the_short_probe_needs_a_full_probe_at_least_as_large_that_passed(
-    proven: dict[str, Any] | None, expected: tuple[int, bool]
+    proven: ProbeResult | None, expected: tuple[int, bool]
 ) -> None:
     assert probe_requests(4, 1, 8000, proven) == expected
 
 
 def test_the_short_probe_keeps_the_target_concurrency() -> None:
-    proven = {**PROVEN, "requests": 8, "succeeded": 8, "concurrency": 2}
+    proven = replace(PROVEN, requests=8, succeeded=8, concurrency=2)
     assert probe_requests(8, 2, 8000, proven) == (2, True)
     assert probe_requests(8, 4, 8000, proven) == (8, False)  # never proven at 4 at once
     assert probe_requests(2, 2, 8000, proven) == (2, False)  # already one wave
@@ -145,8 +150,9 @@ def test_the_first_token_is_the_first_chunk_with_text() -> None:
 
 
 def test_a_queued_probe_says_how_many_ran_at_once() -> None:
-    result = ProbeResult(ok=True, requests=4, succeeded=4, concurrency=4, concurrency_proven=1)
-    result.queued, result.waiting_peak = True, 3
+    result = ProbeResult(
+        ok=True, requests=4, succeeded=4, concurrency=4, concurrency_proven=1, queued=True, waiting_peak=3
+    )
     assert result.summary().startswith("4/4 ok at concurrency 4 (only 1 ran at once, 3 waited), ")
 
 
@@ -222,7 +228,7 @@ def test_a_probe_child_that_died_while_it_waited_is_r1sups_failure() -> None:
     spec = ProbeSpec("http://127.0.0.1:9", "m", 1, 1, 10, 1, 1.0, 1.0)
     result = child.run(spec)
     assert not result.ok and result.internal is not None
-    assert result.internal["error"] == "killed by SIGKILL"
+    assert result.internal is not None and result.internal.error == "killed by SIGKILL"
 
 
 # --- the runner on the fake engine -------------------------------------------------------------------
@@ -307,7 +313,7 @@ def test_the_probe_child_starts_with_the_engine_and_runs_the_probe(tmp_path: Pat
         assert len(waiting) == 1, "one probe child, started before vLLM was ready"
         assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert launch.probe is not None and launch.probe["succeeded"] == 4
+        assert launch.probe is not None and launch.probe.succeeded == 4
         assert made[0].used and len(made) == 1  # the probe ran in the child started with the engine
         # a second probe of the same launch starts a child of its own
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
@@ -341,25 +347,25 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         flags = launch.flags.to_dict()
         runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), PROVEN)  # another's flags
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert launch.probe is not None and launch.probe["requests"] == 4
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": launch.probe["prompt_tokens"]})
+        assert launch.probe is not None and launch.probe.requests == 4
+        runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=launch.probe.prompt_tokens))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert launch.probe["requests"] == 1 and launch.probe["succeeded"] == 1
+        assert launch.probe.requests == 1 and launch.probe.succeeded == 1
         # a record saved without the sizing (an older profile): the prompt is sized with /tokenize
-        assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
-        full_size = launch.probe["prompt_tokens"]
+        assert not launch.probe.sizing_reused and launch.probe.tokenize_calls > 1
+        full_size = launch.probe.prompt_tokens
         # vLLM allocated this launch the KV cache the full probe passed with: short prompts
         kv = launch.figures.kv_cache_tokens
         assert kv is not None
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv))
+        runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=full_size), Figures(kv_cache_tokens=kv))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] <= SHORT_PROMPT_TOKENS
+        assert launch.probe.requests == 1 and launch.probe.prompt_tokens <= SHORT_PROMPT_TOKENS
         # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
         runner.prove_with(
-            launch.flags, {**PROVEN, "prompt_tokens": full_size}, Figures(kv_cache_tokens=kv + 1)
+            launch.flags, replace(PROVEN, prompt_tokens=full_size), Figures(kv_cache_tokens=kv + 1)
         )
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert launch.probe["requests"] == 1 and launch.probe["prompt_tokens"] > SHORT_PROMPT_TOKENS
+        assert launch.probe.requests == 1 and launch.probe.prompt_tokens > SHORT_PROMPT_TOKENS
     finally:
         cleanup(runner, launch, path)
 
@@ -396,29 +402,29 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
             runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         )  # the full probe sizes its prompts with /tokenize
         full = launch.probe
-        assert full is not None and not full["sizing_reused"] and full["tokenize_calls"] > 4
-        assert full["sizing"]["model"] == "r1" and len(full["sizing"]["prompts"]) == 4
+        assert full is not None and not full.sizing_reused and full.tokenize_calls > 4
+        assert full.sizing["model"] == "r1" and len(full.sizing["prompts"]) == 4
 
         runner.prove_with(
             launch.flags, full
         )  # the saved profile's flags: its record stands in for the sizing
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         short = launch.probe
-        assert short["requests"] == 1 and short["sizing_reused"]
-        assert short["tokenize_calls"] == 1  # the check that the server counts the first prompt alike
-        assert short["prompt_tokens"] == full["sizing"]["prompts"][0]["tokens"]
+        assert short.requests == 1 and short.sizing_reused
+        assert short.tokenize_calls == 1  # the check that the server counts the first prompt alike
+        assert short.prompt_tokens == full.sizing["prompts"][0]["tokens"]
 
         # a record this server does not count alike (another template or tokenizer): sized again
-        entry = {**full["sizing"]["prompts"][0], "tokens": full["sizing"]["prompts"][0]["tokens"] - 1}
-        runner.prove_with(launch.flags, {**full, "sizing": {**full["sizing"], "prompts": [entry]}})
+        entry = {**full.sizing["prompts"][0], "tokens": full.sizing["prompts"][0]["tokens"] - 1}
+        runner.prove_with(launch.flags, replace(full, sizing={**full.sizing, "prompts": [entry]}))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 1
-        assert launch.probe["prompt_tokens"] == short["prompt_tokens"]
+        assert not launch.probe.sizing_reused and launch.probe.tokenize_calls > 1
+        assert launch.probe.prompt_tokens == short.prompt_tokens
 
         # another profile's flags: no record is passed, the prompts are sized
         runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), full)
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert not launch.probe["sizing_reused"] and launch.probe["tokenize_calls"] > 4
+        assert not launch.probe.sizing_reused and launch.probe.tokenize_calls > 4
 
         # a child whose clients were built for another connection builds them for the spec's
         spec = ProbeSpec(runner.endpoint.base, "r1", 1, 1, 200, 8, 30.0, 60.0, api_key=runner.api_key)
@@ -438,9 +444,9 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
     launch = None
     try:
         launch = launch_ready(runner)
-        runner.prove_with(launch.flags, {**PROVEN, "prompt_tokens": 8100})
+        runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=8100))
         failure = runner.loop.run(runner.probe(launch))
-        assert launch.probe is not None and launch.probe["requests"] == 1
+        assert launch.probe is not None and launch.probe.requests == 1
         assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure
     finally:
         cleanup(runner, launch, path)
@@ -474,29 +480,29 @@ def test_the_probe_reports_the_requests_that_ran_at_once_not_those_it_sent(
         with capture_logs() as logs:
             assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE  # every request succeeded
         p = launch.probe
-        assert p is not None and p["ok"] and p["succeeded"] == 4 and p["concurrency"] == 4
-        assert p["concurrency_proven"] == proven and p["running_peak"] == proven
+        assert p is not None and p.ok and p.succeeded == 4 and p.concurrency == 4
+        assert p.concurrency_proven == proven and p.running_peak == proven
         queued = [e for e in logs if e["event"] == "probe_queued"]
         if proven < 4:
-            assert p["queued"] and p["waiting_peak"] >= 1
+            assert p.queued and p.waiting_peak >= 1
             assert [(e["sent_at_once"], e["ran_at_once"], e["max_num_seqs"]) for e in queued] == [(4, 1, 1)]
         else:
-            assert not p["queued"] and not queued
-        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
-        assert capacity is not None and capacity["context_requests"] == proven
-        assert capacity["asked_requests"] == 4 and capacity["reduced"] == (proven < 4)
+            assert not p.queued and not queued
+        capacity = verified(p, launch.flags.max_model_len, launch.figures, asked(config))
+        assert capacity is not None and capacity.context_requests == proven
+        assert capacity.asked_requests == 4 and capacity.reduced == (proven < 4)
         # the concurrency wave: none where vLLM runs one sequence (the user's own max_num_seqs, as
         # asked); else probe.max_concurrency (16) ordinary requests, all of them running together
-        wave = p["wave"]
+        wave = p.wave
         if proven == 1:
-            assert wave["requests"] == 1 and wave["skipped"] and capacity["requests"] == 1
+            assert wave.requests == 1 and wave.skipped and capacity.requests == 1
         else:
-            assert (wave["sent"], wave["limit"], wave["waiting_peak"]) == (16, 16, 0), wave
-            assert wave["concurrency_proven"] > 4 and wave["running_peak"] == wave["concurrency_proven"]
-            assert capacity["requests"] == wave["concurrency_proven"] and capacity["concurrent_limit"] == 16
-            assert 200 <= capacity["concurrent_prompt_tokens"] <= 256
-            assert capacity["output_tokens_per_second"] == wave["output_tokens_per_s"]
-        assert capacity["output_tokens_per_second"] > 0 and capacity["context_tokens"] == 8192
+            assert (wave.sent, wave.limit, wave.waiting_peak) == (16, 16, 0), wave
+            assert wave.concurrency_proven > 4 and wave.running_peak == wave.concurrency_proven
+            assert capacity.requests == wave.concurrency_proven and capacity.concurrent_limit == 16
+            assert 200 <= capacity.concurrent_prompt_tokens <= 256
+            assert capacity.output_tokens_per_second == wave.output_tokens_per_s
+        assert capacity.output_tokens_per_second > 0 and capacity.context_tokens == 8192
     finally:
         cleanup(runner, launch, path)
 
@@ -523,17 +529,17 @@ def test_the_concurrency_wave_proves_what_a_lowered_max_num_seqs_gives_and_says_
         with capture_logs() as logs:
             assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         p = launch.probe
-        assert p is not None and p["ok"] and p["concurrency_proven"] == 1  # one context request at a time
-        wave = p["wave"]
-        assert (wave["sent"], wave["succeeded"], wave["concurrency_proven"]) == (2, 2, 2), wave
-        assert wave["running_peak"] == 2 and not wave["queued"]
+        assert p is not None and p.ok and p.concurrency_proven == 1  # one context request at a time
+        wave = p.wave
+        assert (wave.sent, wave.succeeded, wave.concurrency_proven) == (2, 2, 2), wave
+        assert wave.running_peak == 2 and not wave.queued
         (passed,) = [e for e in logs if e["event"] == "probe_passed"]
         assert passed["wave"]["sent"] == 2 and passed["wave"]["concurrency_proven"] == 2
-        capacity = verified(p, launch.flags.to_dict(), launch.figures, asked(config))
-        assert capacity is not None and (capacity["requests"], capacity["context_requests"]) == (2, 1)
-        assert (capacity["asked_concurrent"], capacity["concurrent_limit"]) == (16, 2) and capacity["reduced"]
-        size = capacity["concurrent_prompt_tokens"]
-        assert capacity["reduced_because"] == [f"2 request(s) at once of ~{size:,} prompt tokens of 16 asked"]
+        capacity = verified(p, launch.flags.max_model_len, launch.figures, asked(config))
+        assert capacity is not None and (capacity.requests, capacity.context_requests) == (2, 1)
+        assert (capacity.asked_concurrent, capacity.concurrent_limit) == (16, 2) and capacity.reduced
+        size = capacity.concurrent_prompt_tokens
+        assert capacity.reduced_because == (f"2 request(s) at once of ~{size:,} prompt tokens of 16 asked",)
     finally:
         cleanup(runner, launch, path)
 

@@ -21,6 +21,7 @@ from r1sup.cli.app import main
 from r1sup.core import config as cfg
 from r1sup.core.errors import ConfigError
 from r1sup.core.figures import Figures
+from r1sup.core.probing import ProbeResult
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 
 FAKE_ENV = {"PYTHONPATH": f"{ROOT / 'tests' / 'fakenvml'}:{ROOT / 'tests'}"}
@@ -472,7 +473,7 @@ def _use_profile(profile) -> None:
     memmodel.kv_bytes_per_token(arch, engine.kv_cache_dtype, engine.tensor_parallel_size)
     obs = profile.observations
     probe.short_prompt_tokens(1000, obs.kv_cache_tokens, 50000.0)
-    probe.probe_requests(16, 4, 100, profile.probe)
+    probe.probe_requests(16, 4, 100, ProbeResult.from_dict(profile.probe))
     obs.memory_in_use_gib()
 
 

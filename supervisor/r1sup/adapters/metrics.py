@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from r1sup.core.capacity import Capacity
 from r1sup.core.figures import Figures
+from r1sup.core.probing import ProbeResult
 
 STATES = (
     "planning",
@@ -132,15 +134,15 @@ class Metrics:
         for s in STATES:
             self.state.labels(state=s).set(1 if s == state else 0)
 
-    def probe(self, result: dict[str, Any] | None) -> None:
-        if not result:
+    def probe(self, result: ProbeResult | None) -> None:
+        if result is None:
             return
-        for q, key in (("0.5", "ttft_p50_s"), ("0.95", "ttft_p95_s")):
-            if result.get(key) is not None:
-                self.probe_ttft.labels(quantile=q).set(result[key])
-        if result.get("duration_s") is not None:
-            self.probe_duration.set(result["duration_s"])
-        if result.get("ok"):
+        for q, value in (("0.5", result.ttft_p50_s), ("0.95", result.ttft_p95_s)):
+            if value is not None:
+                self.probe_ttft.labels(quantile=q).set(value)
+        if result.duration_s is not None:
+            self.probe_duration.set(result.duration_s)
+        if result.ok:
             self.success()
 
     def memory(self, figures: Figures) -> None:
@@ -160,19 +162,18 @@ class Metrics:
         if flags.get("max_model_len"):
             self.context.set(flags["max_model_len"])
 
-    def verified(self, capacity: Mapping[str, Any] | None) -> None:
+    def verified(self, capacity: Capacity | None) -> None:
         """The capacity the probe proved for the flags being served (r1sup.core.capacity.verified); a
         figure it did not measure is left out (NaN), never shown as zero."""
-        c = capacity or {}
-        for gauge, key in (
-            (self.capacity_requests, "requests"),
-            (self.capacity_context, "context_tokens"),
-            (self.capacity_tps, "output_tokens_per_second"),
-            (self.kv_cache_tokens, "kv_cache_tokens"),
+        c = capacity or Capacity()
+        for gauge, value in (
+            (self.capacity_requests, c.requests),
+            (self.capacity_context, c.context_tokens),
+            (self.capacity_tps, c.output_tokens_per_second),
+            (self.kv_cache_tokens, c.kv_cache_tokens),
         ):
-            value = c.get(key)
-            gauge.set(float(value) if isinstance(value, (int, float)) else float("nan"))
-        self.capacity_reduced.set(1 if c.get("reduced") else 0)
+            gauge.set(float(value) if value is not None else float("nan"))
+        self.capacity_reduced.set(1 if c.reduced else 0)
 
 
 class _WithoutCreated:

@@ -17,6 +17,7 @@ from r1sup.core import memchart as M
 from r1sup.core.catalog import catalog_total_beside
 from r1sup.core.figures import Figures
 from r1sup.core.flags import short
+from r1sup.core.probing import ProbeResult
 from r1sup.core.progress import LABELS as PHASE_LABELS
 from r1sup.core.progress import PHASES, clock
 from r1sup.state.runrecord import charts_of
@@ -75,10 +76,10 @@ def render_text(record: Mapping[str, Any]) -> str:
             lines.append(str(reduced["reason"]))
         probe = result.get("probe")
         if probe:
-            lines.append("probe: " + probe_text(probe))
+            lines.append("probe: " + probe_text(ProbeResult.from_dict(probe)))
         verified = capacity_of(record)
         if verified:
-            lines.append("capacity: " + capacity.text(verified))
+            lines.append("capacity: " + verified.text())
         lines.append("vLLM command line:")
         lines.append("  " + " ".join(shlex.quote(str(a)) for a in result.get("command") or []))
         lines.append(f"profile: {result.get('profile_path') or 'NOT saved (see the log)'}")
@@ -90,7 +91,7 @@ def render_text(record: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def capacity_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
+def capacity_of(record: Mapping[str, Any]) -> capacity.Capacity | None:
     """What the passed probe of a record's result proved (r1sup.core.capacity), held against what the config
     asked (``asked``; a record written before it was kept: the target)."""
     result = record.get("result") or {}
@@ -98,12 +99,14 @@ def capacity_of(record: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(asked, Mapping):
         target = record.get("target") or {}
         asked = {"requests": target.get("concurrency"), "context": target.get("context")}
+    probe = result.get("probe")
+    flags = result.get("flags")
     return capacity.verified(
-        result.get("probe"),
-        result.get("flags"),
+        ProbeResult.from_dict(probe) if isinstance(probe, Mapping) else None,
+        flags.get("max_model_len") if isinstance(flags, Mapping) else None,
         Figures.from_dict(obs if isinstance(obs := result.get("observations"), Mapping) else None),
-        asked,
-        reduced=result.get("reduced"),
+        capacity.Asked.from_dict(asked),
+        reduced=bool(result.get("reduced")),
     )
 
 
@@ -168,18 +171,18 @@ def phases_text(phase_seconds: Any) -> str:
     return ", ".join(parts)
 
 
-def probe_text(p: Mapping[str, Any]) -> str:
+def probe_text(p: ProbeResult) -> str:
     ran = ""
-    if p.get("queued"):
-        waited = f", {p['waiting_peak']} waited" if p.get("waiting_peak") else ""
-        ran = f" (only {p.get('concurrency_proven')} ran at once{waited})"
+    if p.queued:
+        waited = f", {p.waiting_peak} waited" if p.waiting_peak else ""
+        ran = f" (only {p.concurrency_proven} ran at once{waited})"
     return (
-        f"{p.get('succeeded')}/{p.get('requests')} ok at concurrency {p.get('concurrency')}{ran}, prompts of "
-        f"{p.get('prompt_tokens')} tokens, {p.get('output_tokens')} output tokens each, "
-        f"TTFT p50 {_num(p.get('ttft_p50_s'))}s p95 {_num(p.get('ttft_p95_s'))}s, "
-        f"{_num(p.get('output_tokens_per_s'))} output tok/s, "
-        f"peak KV usage {_pct(p.get('peak_kv_usage'))}, preemptions {p.get('preemptions')}"
-        + capacity.wave_text(p.get("wave"))
+        f"{p.succeeded}/{p.requests} ok at concurrency {p.concurrency}{ran}, prompts of "
+        f"{p.prompt_tokens} tokens, {p.output_tokens} output tokens each, "
+        f"TTFT p50 {_num(p.ttft_p50_s)}s p95 {_num(p.ttft_p95_s)}s, "
+        f"{_num(p.output_tokens_per_s)} output tok/s, "
+        f"peak KV usage {_pct(p.peak_kv_usage)}, preemptions {p.preemptions}"
+        + (p.wave.text() if p.wave is not None else "")
     )
 
 
@@ -291,7 +294,7 @@ def render_html(
             + "</code></dd>"
         )
         if result.get("probe"):
-            body.append(f"<dt>probe</dt><dd>{_e(probe_text(result['probe']))}</dd>")
+            body.append(f"<dt>probe</dt><dd>{_e(probe_text(ProbeResult.from_dict(result['probe'])))}</dd>")
         body.append("</dl>")
         cmd = " ".join(shlex.quote(str(a)) for a in result.get("command") or [])
         body.append(f"<p>vLLM command line:</p><pre>{_e(cmd)}</pre>")

@@ -1,8 +1,9 @@
 """The verified capacity of a configuration that passed the load probe: what it was shown to serve.
 
-Pure: the probe's result, the flags, vLLM's figures and what was asked in, a plain dict out. The dict
-is what the profile records (``capacity``), ``status.json`` and ``r1sup status`` show and ``/metrics``
-exports:
+Pure: the probe's result (:class:`r1sup.core.probing.ProbeResult`), the context of the flags, vLLM's
+figures and what was asked (:class:`Asked`) in, a :class:`Capacity` out. :meth:`Capacity.to_dict` is what
+the profile records (``capacity``), ``status.json`` and ``tune --json`` hold, ``r1sup status`` shows and
+``/metrics`` exports:
 
 - ``requests``: the most requests the probe saw running at once (``concurrency_proven``: vLLM's
   running gauge or the probe's own overlapping streams, never more than it sent), of its context
@@ -32,136 +33,175 @@ exports:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from r1sup.core.figures import Figures
+from r1sup.core.figures import Figures, known_numbers
+from r1sup.core.probing import ProbeResult, Wave
 
-FIELDS = (
-    "requests",
-    "concurrent_prompt_tokens",
-    "context_requests",
-    "context_tokens",
-    "probe_tokens",
-    "output_tokens_per_second",
-    "ttft_p50_s",
-    "ttft_p95_s",
-    "kv_cache_tokens",
-    "asked_requests",
-    "asked_context",
-    "asked_concurrent",
-    "concurrent_limit",
+
+@dataclass(frozen=True)
+class Asked:
+    """What a config asks to serve: requests at once, the context of each, and ordinary requests at
+    once (see the module's docstring); None: not asked (a run record written before it was kept)."""
+
+    requests: int | None = None
+    context: int | None = None
+    concurrent: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Asked:
+        """A run record's ``asked``: the numbers of its keys; anything else is None."""
+        return cls(**known_numbers(data or {}, ("requests", "context", "concurrent")))  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"requests": self.requests, "context": self.context, "concurrent": self.concurrent}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a passed probe proved a configuration serves (the fields: the module's docstring)."""
+
+    requests: int | None = None
+    concurrent_prompt_tokens: int | None = None
+    context_requests: int | None = None
+    context_tokens: int | None = None
+    probe_tokens: int | None = None
+    output_tokens_per_second: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    kv_cache_tokens: int | None = None
+    asked_requests: int | None = None
+    asked_context: int | None = None
+    asked_concurrent: int | None = None
+    concurrent_limit: int | None = None
+    reduced: bool = False
+    reduced_because: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Capacity | None:
+        """A stored capacity (a profile's, ``status.json``'s): the numbers of known keys, ``reduced``
+        when a boolean, the phrases of ``reduced_because`` that are strings; None for no object."""
+        if not isinstance(data, Mapping):
+            return None
+        values: dict[str, Any] = known_numbers(data, FIELDS)
+        reduced, because = data.get("reduced"), data.get("reduced_because")
+        return cls(
+            **values,
+            reduced=reduced if isinstance(reduced, bool) else False,
+            reduced_because=tuple(b for b in because if isinstance(b, str))
+            if isinstance(because, list)
+            else (),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record (profiles' ``capacity``, ``status.json``, ``tune --json``): every field by name."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in FIELDS}
+        out["reduced"] = self.reduced
+        out["reduced_because"] = list(self.reduced_because)
+        return out
+
+    def shortfalls(self) -> list[str]:
+        """How this capacity falls short of what was asked, one phrase each (empty: it does not)."""
+        out = []
+        got, want = self.context_requests, self.asked_requests
+        if got is not None and want is not None and got < want:
+            out.append(f"{got} request(s) at once of {want} asked")
+        got, want = self.concurrent_limit, self.asked_concurrent
+        if got is not None and want is not None and got < want:
+            size = self.concurrent_prompt_tokens
+            of = f" of ~{size:,} prompt tokens" if size is not None else ""
+            out.append(f"{got} request(s) at once{of} of {want} asked")
+        got, want = self.context_tokens, self.asked_context
+        if got is not None and want is not None and got < want:
+            out.append(f"context {got:,} of {want:,} asked")
+        return out
+
+    def text(self) -> str:
+        """One line: ``4 request(s) at once of up to 8,192 tokens, 412.3 output tok/s, TTFT p50 0.21s
+        p95 0.40s``, or when the concurrency wave proved more than the context requests, ``16 request(s)
+        at once of ~250 prompt tokens; 1 of up to 8,192 tokens, ...`` (tokens/s and TTFT at the 16), and
+        how it falls short of what was asked when it does."""
+        requests = self.requests
+        head = f"{requests} request(s) at once" if requests is not None else "requests at once not measured"
+        at_context, size = self.context_requests, self.concurrent_prompt_tokens
+        if at_context is not None and requests != at_context and size is not None:
+            # the wave proved more than the context requests: say both, each with its size
+            head += f" of ~{size:,} prompt tokens; {at_context}"
+        if self.context_tokens:
+            head += f" of up to {self.context_tokens:,} tokens"
+        parts = [head]
+        if self.output_tokens_per_second is not None:
+            parts.append(f"{self.output_tokens_per_second:.1f} output tok/s")
+        if self.ttft_p50_s is not None:
+            p95 = self.ttft_p95_s
+            parts.append(f"TTFT p50 {self.ttft_p50_s:.2f}s" + (f" p95 {p95:.2f}s" if p95 is not None else ""))
+        line = ", ".join(parts)
+        if self.reduced:
+            because = "; ".join(self.reduced_because) or "less than asked"
+            line += f" (REDUCED: {because})"
+        return line
+
+
+FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(Capacity) if f.name not in ("reduced", "reduced_because")
 )
+"""The figures of a capacity, in the order its record holds them."""
 
 
-def asked(config: Any) -> dict[str, int | None]:
+def asked(config: Any) -> Asked:
     """What a config asks to serve: requests at once and the context of each."""
     target, probe = config.target, config.probe
     seqs = config.start.max_num_seqs
-    return {
-        "requests": target.concurrency or probe.concurrency or 1,
-        "context": target.context or config.start.max_model_len,
-        "concurrent": min(seqs, probe.max_concurrency) if seqs else probe.max_concurrency,
-    }
+    return Asked(
+        requests=target.concurrency or probe.concurrency or 1,
+        context=target.context or config.start.max_model_len,
+        concurrent=min(seqs, probe.max_concurrency) if seqs else probe.max_concurrency,
+    )
 
 
 def verified(
-    probe: Mapping[str, Any] | None,
-    flags: Mapping[str, Any] | None,
+    probe: ProbeResult | None,
+    max_model_len: int | None,
     figures: Figures | None,
-    asked_for: Mapping[str, Any] | None = None,
-    reduced: bool | None = None,
-) -> dict[str, Any] | None:
-    """The capacity a passed probe proved; None when there is no passed probe."""
-    if not probe or not probe.get("ok"):
+    asked_for: Asked | None = None,
+    reduced: bool = False,
+) -> Capacity | None:
+    """The capacity a passed probe proved; None when there is no passed probe. ``max_model_len``: the
+    flags' (else vLLM's figure is the context); ``reduced``: the search's own verdict."""
+    if probe is None or not probe.ok:
         return None
-    flags, want = flags or {}, asked_for or {}
+    want = asked_for or Asked()
     obs = figures or Figures()
-    context = _count(flags.get("max_model_len")) or _count(obs.max_model_len)
-    prompt, output = _count(probe.get("prompt_tokens")), _count(probe.get("output_tokens"))
-    at_context = _count(probe.get("concurrency_proven"))
-    wave = probe.get("wave")
-    wave = wave if isinstance(wave, Mapping) else None
-    waved = _count(wave.get("concurrency_proven")) if wave is not None else None
+    context = _count(max_model_len) or _count(obs.max_model_len)
+    prompt, output = _count(probe.prompt_tokens), _count(probe.output_tokens)
+    at_context = _count(probe.concurrency_proven)
+    wave = probe.wave
+    waved = _count(wave.concurrency_proven) if wave is not None else None
     # the figures at the most requests proven at once: the wave's when it proved more
-    best = wave if wave is not None and waved is not None and waved > (at_context or 0) else probe
-    out: dict[str, Any] = {
-        "requests": waved if best is wave else at_context,
-        "concurrent_prompt_tokens": _count(best.get("prompt_tokens")),
-        "context_requests": at_context,
-        "context_tokens": context,
-        "probe_tokens": (prompt or 0) + (output or 0) or None,
-        "output_tokens_per_second": _number(best.get("output_tokens_per_s")),
-        "ttft_p50_s": _number(best.get("ttft_p50_s")),
-        "ttft_p95_s": _number(best.get("ttft_p95_s")),
-        "kv_cache_tokens": _count(obs.kv_cache_tokens),
-        "asked_requests": _count(want.get("requests")),
-        "asked_context": _count(want.get("context")),
+    best: ProbeResult | Wave = (
+        wave if wave is not None and waved is not None and waved > (at_context or 0) else probe
+    )
+    out = Capacity(
+        requests=waved if best is wave else at_context,
+        concurrent_prompt_tokens=_count(best.prompt_tokens),
+        context_requests=at_context,
+        context_tokens=context,
+        probe_tokens=(prompt or 0) + (output or 0) or None,
+        output_tokens_per_second=_number(best.output_tokens_per_s),
+        ttft_p50_s=_number(best.ttft_p50_s),
+        ttft_p95_s=_number(best.ttft_p95_s),
+        kv_cache_tokens=_count(obs.kv_cache_tokens),
+        asked_requests=_count(want.requests),
+        asked_context=_count(want.context),
         # judged only when the probe was asked for a wave (a record from before has none)
-        "asked_concurrent": _count(want.get("concurrent")) if wave is not None else None,
-        "concurrent_limit": _count(wave.get("limit")) if wave is not None else None,
-    }
-    because = shortfalls(out)
+        asked_concurrent=_count(want.concurrent) if wave is not None else None,
+        concurrent_limit=_count(wave.limit) if wave is not None else None,
+    )
+    because = out.shortfalls()
     if reduced and not because:
         because = ["the search gave up part of what was asked"]
-    out["reduced"] = bool(because)
-    out["reduced_because"] = because
-    return out
-
-
-def shortfalls(c: Mapping[str, Any]) -> list[str]:
-    """How a capacity falls short of what was asked, one phrase each (empty: it does not)."""
-    out = []
-    got, want = c.get("context_requests", c.get("requests")), c.get("asked_requests")
-    if isinstance(got, int) and isinstance(want, int) and got < want:
-        out.append(f"{got} request(s) at once of {want} asked")
-    got, want = c.get("concurrent_limit"), c.get("asked_concurrent")
-    if isinstance(got, int) and isinstance(want, int) and got < want:
-        size = c.get("concurrent_prompt_tokens")
-        of = f" of ~{size:,} prompt tokens" if isinstance(size, int) else ""
-        out.append(f"{got} request(s) at once{of} of {want} asked")
-    got, want = c.get("context_tokens"), c.get("asked_context")
-    if isinstance(got, int) and isinstance(want, int) and got < want:
-        out.append(f"context {got:,} of {want:,} asked")
-    return out
-
-
-def text(c: Mapping[str, Any]) -> str:
-    """One line: ``4 request(s) at once of up to 8,192 tokens, 412.3 output tok/s, TTFT p50 0.21s p95
-    0.40s``, or when the concurrency wave proved more than the context requests, ``16 request(s) at once
-    of ~250 prompt tokens; 1 of up to 8,192 tokens, ...`` (tokens/s and TTFT at the 16), and how it
-    falls short of what was asked when it does."""
-    requests = c.get("requests")
-    head = f"{requests} request(s) at once" if requests is not None else "requests at once not measured"
-    at_context, size = c.get("context_requests"), c.get("concurrent_prompt_tokens")
-    if at_context is not None and requests != at_context and isinstance(size, int):
-        # the wave proved more than the context requests: say both, each with its size
-        head += f" of ~{size:,} prompt tokens; {at_context}"
-    if c.get("context_tokens"):
-        head += f" of up to {c['context_tokens']:,} tokens"
-    parts = [head]
-    if c.get("output_tokens_per_second") is not None:
-        parts.append(f"{c['output_tokens_per_second']:.1f} output tok/s")
-    if c.get("ttft_p50_s") is not None:
-        p95 = c.get("ttft_p95_s")
-        parts.append(f"TTFT p50 {c['ttft_p50_s']:.2f}s" + (f" p95 {p95:.2f}s" if p95 is not None else ""))
-    line = ", ".join(parts)
-    if c.get("reduced"):
-        because = "; ".join(c.get("reduced_because") or []) or "less than asked"
-        line += f" (REDUCED: {because})"
-    return line
-
-
-def wave_text(wave: Mapping[str, Any] | None) -> str:
-    """``; wave: 16 of 16 ran at once, ~256 prompt tokens, 812.0 tok/s`` (empty without a wave)."""
-    if not wave:
-        return ""
-    if wave.get("skipped"):
-        return f"; no concurrency wave ({wave['skipped']})"
-    proven = wave.get("concurrency_proven")
-    return (
-        f"; wave: {proven} of {wave.get('sent')} ran at once, ~{wave.get('prompt_tokens')} prompt tokens, "
-        f"{wave.get('output_tokens_per_s') or 0:.1f} tok/s"
-    )
+    return replace(out, reduced=bool(because), reduced_because=tuple(because))
 
 
 def check(data: Any) -> dict[str, Any]:

@@ -29,9 +29,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from r1sup.core.capacity import Capacity
 from r1sup.core.failure import Failure
 from r1sup.core.flags import EngineFlags
 from r1sup.core.liveness import Verdict
+from r1sup.core.probing import ProbeResult
 
 # --- the loop's queue: a child's output, a check's result, a signal
 
@@ -329,9 +331,9 @@ class Serving:
 
     flags: EngineFlags | None
     source: str | None  # persisted, shared or tuned
-    probe: Mapping[str, Any] | None
+    probe: ProbeResult | None
     text: str  # the status line
-    capacity: Mapping[str, Any] | None = None  # what the probe proved (r1sup.core.capacity.verified)
+    capacity: Capacity | None = None  # what the probe proved (r1sup.core.capacity.verified)
 
 
 @dataclass(frozen=True)

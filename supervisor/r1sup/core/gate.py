@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from r1sup.core.probing import ProbeResult
+
 # the probe's throughput is measured over a short run: a drop smaller than this is noise, not a regression
 THROUGHPUT_TOLERANCE = 0.10
 
@@ -37,13 +39,12 @@ def capacity_of(profile: Mapping[str, Any]) -> Capacity:
     record = profile.get("capacity")
     if isinstance(record, Mapping):
         return Capacity.from_record(record)
-    probe = profile.get("probe") or {}
+    probe = ProbeResult.from_dict(profile.get("probe"))
     flags = profile.get("flags") or {}
-    passed = bool(probe.get("ok"))
     return Capacity(
-        _int(probe.get("concurrency")) if passed else None,
+        _int(probe.concurrency) if probe.ok else None,
         _int(flags.get("max_model_len")),
-        _float(probe.get("output_tokens_per_s")) if passed else None,
+        _float(probe.output_tokens_per_s) if probe.ok else None,
     )
 
 

@@ -68,7 +68,7 @@ class RunLog:
             "served_name": config.served_name,
             "url": _url(server.host, server.port),
             "target": {"concurrency": config.target.concurrency, "context": config.target.context},
-            "asked": capacity.asked(config),  # what the capacity the probe proves is held against
+            "asked": capacity.asked(config).to_dict(),  # what the capacity the probe proves is held against
             "device": device_summary(device),
             "attempts": [],
             "result": None,

@@ -32,6 +32,7 @@ from r1sup.adapters.notify import Notifier
 from r1sup.core import events as B  # the bus's events (r1sup.core.events; B.X reads: the event X)
 from r1sup.core import failure as F
 from r1sup.core import liveness, policy
+from r1sup.core.capacity import Capacity
 from r1sup.core.config import Config
 from r1sup.core.errors import (
     EXIT_FATAL_FAILURE,
@@ -57,6 +58,7 @@ from r1sup.core.events import (
 from r1sup.core.failure import Failure
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.probing import ProbeResult
 from r1sup.state import fleet
 from r1sup.supervision.bus import Bus
 from r1sup.supervision.footing import footing
@@ -162,7 +164,7 @@ class Daemon:
         self.status_text = ""  # the last STATUS= line, also in status.json
         self.since = now_iso()
         self.flags: EngineFlags | None = None
-        self.capacity: dict[str, Any] | None = None  # what the serving flags' probe proved
+        self.capacity: Capacity | None = None  # what the serving flags' probe proved
         self.profile_source: str | None = None
         self.last_failure: Failure | None = None
         self.history: Any = None  # the search (r1sup.core.search.Search) and its evidence, across restarts
@@ -249,7 +251,11 @@ class Daemon:
             "degraded": self.degraded,
             "flags": self.flags.to_dict() if self.flags else None,
             # what the serving flags' probe proved; none while nothing serves (launching, backoff, stopped)
-            "capacity": self.capacity if self.state in (State.SERVING, State.DRAINING) else None,
+            "capacity": (
+                self.capacity.to_dict()
+                if self.capacity is not None and self.state in (State.SERVING, State.DRAINING)
+                else None
+            ),
             "since": self.since,
             "updated_at": now_iso(),
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
@@ -491,12 +497,12 @@ class Daemon:
         saved = self._fitting_profile(saved, store, key) if saved is not None else None
         if saved is not None and self.degraded is not None:
             start = EngineFlags.from_dict(saved.flags)
-            self.runner.prove_with(start, saved.probe, saved.observations)
+            self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
             why = f"degraded profile {saved.key}: {self.degraded['reason']}"
             self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
         elif saved is not None:
             start = EngineFlags.from_dict(saved.flags)
-            self.runner.prove_with(start, saved.probe, saved.observations)
+            self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
             why = f"{where} {key} (tuned {saved.updated_at})"
             self.publish(B.ProfileFound(key, saved.flags, updated_at=saved.updated_at))

@@ -32,6 +32,7 @@ from r1sup.core.figures import EMPTY as EMPTY_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.logparse import LogLine, LogReader
+from r1sup.core.probing import ProbeResult
 from r1sup.supervision.loop import TURN_S, Done, Loop, Phase, Stop, StopRequested, Waiting
 from r1sup.supervision.world import World
 
@@ -64,7 +65,7 @@ class Launch:
     ready_after_s: float | None = None
     failure: Failure = F.NO_FAILURE
     exit_code: int | None = None
-    probe: dict[str, Any] | None = None
+    probe: ProbeResult | None = None
     stop_report: StopReport | None = None
     stopping: bool = False  # r1sup has asked the engine to stop: what it prints now is its teardown
     progress: P.LoadProgress | None = None  # phases, percent, elapsed time and ETA while it loads
@@ -95,7 +96,7 @@ class Proven:
     of that probe, and the KV cache (tokens, vLLM's figure) of the launch that passed it."""
 
     flags: dict[str, Any]
-    probe: dict[str, Any]
+    probe: ProbeResult
     kv_cache_tokens: float | None = None
     # the torch.compile cache of the launch that passed (1.0 cold, 0.0 warm; None: not recorded)
     compile_cache_cold: float | None = None
@@ -526,7 +527,7 @@ class Runner:
     def prove_with(
         self,
         flags: EngineFlags | None,
-        probe: Mapping[str, Any] | None = None,
+        probe: ProbeResult | None = None,
         figures: Figures = EMPTY_FIGURES,
     ) -> None:
         """A saved profile's flags, the record of its full probe and the figures vLLM printed when it
@@ -534,9 +535,7 @@ class Runner:
         if flags is None or probe is None:
             self.proven = None
             return
-        self.proven = Proven(
-            flags.to_dict(), dict(probe), figures.kv_cache_tokens, figures.compile_cache_cold
-        )
+        self.proven = Proven(flags.to_dict(), probe, figures.kv_cache_tokens, figures.compile_cache_cold)
 
     def capacity_failure(self, launch: Launch) -> Failure | None:
         """The target needs concurrency x context tokens of KV at once; vLLM reported its capacity."""
@@ -627,41 +626,43 @@ class Runner:
         child = self._take_probe_process(launch)
         self._probe_proc = child
         self.run_check("probe", launch, lambda: _probe_call(child.run, spec))
-        result: dict[str, Any] = yield ProbeWait(self, launch, self.clock() + p.timeout_s + 30)
+        result: ProbeResult = yield ProbeWait(self, launch, self.clock() + p.timeout_s + 30)
         launch.probe = result
-        internal = result.get("internal")
+        internal = result.internal
         if internal:  # the probe child crashed or could not import: r1sup's fault, never the engine's
-            fault = InternalError(str(internal.get("where")), str(internal.get("error")))
+            fault = InternalError(internal.where, internal.error)
             failure = Failure(F.INTERNAL_ERROR, F.PHASE_SERVING, evidence=fault.error, detail=fault.where)
             self.log.error("failure_classified", launch=launch.number, **_failure_fields(failure))
             raise fault
         # what vLLM printed while the requests ran; after failed requests, give its traceback time
-        yield from self.drain(launch, 0.3, until_quiet=bool(result.get("ok")))
+        yield from self.drain(launch, 0.3, until_quiet=result.ok)
         self.finish_progress(launch)
         code = launch.engine.poll()
         seen = launch.reader.verdict(exit_code=code)
-        if result.get("ok") and code is None and seen.cls == F.NONE:
+        if result.ok and code is None and seen.cls == F.NONE:
             self.log.info("probe_passed", launch=launch.number, **_probe_fields(result))
-            if result.get("queued"):
+            if result.queued:
                 # every request succeeded, but fewer ran at once than were sent: the capacity recorded
                 # is the proven figure, and this says why it is lower than asked
                 self.log.warning(
                     "probe_queued",
                     launch=launch.number,
                     sent_at_once=min(concurrency, requests),
-                    ran_at_once=result.get("concurrency_proven"),
-                    waiting_peak=result.get("waiting_peak"),
+                    ran_at_once=result.concurrency_proven,
+                    waiting_peak=result.waiting_peak,
                     max_num_seqs=launch.flags.max_num_seqs,
                     kv_cache_tokens=_int(launch.figures.kv_cache_tokens),
                 )
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
             failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
-        elif result.get("timed_out"):
-            failure = Failure(F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=_first(result))
+        elif result.timed_out:
+            failure = Failure(
+                F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=result.first_error
+            )
         else:
             failure = Failure(
-                F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=_first(result)
+                F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=result.first_error
             )
         self.log.error(
             "probe_failed", launch=launch.number, **_failure_fields(failure), **_probe_fields(result)
@@ -921,7 +922,8 @@ class Starting(Phase):
 
 
 class ProbeWait(Phase):
-    """Until the probe's check returns (its result dict), or ``deadline`` (a probe that did not return)."""
+    """Until the probe's check returns (its :class:`ProbeResult`), or ``deadline`` (a probe that did not
+    return)."""
 
     def __init__(self, runner: LaunchHost, launch: Launch, deadline: float) -> None:
         self.runner = runner
@@ -932,11 +934,12 @@ class ProbeWait(Phase):
         launch = self.launch
         self.runner.show_progress(launch)
         if isinstance(event, CheckDone) and event.launch == launch.number and event.kind == "probe":
-            return Done(event.payload or {"ok": False, "errors": [event.detail]})
+            payload = event.payload
+            return Done(payload if isinstance(payload, ProbeResult) else ProbeResult.unanswered(event.detail))
         if event is not None:
             self.runner.handle_output(launch, event)
         if now > self.deadline:
-            return Done({"ok": False, "errors": ["the probe did not return"], "timed_out": True})
+            return Done(ProbeResult.unanswered("the probe did not return", timed_out=True))
         return None
 
 
@@ -1024,18 +1027,12 @@ def progress_fields(launch: Launch, step: P.Step) -> dict[str, Any]:
 
 def _probe_call(run: Callable[[Any], Any], spec: Any) -> tuple[bool, str, Any]:
     result = run(spec)
-    return result.ok, result.summary(), result.to_dict()
+    return result.ok, result.summary(), result
 
 
-def _sizing(proven: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _sizing(proven: ProbeResult | None) -> dict[str, Any] | None:
     """The prompt sizing a proven profile's probe recorded (its flags are this launch's), else None."""
-    sizing = proven.get("sizing") if proven else None
-    return dict(sizing) if isinstance(sizing, Mapping) else None
-
-
-def _first(result: Mapping[str, Any]) -> str:
-    errors = result.get("errors") or []
-    return str(errors[0]) if errors else ""
+    return dict(proven.sizing) if proven is not None and proven.sizing is not None else None
 
 
 def _int(value: Any) -> int | None:
@@ -1060,7 +1057,7 @@ def _failure_fields(failure: Failure) -> dict[str, Any]:
     }
 
 
-def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
+def _probe_fields(result: ProbeResult) -> dict[str, Any]:
     keys = (
         "succeeded",
         "requests",
@@ -1078,12 +1075,12 @@ def _probe_fields(result: Mapping[str, Any]) -> dict[str, Any]:
         "duration_s",
         "tokenize_calls",
     )
-    fields = {k: result.get(k) for k in keys}
-    wave = result.get("wave")
-    if isinstance(wave, Mapping):  # the concurrency wave: sent, ran at once, its size and tokens/s
+    fields = {k: getattr(result, k) for k in keys}
+    wave = result.wave
+    if wave is not None:  # the concurrency wave: sent, ran at once, its size and tokens/s
         fields["wave"] = {
-            k: wave.get(k)
+            k: v
             for k in ("sent", "concurrency_proven", "waiting_peak", "prompt_tokens", "output_tokens_per_s")
-            if wave.get(k) is not None
-        } | ({"skipped": wave["skipped"]} if wave.get("skipped") else {})
+            if (v := getattr(wave, k)) is not None
+        } | ({"skipped": wave.skipped} if wave.skipped else {})
     return fields

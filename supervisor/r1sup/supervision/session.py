@@ -11,6 +11,7 @@ from typing import Any
 
 from r1sup.adapters import apikey as sec
 from r1sup.adapters import logs
+from r1sup.core.capacity import Capacity
 from r1sup.core.config import Config
 from r1sup.core.events import EventQueue, FilePermissions, Publish
 from r1sup.supervision.loop import Phase
@@ -106,18 +107,17 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def capacity_of(config: Any, result: Any) -> dict[str, Any] | None:
+def capacity_of(config: Any, result: Any) -> Capacity | None:
     """The verified capacity of a passed tune result (r1sup.core.capacity), with the search's own verdict
     on whether it is reduced when the result carries one."""
     from r1sup.core import capacity
 
-    flags = result.flags.to_dict() if result.flags is not None else None
     return capacity.verified(
         result.probe,
-        flags,
+        result.flags.max_model_len if result.flags is not None else None,
         result.figures,
         capacity.asked(config),
-        reduced=getattr(result, "reduced", None),
+        reduced=bool(getattr(result, "reduced", None)),
     )
 
 
@@ -144,7 +144,7 @@ def save_profile(
         served_name=session.config.served_name,
         flags=result.flags,
         command=list(result.command),
-        probe=result.probe,
+        probe=result.probe.to_dict() if result.probe is not None else None,
         observations=result.figures,
         attempts=[a.to_dict() for a in result.attempts],
     )
@@ -155,7 +155,7 @@ def save_profile(
         profile = replace(profile, conditions=dict(conditions))
     verified = capacity_of(session.config, result)
     if verified:
-        profile = replace(profile, capacity=verified)
+        profile = replace(profile, capacity=verified.to_dict())
     path = profiles.ProfileStore(session.config.state.dir).save(profile)
     if session.config.state.profile_store and not degraded:
         from r1sup.state import fleet

@@ -466,7 +466,7 @@ class MetricsSink:
             case (SearchStepped() as step) | StepAfterServing(step=step):
                 m.search_step(step.failure_class)
             case Serving(_, _, probe, _, capacity):
-                m.probe(dict(probe) if probe is not None else None)
+                m.probe(probe)
                 m.verified(capacity)
                 m.memory(self.figures())
                 m.child_up.set(1)

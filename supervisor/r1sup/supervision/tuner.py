@@ -45,6 +45,7 @@ from r1sup.core.knowledge import (
     new_search,
     planner_suggestions,
 )
+from r1sup.core.probing import ProbeResult
 from r1sup.supervision.footing import plan_first_decision
 from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Launch, Runner
@@ -76,7 +77,7 @@ class TuneResult:
     exit_code: int
     launches: int = 0
     flags: EngineFlags | None = None
-    probe: dict[str, Any] | None = None
+    probe: ProbeResult | None = None
     command: list[str] = field(default_factory=list)
     figures: Figures = NO_FIGURES  # what vLLM printed at the launch that passed
     attempts: list[Attempt] = field(default_factory=list)
@@ -98,7 +99,7 @@ class TuneResult:
             "exit_code": self.exit_code,
             "launches": self.launches,
             "flags": self.flags.to_dict() if self.flags else None,
-            "probe": self.probe,
+            "probe": self.probe.to_dict() if self.probe is not None else None,
             "profile_path": self.profile_path,
             "command": self.command,
             "observations": self.figures.to_dict(),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from r1sup.adapters.statefiles import SCHEMA_VERSION, inspect_json, parse_iso, pid_alive
+from r1sup.core.capacity import Capacity
 from r1sup.core.flags import EngineFlags
 from r1sup.state.profiles import Profile, ProfileStore
 
@@ -157,19 +158,18 @@ def served_row(d: dict[str, Any]) -> dict[str, Any]:
     url = d.get("url") or (f"http://127.0.0.1:{port}/v1" if port else None)
     state = str(d.get("state", "?"))
     alive = bool(d.get("alive"))
-    raw = d.get("capacity")
-    capacity: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    capacity = Capacity.from_dict(d.get("capacity")) or Capacity()
     row: dict[str, Any] = {
         "model": d.get("served_model"),
         "url": url,
         "context": d.get("max_model_len") or flags.get("max_model_len"),
         # what the load probe proved for the flags being served (r1sup.core.capacity)
-        "requests": capacity.get("requests"),
-        "output_tokens_per_second": capacity.get("output_tokens_per_second"),
-        "ttft_p50_s": capacity.get("ttft_p50_s"),
-        "ttft_p95_s": capacity.get("ttft_p95_s"),
-        "reduced": bool(capacity.get("reduced")),
-        "reduced_because": list(capacity.get("reduced_because") or []),
+        "requests": capacity.requests,
+        "output_tokens_per_second": capacity.output_tokens_per_second,
+        "ttft_p50_s": capacity.ttft_p50_s,
+        "ttft_p95_s": capacity.ttft_p95_s,
+        "reduced": capacity.reduced,
+        "reduced_because": list(capacity.reduced_because),
         "kv_cache_tokens": d.get("kv_cache_tokens"),
         "kv_cache_usage": None,
         "memory_gib": None,
@@ -472,9 +472,9 @@ def _ttft(p50: Any, p95: Any) -> str:
 
 
 def capacity_text(c: Any) -> str:
-    from r1sup.core import capacity
-
-    return capacity.text(c) if isinstance(c, dict) else str(c)
+    """A stored capacity (a profile's, ``status.json``'s) as one line; anything else as it is."""
+    capacity = Capacity.from_dict(c)
+    return capacity.text() if capacity is not None else str(c)
 
 
 def _int(value: Any, grouped: bool = False) -> str:

@@ -37,7 +37,8 @@ def main(args: argparse.Namespace) -> int:
         return done
     result, record = done
     # --json: the result, and what its probe proved (r1sup.core.capacity; null without a passed probe)
-    doc = {**result.to_dict(), "capacity": report.capacity_of(record.data) if result.ok else None}
+    verified = report.capacity_of(record.data) if result.ok else None
+    doc = {**result.to_dict(), "capacity": verified.to_dict() if verified is not None else None}
     text = json.dumps(doc, indent=2, default=str) + "\n" if args.json else report.render_text(record.data)
     sys.stdout.write(logs.mask(text))
     if result.ok and not result.profile_path:  # found but not kept (full disk, read-only state): exit 1

@@ -1,0 +1,205 @@
+"""What one load probe found: one frozen, typed value (:class:`ProbeResult`), its concurrency wave
+(:class:`Wave`) and the fault of its own machinery (:class:`ProbeFault`).
+
+Pure (core): no I/O. The probe (:mod:`r1sup.adapters.probe`) runs in a child process that writes
+:meth:`ProbeResult.to_dict` as JSON; the parent reads it back once with :meth:`ProbeResult.from_dict`,
+and the runner, the tuner, the capacity record, the daemon, the metrics and the report read its fields.
+Where a probe result is persisted (a profile's and a run record's ``probe``, ``tune --json``),
+:meth:`ProbeResult.to_dict` writes it: the keys are the field names, in the order declared (the bytes
+r1sup wrote when the result was a dict).
+
+:meth:`ProbeResult.from_dict` also reads stored records, which are untrusted and may be older than a
+field: a number missing or of the wrong type is None, a flag False, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from r1sup.core.figures import known_numbers
+
+
+@dataclass(frozen=True)
+class Wave:
+    """The concurrency wave: ``requests`` ordinary requests sent at once after the context requests
+    passed, each of ``prompt_tokens`` of prompt and ``output_tokens`` of output; what ran at once
+    (``running_peak``, ``streams_peak``, ``concurrency_proven``), what vLLM's figures allow at once as the
+    wave found it (``limit``) and what it measured; or why it was ``skipped`` (then only ``requests``,
+    ``output_tokens`` and perhaps ``limit`` are set)."""
+
+    requests: int | None = None
+    output_tokens: int | None = None
+    sent: int | None = None
+    prompt_tokens: int | None = None
+    tokenize_calls: int | None = None
+    succeeded: int | None = None
+    running_peak: int | None = None
+    waiting_peak: int | None = None
+    streams_peak: int | None = None
+    concurrency_proven: int | None = None
+    queued: bool = False
+    limit: int | None = None
+    output_tokens_total: int | None = None
+    output_tokens_per_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    duration_s: float | None = None
+    skipped: str | None = None  # why no wave was sent
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Wave:
+        """A wave record (the child's, or a stored one): numbers of known keys, ``queued`` when a
+        boolean, ``skipped`` when a string; anything else is left out."""
+        values: dict[str, Any] = known_numbers(data, _WAVE_NUMBERS)
+        queued, skipped = data.get("queued"), data.get("skipped")
+        return cls(
+            **values,
+            queued=queued if isinstance(queued, bool) else False,
+            skipped=skipped if isinstance(skipped, str) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record: a skipped wave's ``requests``, ``output_tokens``, ``limit`` (when known) and
+        ``skipped``; a wave that ran has every field but ``skipped``."""
+        if self.skipped is not None:
+            head: dict[str, Any] = {"requests": self.requests, "output_tokens": self.output_tokens}
+            if self.limit is not None:
+                head["limit"] = self.limit
+            return {**head, "skipped": self.skipped}
+        return {name: getattr(self, name) for name in _WAVE_FIELDS if name != "skipped"}
+
+    def text(self) -> str:
+        """``; wave: 16 of 16 ran at once, ~256 prompt tokens, 812.0 tok/s``, or why it was skipped."""
+        if self.skipped:
+            return f"; no concurrency wave ({self.skipped})"
+        return (
+            f"; wave: {self.concurrency_proven} of {self.sent} ran at once, ~{self.prompt_tokens} prompt "
+            f"tokens, {self.output_tokens_per_s or 0:.1f} tok/s"
+        )
+
+
+_WAVE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Wave))
+_WAVE_NUMBERS: tuple[str, ...] = tuple(n for n in _WAVE_FIELDS if n not in ("queued", "skipped"))
+
+
+@dataclass(frozen=True)
+class ProbeFault:
+    """The probe's own machinery failed (its child crashed, could not import, wrote no result):
+    r1sup's fault, never the engine's. ``where``: the module and line; ``error``: the exception."""
+
+    where: str
+    error: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"where": self.where, "error": self.error}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one load probe sent and found (see :mod:`r1sup.adapters.probe` for how it is measured).
+
+    The probe sets every count; None where a stored record did not hold one (:meth:`from_dict`)."""
+
+    ok: bool = False
+    requests: int | None = 0
+    succeeded: int | None = 0
+    error_count: int | None = 0
+    errors: tuple[str, ...] = ()  # the first few, one line each
+    concurrency: int | None = 1
+    prompt_tokens: int | None = 0  # measured with /tokenize (the largest prompt sent)
+    prompt_tokens_estimated: bool = False
+    # what the sizing found, for a later probe of the same flags (None: estimated, not measured): the
+    # record the child reads back, kept as the child wrote it
+    # {"model", "prompt_tokens" (the size asked for), "prompts": [{"words", "tokens", "sha256"}, ...]}
+    sizing: Mapping[str, Any] | None = None
+    sizing_reused: bool = False  # the prompts came from the spec's record (one /tokenize call checked it)
+    tokenize_calls: int | None = 0
+    output_tokens: int | None = 0  # per request (max_tokens), as the config's probe.output_tokens
+    output_tokens_total: int | None = 0  # generated by all requests together, as counted
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    output_tokens_per_s: float | None = None
+    duration_s: float | None = 0.0
+    peak_kv_usage: float | None = None
+    preemptions: int | None = None
+    # requests at once: vLLM's gauges at their peak while the probe ran (None: /metrics said nothing),
+    # the most streams delivering tokens at the same moment, and what that proves (<= concurrency)
+    running_peak: int | None = None
+    waiting_peak: int | None = None
+    streams_peak: int | None = 0
+    concurrency_proven: int | None = None
+    queued: bool = False  # fewer requests ran at once than were sent at once
+    timed_out: bool = False
+    wave: Wave | None = None  # None when the probe was asked for none
+    internal: ProbeFault | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> ProbeResult:
+        """The child's result, or a stored ``probe`` record: the fields of the right type (numbers
+        finite, not booleans); anything else keeps its default."""
+        if not isinstance(data, Mapping):
+            return cls()
+        values: dict[str, Any] = dict.fromkeys(_NUMBERS)  # a record without a figure: None, not a count
+        values.update(known_numbers(data, _NUMBERS))
+        values.update((name, v) for name in _FLAGS if isinstance(v := data.get(name), bool))
+        errors = data.get("errors")
+        if isinstance(errors, list):
+            values["errors"] = tuple(str(e) for e in errors)
+        if isinstance(sizing := data.get("sizing"), Mapping):
+            values["sizing"] = sizing
+        if isinstance(wave := data.get("wave"), Mapping):
+            values["wave"] = Wave.from_dict(wave)
+        internal = data.get("internal")
+        if isinstance(internal, Mapping):
+            values["internal"] = ProbeFault(str(internal.get("where")), str(internal.get("error")))
+        return cls(**values)
+
+    @classmethod
+    def unanswered(cls, error: str, timed_out: bool = False) -> ProbeResult:
+        """A probe that gave no result (its check failed, or it did not return in time): failed, with
+        no figures (None, not zero) and ``error``."""
+        figures: dict[str, Any] = dict.fromkeys(_NUMBERS)
+        return cls(**figures, errors=(error,), timed_out=timed_out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record, every field by its name in the order declared (the child's output, ``probe``)."""
+        out: dict[str, Any] = {}
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, (Wave, ProbeFault)):
+                value = value.to_dict()
+            elif name == "errors":
+                value = list(value)
+            elif name == "sizing" and value is not None:
+                value = dict(value)
+            out[name] = value
+        return out
+
+    @property
+    def first_error(self) -> str:
+        return self.errors[0] if self.errors else ""
+
+    def summary(self) -> str:
+        """One line: how many passed at what concurrency, what ran at once, sizes, TTFT, tokens/s."""
+        if not self.ok:
+            return f"{self.error_count}/{self.requests} requests failed: {self.first_error or 'no detail'}"
+        kv = f", peak KV {self.peak_kv_usage:.0%}" if self.peak_kv_usage is not None else ""
+        ran = ""
+        if self.queued:
+            waited = f", {self.waiting_peak} waited" if self.waiting_peak else ""
+            ran = f" (only {self.concurrency_proven} ran at once{waited})"
+        return (
+            f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{ran}, "
+            f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
+            f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
+            + (self.wave.text() if self.wave is not None else "")
+        )
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ProbeResult))
+_FLAGS = ("ok", "prompt_tokens_estimated", "sizing_reused", "queued", "timed_out")
+_NUMBERS: tuple[str, ...] = tuple(
+    n for n in _FIELDS if n not in (*_FLAGS, "errors", "sizing", "wave", "internal")
+)

@@ -1,0 +1,216 @@
+"""The probe's result and the verified capacity as typed values: what r1sup wrote when they were dicts
+(``fixtures/probe/written-as-dicts.json``: probe records, the capacities, their lines and the report's
+probe line, as the dict-reading code produced them) reads back and writes out the same, and no
+string-keyed read of either comes back into the package."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from r1sup.cli.report import probe_text
+from r1sup.core import capacity
+from r1sup.core.capacity import Asked, Capacity
+from r1sup.core.figures import Figures
+from r1sup.core.probing import ProbeResult, Wave
+
+WRITTEN = json.loads((Path(__file__).parent / "fixtures" / "probe" / "written-as-dicts.json").read_text())
+PROBES = WRITTEN["probes"]
+OLD = WRITTEN["old_records"]
+
+
+def _capacity(record: dict[str, Any], case: dict[str, Any]) -> Capacity | None:
+    flags, figures = case["flags"] or {}, case["figures"]
+    return capacity.verified(
+        ProbeResult.from_dict(record),
+        flags.get("max_model_len"),
+        Figures.from_dict(figures) if figures is not None else None,
+        Asked.from_dict(case["asked"]),
+        reduced=bool(case["reduced"]),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_a_probe_record_round_trips_to_the_same_bytes(name: str) -> None:
+    record = PROBES[name]["record"]
+    again = ProbeResult.from_dict(json.loads(json.dumps(record)))
+    assert json.dumps(again.to_dict()) == json.dumps(record)
+    assert again.summary() == PROBES[name]["summary"]
+    assert probe_text(again) == PROBES[name]["report"]
+
+
+@pytest.mark.parametrize("name", sorted(PROBES) + sorted(OLD))
+def test_the_capacity_is_the_record_written_before(name: str) -> None:
+    written = {**PROBES, **OLD}[name]
+    assert written["capacities"], "the fixture holds capacities to compare"
+    for case in written["capacities"]:
+        verified = _capacity(written["record"], case)
+        if case["capacity"] is None:
+            assert verified is None
+            continue
+        assert verified is not None
+        assert json.dumps(verified.to_dict()) == json.dumps(case["capacity"])
+        assert verified.text() == case["text"]
+        assert Capacity.from_dict(json.loads(json.dumps(case["capacity"]))) == verified
+
+
+def test_a_passed_probe_proves_a_capacity_in_the_fixtures() -> None:
+    # the comparisons above would pass on fixtures where no probe passed
+    assert sum(c["capacity"] is not None for p in PROBES.values() for c in p["capacities"]) >= 8
+    assert any(c["capacity"]["reduced"] for p in PROBES.values() for c in p["capacities"] if c["capacity"])
+
+
+def test_a_record_from_before_the_concurrency_figures_reads_as_none() -> None:
+    record = OLD["before_concurrency"]["record"]
+    probe = ProbeResult.from_dict(record)
+    assert (
+        probe.ok and probe.concurrency_proven is None and probe.wave is None and probe.tokenize_calls is None
+    )
+    assert probe_text(probe) == OLD["before_concurrency"]["report"]
+
+
+def test_values_of_the_wrong_type_are_none_never_a_crash() -> None:
+    odd = OLD["odd_values"]["record"]
+    probe = ProbeResult.from_dict(odd)
+    assert (probe.ok, probe.requests, probe.succeeded, probe.errors) == (True, None, None, ())
+    assert (probe.wave, probe.internal, probe.sizing, probe.queued) == (None, None, None, False)
+    assert probe_text(probe)  # the dict-reading report crashed on this record
+    assert ProbeResult.from_dict(None) == ProbeResult() == ProbeResult.from_dict([1])  # type: ignore[arg-type]
+    assert Capacity.from_dict({"requests": "4", "reduced": "no", "reduced_because": [1, "less"]}) == Capacity(
+        reduced_because=("less",)
+    )
+    assert Capacity.from_dict(None) is None and Asked.from_dict({"requests": True}) == Asked()
+
+
+def test_a_probe_that_gave_no_result_has_no_figures() -> None:
+    # what the probe_failed event logs of it: no count of zero for requests never counted
+    result = ProbeResult.unanswered("the probe did not return", timed_out=True)
+    assert not result.ok and result.timed_out and result.first_error == "the probe did not return"
+    assert (result.requests, result.succeeded, result.duration_s, result.streams_peak) == (None,) * 4
+    # the record the dict it stands for read as (the runner's fallback was ``{"ok": false, ...}``)
+    assert result == ProbeResult.from_dict({"ok": False, "errors": [result.first_error], "timed_out": True})
+
+
+def test_a_skipped_wave_writes_only_what_it_knew() -> None:
+    wave = Wave(requests=1, output_tokens=32, limit=1, skipped="one at once")
+    assert wave.to_dict() == {"requests": 1, "output_tokens": 32, "limit": 1, "skipped": "one at once"}
+    assert Wave.from_dict(wave.to_dict()) == wave
+    assert list(Wave(requests=2, output_tokens=32, skipped="late").to_dict()) == [
+        "requests",
+        "output_tokens",
+        "skipped",
+    ]
+
+
+def test_the_asked_record_keeps_its_keys() -> None:
+    asked = Asked(requests=4, context=8192, concurrent=16)
+    assert asked.to_dict() == {"requests": 4, "context": 8192, "concurrent": 16}
+    assert Asked.from_dict(asked.to_dict()) == asked
+    assert Asked.from_dict({"requests": 2, "context": None}) == Asked(
+        requests=2
+    )  # a record before ``concurrent``
+
+
+# --- no string-keyed reads of a probe result or a capacity come back -------------------------------
+
+PACKAGE = Path(__file__).resolve().parent.parent / "supervisor" / "r1sup"
+_MAPPING_READS = frozenset({"get", "items", "keys", "values", "__getitem__"})
+_NAMES = frozenset({"probe", "capacity"})
+
+
+def _is_typed(node: ast.expr, bound: set[str]) -> bool:
+    """``x.probe`` or ``x.capacity``, ``x.get("probe")``/``x["capacity"]`` (a record's), a call of
+    ``verified``/``capacity_of``, or a name bound to one of these in the same function."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in _NAMES
+    if isinstance(node, ast.Name):
+        return node.id in bound
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return isinstance(key, ast.Constant) and key.value in _NAMES
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in ("verified", "capacity_of"):
+            return True
+        return (
+            name == "get"
+            and bool(node.args)
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in _NAMES
+        )
+    if isinstance(node, ast.BoolOp):
+        return any(_is_typed(v, bound) for v in node.values)
+    return False
+
+
+def _reads_in(scope: ast.AST) -> list[int]:
+    bound: set[str] = set()
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and _is_typed(node.value, set()):
+            bound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    lines = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Subscript) and _is_typed(node.value, bound):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in _MAPPING_READS
+                and _is_typed(func.value, bound)
+            ) or (
+                isinstance(func, ast.Name)
+                and func.id == "dict"
+                and any(_is_typed(a, bound) for a in node.args)
+            ):
+                lines.append(node.lineno)
+    return lines
+
+
+def keyed_reads(source: str) -> list[int]:
+    """The lines that read a probe result or a capacity as a mapping, in each function (where a name is
+    bound) but the parsers of a record (``from_dict`` and other ``from_...``: the edge where the JSON
+    is read)."""
+    tree = ast.parse(source)
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("from_"):
+            lines.update(_reads_in(node))
+    top = ast.Module(
+        body=[n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))], type_ignores=[]
+    )
+    lines.update(_reads_in(top))
+    return sorted(lines)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('def f(result):\n    return result.probe.get("ok")', [2]),
+        ('def f(d):\n    return self.capacity["requests"]', [2]),
+        ('def f(d):\n    c = d.get("capacity")\n    return c.get("reduced")', [3]),
+        ('def f(record):\n    p = record["probe"] or {}\n    return p["wave"]', [3]),
+        ('def f(config, r):\n    c = capacity_of(config, r)\n    return c["requests"]', [3]),
+        ("def f(launch):\n    return dict(launch.probe)", [2]),
+        ('def f(d):\n    return d.get("capacity").items()', [2]),
+        ("def f(launch):\n    p = launch.probe\n    return p.ok, p.wave.sent, launch.capacity.to_dict()", []),
+        ('def from_dict(data):\n    c = data.get("capacity")\n    return c.get("requests")', []),  # the edge
+        ('def f(p):\n    return p.get("ok")', []),  # a plain mapping parameter
+    ],
+)
+def test_the_check_names_keyed_reads(source: str, expected: list[int]) -> None:
+    assert keyed_reads(source) == expected
+
+
+def test_the_package_reads_probe_results_and_capacities_by_attribute() -> None:
+    found = {
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line in keyed_reads(path.read_text(encoding="utf-8"))
+    }
+    assert not found, f"read ProbeResult and Capacity by attribute, not by key: {sorted(found)}"
