@@ -18,7 +18,13 @@ from r1sup.core import events as E
 PACKAGE = Path(E.__file__).parents[1]  # supervisor/r1sup
 # the core's value types an event may carry; they import nothing of r1sup but one another
 CORE_TYPES = frozenset(
-    {"r1sup.core.failure", "r1sup.core.figures", "r1sup.core.flags", "r1sup.core.liveness"}
+    {
+        "r1sup.core.failure",
+        "r1sup.core.figures",
+        "r1sup.core.flags",
+        "r1sup.core.hardware",
+        "r1sup.core.liveness",
+    }
 )
 # what travels: a call of one of these takes an event as its argument
 CARRIERS = frozenset({"publish", "put", "_on_search"})
