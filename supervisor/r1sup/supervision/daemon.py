@@ -409,7 +409,7 @@ class Daemon:
         self.fingerprint = base.fingerprint
         d = self.config.daemon
         self.runner.managed_args = liveness.drain_args(
-            (self.fingerprint.get("versions") or {}).get("vllm"),
+            self.know.vllm_version,  # the fingerprint's, adopted by footing() when nothing better knew it
             self.config.server.extra_args,
             max(d.drain_timeout_s, self.config.server.stop_timeout_s) if d.drain_timeout_s > 0 else 0,
         )

@@ -200,7 +200,7 @@ def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, st
 
     config = load_config(args)
     fingerprint = profiles.current_fingerprint(config, device=device)
-    learned = (fingerprint.get("versions") or {}).get("vllm")
+    learned = profiles.fingerprint_vllm(fingerprint)
     return calibration(profiles.ProfileStore(config.state.dir, repair=False), fingerprint), learned
 
 
