@@ -19,6 +19,7 @@ from r1sup.core import failure as F
 from r1sup.core import liveness
 from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import Conditions
 from r1sup.core.probing import ProbeResult
 from r1sup.supervision import daemon as daemon_module
 from r1sup.supervision.bus import Bus
@@ -633,6 +634,40 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
         "event": "ladder_step",
         "status": "attempt 2: context 8192 -> 4096 (oom_runtime)",
     }
+
+
+def test_a_profile_that_does_not_fit_now_says_what_is_free_in_the_log_and_in_status_json(tmp_path: Path):
+    busy = Conditions(free_gib=7.5, total_gib=23.99, others_gib=16.0, holders=("pid 7 trainer (16.0 GiB)",))
+    with capture_logs() as logs:
+        log = LogSink(structlog.get_logger())
+        log(E.ProfileDoesNotFit("k", {"max_model_len": 4096}, busy))
+        log(E.ProfileDoesNotFit("k", {"max_model_len": 4096}, None))  # no GPU: nothing to say of it
+    assert logs == [
+        {
+            "event": "profile_does_not_fit_now",
+            "log_level": "warning",
+            "key": "k",
+            "flags": {"max_model_len": 4096},
+            "free_gib": 7.5,
+            "total_gib": 23.99,
+            "others_gib": 16.0,
+            "holders": ["pid 7 trainer (16.0 GiB)"],
+        },
+        {
+            "event": "profile_does_not_fit_now",
+            "log_level": "warning",
+            "key": "k",
+            "flags": {"max_model_len": 4096},
+        },
+    ]
+    sink = StatusFile(Source(tmp_path), Calls())
+    sink(E.ProfileDoesNotFit("k", {}, busy))
+    sink(E.ProfileDoesNotFit("k", {}, None))
+    noted = [{k: v for k, v in e.items() if k != "ts"} for e in sink.recent]
+    assert noted == [
+        {"event": "profile_does_not_fit_now", "key": "k", "others_gib": 16.0},
+        {"event": "profile_does_not_fit_now", "key": "k", "others_gib": None},
+    ]
 
 
 def test_status_file_keeps_the_last_twenty_events(tmp_path: Path):

@@ -4,6 +4,7 @@ one STATUS= line, and an entry of status.json's recent events. No process is sta
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from r1sup.core import config as cfg
 from r1sup.core import failure as F
 from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.core.flags import EngineFlags
+from r1sup.core.profile_fit import Degraded
 from r1sup.supervision.daemon import Cause, Daemon, IllegalTransition, State
 from r1sup.supervision.runner import Runner
 from r1sup.supervision.session import Session
@@ -81,3 +83,17 @@ def test_a_cause_the_table_has_no_row_for_raises_and_changes_nothing(tmp_path: P
             d.advance(cause, "again")
     assert d.state is State.FAILED and d.status_text == "failed: no way to serve"
     assert notifier.sent == sent
+
+
+def test_status_json_shows_the_degraded_profile_served_and_the_planned_retune(tmp_path: Path):
+    d, _ = daemon(tmp_path)
+    assert d.status_fields([])["degraded"] is None
+    d.degraded = Degraded("best-key", "other processes held 5.0 GiB", "2026-12-02T14:00:00+00:00")
+    assert d.status_fields([])["degraded"] == {
+        "best_key": "best-key",
+        "reason": "other processes held 5.0 GiB",
+        "since": "2026-12-02T14:00:00+00:00",
+        "retune_planned": False,
+    }
+    d.degraded = replace(d.degraded, retune_planned=True)
+    assert json.loads(json.dumps(d.status_fields([])))["degraded"]["retune_planned"] is True  # as written

@@ -23,6 +23,7 @@ CORE_TYPES = frozenset(
         "r1sup.core.failure",
         "r1sup.core.figures",
         "r1sup.core.flags",
+        "r1sup.core.hardware",
         "r1sup.core.liveness",
         "r1sup.core.probing",
     }

@@ -98,7 +98,12 @@ def test_every_stage_gets_the_fullest_stages_blocks(model_id: str, pp: int, gpu:
     p = planner.plan(a, device, flags, version="0.32.0")
     per_stage = [e.num_blocks * e.block_size for e in M.evaluate_stages(a, device, flags, "0.32.0")]
     assert len(per_stage) == pp and p.kv_capacity_tokens == min(per_stage)
-    assert len(p.stage_breakdowns) == pp and p.layout["stage_layers"] == list(M.pp_partition(a.layers, pp))
+    assert len(p.stage_breakdowns) == pp and p.layout.stage_layers == tuple(M.pp_partition(a.layers, pp))
+    layout = p.to_dict()["layout"]  # plan --json: 16 GPUs are two nodes of 8, 8 GPUs one
+    assert layout["gpus"] == pp * flags.tensor_parallel_size
+    assert (layout["gpus"], layout["nodes"]) in ((16, 2), (8, 1))
+    assert layout["stage_layers"] == list(M.pp_partition(a.layers, pp))
+    assert len(layout["stage_breakdowns"]) == pp
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,7 @@ def test_one_verdict_in_text_json_and_exit_status(case: tuple[Any, ...]) -> None
 
     _, device, _, p = _plan(case)
     d = json.loads(json.dumps(p.to_dict()))
-    text = render(p, ModelSource({}, "catalog", p.model["name"]), device)
+    text = render(p, ModelSource({}, "catalog", p.model.name), device)
     verdict = next(line for line in text.splitlines() if line.startswith("verdict "))
     assert d["verdict"] == {"status": p.verdict, "reason": p.verdict_reason, "exit_code": p.exit_code}
     assert p.exit_code == {"fits": 0, "fits_with_changes": 7, "does_not_fit": 3}[p.verdict]

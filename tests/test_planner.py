@@ -562,7 +562,35 @@ def test_the_plan_says_which_version_and_batch_defaults_it_assumed() -> None:
     p = planner.plan(arch(Q7), h100, EngineFlags(max_model_len=8192), version="0.19.0")
     assert p.vllm_version == "0.19.0" and p.engine == "V1" and p.version_note is None
     d = p.assumed_defaults
-    assert (d["max_num_seqs"], d["max_num_batched_tokens"], d["max_num_seqs_from"]) == (1024, 8192, "default")
+    assert (d.max_num_seqs, d.max_num_batched_tokens, d.seqs_default) == (1024, 8192, True)
+    assert p.to_dict()["assumed_defaults"] == {
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs_from": "default",
+        "max_num_batched_tokens_from": "default",
+        "defaults": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "rule": d.defaults.rule},
+    }
+    # the device and the layout keep their plan --json objects, key for key
+    assert p.to_dict()["device"] == {
+        "backend": "cuda",
+        "source": "manual",
+        "name": "NVIDIA H100 80GB HBM3",
+        "count": 1,
+        "total_gib": 79.11,
+        "free_gib": 79.11,
+        "compute_capability": "9.0",
+        "tensor_parallel_size": 1,
+        "notes": [],
+    }
+    assert p.to_dict()["layout"] == {
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "gpus": 1,
+        "gpus_per_node": 8,
+        "nodes": 1,
+        "stage_layers": [28],
+        "stage_breakdowns": [],
+    }
     # 0.19 does not charge the graph estimate, 0.20 does: less KV
     p20 = planner.plan(arch(Q7), h100, EngineFlags(max_model_len=8192), version="0.20.0")
     assert p20.breakdown.cudagraph_charged_gib > 0 == p.breakdown.cudagraph_charged_gib

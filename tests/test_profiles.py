@@ -180,6 +180,14 @@ def test_fingerprint_content_and_diff_lines() -> None:
     assert diff_fingerprints({"a": 1}, {"b": 2}) == ["a: 1 -> (absent)", "b: (absent) -> 2"]
 
 
+def test_the_vllm_version_a_fingerprint_names_whatever_file_it_came_from() -> None:
+    assert profiles.fingerprint_vllm(fp_with(versions={"vllm": "0.32.0", "torch": "2.9.0"})) == "0.32.0"
+    assert profiles.fingerprint_vllm(fp_with(versions={"vllm": None, "torch": None})) is None
+    # an imported or shared profile's fingerprint is untrusted JSON
+    for odd in ({}, {"versions": ["0.32.0"]}, {"versions": {"vllm": 32}}, {"versions": {"vllm": ""}}):
+        assert profiles.fingerprint_vllm(odd) is None
+
+
 def test_fingerprint_change_forces_retune_and_says_why(tmp_path: Path) -> None:
     store = ProfileStore(tmp_path / "state")
     saved = make_profile()

@@ -6,6 +6,7 @@ the search launches next, or why it stops.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -19,6 +20,7 @@ from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+from r1sup.supervision.session import stored_conditions
 
 Q7 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"])
 Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
@@ -250,9 +252,30 @@ def busy_gpu(total_gib: float, others_gib: float) -> DeviceFacts:
 
 def test_conditions_name_the_memory_other_processes_hold() -> None:
     found = S.conditions(busy_gpu(23.99, 5.0))
-    assert found["others_gib"] == 5.0 and found["total_gib"] == 23.99
-    assert found["holders"] == ["pid 4242 other-job (5.0 GiB)"]
-    assert S.conditions(busy_gpu(23.99, 5.0), own_pids=frozenset({4242}))["others_gib"] == 0
+    assert found is not None and found.others_gib == 5.0 and found.total_gib == 23.99
+    assert found.holders == ("pid 4242 other-job (5.0 GiB)",) and not found.degraded
+    mine = S.conditions(busy_gpu(23.99, 5.0), own_pids=frozenset({4242}))
+    assert mine is not None and mine.others_gib == 0 and mine.holders == ()
+    assert S.conditions(DeviceFacts(backend="cpu", host_total_bytes=64 * GIB)) is None
+    assert S.conditions(None) is None
+
+
+def test_a_profile_keeps_its_conditions_as_the_json_it_always_held() -> None:
+    # the object written before the conditions were a type, key for key and in this order
+    found = S.conditions(busy_gpu(23.99, 5.0))
+    assert found is not None
+    held = (
+        '"free_gib": 18.59, "total_gib": 23.99, "others_gib": 5.0, '
+        '"holders": ["pid 4242 other-job (5.0 GiB)"]'
+    )
+    assert json.dumps(stored_conditions(found, None)) == "{" + held + "}"
+    degraded = replace(found, degraded="other processes held 5.0 GiB")
+    assert json.dumps(stored_conditions(degraded, {"context": 4096, "asked": 32768})) == (
+        "{" + held + ', "degraded": true, "reason": "other processes held 5.0 GiB", '
+        '"reduced": {"context": 4096, "asked": 32768}}'
+    )
+    assert stored_conditions(None, {"context": 4096}) == {"reduced": {"context": 4096}}
+    assert stored_conditions(None, None) == {}
 
 
 def test_a_profile_found_beside_another_tenant_is_degraded_and_the_idle_box_is_not() -> None:

@@ -81,9 +81,9 @@ def test_calibration_ignores_other_boxes_and_other_engines(tmp_path: Path):
 def test_the_version_comes_from_the_fingerprint_when_nothing_else_knows_it():
     know = ModelKnowledge(device=BOX)
     assert know.version() == M.NEWEST_KNOWN
-    adopt_versions(know, fp(versions={"vllm": "0.19.0", "torch": "2.6.0"}))
+    adopt_versions(know, profiles.fingerprint_vllm(fp(versions={"vllm": "0.19.0", "torch": "2.6.0"})))
     assert str(know.version()) == "0.19.0"
-    adopt_versions(know, fp())  # a version already known is kept
+    adopt_versions(know, profiles.fingerprint_vllm(fp()))  # a version already known is kept
     assert str(know.version()) == "0.19.0"
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from r1sup.core.capacity import Capacity
 from r1sup.core.failure import Failure
 from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import Conditions
 from r1sup.core.liveness import Verdict
 from r1sup.core.probing import ProbeResult
 
@@ -479,7 +480,7 @@ class NoFitRecorded:
 class ProfileDoesNotFit:
     key: str
     flags: Mapping[str, Any]
-    conditions: Mapping[str, Any]  # what is free now (r1sup.core.search.conditions)
+    conditions: Conditions | None  # what is free now (r1sup.core.search.conditions; None without a GPU)
 
 
 @dataclass(frozen=True)

@@ -112,3 +112,34 @@ class DeviceFacts:
             "processes": [vars(p) for p in self.processes],
             "source": self.source,
         }
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What the box looked like when a profile was found or checked (:func:`r1sup.core.search.conditions`):
+    free and total memory of the most loaded GPU and the memory other processes held on it (GiB, 2
+    decimals), and who those were. ``degraded``: why a profile found under these conditions is worse than
+    what the box gives without the other processes ("" when it is not); such a profile is kept beside the
+    best one, and the daemon watches for the memory to come back.
+
+    A profile keeps them as its ``conditions`` object (:meth:`to_dict`); nothing reads that object back
+    into r1sup's decisions, so there is no ``from_dict``."""
+
+    free_gib: float
+    total_gib: float
+    others_gib: float
+    holders: tuple[str, ...] = ()
+    degraded: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile's ``conditions`` and the fields of ``profile_does_not_fit_now``: ``degraded`` is
+        written as ``degraded: true`` with its ``reason``, as profiles have always held it."""
+        out: dict[str, Any] = {
+            "free_gib": self.free_gib,
+            "total_gib": self.total_gib,
+            "others_gib": self.others_gib,
+            "holders": list(self.holders),
+        }
+        if self.degraded:
+            out.update(degraded=True, reason=self.degraded)
+        return out

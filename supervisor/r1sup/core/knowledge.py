@@ -10,7 +10,6 @@ a launch's figures.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from r1sup.core import bounds as B
 from r1sup.core import memmodel as M
@@ -135,11 +134,11 @@ def explain_first(why: str, know: ModelKnowledge) -> str:
     return f"{why} ({'; '.join(facts)})"
 
 
-def adopt_versions(know: ModelKnowledge, fingerprint: dict[str, Any]) -> None:
-    """The vLLM version the fingerprint learned from ``server.python``, when nothing better is known."""
-    versions = fingerprint.get("versions")
-    if know.vllm_version is None and isinstance(versions, dict) and versions.get("vllm"):
-        know.vllm_version = str(versions["vllm"])
+def adopt_versions(know: ModelKnowledge, vllm: str | None) -> None:
+    """The vLLM version the fingerprint learned from ``server.python`` (``vllm``:
+    :func:`r1sup.state.profiles.fingerprint_vllm`), when nothing better is known."""
+    if know.vllm_version is None and vllm:
+        know.vllm_version = vllm
 
 
 def first_decision(

@@ -98,11 +98,11 @@ def _explain(
                 f"{total - after:.2f} GiB of the GPU stay outside vLLM (was {total - before:.2f}): less room "
                 "for other processes on it and for memory vLLM does not count",
             )
-        free = plan.device.get("free_gib")
+        free = plan.device.free_gib
         why = (
             f"only {free:.2f} GiB is free at start-up and vLLM stops when {float(old):g} x {total:.2f} = "
             f"{before:.2f} GiB is more than that"
-            if isinstance(free, (int, float)) and free < before
+            if free is not None and free < before
             else f"vLLM's budget shrinks from {before:.2f} to {after:.2f} GiB to start"
         )
         return why, f"{before - after:.2f} GiB less budget, taken from the KV cache"
@@ -115,12 +115,12 @@ def _explain(
                 "small loss of accuracy"
                 + (
                     "; e4m3 can fail below compute capability 8.9 (unknown here): fp8_e5m2 is used there"
-                    if new == "fp8" and not plan.device.get("compute_capability")
+                    if new == "fp8" and not plan.device.compute_capability
                     else ""
                 ),
             )
         if rec.fp8_kv and given.fp8_kv:
-            cc = plan.device.get("compute_capability")
+            cc = plan.device.compute_capability
             return (
                 f"{old} (e4m3) KV can fail below compute capability 8.9 (this GPU: {cc}); {new} does not",
                 "none in memory (both are 8 bits); e5m2 keeps fewer mantissa bits than e4m3",
@@ -139,7 +139,7 @@ def _explain(
             "largest at small batches); r1sup does not measure it before a launch",
         )
     if name == "max_num_seqs":
-        default = plan.assumed_defaults.get("max_num_seqs") if old is None else old
+        default = plan.assumed_defaults.max_num_seqs if old is None else old
         target = plan.target_concurrency
         why = (
             f"vLLM's {_show(default)} sequences size the sampler warm-up and the CUDA-graph captures; "

@@ -317,6 +317,82 @@ class Suggestion:
 
 
 @dataclass(frozen=True)
+class PlanDevice:
+    """The device a plan is for, as ``plan`` shows it: one GPU's memory (the NUMA node's on the CPU
+    backend) and what is free of it (None when nothing was probed), its compute capability as
+    ``"8.9"``, and the tensor-parallel size the plan spreads the model over."""
+
+    backend: str
+    source: str  # DeviceFacts.source: probe, catalog or manual
+    name: str
+    count: int
+    total_gib: float
+    free_gib: float | None
+    compute_capability: str | None
+    tensor_parallel_size: int
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, device: DeviceFacts, flags: EngineFlags) -> PlanDevice:
+        cc = device.compute_capability
+        return cls(
+            backend=device.backend,
+            source=device.source,
+            name=device.gpus[0].name if device.gpus else (device.cpu_model or "host"),
+            count=device.count,
+            total_gib=round(device.total_bytes / GIB, 2),
+            free_gib=round(device.free_bytes / GIB, 2) if device.free_bytes else None,
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+            tensor_parallel_size=flags.tensor_parallel_size,
+            notes=tuple(device.notes),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """``plan --json``'s ``device``."""
+        return {
+            "backend": self.backend,
+            "source": self.source,
+            "name": self.name,
+            "count": self.count,
+            "total_gib": self.total_gib,
+            "free_gib": self.free_gib,
+            "compute_capability": self.compute_capability,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The GPUs a plan's flags span: tensor parallel inside a node, pipeline stages across nodes, and the
+    layers of each stage (vLLM's split)."""
+
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpus_per_node: int
+    stage_layers: tuple[int, ...]
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def nodes(self) -> int:
+        return cdiv(self.gpus, self.gpus_per_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``plan --json``'s ``layout`` (the plan adds its stages' breakdowns)."""
+        return {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "gpus": self.gpus,
+            "gpus_per_node": self.gpus_per_node,
+            "nodes": self.nodes,
+            "stage_layers": list(self.stage_layers),
+        }
+
+
+@dataclass(frozen=True)
 class Plan:
     fits: bool
     breakdown: Breakdown
@@ -328,6 +404,10 @@ class Plan:
     recommended: EngineFlags | None
     suggestions: list[Suggestion]
     notes: list[str]
+    model: ModelArch
+    device: PlanDevice
+    layout: Layout  # GPUs, nodes, pipeline stages
+    assumed_defaults: M.Batch  # the batch limits the prediction assumed
     model_fits: bool = False
     startup_problem: str | None = None
     starts_as_given: bool = False
@@ -341,18 +421,14 @@ class Plan:
     recommended_kv_capacity_tokens: int | None = None
     recommended_concurrency: float | None = None
     recommended_margin_gib: float | None = None  # KV kept spare by the recommended flags for estimate errors
-    model: dict[str, Any] = field(default_factory=dict)
-    device: dict[str, Any] = field(default_factory=dict)
     flags: EngineFlags = field(default_factory=EngineFlags)
     vllm_version: str = str(M.NEWEST_KNOWN)
     version_note: str | None = None
     engine: str = "V1"
-    assumed_defaults: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)  # predicted beside measured, per term
     estimate: dict[str, Any] = field(default_factory=dict)  # the memory model's terms and their sources
     verdict: str = "does_not_fit"  # one of VERDICTS
     verdict_reason: str = ""  # why not as given (or, when it fits, what the KV cache holds)
-    layout: dict[str, Any] = field(default_factory=dict)  # GPUs, nodes, pipeline stages
     stage_breakdowns: tuple[Breakdown, ...] = ()  # one GPU of each pipeline stage (a split model only)
     # what each recommended change costs the user (search.Search.costs), and, when the recommended flags
     # give up more than half the asked context or serve fewer sequences, why and the ways out
@@ -398,17 +474,20 @@ class Plan:
             "suggestions": [s.to_dict() for s in self.suggestions],
             "breakdown": self.breakdown.to_dict(),
             "flags": self.flags.to_dict(),
-            "model": self.model,
-            "device": self.device,
+            "model": self.model.summary(),
+            "device": self.device.to_dict(),
             "notes": list(self.notes),
             "vllm_version": self.vllm_version,
             "version_note": self.version_note,
             "engine": self.engine,
-            "assumed_defaults": self.assumed_defaults,
+            "assumed_defaults": _assumed_defaults(self.assumed_defaults),
             "measured": self.measured,
             "estimate": self.estimate,
             "verdict": {"status": self.verdict, "reason": self.verdict_reason, "exit_code": self.exit_code},
-            "layout": {**self.layout, "stage_breakdowns": [sb.to_dict() for sb in self.stage_breakdowns]},
+            "layout": {
+                **self.layout.to_dict(),
+                "stage_breakdowns": [sb.to_dict() for sb in self.stage_breakdowns],
+            },
             "costs": list(self.costs),
             "reduced": self.reduced,
         }
@@ -819,13 +898,13 @@ def plan(
             round(choice.ev.num_blocks / cdiv(choice.context, choice.ev.block), 2) if choice else None
         ),
         recommended_margin_gib=round(choice.ev.margin / GIB, 3) if choice else None,
-        model=arch.summary(),
-        device=_device_summary(device, flags),
+        model=arch,
+        device=PlanDevice.of(device, flags),
         flags=flags,
         vllm_version=str(v),
         version_note=note,
         engine=ev.est.rules.engine,
-        assumed_defaults=_assumed_defaults(ev.est),
+        assumed_defaults=ev.est.batch,
         measured=_measured(ev.est, calibration, v),
         estimate=ev.est.to_dict(),
         verdict=verdict,
@@ -868,18 +947,14 @@ def _search_recommendation(
     return search, search.recommend()
 
 
-def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> dict[str, Any]:
+def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> Layout:
     """The GPUs these flags span: tensor parallel inside a node, pipeline stages across nodes."""
-    tp, pp = max(1, flags.tensor_parallel_size), arch.pipeline_parallel_size
-    stages = [s.layers for s in M.pipeline_stages(arch)]
-    return {
-        "tensor_parallel_size": tp,
-        "pipeline_parallel_size": pp,
-        "gpus": tp * pp,
-        "gpus_per_node": gpus_per_node,
-        "nodes": cdiv(tp * pp, gpus_per_node),
-        "stage_layers": stages,
-    }
+    return Layout(
+        tensor_parallel_size=max(1, flags.tensor_parallel_size),
+        pipeline_parallel_size=arch.pipeline_parallel_size,
+        gpus_per_node=gpus_per_node,
+        stage_layers=tuple(s.layers for s in M.pipeline_stages(arch)),
+    )
 
 
 def _why_not(
@@ -947,14 +1022,19 @@ def _why_not(
     )
 
 
-def _assumed_defaults(est: M.Estimate) -> dict[str, Any]:
-    """The batch limits the prediction assumed: vLLM's defaults for this GPU and version, and what it ran."""
-    batch = est.batch
+def origin(default: bool) -> str:
+    """Where a batch limit the plan assumed comes from: vLLM's ``default``, or the ``flag``."""
+    return "default" if default else "flag"
+
+
+def _assumed_defaults(batch: M.Batch) -> dict[str, Any]:
+    """``plan --json``'s ``assumed_defaults``: the batch limits the prediction assumed, vLLM's defaults for
+    this GPU and version, and whether each limit is the default or the flag's."""
     return {
         "max_num_seqs": batch.max_num_seqs,
         "max_num_batched_tokens": batch.max_num_batched_tokens,
-        "max_num_seqs_from": "default" if batch.seqs_default else "flag",
-        "max_num_batched_tokens_from": "default" if batch.tokens_default else "flag",
+        "max_num_seqs_from": origin(batch.seqs_default),
+        "max_num_batched_tokens_from": origin(batch.tokens_default),
         "defaults": batch.defaults.to_dict(),
     }
 
@@ -1054,21 +1134,6 @@ def _flag_notes(arch: ModelArch, device: DeviceFacts, flags: EngineFlags, versio
             "pin it with --kv-cache-memory-bytes for a predictable size"
         )
     return notes
-
-
-def _device_summary(device: DeviceFacts, flags: EngineFlags) -> dict[str, Any]:
-    cc = device.compute_capability
-    return {
-        "backend": device.backend,
-        "source": device.source,
-        "name": device.gpus[0].name if device.gpus else (device.cpu_model or "host"),
-        "count": device.count,
-        "total_gib": round(device.total_bytes / GIB, 2),
-        "free_gib": round(device.free_bytes / GIB, 2) if device.free_bytes else None,
-        "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
-        "tensor_parallel_size": flags.tensor_parallel_size,
-        "notes": list(device.notes),
-    }
 
 
 def _way_out(

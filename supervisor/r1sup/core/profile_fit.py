@@ -5,13 +5,12 @@ worse than the box gives without them ("degraded"). Pure: the search's memory mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from r1sup.core import memmodel as M
 from r1sup.core.flags import EngineFlags
-from r1sup.core.hardware import DeviceFacts
+from r1sup.core.hardware import Conditions, DeviceFacts
 from r1sup.core.search import FREE_MARGIN_GIB, GIB, Candidate, Evidence, Search, request_blocks
 
 OTHERS_NOTICED_GIB = 0.5  # other processes holding less than this do not make a profile "degraded"
@@ -33,11 +32,11 @@ def fits_now(search: Search, flags: EngineFlags) -> bool:
     return request_blocks(est) >= M.cdiv(est.batch.max_model_len, est.block_size)
 
 
-def degraded_by_others(search: Search, flags: EngineFlags, found: Mapping[str, Any]) -> str | None:
+def degraded_by_others(search: Search, flags: EngineFlags, found: Conditions | None) -> str | None:
     """Why ``flags``, found while other processes held GPU memory (``found``:
     :func:`r1sup.core.search.conditions`), is worse than what the box gives without them; None when it
     is not (or nothing else held memory)."""
-    others = float(found.get("others_gib") or 0.0)
+    others = found.others_gib if found is not None else 0.0
     if others < OTHERS_NOTICED_GIB or not search.usable:
         return None
     idle = Search(
@@ -72,3 +71,23 @@ def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
     """The box with ``others`` bytes more free on every GPU (up to its total): as it is without them."""
     gpus = tuple(replace(g, free_bytes=min(g.total_bytes, g.free_bytes + others)) for g in device.gpus)
     return replace(device, gpus=gpus, processes=())
+
+
+@dataclass(frozen=True)
+class Degraded:
+    """Serving a profile degraded by other processes' memory: the best profile's key (the one to go back
+    to), why this one is degraded, since when (ISO 8601 UTC), and whether a re-tune back to the best is
+    planned. status.json shows it as its ``degraded`` object (:meth:`to_dict`)."""
+
+    best_key: str
+    reason: str
+    since: str
+    retune_planned: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "best_key": self.best_key,
+            "reason": self.reason,
+            "since": self.since,
+            "retune_planned": self.retune_planned,
+        }

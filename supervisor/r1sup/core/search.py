@@ -57,7 +57,7 @@ from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
-from r1sup.core.hardware import DeviceFacts, GpuInfo
+from r1sup.core.hardware import Conditions, DeviceFacts, GpuInfo
 
 GIB = 1024**3
 MIB = 1024**2
@@ -726,7 +726,8 @@ class Search:
                 ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
             if free_gib and total_gib:
                 note = f"{free_gib:.2f} of {total_gib:.2f} GiB were free"
-            holders = conditions(device).get("holders")
+            found = conditions(device)
+            holders = found.holders if found is not None else ()
             if holders:
                 note += f" (held: {', '.join(holders)})"
         elif cls == F.OOM_WEIGHTS:
@@ -824,9 +825,10 @@ class Search:
         cap = self.utilization_cap(self.facts.user.tensor_parallel_size)
         if cap < b.min_gpu_memory_utilization:
             found = conditions(self.facts.device)
-            held = ", ".join(found.get("holders") or []) or "nothing r1sup can name"
+            held = ", ".join(found.holders if found is not None else ()) or "nothing r1sup can name"
+            free, total = (found.free_gib, found.total_gib) if found is not None else (None, None)
             ways.append(
-                f"free GPU memory: {found.get('free_gib')} of {found.get('total_gib')} GiB (held: {held}); "
+                f"free GPU memory: {free} of {total} GiB (held: {held}); "
                 f"utilization {cap:g} would be below ladder.min_gpu_memory_utilization "
                 f"{b.min_gpu_memory_utilization:g}"
             )
@@ -1117,11 +1119,11 @@ def fp8_weights_flag(version: M.Version) -> str:
     return "fp8_per_tensor" if version >= FP8_PER_TENSOR_SPELLING else "fp8"
 
 
-def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
+def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset()) -> Conditions | None:
     """What the box looked like (kept with a profile): free and total memory of the most loaded GPU, the
-    memory other processes (not ``own_pids``) held on it, and who they were."""
+    memory other processes (not ``own_pids``) held on it, and who they were; None without a GPU."""
     if device is None or not device.gpus:
-        return {}
+        return None
     per_gpu: dict[int, int] = {}
     holders = []
     for p in device.processes:
@@ -1129,12 +1131,12 @@ def conditions(device: DeviceFacts | None, own_pids: frozenset[int] = frozenset(
             continue
         per_gpu[p.gpu_index] = per_gpu.get(p.gpu_index, 0) + p.used_bytes
         holders.append(f"pid {p.pid} {p.name} ({p.used_bytes / GIB:.1f} GiB)")
-    return {
-        "free_gib": round(device.free_bytes / GIB, 2),
-        "total_gib": round(device.total_bytes / GIB, 2),
-        "others_gib": round(max(per_gpu.values(), default=0) / GIB, 2),
-        "holders": holders[:5],
-    }
+    return Conditions(
+        free_gib=round(device.free_bytes / GIB, 2),
+        total_gib=round(device.total_bytes / GIB, 2),
+        others_gib=round(max(per_gpu.values(), default=0) / GIB, 2),
+        holders=tuple(holders[:5]),
+    )
 
 
 def _number(own: float | None, *printed: float | None) -> float | None:

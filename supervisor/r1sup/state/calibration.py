@@ -29,7 +29,7 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> memmodel.Calibration
             continue
         try:
             flags = EngineFlags.from_dict(profile.flags)
-            version = memmodel.as_version((profile.fingerprint.get("versions") or {}).get("vllm"))
+            version = memmodel.as_version(profiles.fingerprint_vllm(profile.fingerprint))
         except (TypeError, ValueError):
             continue
         return memmodel.Calibration(flags=flags, figures=figures, version=version)

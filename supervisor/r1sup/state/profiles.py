@@ -484,6 +484,15 @@ def fingerprint(
     return fp
 
 
+def fingerprint_vllm(fp: typing.Mapping[str, Any]) -> str | None:
+    """The vLLM version a fingerprint names (None: unknown). The one reader of that part of it: a
+    fingerprint is plain JSON because it is hashed into the key and kept in profile files, so one from a
+    file (an import, the fleet's store) may hold anything there."""
+    versions = fp.get("versions")
+    vllm = versions.get("vllm") if isinstance(versions, dict) else None
+    return vllm if isinstance(vllm, str) and vllm else None
+
+
 def driver_branch(version: str | None) -> str | None:
     """The driver's branch (``550`` of ``550.54.14``): patch releases of a branch do not move the
     memory vLLM sees, so boxes of a fleet that differ only there share profiles."""

@@ -58,7 +58,9 @@ from r1sup.core.events import (
 from r1sup.core.failure import Failure
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import Conditions
 from r1sup.core.probing import ProbeResult
+from r1sup.core.profile_fit import Degraded
 from r1sup.state import fleet
 from r1sup.supervision.bus import Bus
 from r1sup.supervision.footing import footing
@@ -170,7 +172,7 @@ class Daemon:
         self.history: Any = None  # the search (r1sup.core.search.Search) and its evidence, across restarts
         # serving a profile degraded by other processes' memory: the best profile's key, why, and whether
         # a re-tune back to it is planned (shown in status.json)
-        self.degraded: dict[str, Any] | None = None
+        self.degraded: Degraded | None = None
         self.next_memory_check = 0.0
         self.know: Any = None
         self.fingerprint: dict[str, Any] | None = None
@@ -248,7 +250,7 @@ class Daemon:
             "child_pid": current.engine.pid if current and current.engine.alive() else None,
             "launches": self.runner.launches,
             "profile_source": self.profile_source,
-            "degraded": self.degraded,
+            "degraded": self.degraded.to_dict() if self.degraded is not None else None,
             "flags": self.flags.to_dict() if self.flags else None,
             # what the serving flags' probe proved; none while nothing serves (launching, backoff, stopped)
             "capacity": (
@@ -479,14 +481,15 @@ class Daemon:
         self.fingerprint = base.fingerprint
         d = self.config.daemon
         self.runner.managed_args = liveness.drain_args(
-            (self.fingerprint.get("versions") or {}).get("vllm"),
+            self.know.vllm_version,  # the fingerprint's, adopted by footing() when nothing better knew it
             self.config.server.extra_args,
             max(d.drain_timeout_s, self.config.server.stop_timeout_s) if d.drain_timeout_s > 0 else 0,
         )
         key, store = base.key, base.store
         from r1sup.core import search
 
-        self._free_gib_at_start = search.conditions(self.know.device).get("free_gib")
+        at_start = search.conditions(self.know.device)
+        self._free_gib_at_start = at_start.free_gib if at_start is not None else None
         saved = store.load(key) if start is None else None
         why = ""
         shared = (
@@ -498,7 +501,7 @@ class Daemon:
         if saved is not None and self.degraded is not None:
             start = EngineFlags.from_dict(saved.flags)
             self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
-            why = f"degraded profile {saved.key}: {self.degraded['reason']}"
+            why = f"degraded profile {saved.key}: {self.degraded.reason}"
             self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
         elif saved is not None:
             start = EngineFlags.from_dict(saved.flags)
@@ -577,18 +580,19 @@ class Daemon:
         now = search.conditions(self.know.device)
         self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
         spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
-        reason = f"the best profile {key} does not fit what is free now ({now.get('free_gib')} GiB)"
+        free = now.free_gib if now is not None else None
+        reason = f"the best profile {key} does not fit what is free now ({free} GiB)"
         if spare is not None and profile_fit.fits_now(check, EngineFlags.from_dict(spare.flags)):
-            self.degraded = {"best_key": key, "reason": reason, "since": now_iso(), "retune_planned": False}
+            self.degraded = Degraded(key, reason, now_iso())
             return spare
         return None
 
-    def _conditions(self, result: TuneResult, key: str) -> dict[str, Any]:
+    def _conditions(self, result: TuneResult, key: str) -> Conditions | None:
         """The conditions a tuned profile was found under; degraded (kept beside the best, and the daemon
         watches for the memory to come back) when other processes' memory made it worse."""
         from r1sup.core import profile_fit, search
 
-        found: dict[str, Any] = dict(search.conditions(self.know.device if self.know else None))
+        found = search.conditions(self.know.device if self.know else None)
         engine = result.history
         why = (
             profile_fit.degraded_by_others(engine, result.flags, found)
@@ -596,9 +600,9 @@ class Daemon:
             else None
         )
         self.degraded = None
-        if why:
-            found.update(degraded=True, reason=why)
-            self.degraded = {"best_key": key, "reason": why, "since": now_iso(), "retune_planned": False}
+        if why and found is not None:
+            found = replace(found, degraded=why)
+            self.degraded = Degraded(key, why, now_iso())
             self.publish(B.ProfileDegraded(key, why))
         return found
 
@@ -630,14 +634,14 @@ class Daemon:
         check = new_search(self.config, self.know)
         check.facts = replace(check.facts, device=idle)
         store = profiles.ProfileStore(self.config.state.dir)
-        best = store.load(self.degraded["best_key"])
+        best = store.load(self.degraded.best_key)
         if best is not None:
             fits = profile_fit.fits_now(check, EngineFlags.from_dict(best.flags))
         else:  # no best profile yet: what the search would plan on the box as it is without this engine
             fits = self.flags is not None and profile_fit.better_than(check, self.flags) is not None
         if fits:
-            self.degraded["retune_planned"] = True
-            self.publish(B.RetunePlanned(self.degraded["best_key"]))
+            self.degraded = replace(self.degraded, retune_planned=True)
+            self.publish(B.RetunePlanned(self.degraded.best_key))
         return fits
 
     def _waiting(self, text: str) -> None:

@@ -87,7 +87,7 @@ def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
     from r1sup.state import profiles, runrecord
 
     fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
-    adopt_versions(know, fingerprint)
+    adopt_versions(know, profiles.fingerprint_vllm(fingerprint))
     store = profiles.ProfileStore(config.state.dir)
     runner.expected_phases = runrecord.expected_phases(store, fingerprint)
     return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -14,6 +14,7 @@ from r1sup.adapters import logs
 from r1sup.core.capacity import Capacity
 from r1sup.core.config import Config
 from r1sup.core.events import EventQueue, FilePermissions, Publish
+from r1sup.core.hardware import Conditions
 from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Hooks, Runner
 
@@ -125,18 +126,18 @@ def save_profile(
     session: Session,
     result: Any,
     fingerprint: dict[str, Any],
-    conditions: dict[str, Any] | None = None,
+    conditions: Conditions | None = None,
     *,
     tell: Publish,
 ) -> str | None:
     """Persist a passed configuration (and publish it to the fleet's store, if there is one, what the
     store said going to ``tell``, the caller's publish); returns the local path, or None when saving
     failed (logged). ``conditions`` (search.conditions) are saved
-    with it; a profile they mark ``degraded`` is kept beside the best one under its own key
-    (profiles.degraded_fingerprint) and never published."""
+    with it (:func:`stored_conditions`); a profile they mark ``degraded`` is kept beside the best one under
+    its own key (profiles.degraded_fingerprint) and never published."""
     from r1sup.state import profiles
 
-    degraded = bool(conditions and conditions.get("degraded"))
+    degraded = conditions is not None and bool(conditions.degraded)
     fp = profiles.degraded_fingerprint(fingerprint) if degraded else fingerprint
     profile = profiles.Profile.create(
         fingerprint=fp,
@@ -148,11 +149,9 @@ def save_profile(
         observations=result.figures,
         attempts=[a.to_dict() for a in result.attempts],
     )
-    reduced = getattr(result, "reduced", None)
-    if reduced:  # the flags give up more than half the asked context or serve fewer sequences than asked
-        conditions = {**(conditions or {}), "reduced": dict(reduced)}
-    if conditions:
-        profile = replace(profile, conditions=dict(conditions))
+    stored = stored_conditions(conditions, getattr(result, "reduced", None))
+    if stored:
+        profile = replace(profile, conditions=stored)
     verified = capacity_of(session.config, result)
     if verified:
         profile = replace(profile, capacity=verified.to_dict())
@@ -162,3 +161,13 @@ def save_profile(
 
         fleet.publish(session.config, profile, tell=tell)
     return str(path) if path is not None else None
+
+
+def stored_conditions(conditions: Conditions | None, reduced: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A profile's ``conditions`` object: what the box looked like (:meth:`Conditions.to_dict`) and, when
+    the flags give up more than half the asked context or serve fewer sequences than asked, ``reduced``
+    (the search's reduction); {} when there is neither (the profile then holds no ``conditions``)."""
+    stored = conditions.to_dict() if conditions is not None else {}
+    if reduced:
+        stored["reduced"] = dict(reduced)
+    return stored

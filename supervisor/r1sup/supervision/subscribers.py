@@ -233,7 +233,8 @@ class LogSink:
             case NoFitRecorded(key, free_gib):
                 log.info("no_fit_recorded", key=key, free_gib=free_gib)
             case ProfileDoesNotFit(key, flags, conditions):
-                log.warning("profile_does_not_fit_now", key=key, flags=dict(flags), **conditions)
+                found = conditions.to_dict() if conditions is not None else {}
+                log.warning("profile_does_not_fit_now", key=key, flags=dict(flags), **found)
             case ProfileDegraded(key, reason):
                 log.warning("profile_degraded", key=key, reason=reason)
             case RetunePlanned(best_key):
@@ -386,7 +387,8 @@ class StatusFile:
                 if not degraded:
                     self.note("profile_found", key=key)
             case ProfileDoesNotFit(key, _, conditions):
-                self.note("profile_does_not_fit_now", key=key, others_gib=conditions.get("others_gib"))
+                others = conditions.others_gib if conditions is not None else None
+                self.note("profile_does_not_fit_now", key=key, others_gib=others)
             case ProfileDegraded(_, reason):
                 self.note("profile_degraded", reason=reason)
             case RetunePlanned(best_key):

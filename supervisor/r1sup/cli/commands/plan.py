@@ -200,7 +200,7 @@ def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, st
 
     config = load_config(args)
     fingerprint = profiles.current_fingerprint(config, device=device)
-    learned = (fingerprint.get("versions") or {}).get("vllm")
+    learned = profiles.fingerprint_vllm(fingerprint)
     return calibration(profiles.ProfileStore(config.state.dir, repair=False), fingerprint), learned
 
 
@@ -281,66 +281,66 @@ def render(
 ) -> str:
     m, d, b = plan.model, plan.device, plan.breakdown
     lines: list[str] = []
-    heads = f"{m['heads']}/{m['kv_heads']} heads" + (" (GQA)" if m["kv_heads"] < m["heads"] else "")
-    lines.append(f"model   {m['name']}  [{source.describe()}]")
+    heads = f"{m.heads}/{m.kv_heads} heads" + (" (GQA)" if m.kv_heads < m.heads else "")
+    lines.append(f"model   {m.name}  [{source.describe()}]")
     lines.append(
-        f"        {m['architecture']}, {_params(m['params'])} parameters, {m['layers']} layers, {heads}, "
-        f"head_dim {m['head_dim']}, vocab {m['vocab']:,}, {m['dtype']}, "
-        f"max context {m['max_position_embeddings']:,}"
+        f"        {m.architecture}, {_params(m.params())} parameters, {m.layers} layers, {heads}, "
+        f"head_dim {m.head_dim}, vocab {m.vocab:,}, {m.dtype}, "
+        f"max context {m.max_position_embeddings:,}"
     )
-    cc = f"compute capability {d['compute_capability'] or 'unknown'}"
-    if d["backend"] == "cpu":
+    cc = f"compute capability {d.compute_capability or 'unknown'}"
+    if d.backend == "cpu":
         lines.append(
-            f"device  vLLM CPU backend on {d['name']}: NUMA node {d['total_gib']:.2f} GiB, "
-            f"{d['free_gib'] or 0:.2f} GiB available"
+            f"device  vLLM CPU backend on {d.name}: NUMA node {d.total_gib:.2f} GiB, "
+            f"{d.free_gib or 0:.2f} GiB available"
         )
     else:
-        count = f"{d['count']} x " if d["count"] > 1 else ""
-        probed = d["source"] == "probe" and d["free_gib"] is not None
-        free = f", {d['free_gib']:.2f} GiB free" if probed else ""
-        each = f"{d['total_gib']:.2f} GiB each"
-        if d["source"] == "catalog":
+        count = f"{d.count} x " if d.count > 1 else ""
+        probed = d.source == "probe" and d.free_gib is not None
+        free = f", {d.free_gib:.2f} GiB free" if probed else ""
+        each = f"{d.total_gib:.2f} GiB each"
+        if d.source == "catalog":
             each += (
                 " (CUDA's total; tune and report show NVML's figure of the box, and this one if they differ)"
             )
-        elif d["source"] == "probe":
-            each += catalog.catalog_total_beside(str(d["name"]), float(d["total_gib"]))
-        lines.append(f"device  {count}{d['name']} ({d['source']}): {each}{free}, {cc}")
+        elif d.source == "probe":
+            each += catalog.catalog_total_beside(d.name, d.total_gib)
+        lines.append(f"device  {count}{d.name} ({d.source}): {each}{free}, {cc}")
     d_b = plan.assumed_defaults
     lines.append(_version_line(plan, version_from))
-    if compile_note and d["backend"] != "cpu":
+    if compile_note and d.backend != "cpu":
         lines.append(f"        {compile_note}")
-    if d_b:
-        rule = d_b["defaults"]["rule"]
-        seqs = f"{d_b['max_num_seqs']} ({d_b['max_num_seqs_from']})"
-        tokens = f"{d_b['max_num_batched_tokens']} ({d_b['max_num_batched_tokens_from']})"
-        lines.append(f"batch   max_num_seqs {seqs}, max_num_batched_tokens {tokens}; vLLM's defaults: {rule}")
+    seqs = f"{d_b.max_num_seqs} ({planner.origin(d_b.seqs_default)})"
+    tokens = f"{d_b.max_num_batched_tokens} ({planner.origin(d_b.tokens_default)})"
+    lines.append(
+        f"batch   max_num_seqs {seqs}, max_num_batched_tokens {tokens}; vLLM's defaults: {d_b.defaults.rule}"
+    )
     argv = plan.flags.to_argv()
     default_len = ""
     if plan.flags.max_model_len in (None, -1):
         default_len = f" (context: the model's {plan.max_model_len:,})"
     lines.append(f"flags   {' '.join(argv)}{default_len}")
     lay = plan.layout
-    if lay and lay["pipeline_parallel_size"] > 1:
-        stages = ", ".join(str(n) for n in lay["stage_layers"])
-        nodes = f"{lay['nodes']} nodes" if lay["nodes"] > 1 else "one node"
+    if lay.pipeline_parallel_size > 1:
+        stages = ", ".join(str(n) for n in lay.stage_layers)
+        nodes = f"{lay.nodes} nodes" if lay.nodes > 1 else "one node"
         lines.append(
-            f"layout  tensor parallel {lay['tensor_parallel_size']} x pipeline parallel "
-            f"{lay['pipeline_parallel_size']} = {lay['gpus']} GPUs on {nodes} of {lay['gpus_per_node']}; "
+            f"layout  tensor parallel {lay.tensor_parallel_size} x pipeline parallel "
+            f"{lay.pipeline_parallel_size} = {lay.gpus} GPUs on {nodes} of {lay.gpus_per_node}; "
             f"layers per stage {stages} (vLLM's split); the table: one GPU of the stage with the fewest KV "
             "blocks (vLLM gives every stage that many)"
         )
     lines.append("")
 
-    where = "per GPU" if d["backend"] != "cpu" else "on the NUMA node"
-    src = dict(b.to_dict()["sources"])
+    where = "per GPU" if d.backend != "cpu" else "on the NUMA node"
+    src = dict(b.sources)
     lines.append(f"{'memory ' + where:<26}{'GiB':>7}")
     if plan.flags.kv_cache_memory_bytes is None:
         label = f"budget ({plan.flags.gpu_memory_utilization:g} x {b.total_gib:.2f})"
         lines.append(f"  {label:<24}{_gib(b.budget_gib)}")
     else:
         lines.append(f"  {'used (KV pinned)':<24}{_gib(b.budget_gib)}   of {b.total_gib:.2f}")
-    nt_label = "non-torch" if d["backend"] != "cpu" else "runtime (RSS)"
+    nt_label = "non-torch" if d.backend != "cpu" else "runtime (RSS)"
     rows = [
         ("weights", b.weights_gib, src.get("weights", "")),
         (nt_label, b.non_torch_gib, src.get("non_torch", "")),
@@ -466,10 +466,10 @@ def _verdict_line(plan: planner.Plan) -> str:
 
 def _gpu_title(plan: planner.Plan, device: DeviceFacts, what: str) -> str:
     d = plan.device
-    each = f"each of {d['count']} GPUs" if d["count"] > 1 else "GPU"
-    if d["backend"] == "cpu":
-        return f"{what}: NUMA node ({d['name']}, {d['total_gib']:.2f} GiB)"
-    return f"{what}: {each} ({d['name']}, {d['total_gib']:.2f} GiB)"
+    each = f"each of {d.count} GPUs" if d.count > 1 else "GPU"
+    if d.backend == "cpu":
+        return f"{what}: NUMA node ({d.name}, {d.total_gib:.2f} GiB)"
+    return f"{what}: {each} ({d.name}, {d.total_gib:.2f} GiB)"
 
 
 def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibration | None) -> str:
@@ -488,7 +488,7 @@ def _chart(plan: planner.Plan, device: DeviceFacts, calibration: memmodel.Calibr
         as_given += f"; measured with {' '.join(calibration.flags.to_argv()) if calibration else ''}"
     if plan.stage_breakdowns:
         last = len(plan.stage_breakdowns)
-        for i, (b, n) in enumerate(zip(plan.stage_breakdowns, plan.layout["stage_layers"], strict=True)):
+        for i, (b, n) in enumerate(zip(plan.stage_breakdowns, plan.layout.stage_layers, strict=True)):
             part = " with the embeddings" if i == 0 else " with the LM head" if i == last - 1 else ""
             what = f"as given, pipeline stage {i + 1} of {last} ({n} layers{part})"
             charts.append(memchart.GpuChart(_gpu_title(plan, device, what), memchart.from_planner(b)))

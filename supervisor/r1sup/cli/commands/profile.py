@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from r1sup.cli.app import load_config
 from r1sup.core.errors import EXIT_GATE_FAILED, ConfigError
@@ -92,9 +93,8 @@ def _gate(store: profiles.ProfileStore, current: dict[str, object], location: st
     return 0
 
 
-def _image(fingerprint: dict[str, object]) -> str:
-    versions = fingerprint.get("versions")
-    vllm = versions.get("vllm") if isinstance(versions, dict) else None
+def _image(fingerprint: dict[str, Any]) -> str:
+    vllm = profiles.fingerprint_vllm(fingerprint)
     return f"vLLM {vllm}" if vllm else "unknown vLLM"
 
 
