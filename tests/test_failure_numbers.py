@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from keyed_reads import mapping_reads
 from r1sup.core import failure as F
 from r1sup.core import liveness
 from r1sup.core.failure import MESSAGE_NAMES, NO_NUMBERS, NUMBER_NAMES, Failure, Numbers
@@ -131,7 +132,6 @@ def test_a_failure_without_numbers_writes_an_empty_object() -> None:
 # --- no string-keyed reads of a failure's numbers come back ----------------------------------------
 
 PACKAGE = Path(__file__).resolve().parent.parent / "supervisor" / "r1sup"
-_MAPPING_READS = frozenset({"get", "items", "keys", "values", "__getitem__"})
 
 
 def _is_numbers(node: ast.expr, bound: set[str]) -> bool:
@@ -153,23 +153,7 @@ def keyed_reads(source: str) -> list[int]:
         for target in node.targets
         if isinstance(target, ast.Name)
     }
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and _is_numbers(node.value, bound):
-            lines.append(node.lineno)
-        elif isinstance(node, ast.Call):
-            func = node.func
-            if (
-                isinstance(func, ast.Attribute)
-                and func.attr in _MAPPING_READS
-                and _is_numbers(func.value, bound)
-            ) or (
-                isinstance(func, ast.Name)
-                and func.id == "dict"
-                and any(_is_numbers(a, bound) for a in node.args)
-            ):
-                lines.append(node.lineno)
-    return sorted(lines)
+    return sorted(mapping_reads(tree, lambda node: _is_numbers(node, bound)))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from keyed_reads import mapping_reads
 from r1sup.cli.report import probe_text
 from r1sup.core import capacity
 from r1sup.core.capacity import Asked, Capacity
@@ -118,7 +119,6 @@ def test_the_asked_record_keeps_its_keys() -> None:
 # --- no string-keyed reads of a probe result or a capacity come back -------------------------------
 
 PACKAGE = Path(__file__).resolve().parent.parent / "supervisor" / "r1sup"
-_MAPPING_READS = frozenset({"get", "items", "keys", "values", "__getitem__"})
 _NAMES = frozenset({"probe", "capacity"})
 
 
@@ -153,23 +153,7 @@ def _reads_in(scope: ast.AST) -> list[int]:
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign) and _is_typed(node.value, set()):
             bound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-    lines = []
-    for node in ast.walk(scope):
-        if isinstance(node, ast.Subscript) and _is_typed(node.value, bound):
-            lines.append(node.lineno)
-        elif isinstance(node, ast.Call):
-            func = node.func
-            if (
-                isinstance(func, ast.Attribute)
-                and func.attr in _MAPPING_READS
-                and _is_typed(func.value, bound)
-            ) or (
-                isinstance(func, ast.Name)
-                and func.id == "dict"
-                and any(_is_typed(a, bound) for a in node.args)
-            ):
-                lines.append(node.lineno)
-    return lines
+    return mapping_reads(scope, lambda node: _is_typed(node, bound))
 
 
 def keyed_reads(source: str) -> list[int]:

@@ -172,12 +172,8 @@ def phases_text(phase_seconds: Any) -> str:
 
 
 def probe_text(p: ProbeResult) -> str:
-    ran = ""
-    if p.queued:
-        waited = f", {p.waiting_peak} waited" if p.waiting_peak else ""
-        ran = f" (only {p.concurrency_proven} ran at once{waited})"
     return (
-        f"{p.succeeded}/{p.requests} ok at concurrency {p.concurrency}{ran}, prompts of "
+        f"{p.succeeded}/{p.requests} ok at concurrency {p.concurrency}{p.queued_text()}, prompts of "
         f"{p.prompt_tokens} tokens, {p.output_tokens} output tokens each, "
         f"TTFT p50 {_num(p.ttft_p50_s)}s p95 {_num(p.ttft_p95_s)}s, "
         f"{_num(p.output_tokens_per_s)} output tok/s, "

@@ -181,17 +181,20 @@ class ProbeResult:
     def first_error(self) -> str:
         return self.errors[0] if self.errors else ""
 
+    def queued_text(self) -> str:
+        """`` (only N ran at once, W waited)`` when requests queued behind others, else nothing."""
+        if not self.queued:
+            return ""
+        waited = f", {self.waiting_peak} waited" if self.waiting_peak else ""
+        return f" (only {self.concurrency_proven} ran at once{waited})"
+
     def summary(self) -> str:
         """One line: how many passed at what concurrency, what ran at once, sizes, TTFT, tokens/s."""
         if not self.ok:
             return f"{self.error_count}/{self.requests} requests failed: {self.first_error or 'no detail'}"
         kv = f", peak KV {self.peak_kv_usage:.0%}" if self.peak_kv_usage is not None else ""
-        ran = ""
-        if self.queued:
-            waited = f", {self.waiting_peak} waited" if self.waiting_peak else ""
-            ran = f" (only {self.concurrency_proven} ran at once{waited})"
         return (
-            f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{ran}, "
+            f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{self.queued_text()}, "
             f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
             f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
             + (self.wave.text() if self.wave is not None else "")
