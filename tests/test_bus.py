@@ -17,6 +17,7 @@ from r1sup.core import config as cfg
 from r1sup.core import events as E
 from r1sup.core import failure as F
 from r1sup.core import liveness
+from r1sup.core.capacity import Reduction
 from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import Conditions
@@ -366,7 +367,7 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
         sink(E.CapacityShort(1, short))
         sink(E.SearchRefined(SECOND, FIRST))
         sink(E.ColdCacheRelaunch(2, OOM.cls, FIRST, 3.5))
-        sink(E.ConfigReduced({"reason": "context halved", "context": 4096}))
+        sink(E.ConfigReduced(Reduction("context halved", 4096, 8192, 16, 256, ("fp8 weights",))))
         sink(E.SearchSucceeded(3, FIRST))
         sink(E.SearchGaveUp(F.NONE, "does not fit", ("a smaller model",), 3, launches=0))
         sink(E.SearchGaveUp(OOM.cls, "no flags left", (), 3))
@@ -394,7 +395,16 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
             "flags": flags,
             "kv_cache_gib": 3.5,
         },
-        {"event": "config_reduced", "log_level": "warning", "reason": "context halved", "context": 4096},
+        {
+            "event": "config_reduced",
+            "log_level": "warning",
+            "reason": "context halved",
+            "context": 4096,
+            "asked_context": 8192,
+            "max_num_seqs": 16,
+            "wanted_max_num_seqs": 256,
+            "ways_out": ["fp8 weights"],
+        },
         {"event": "tune_succeeded", "log_level": "info", "launches": 3, "flags": flags},
         {
             "event": "ladder_exhausted",

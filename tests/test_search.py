@@ -15,6 +15,7 @@ from r1sup.core import catalog, memmodel, profile_fit
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds
+from r1sup.core.capacity import Reduction
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
@@ -270,11 +271,13 @@ def test_a_profile_keeps_its_conditions_as_the_json_it_always_held() -> None:
     )
     assert json.dumps(stored_conditions(found, None)) == "{" + held + "}"
     degraded = replace(found, degraded="other processes held 5.0 GiB")
-    assert json.dumps(stored_conditions(degraded, {"context": 4096, "asked": 32768})) == (
+    cut = Reduction("reduced: context 4096 of the 32768 asked; ways out: fp8", 4096, 32768, 16, 16, ("fp8",))
+    assert json.dumps(stored_conditions(degraded, cut)) == (
         "{" + held + ', "degraded": true, "reason": "other processes held 5.0 GiB", '
-        '"reduced": {"context": 4096, "asked": 32768}}'
+        '"reduced": {"reason": "reduced: context 4096 of the 32768 asked; ways out: fp8", "context": 4096, '
+        '"asked_context": 32768, "max_num_seqs": 16, "wanted_max_num_seqs": 16, "ways_out": ["fp8"]}}'
     )
-    assert stored_conditions(None, {"context": 4096}) == {"reduced": {"context": 4096}}
+    assert stored_conditions(None, cut) == {"reduced": cut.to_dict()}
     assert stored_conditions(None, None) == {}
 
 
@@ -359,9 +362,9 @@ def test_a_users_4096_sequences_are_lowered_only_to_the_most_that_fit() -> None:
     more = s.score(first.replace(max_num_seqs=seqs + S.SEQS_STEP), margin=True)
     assert more is None or more.context < 32768
     reduced = s.reduction(first)
-    assert reduced is not None and reduced["max_num_seqs"] == seqs and reduced["wanted_max_num_seqs"] == 4096
-    assert reduced["reason"].startswith(f"reduced: {seqs} requests at once of the 4096 asked")
-    assert "\n" not in reduced["reason"]
+    assert reduced is not None and reduced.max_num_seqs == seqs and reduced.wanted_max_num_seqs == 4096
+    assert reduced.reason.startswith(f"reduced: {seqs} requests at once of the 4096 asked")
+    assert "\n" not in reduced.reason
 
 
 @pytest.mark.parametrize("floor", [16, 64])
@@ -387,8 +390,8 @@ def test_a_result_that_gives_up_most_of_the_context_names_the_ways_out() -> None
     s = search(L70, card("H200 141GB", others_gib=0.6), user)
     first = s.first()
     reduced = s.reduction(first)
-    assert reduced is not None and reduced["context"] * 2 < 32768
-    ways = " ".join(reduced["ways_out"])
+    assert reduced is not None and reduced.context * 2 < 32768
+    ways = " ".join(reduced.ways_out)
     assert "--quantization fp8_per_tensor" in ways  # as vLLM 0.33 spells fp8 weights
     assert "--tensor-parallel-size 2" in ways
     # each way out is the same search with that one thing changed: fp8 weights allowed gives the context

@@ -41,6 +41,31 @@ from r1sup.core.probing import ProbeResult, Wave
 
 
 @dataclass(frozen=True)
+class Reduction:
+    """Flags that give up more than half the asked context, or run fewer sequences at once than the
+    user gets without r1sup: what they give, what was asked, the ways out that would give it, and
+    ``reason``, one line saying so (:meth:`r1sup.core.search.Search.reduction`; the ``config_reduced``
+    line, a tune result's and a plan's ``reduced``, a profile's ``conditions.reduced``)."""
+
+    reason: str
+    context: int
+    asked_context: int
+    max_num_seqs: int
+    wanted_max_num_seqs: int
+    ways_out: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "context": self.context,
+            "asked_context": self.asked_context,
+            "max_num_seqs": self.max_num_seqs,
+            "wanted_max_num_seqs": self.wanted_max_num_seqs,
+            "ways_out": list(self.ways_out),
+        }
+
+
+@dataclass(frozen=True)
 class Asked:
     """What a config asks to serve: requests at once, the context of each, and ordinary requests at
     once (see the module's docstring); None: not asked (a run record written before it was kept)."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from r1sup.core.capacity import Capacity
+from r1sup.core.capacity import Capacity, Reduction
 from r1sup.core.failure import Failure
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import Conditions
@@ -207,7 +207,7 @@ class ConfigReduced:
     """The flags found give up more than half the asked context or serve fewer sequences than asked:
     why and the ways out (``r1sup.core.search.Search.reduction``)."""
 
-    reduction: Mapping[str, Any]
+    reduction: Reduction
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from r1sup.core import memmodel as M
 from r1sup.core.bounds import Bounds
+from r1sup.core.capacity import Reduction
 from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts
 from r1sup.core.memmodel import (
@@ -434,7 +435,7 @@ class Plan:
     # give up more than half the asked context or serve fewer sequences, why and the ways out
     # (search.Search.reduction; the same as tune's result)
     costs: list[str] = field(default_factory=list)
-    reduced: dict[str, Any] | None = None
+    reduced: Reduction | None = None
 
     @property
     def exit_code(self) -> int:
@@ -489,7 +490,7 @@ class Plan:
                 "stage_breakdowns": [sb.to_dict() for sb in self.stage_breakdowns],
             },
             "costs": list(self.costs),
-            "reduced": self.reduced,
+            "reduced": self.reduced.to_dict() if self.reduced is not None else None,
         }
 
 
@@ -758,7 +759,7 @@ def plan(
         arch, device, flags, b, v, calibration, target_concurrency, target_context, len(stages), auto_fit
     )
     costs: list[str] = []
-    reduced: dict[str, Any] | None = None
+    reduced: Reduction | None = None
     if found_by is not None:
         search, searched = found_by
         if searched.verdict != "does_not_fit":

@@ -52,6 +52,7 @@ from r1sup.core import bounds as B
 from r1sup.core import failure as F
 from r1sup.core import memmodel as M
 from r1sup.core import policy as P
+from r1sup.core.capacity import Reduction
 from r1sup.core.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
@@ -972,7 +973,7 @@ class Search:
             )
         return out
 
-    def reduction(self, flags: EngineFlags) -> dict[str, Any] | None:
+    def reduction(self, flags: EngineFlags) -> Reduction | None:
         """When ``flags`` give up more than half the asked context, or run fewer sequences at once than the
         user gets without r1sup (``start.max_num_seqs`` or vLLM's default): what they give, what was
         asked, the ways out that would give it, and ``reason``, one line saying so; else None."""
@@ -999,14 +1000,7 @@ class Search:
             if ways
             else "no way out found (fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU)"
         )
-        return {
-            "reason": reason,
-            "context": context,
-            "asked_context": asked,
-            "max_num_seqs": seqs,
-            "wanted_max_num_seqs": want,
-            "ways_out": list(ways),
-        }
+        return Reduction(reason, context, asked, seqs, want, tuple(ways))
 
     def ways_to(self, context: int, seqs: int) -> list[str]:
         """The ways out that give ``context`` tokens with ``seqs`` sequences, each predicted by the same

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from r1sup.adapters import apikey as sec
 from r1sup.adapters import logs
-from r1sup.core.capacity import Capacity
+from r1sup.core.capacity import Capacity, Reduction
 from r1sup.core.config import Config
 from r1sup.core.events import EventQueue, FilePermissions, Publish
 from r1sup.core.hardware import Conditions
@@ -163,11 +163,11 @@ def save_profile(
     return str(path) if path is not None else None
 
 
-def stored_conditions(conditions: Conditions | None, reduced: Mapping[str, Any] | None) -> dict[str, Any]:
+def stored_conditions(conditions: Conditions | None, reduced: Reduction | None) -> dict[str, Any]:
     """A profile's ``conditions`` object: what the box looked like (:meth:`Conditions.to_dict`) and, when
     the flags give up more than half the asked context or serve fewer sequences than asked, ``reduced``
     (the search's reduction); {} when there is neither (the profile then holds no ``conditions``)."""
     stored = conditions.to_dict() if conditions is not None else {}
-    if reduced:
-        stored["reduced"] = dict(reduced)
+    if reduced is not None:
+        stored["reduced"] = reduced.to_dict()
     return stored

@@ -169,7 +169,7 @@ class LogSink:
                     kv_cache_gib=kv_cache_gib,
                 )
             case ConfigReduced(reduction):
-                log.warning("config_reduced", **reduction)
+                log.warning("config_reduced", **reduction.to_dict())
             case SearchSucceeded(launches, flags):
                 log.info("tune_succeeded", launches=launches, flags=flags.to_dict())
             case SearchGaveUp(failure_class, reason, suggestions, exit_code, fatal, launches):

@@ -13,6 +13,7 @@ from typing import Any
 
 from r1sup.core import bounds as B
 from r1sup.core import failure as F
+from r1sup.core.capacity import Reduction
 from r1sup.core.config import Config
 from r1sup.core.errors import EXIT_NO_WORKING_CONFIG, EXIT_OK
 from r1sup.core.events import (
@@ -89,9 +90,9 @@ class TuneResult:
     history: Any = None  # the search (r1sup.core.search.Search) with its evidence, to continue from
     # what each change against the user's flags costs (search.Search.costs), and, when the flags give up
     # more than half the asked context or serve fewer sequences than asked, why and the ways out
-    # (search.Search.reduction: reason, context, asked_context, max_num_seqs, wanted_max_num_seqs, ways_out)
+    # (search.Search.reduction)
     costs: list[str] = field(default_factory=list)
-    reduced: dict[str, Any] | None = None
+    reduced: Reduction | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,7 +109,7 @@ class TuneResult:
             "suggestions": self.suggestions,
             "last_failure": self.failure.to_dict() if self.failure else None,
             "costs": self.costs,
-            "reduced": self.reduced,
+            "reduced": self.reduced.to_dict() if self.reduced is not None else None,
         }
 
 
