@@ -31,7 +31,7 @@ def test_new_cards_are_found_by_their_device_names(
 ) -> None:
     found = catalog.find_gpu(nvml_name)
     assert found is not None and found[0] == canonical
-    assert found[1]["total_gib"] == total_gib and found[1]["compute_capability"] == cc
+    assert found[1].total_gib == total_gib and found[1].compute_capability == cc
     assert catalog.find_gpu(canonical) == found
 
 
@@ -41,7 +41,7 @@ def test_l40_and_l40s_stay_apart() -> None:
 
 
 def test_amd_cards_are_marked_rocm_and_say_so_in_the_plan_device() -> None:
-    rocm = sorted(name for name, info in catalog.GPUS.items() if info.get("platform") == "rocm")
+    rocm = sorted(name for name, info in catalog.GPUS.items() if info.platform == "rocm")
     assert rocm == ["MI300X", "MI325X"]
     assert catalog.gpu_platform("AMD Instinct MI300X") == "rocm"
     assert catalog.gpu_platform("H100") == "cuda"
@@ -60,7 +60,7 @@ def test_every_catalog_total_is_below_its_marketing_size() -> None:
     }  # fmt: skip
     assert set(marketed_gb) == set(catalog.GPUS)
     for name, gb in marketed_gb.items():
-        total = catalog.GPUS[name]["total_gib"]
+        total = catalog.GPUS[name].total_gib
         assert 0.85 * gb * 1e9 / GIB < total < gb, name
 
 
@@ -183,7 +183,7 @@ def test_an_unknown_card_lists_the_catalog_and_points_at_gpu_memory_gib(
 def test_the_catalog_figure_is_shown_beside_an_nvml_total_that_differs() -> None:
     from r1sup.cli import report
 
-    h100 = catalog.GPUS["H100 80GB"]["total_gib"]
+    h100 = catalog.GPUS["H100 80GB"].total_gib
     assert catalog.catalog_total_beside("NVIDIA H100 80GB HBM3", h100) == ""
     assert catalog.catalog_total_beside("NVIDIA H100 NVL", 93.1) == ""  # not a catalog card
     box = report.box_text({"gpus": [{"name": "NVIDIA H100 80GB HBM3", "total_gib": 79.65, "free_gib": 79.0}]})

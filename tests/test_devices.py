@@ -6,7 +6,6 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -348,7 +347,7 @@ def test_from_memory() -> None:
 
 def test_every_catalog_gpu_is_complete() -> None:
     for name, info in catalog.GPUS.items():
-        info_any: dict[str, Any] = info
-        assert 20 < info_any["total_gib"] < 300, name
-        assert isinstance(info_any["compute_capability"], tuple)
+        assert 20 < info.total_gib < 300, name
+        assert len(info.compute_capability) == 2 and all(isinstance(n, int) for n in info.compute_capability)
+        assert info.platform in ("cuda", "rocm") and info.aliases, name
         assert catalog.find_gpu(name) is not None

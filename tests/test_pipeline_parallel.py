@@ -32,10 +32,10 @@ def gpus(name: str, count: int) -> DeviceFacts:
     found = catalog.find_gpu(name)
     assert found is not None
     spec = found[1]
-    total = int(spec["total_gib"] * GIB)
+    total = int(spec.total_gib * GIB)
     return DeviceFacts(
         backend="cuda",
-        gpus=tuple(GpuInfo(i, found[0], total, total, spec["compute_capability"]) for i in range(count)),
+        gpus=tuple(GpuInfo(i, found[0], total, total, spec.compute_capability) for i in range(count)),
         source="catalog",
     )
 

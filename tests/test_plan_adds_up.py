@@ -38,12 +38,12 @@ def gpu(name: str, count: int = 1, free_gib: float | None = None) -> DeviceFacts
     found = catalog.find_gpu(name)
     assert found is not None, name
     spec = found[1]
-    total = int(spec["total_gib"] * GIB)
+    total = int(spec.total_gib * GIB)
     free = int(free_gib * GIB) if free_gib is not None else total
     source = "probe" if free_gib is not None else "catalog"
     return DeviceFacts(
         backend="cuda",
-        gpus=tuple(GpuInfo(i, found[0], total, free, spec["compute_capability"]) for i in range(count)),
+        gpus=tuple(GpuInfo(i, found[0], total, free, spec.compute_capability) for i in range(count)),
         source=source,
     )
 

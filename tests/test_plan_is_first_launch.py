@@ -42,9 +42,9 @@ TARGETS: tuple[dict[str, Any], ...] = ({}, {"concurrency": 4, "context": 8192})
 
 def box(gpu: str, count: int, busy_gib: float) -> DeviceFacts:
     spec = catalog.GPUS[gpu]
-    total = int(spec["total_gib"] * GIB)
+    total = int(spec.total_gib * GIB)
     free = total - int(busy_gib * GIB)
-    gpus = tuple(GpuInfo(i, gpu, total, free, tuple(spec["compute_capability"])) for i in range(count))
+    gpus = tuple(GpuInfo(i, gpu, total, free, spec.compute_capability) for i in range(count))
     held = (
         tuple(ProcessUse(4242, "other-job", int(busy_gib * GIB), i) for i in range(count)) if busy_gib else ()
     )
@@ -98,7 +98,7 @@ def check(plan: Any, first: EngineFlags, give_up: Any, user: EngineFlags) -> Non
 def test_plan_recommends_the_first_launch_of_tune(
     model: str, gpu: str, count: int, version: str, start: dict[str, Any], target: dict[str, Any], busy: float
 ) -> None:
-    total = catalog.GPUS[gpu]["total_gib"]
+    total = catalog.GPUS[gpu].total_gib
     start = {**start, "tensor_parallel_size": count} if count > 1 else start
     plan, first, give_up, user = both(model, box(gpu, count, busy * total), version, start, target)
     check(plan, first, give_up, user)

@@ -308,9 +308,9 @@ L70 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-
 
 def card(name: str, others_gib: float = 0.0) -> DeviceFacts:
     spec = catalog.GPUS[name]
-    total = spec["total_gib"]
+    total = spec.total_gib
     free = int((total - 0.4 - others_gib) * GIB)
-    one = GpuInfo(0, f"NVIDIA {name}", int(total * GIB), free, spec["compute_capability"])
+    one = GpuInfo(0, f"NVIDIA {name}", int(total * GIB), free, spec.compute_capability)
     return DeviceFacts(backend="cuda", gpus=(one,))
 
 

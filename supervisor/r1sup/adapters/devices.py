@@ -274,10 +274,10 @@ def from_catalog(name: str, count: int = 1) -> DeviceFacts:
     if found is None:
         raise ConfigError("--gpu", catalog.unknown_gpu_message(name))
     canonical, info = found
-    total = int(info["total_gib"] * GIB)
-    gpus = tuple(GpuInfo(i, canonical, total, total, tuple(info["compute_capability"])) for i in range(count))
+    total = int(info.total_gib * GIB)
+    gpus = tuple(GpuInfo(i, canonical, total, total, info.compute_capability) for i in range(count))
     notes: tuple[str, ...] = ()
-    if info.get("platform") == "rocm":
+    if info.platform == "rocm":
         notes = (
             f"{canonical} is an AMD GPU: vLLM's ROCm build, whose memory accounting (through torch's HIP "
             "backend) is the one planned here",

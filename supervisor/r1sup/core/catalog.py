@@ -12,6 +12,7 @@ size) and its compute capability.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 _QWEN_COMMON: dict[str, Any] = {
@@ -169,6 +170,18 @@ def find_model(name: str) -> tuple[str, dict[str, Any]] | None:
 
 GIB = 1024**3
 
+
+@dataclass(frozen=True)
+class GpuCard:
+    """One card of the catalog: its memory as CUDA reports it (GiB), its compute capability, the names
+    people and NVML give it (normalized, :func:`normalize_gpu_name`) and its platform."""
+
+    total_gib: float
+    compute_capability: tuple[int, int]
+    aliases: tuple[str, ...]
+    platform: str = "cuda"  # "rocm": an AMD Instinct card
+
+
 # total_gib: what PyTorch reports as the device's total (``torch.cuda.mem_get_info``, printed as "GPU 0
 # has a total capacity of X GiB" in out-of-memory messages): vLLM's base for gpu_memory_utilization,
 # a little below the marketing size. compute_capability: NVIDIA's (major, minor); for AMD's gfx942
@@ -186,46 +199,24 @@ GIB = 1024**3
 #     https://github.com/vllm-project/vllm/issues/9630
 #   MI300X (192 GB HBM3, gfx942) and MI325X (256 GB HBM3E, gfx942): 191.98 and 255.98 GiB, the
 #     totals PyTorch's ROCm build prints in "HIP out of memory" messages on those cards
-GPUS: dict[str, dict[str, Any]] = {
-    "RTX 3090": {"total_gib": 23.56, "compute_capability": (8, 6), "aliases": ["rtx3090", "3090"]},
-    "RTX 4090": {"total_gib": 23.55, "compute_capability": (8, 9), "aliases": ["rtx4090", "4090"]},
-    "RTX 5090": {"total_gib": 31.37, "compute_capability": (12, 0), "aliases": ["rtx5090", "5090"]},
-    "L4": {"total_gib": 22.03, "compute_capability": (8, 9), "aliases": ["l4", "l424"]},
-    "A10": {"total_gib": 22.06, "compute_capability": (8, 6), "aliases": ["a10", "a1024", "a10g", "a10g24"]},
-    "RTX A6000": {
-        "total_gib": 47.53,
-        "compute_capability": (8, 6),
-        "aliases": ["rtxa6000", "a6000", "a600048"],
-    },
-    "L40": {"total_gib": 44.40, "compute_capability": (8, 9), "aliases": ["l40", "l4048"]},
-    "L40S": {"total_gib": 44.53, "compute_capability": (8, 9), "aliases": ["l40s", "l40s48"]},
-    "RTX 6000 Ada": {
-        "total_gib": 44.43,
-        "compute_capability": (8, 9),
-        "aliases": ["rtx6000ada", "rtx6000adageneration", "6000ada"],
-    },
-    "A100 40GB": {"total_gib": 39.39, "compute_capability": (8, 0), "aliases": ["a10040"]},
-    "A100 80GB": {"total_gib": 79.15, "compute_capability": (8, 0), "aliases": ["a10080"]},
-    "H100 80GB": {"total_gib": 79.11, "compute_capability": (9, 0), "aliases": ["h100", "h10080"]},
-    "GH200 96GB": {
-        "total_gib": 94.50,
-        "compute_capability": (9, 0),
-        "aliases": ["gh200", "gh200480", "gh20096"],
-    },
-    "H200 141GB": {"total_gib": 139.81, "compute_capability": (9, 0), "aliases": ["h200", "h200141"]},
-    "B200": {"total_gib": 178.35, "compute_capability": (10, 0), "aliases": ["b200", "b200180"]},
-    "MI300X": {
-        "total_gib": 191.98,
-        "compute_capability": (9, 4),
-        "aliases": ["mi300x", "mi300x192"],
-        "platform": "rocm",
-    },
-    "MI325X": {
-        "total_gib": 255.98,
-        "compute_capability": (9, 4),
-        "aliases": ["mi325x", "mi325x256"],
-        "platform": "rocm",
-    },
+GPUS: dict[str, GpuCard] = {
+    "RTX 3090": GpuCard(23.56, (8, 6), ("rtx3090", "3090")),
+    "RTX 4090": GpuCard(23.55, (8, 9), ("rtx4090", "4090")),
+    "RTX 5090": GpuCard(31.37, (12, 0), ("rtx5090", "5090")),
+    "L4": GpuCard(22.03, (8, 9), ("l4", "l424")),
+    "A10": GpuCard(22.06, (8, 6), ("a10", "a1024", "a10g", "a10g24")),
+    "RTX A6000": GpuCard(47.53, (8, 6), ("rtxa6000", "a6000", "a600048")),
+    "L40": GpuCard(44.40, (8, 9), ("l40", "l4048")),
+    "L40S": GpuCard(44.53, (8, 9), ("l40s", "l40s48")),
+    "RTX 6000 Ada": GpuCard(44.43, (8, 9), ("rtx6000ada", "rtx6000adageneration", "6000ada")),
+    "A100 40GB": GpuCard(39.39, (8, 0), ("a10040",)),
+    "A100 80GB": GpuCard(79.15, (8, 0), ("a10080",)),
+    "H100 80GB": GpuCard(79.11, (9, 0), ("h100", "h10080")),
+    "GH200 96GB": GpuCard(94.50, (9, 0), ("gh200", "gh200480", "gh20096")),
+    "H200 141GB": GpuCard(139.81, (9, 0), ("h200", "h200141")),
+    "B200": GpuCard(178.35, (10, 0), ("b200", "b200180")),
+    "MI300X": GpuCard(191.98, (9, 4), ("mi300x", "mi300x192"), platform="rocm"),
+    "MI325X": GpuCard(255.98, (9, 4), ("mi325x", "mi325x256"), platform="rocm"),
 }
 
 # Words that NVML/ROCm names and people add but that do not tell cards apart. "NVL" is not one of them:
@@ -256,15 +247,14 @@ def normalize_gpu_name(name: str) -> str:
     return text
 
 
-def find_gpu(name: str) -> tuple[str, dict[str, Any]] | None:
+def find_gpu(name: str) -> tuple[str, GpuCard] | None:
     """A catalog GPU by name, alias or NVML name; case, space and dash insensitive. None if unknown."""
     key = normalize_gpu_name(name)
     if not key:
         return None
     for canonical, info in GPUS.items():
-        names = {normalize_gpu_name(canonical), *info["aliases"]}
-        if key in names:
-            return canonical, dict(info)
+        if key in {normalize_gpu_name(canonical), *info.aliases}:
+            return canonical, info
     return None
 
 
@@ -276,15 +266,15 @@ def catalog_total_beside(name: str, total_gib: float) -> str:
     if found is None:
         return ""
     canonical, info = found
-    if abs(float(info["total_gib"]) - total_gib) < 0.005:
+    if abs(info.total_gib - total_gib) < 0.005:
         return ""
-    return f"; the catalog's {canonical} (plan --gpu): {float(info['total_gib']):.2f} GiB"
+    return f"; the catalog's {canonical} (plan --gpu): {info.total_gib:.2f} GiB"
 
 
 def gpu_platform(name: str) -> str:
     """``"rocm"`` for AMD Instinct entries, else ``"cuda"``."""
     found = find_gpu(name)
-    return str(found[1].get("platform", "cuda")) if found else "cuda"
+    return found[1].platform if found else "cuda"
 
 
 def suggest_gpu(name: str) -> list[str]:
@@ -295,7 +285,7 @@ def suggest_gpu(name: str) -> list[str]:
         return []
     by_name: dict[str, str] = {}
     for canonical, info in GPUS.items():
-        for alias in (normalize_gpu_name(canonical), *info["aliases"]):
+        for alias in (normalize_gpu_name(canonical), *info.aliases):
             by_name.setdefault(alias, canonical)
     return _closest(key, by_name)
 
@@ -318,7 +308,7 @@ def _variant_of(key: str) -> list[str]:
     best = ""
     found: list[str] = []
     for canonical, info in GPUS.items():
-        for alias in (normalize_gpu_name(canonical), *info["aliases"]):
+        for alias in (normalize_gpu_name(canonical), *info.aliases):
             rest = key[len(alias) :]
             if len(alias) >= 3 and key.startswith(alias) and rest[:1].isalpha() and len(alias) >= len(best):
                 if len(alias) > len(best):

@@ -1032,14 +1032,14 @@ class Search:
         if unquantized and gives(replace(self.facts, user=user.replace(quantization="awq"))):
             ways.append("a 4-bit AWQ or GPTQ checkpoint of this model")
         total = device.total_bytes
-        for name, spec in sorted(catalog.GPUS.items(), key=lambda kv: kv[1]["total_gib"]):
-            size = int(spec["total_gib"] * GIB)
-            if size <= total or catalog.gpu_platform(name) != "cuda":
+        for name, spec in sorted(catalog.GPUS.items(), key=lambda kv: kv[1].total_gib):
+            size = int(spec.total_gib * GIB)
+            if size <= total or spec.platform != "cuda":
                 continue
-            gpu = GpuInfo(0, f"NVIDIA {name}", size, size, tuple(spec["compute_capability"]))
+            gpu = GpuInfo(0, f"NVIDIA {name}", size, size, spec.compute_capability)
             card = replace(device, gpus=(gpu,) * max(1, device.count), processes=())
             if gives(replace(self.facts, device=card)):
-                ways.append(f"a GPU with more memory ({name}, {spec['total_gib']:g} GiB, gives it)")
+                ways.append(f"a GPU with more memory ({name}, {spec.total_gib:g} GiB, gives it)")
                 break
         return ways
 
