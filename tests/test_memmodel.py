@@ -389,10 +389,10 @@ def test_breakdown_activation_from_0_27_excludes_the_charged_graph_estimate() ->
         version=Version(0, 32, 0),
     )
     measured = cal.measured(Version(0, 32, 0))
-    assert measured["activation"] == pytest.approx(2.0)
-    assert "non_torch" not in measured  # consumed minus weights needs the weights figure
+    assert measured.activation == pytest.approx(2.0)
+    assert measured.non_torch is None  # consumed minus weights needs the weights figure
     old = replace(cal, version=Version(0, 19, 0))
-    assert old.measured(Version(0, 19, 0))["activation"] == pytest.approx(3.0)
+    assert old.measured(Version(0, 19, 0)).activation == pytest.approx(3.0)
 
 
 def test_free_memory_decides_whether_vllm_starts() -> None:

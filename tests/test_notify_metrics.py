@@ -97,6 +97,7 @@ def test_metrics_show_the_proven_capacity_and_the_launched_flags_without_created
     assert samples[info] == "1.0"
     assert 'max_model_len="8192"' in info and 'kv_cache_dtype="fp8"' in info and 'max_num_seqs="64"' in info
     assert 'quantization=""' in info  # a flag vLLM chooses
+    assert samples["r1sup_max_model_len"] == "8192.0"
     assert samples["r1sup_launches_total"] == "1.0"
     assert not [name for name in samples if "_created" in name], text
 

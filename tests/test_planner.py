@@ -531,8 +531,10 @@ def test_measured_terms_replace_the_estimates() -> None:
     expected_tokens = int(b.kv_gib * GIB) // (16 * 57344) * 16
     assert measured.kv_capacity_tokens == expected_tokens
     # predicted beside measured
-    assert measured.measured["weights"]["measured_gib"] == 15.0
-    assert estimated.measured == {}
+    beside = measured.measured
+    assert beside is not None and beside.weights == planner.Beside(15.0, 15.0, M.MEASURED)
+    assert beside.kv is None  # the launch printed no KV figure
+    assert estimated.measured is None and estimated.to_dict()["measured"] == {}
 
 
 def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
@@ -546,6 +548,25 @@ def test_a_launchs_budget_and_kv_make_the_next_prediction_exact() -> None:
     # the same launch's figures carry over to fp8 KV: twice the tokens in the same bytes
     fp8 = planner.plan(arch(Q7), gpu(24), flags.replace(kv_cache_dtype="fp8"), calibration=cal)
     assert fp8.kv_capacity_tokens == pytest.approx(2 * p.kv_capacity_tokens, abs=16)
+
+
+def test_plan_json_pins_the_measured_terms_names_order_and_rounding() -> None:
+    # plan --json's "measured": the terms the launch measured, in the memory model's order, each beside
+    # the prediction to 0.001 GiB, then that launch's flags and version; for the launch's own flags the
+    # prediction is what it measured, a KV shortfall included
+    flags = EngineFlags(max_model_len=8192)
+    figures = Figures(weights_gib=15.00049, cudagraph_gib=0.31, kv_cache_gib=-1.23456, requested_gib=21.6)
+    cal = Calibration(flags, figures, version=M.Version(0, 19, 0))
+    p = planner.plan(arch(Q7), gpu(24), flags, version="0.19.0", calibration=cal)
+    assert json.dumps(p.to_dict()["measured"]) == (
+        '{"weights": {"predicted_gib": 15.0, "measured_gib": 15.0, "source": "measured"}, '
+        '"cudagraph": {"predicted_gib": 0.31, "measured_gib": 0.31, "source": "measured"}, '
+        '"kv": {"predicted_gib": -1.235, "measured_gib": -1.235, "source": "rest of the budget"}, '
+        '"flags": {"max_model_len": 8192, "gpu_memory_utilization": 0.9, "kv_cache_dtype": "auto", '
+        '"enforce_eager": false, "max_num_seqs": null, "max_num_batched_tokens": null, "quantization": null, '
+        '"tensor_parallel_size": 1, "kv_cache_memory_bytes": null, "cpu_offload_gb": null}, '
+        '"vllm_version": "0.19.0"}'
+    )
 
 
 def test_measured_cuda_graphs_do_not_count_when_eager() -> None:

@@ -13,11 +13,12 @@ the process's start time, not a measurement, and the client's switch for them is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from r1sup.core.capacity import Capacity
 from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
 from r1sup.core.probing import ProbeResult
 
 STATES = (
@@ -155,12 +156,12 @@ class Metrics:
     def success(self) -> None:
         self.last_success.set(time.time())
 
-    def launched(self, flags: Mapping[str, Any]) -> None:
+    def launched(self, flags: EngineFlags) -> None:
         """The flags of a launch, as ``r1sup_launch_flags_info{max_model_len="8192",...} 1`` (every
         flag a label; one vLLM chooses is an empty string)."""
-        self.launch_flags.info({k: "" if v is None else str(v) for k, v in flags.items()})
-        if flags.get("max_model_len"):
-            self.context.set(flags["max_model_len"])
+        self.launch_flags.info({k: "" if v is None else str(v) for k, v in flags.to_dict().items()})
+        if flags.max_model_len:
+            self.context.set(flags.max_model_len)
 
     def verified(self, capacity: Capacity | None) -> None:
         """The capacity the probe proved for the flags being served (r1sup.core.capacity.verified); a

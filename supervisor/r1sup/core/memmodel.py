@@ -1159,6 +1159,27 @@ COLD_OVER_WARM = "estimate (cold compile cache; measured on a warm one)"
 
 
 @dataclass(frozen=True)
+class Measured:
+    """The terms one launch's figures measure, in GiB, named as :class:`Estimate`'s (None: not measured).
+    ``kv`` is the KV memory vLLM had (negative for a shortfall), ``budget`` the memory it requested and
+    ``context`` its memory at start-up; together they let :func:`evaluate` attribute the launch's whole
+    non-KV share."""
+
+    weights: float | None = None
+    non_torch: float | None = None
+    activation: float | None = None
+    cudagraph: float | None = None
+    cudagraph_estimate: float | None = None
+    kv: float | None = None
+    budget: float | None = None
+    context: float | None = None
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Figures vLLM printed at one launch of this model on this box and vLLM version, with that launch's
     flags. :func:`evaluate` puts each measured term in place of its estimate: as measured for the same
@@ -1185,34 +1206,32 @@ class Calibration:
         its activation peak is a warm start's, which a cold start can exceed."""
         return self.figures.compile_cache_cold == 0.0
 
-    def measured(self, version: Version) -> dict[str, float]:
+    def measured(self, version: Version) -> Measured:
         """The terms these figures measure, in GiB, as :func:`evaluate` names them."""
         f = self.figures
         r = rules(self.version or version)
-        out: dict[str, float] = {}
-        if f.weights_gib is not None:
-            out["weights"] = float(f.weights_gib)
-        non_torch = f.non_torch_or_rest_gib
-        if non_torch is not None:
-            out["non_torch"] = float(non_torch)
+        activation: float | None = None
         if f.peak_activation_gib is not None:
-            out["activation"] = float(f.peak_activation_gib)
+            activation = float(f.peak_activation_gib)
         elif f.breakdown_activation_gib is not None:
             charged = (f.cudagraph_estimated_gib or 0.0) if r.graph_estimate_charged else 0.0
-            out["activation"] = max(0.0, f.breakdown_activation_gib - charged)
-        if f.cudagraph_gib is not None and not self.flags.enforce_eager:
-            out["cudagraph"] = float(f.cudagraph_gib)
-        if f.cudagraph_estimated_gib is not None and not self.flags.enforce_eager:
-            out["cudagraph_estimate"] = float(f.cudagraph_estimated_gib)
-        if f.kv_cache_gib is not None:
-            out["kv"] = float(f.kv_cache_gib)
+            activation = max(0.0, f.breakdown_activation_gib - charged)
+        budget: float | None = None
         if f.requested_gib is not None:
-            out["budget"] = float(f.requested_gib)
+            budget = float(f.requested_gib)
         elif f.gpu_memory_utilization is not None and f.total_gib is not None:
-            out["budget"] = f.gpu_memory_utilization * f.total_gib
-        if f.init_cuda_gib is not None:
-            out["context"] = float(f.init_cuda_gib)
-        return out
+            budget = f.gpu_memory_utilization * f.total_gib
+        graphs = not self.flags.enforce_eager  # an eager launch captured no graphs: its figures say nothing
+        return Measured(
+            weights=_float(f.weights_gib),
+            non_torch=_float(f.non_torch_or_rest_gib),
+            activation=activation,
+            cudagraph=_float(f.cudagraph_gib) if graphs else None,
+            cudagraph_estimate=_float(f.cudagraph_estimated_gib) if graphs else None,
+            kv=_float(f.kv_cache_gib),
+            budget=budget,
+            context=_float(f.init_cuda_gib),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -1418,30 +1437,40 @@ def _evaluate_one(
         then = _raw(arch, device, calibration.flags, v)
         m = calibration.measured(v)
         pairs = (
-            ("weights", raw.weights, then.weights, True),
-            ("non_torch", raw.non_torch, then.non_torch, False),
-            ("activation", raw.activation, then.activation, True),
-            ("cudagraph", raw.cudagraph, then.cudagraph, True),
-            ("cudagraph_estimate", raw.cudagraph_estimate, then.cudagraph_estimate, True),
-            ("context", raw.context, then.context, False),
+            ("weights", m.weights, raw.weights, then.weights, True),
+            ("non_torch", m.non_torch, raw.non_torch, then.non_torch, False),
+            ("activation", m.activation, raw.activation, then.activation, True),
+            ("cudagraph", m.cudagraph, raw.cudagraph, then.cudagraph, True),
+            (
+                "cudagraph_estimate",
+                m.cudagraph_estimate,
+                raw.cudagraph_estimate,
+                then.cudagraph_estimate,
+                True,
+            ),
+            ("context", m.context, raw.context, then.context, False),
         )
-        for name, now, before, proportional in pairs:
+        for name, value, now, before, proportional in pairs:
             if name.startswith("cudagraph") and not raw.sets:
                 continue
-            term = _scaled(m.get(name), now, before, proportional)
+            term = _scaled(value, now, before, proportional)
             if term is not None:
                 terms[name] = term
-        if "kv" in m and "budget" in m and calibration.flags.kv_cache_memory_bytes is None:
+        if m.kv is not None and m.budget is not None and calibration.flags.kv_cache_memory_bytes is None:
             # the launch's whole non-KV share is known: whatever its printed parts do not explain belongs
             # to the part vLLM does not always print (non-torch memory)
             charged_then = then.cudagraph_estimate if r.graph_estimate_charged else 0
-            if "cudagraph_estimate" in m and r.graph_estimate_charged:
-                charged_then = int(m["cudagraph_estimate"] * GIB)
+            if m.cudagraph_estimate is not None and r.graph_estimate_charged:
+                charged_then = int(m.cudagraph_estimate * GIB)
             parts_then = sum(
-                int(m[k] * GIB) if k in m else int(getattr(then, k))
-                for k in ("weights", "non_torch", "activation")
+                int(value * GIB) if value is not None else int(before)
+                for value, before in (
+                    (m.weights, then.weights),
+                    (m.non_torch, then.non_torch),
+                    (m.activation, then.activation),
+                )
             )
-            residual = int((m["budget"] - m["kv"]) * GIB) - parts_then - charged_then
+            residual = int((m.budget - m.kv) * GIB) - parts_then - charged_then
             nt = terms["non_torch"]
             terms["non_torch"] = Term(max(0, nt.bytes + residual), REST)
     cold_note: str | None = None

@@ -394,6 +394,55 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Beside:
+    """One term of the prediction beside what the calibrating launch measured of it, in GiB to 0.001 (as
+    ``plan --json`` reports them), and where the predicted value came from (``estimate``, ``measured``,
+    ``measured, scaled``, ...)."""
+
+    predicted_gib: float
+    measured_gib: float
+    source: str
+
+    @classmethod
+    def of(cls, term: M.Term, measured_gib: float) -> Beside:
+        return cls(round(term.gib, 3), round(measured_gib, 3), term.source)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"predicted_gib": self.predicted_gib, "measured_gib": self.measured_gib, "source": self.source}
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """The prediction beside a launch's figures, term by term (None: the launch did not measure it), and
+    the flags and vLLM version of that launch."""
+
+    flags: EngineFlags
+    vllm_version: str | None = None
+    weights: Beside | None = None
+    non_torch: Beside | None = None
+    activation: Beside | None = None
+    cudagraph: Beside | None = None
+    cudagraph_estimate: Beside | None = None
+    kv: Beside | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``measured`` object of ``plan --json``: the measured terms in the memory model's order,
+        then the launch's flags and version."""
+        terms = (
+            ("weights", self.weights),
+            ("non_torch", self.non_torch),
+            ("activation", self.activation),
+            ("cudagraph", self.cudagraph),
+            ("cudagraph_estimate", self.cudagraph_estimate),
+            ("kv", self.kv),
+        )
+        out: dict[str, Any] = {name: b.to_dict() for name, b in terms if b is not None}
+        out["flags"] = self.flags.to_dict()
+        out["vllm_version"] = self.vllm_version
+        return out
+
+
+@dataclass(frozen=True)
 class Plan:
     fits: bool
     breakdown: Breakdown
@@ -426,7 +475,7 @@ class Plan:
     vllm_version: str = str(M.NEWEST_KNOWN)
     version_note: str | None = None
     engine: str = "V1"
-    measured: dict[str, Any] = field(default_factory=dict)  # predicted beside measured, per term
+    measured: Calibrated | None = None  # predicted beside measured, per term (None: no calibration)
     estimate: dict[str, Any] = field(default_factory=dict)  # the memory model's terms and their sources
     verdict: str = "does_not_fit"  # one of VERDICTS
     verdict_reason: str = ""  # why not as given (or, when it fits, what the KV cache holds)
@@ -482,7 +531,7 @@ class Plan:
             "version_note": self.version_note,
             "engine": self.engine,
             "assumed_defaults": _assumed_defaults(self.assumed_defaults),
-            "measured": self.measured,
+            "measured": self.measured.to_dict() if self.measured else {},
             "estimate": self.estimate,
             "verdict": {"status": self.verdict, "reason": self.verdict_reason, "exit_code": self.exit_code},
             "layout": {
@@ -1040,30 +1089,25 @@ def _assumed_defaults(batch: M.Batch) -> dict[str, Any]:
     }
 
 
-def _measured(est: M.Estimate, calibration: Calibration | None, version: Version) -> dict[str, Any]:
-    """Predicted beside measured, per term, where a calibration measured it (GiB)."""
+def _measured(est: M.Estimate, calibration: Calibration | None, version: Version) -> Calibrated | None:
+    """Predicted beside measured, per term, where a calibration measured it."""
     if calibration is None:
-        return {}
-    measured = calibration.measured(version)
-    predicted = {
-        "weights": est.weights,
-        "non_torch": est.non_torch,
-        "activation": est.activation,
-        "cudagraph": est.cudagraph,
-        "cudagraph_estimate": est.cudagraph_estimate,
-        "kv": est.kv,
-    }
-    out: dict[str, Any] = {}
-    for name, term in predicted.items():
-        if name in measured:
-            out[name] = {
-                "predicted_gib": round(term.gib, 3),
-                "measured_gib": round(measured[name], 3),
-                "source": term.source,
-            }
-    out["flags"] = calibration.flags.to_dict()
-    out["vllm_version"] = str(calibration.version) if calibration.version else None
-    return out
+        return None
+    m = calibration.measured(version)
+
+    def beside(term: M.Term, measured_gib: float | None) -> Beside | None:
+        return None if measured_gib is None else Beside.of(term, measured_gib)
+
+    return Calibrated(
+        flags=calibration.flags,
+        vllm_version=str(calibration.version) if calibration.version else None,
+        weights=beside(est.weights, m.weights),
+        non_torch=beside(est.non_torch, m.non_torch),
+        activation=beside(est.activation, m.activation),
+        cudagraph=beside(est.cudagraph, m.cudagraph),
+        cudagraph_estimate=beside(est.cudagraph_estimate, m.cudagraph_estimate),
+        kv=beside(est.kv, m.kv),
+    )
 
 
 def _changed(new: EngineFlags, old: EngineFlags) -> int:

@@ -462,7 +462,7 @@ class MetricsSink:
                 m.set_state(new)
             case Launching(_, flags):
                 m.launches.inc()
-                m.launched(flags.to_dict())
+                m.launched(flags)
             case AttemptFailed(_, failure):
                 m.failures.labels(failure_class=failure.cls).inc()
             case (SearchStepped() as step) | StepAfterServing(step=step):

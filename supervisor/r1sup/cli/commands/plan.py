@@ -341,22 +341,15 @@ def render(
     else:
         lines.append(f"  {'used (KV pinned)':<24}{_gib(b.budget_gib)}   of {b.total_gib:.2f}")
     nt_label = "non-torch" if d.backend != "cpu" else "runtime (RSS)"
+    seen = plan.measured
     rows = [
-        ("weights", b.weights_gib, src.get("weights", "")),
-        (nt_label, b.non_torch_gib, src.get("non_torch", "")),
-        ("peak activation", b.activation_gib, src.get("activation", "")),
-        ("CUDA graphs", b.cudagraph_gib, src.get("cudagraph", "")),
+        ("weights", b.weights_gib, src.get("weights", ""), seen.weights if seen else None),
+        (nt_label, b.non_torch_gib, src.get("non_torch", ""), seen.non_torch if seen else None),
+        ("peak activation", b.activation_gib, src.get("activation", ""), seen.activation if seen else None),
+        ("CUDA graphs", b.cudagraph_gib, src.get("cudagraph", ""), seen.cudagraph if seen else None),
     ]
-    measured = plan.measured
-    keys = {
-        "weights": "weights",
-        nt_label: "non_torch",
-        "peak activation": "activation",
-        "CUDA graphs": "cudagraph",
-    }
-    for label, value, origin in rows:
-        m = measured.get(keys.get(label, ""), {})
-        beside = f" (predicted {m['predicted_gib']:.2f}, measured {m['measured_gib']:.2f})" if m else ""
+    for label, value, origin, pair in rows:
+        beside = f" (predicted {pair.predicted_gib:.2f}, measured {pair.measured_gib:.2f})" if pair else ""
         lines.append(f"  {label:<24}{_gib(value)}   {origin}{beside}")
     if b.cudagraph_charged_gib:
         lines.append(
