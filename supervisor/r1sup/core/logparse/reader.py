@@ -22,7 +22,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from r1sup.core.failure import CONFIG_ERROR, ENGINE_DEAD, HANG, MODEL_NOT_FOUND, Failure, phase_after
+from r1sup.core.failure import (
+    CONFIG_ERROR,
+    CUDA_ERROR,
+    ENGINE_DEAD,
+    HANG,
+    HOST_OOM,
+    MODEL_NOT_FOUND,
+    Failure,
+    phase_after,
+)
 from r1sup.core.figures import Figures
 from r1sup.core.logparse.events import EVENT_MARK, launched_flags, parse_event, relayed_line
 from r1sup.core.logparse.families import (
@@ -30,6 +39,7 @@ from r1sup.core.logparse.families import (
     CONFIG_DUMP_RE,
     EXC_HEADER_RE,
     NOT_A_CAUSE,
+    OOM,
     P_DEAD,
     SERVING_DEATH_RE,
     gate,
@@ -102,6 +112,12 @@ class _Proc:
     warning_line: int = -1  # the line of its last Python warning (the warning's source line follows it)
 
 
+# What named the cause (LogReader._cause_named): errors any PyTorch program prints, which a traceback
+# through a script and never through vLLM leaves to that script; vLLM's own messages
+_GENERIC_CAUSE = 1
+_OWN_CAUSE = 2
+GENERIC = frozenset({CUDA_ERROR, HOST_OOM, HANG})
+
 _NO_PROCESS: tuple[str | None, int | None] = (None, None)  # the key of lines without a process tag
 _NO_PROCESS_LINE = LogLine(text="")
 
@@ -120,7 +136,9 @@ class LogReader:
         self._line_no = 0
         self._recognised = False  # a line was recognised as vLLM's (logparse.origin)
         self._vllm_frame = False  # a traceback frame was in vLLM's package
-        self._cause_named = False  # an exception line or ERROR record named a cause (vLLM's, unless ...)
+        # an exception line or ERROR record named a cause (vLLM's, unless ...): _GENERIC_CAUSE for the
+        # errors every PyTorch program prints (out of memory, CUDA, NCCL, Gloo), _OWN_CAUSE for the others
+        self._cause_named = 0
         self._foreign = False  # ... another server's code or log printed it (logparse.origin)
         self._script = False  # a frame was in a script outside any installed package
         self._in_event = False  # reading a line relayed in r1sup's own event log
@@ -367,7 +385,9 @@ class LogReader:
             return True
         if self._foreign:
             return False
-        return self._vllm_frame or (self._cause_named and not self._script)
+        if self._vllm_frame or self._cause_named == _OWN_CAUSE:
+            return True
+        return self._cause_named == _GENERIC_CAUSE and not self._script
 
     # -- line handling ------------------------------------------------------------------------
 
@@ -587,14 +607,15 @@ class LogReader:
             # program printed it (_vllm_output)
             self._recognised = vllm_message(stripped)
             if (
-                not self._cause_named
+                self._cause_named != _OWN_CAUSE
                 and fam is not None
                 and fam[1] > P_DEAD
                 and (
                     header is not None or line.level in ("ERROR", "CRITICAL") or stripped.startswith("Fatal ")
                 )
             ):
-                self._cause_named = True
+                generic = fam[0].startswith(OOM) or fam[0] in GENERIC
+                self._cause_named = _GENERIC_CAUSE if generic else _OWN_CAUSE
         if fam is not None and fam[0] == CONFIG_ERROR and CONFIG_DUMP_RE.search(text) is not None:
             fam = None  # the engine's configuration printed without its stamp: trust_remote_code=True ...
         if "ing method" in text:  # "Error executing method X", "... while processing method X"
