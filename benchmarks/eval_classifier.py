@@ -5,7 +5,15 @@ Sources (JSON lines: ``id``, ``label``, ``phase``, ``excerpt``, ``error_line_pre
 * ``../shared/vllm-logs/dev.jsonl``: the shared development set, looked for in a ``shared/`` folder
   beside the checkout or above it; CI has none, and then it is said to be skipped;
 * ``benchmarks/data/vllm-logs-extra.jsonl``: excerpts collected for this repository from public
-  threads (each with its source URL), labelled by reading the thread before the classifier ran.
+  threads (each with its source URL), labelled by reading the thread before the classifier ran;
+* ``benchmarks/data/vllm-logs-heldout.jsonl``: real excerpts of the kinds a held-out set showed the
+  classifier getting wrong (issue 36: hangs, V1 "no KV memory", illegal memory accesses, a runtime OOM, an
+  OOM kill, and other programs' text labelled ``not_vllm``), each with ``before``: the class the classifier
+  gave it before that issue's changes, printed beside today's.
+
+A record labelled ``not_vllm`` is another program's output: right when ``diagnose`` says it is no vLLM log
+(exit 6). The other records are scored on their class, as before; those that ``diagnose`` would call no vLLM
+log are counted and named apart.
 
 Scored: records whose exception line is present (``error_line_present``). Printed: exact class accuracy
 per source and in total, per class, per kind (``kind``: the form of log a record was collected for, such
@@ -37,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r1sup.core import failure as fl
-from r1sup.core.logparse import diagnose_text
+from r1sup.core.logparse import LogReader
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV = Path("shared") / "vllm-logs" / "dev.jsonl"
 EXTRA = ROOT / "benchmarks" / "data" / "vllm-logs-extra.jsonl"
+HELDOUT = ROOT / "benchmarks" / "data" / "vllm-logs-heldout.jsonl"
+NOT_VLLM = "not_vllm"  # the label of another program's output: diagnose exits 6
 TARGET = 0.95
 
 # a record's figure -> r1sup's key and the factor to its unit (collection named some figures otherwise)
@@ -121,6 +131,8 @@ class Result:
     phase_got: str
     evidence: str
     kind: str = "earlier"
+    before: str | None = None  # the class given before issue 36's changes (the held-out set records it)
+    exit6: bool = False  # diagnose would call it no vLLM log
     figures: int = 0  # printed figures of the record
     missed: tuple[str, ...] = ()  # of which the verdict does not carry these
 
@@ -130,7 +142,11 @@ class Result:
 
     @property
     def confusion(self) -> bool:
-        return (self.label in fl.MEMORY_CLASSES) != (self.got in fl.MEMORY_CLASSES)
+        return self.confused(self.got)
+
+    def confused(self, cls: str) -> bool:
+        """Whether ``cls`` puts the record on the wrong side of memory / non-memory."""
+        return (self.label in fl.MEMORY_CLASSES) != (cls in fl.MEMORY_CLASSES)
 
     @property
     def phase_ok(self) -> bool:
@@ -152,7 +168,10 @@ def expected_phase(rec: dict[str, object]) -> str | None:
 
 
 def classify(source: str, rec: dict[str, object]) -> Result:
-    failure, _ = diagnose_text(str(rec["excerpt"]).split("\n"))
+    reader = LogReader()
+    reader.feed_lines(str(rec["excerpt"]).split("\n"))
+    diagnosis = reader.diagnose()
+    failure = diagnosis.failure
     excerpt = str(rec["excerpt"])
     figures = [
         k
@@ -163,11 +182,13 @@ def classify(source: str, rec: dict[str, object]) -> Result:
         source=source,
         rec_id=str(rec["id"]),
         label=str(rec["label"]),
-        got=failure.cls,
+        got=NOT_VLLM if rec["label"] == NOT_VLLM and not diagnosis.vllm_log else failure.cls,
+        exit6=not diagnosis.vllm_log,
         phase_expected=expected_phase(rec),
         phase_got=failure.phase,
         evidence=failure.evidence,
         kind=str(rec.get("kind") or "earlier"),
+        before=str(rec["before"]) if rec.get("before") else None,
         figures=len(figures),
         missed=tuple(missed_figures(rec, failure.numbers.to_dict())),
     )
@@ -186,7 +207,12 @@ def report(results: list[Result], verbose: bool) -> tuple[int, int, int]:
         good = sum(r.ok for r in rows)
         confusions = sum(r.confusion for r in rows)
         exact = percent(good, len(rows))
-        print(f"  {source:<{width}}  exact {exact}   memory/non-memory confusions {confusions}")
+        line = f"  {source:<{width}}  exact {exact}   memory/non-memory confusions {confusions}"
+        if rows and all(r.before is not None for r in rows):
+            was = percent(sum(r.before == r.label for r in rows), len(rows))
+            was_confused = sum(r.confused(r.before) for r in rows if r.before is not None)
+            line += f"   (before issue 36: exact {was}, confusions {was_confused})"
+        print(line)
     per_class: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in results:
         per_class[r.label][0] += r.ok
@@ -206,7 +232,11 @@ def report(results: list[Result], verbose: bool) -> tuple[int, int, int]:
     kwidth = max(len(k) for k in per_kind)
     for kind in sorted(per_kind, key=lambda k: (k == "earlier", k)):
         good, total, confusions = per_kind[kind]
-        print(f"    {kind:<{kwidth}}  {percent(good, total)}   confusions {confusions}")
+        rows = [r for r in results if r.kind == kind]
+        was = ""
+        if all(r.before is not None for r in rows):
+            was = f"   (before issue 36: {percent(sum(r.before == r.label for r in rows), total)})"
+        print(f"    {kind:<{kwidth}}  {percent(good, total)}   confusions {confusions}{was}")
     figures = sum(r.figures for r in results)
     missed = sum(len(r.missed) for r in results)
     print(f"  printed figures extracted: {percent(figures - missed, figures)}")
@@ -219,6 +249,10 @@ def report(results: list[Result], verbose: bool) -> tuple[int, int, int]:
         f"  phase: out-of-memory step {percent(sum(r.phase_ok for r in oom), len(oom))}; "
         f"start-up vs serving (other classes) {percent(sum(r.phase_ok for r in coarse), len(coarse))}"
     )
+    unrecognised = [r for r in results if r.exit6 and r.label != NOT_VLLM]
+    print(f"  vLLM excerpts diagnose calls no vLLM log (exit 6): {len(unrecognised)}")
+    for r in unrecognised:
+        print(f"    {r.source}: {r.rec_id}")
     misses = [r for r in results if not r.ok or (r.phase_expected is not None and not r.phase_ok)]
     if misses:
         print("  misses (expected -> got):")
@@ -229,9 +263,9 @@ def report(results: list[Result], verbose: bool) -> tuple[int, int, int]:
             print(f"    {r.source}: {r.rec_id}: {expected} -> {got} <- {r.evidence[:90]!r}")
     if verbose:
         for r in results:
-            print(
-                f"    {'ok ' if r.ok else 'MISS'} {r.rec_id:<26} {r.label:<20} -> {r.got:<20} {r.phase_got}"
-            )
+            was = f"  (before: {r.before})" if r.before is not None else ""
+            mark = "ok " if r.ok else "MISS"
+            print(f"    {mark} {r.rec_id:<26} {r.label:<20} -> {r.got:<20} {r.phase_got}{was}")
     return sum(r.ok for r in results), len(results), sum(r.confusion for r in results)
 
 
@@ -262,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sources.append(("../shared/vllm-logs/dev.jsonl", dev))
         sources.append((str(EXTRA.relative_to(ROOT)), EXTRA))
+        sources.append((str(HELDOUT.relative_to(ROOT)), HELDOUT))
 
     scored: list[Result] = []
     info: list[Result] = []

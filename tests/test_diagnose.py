@@ -160,6 +160,16 @@ def test_render_numbers_and_empty_verdict() -> None:
 
 NOT_A_LOG = [
     ("empty", b"", "it is empty"),
+    (
+        # issue 36: a training script's OOM (torch's message, its traceback never in vLLM) is no vLLM failure
+        "a training script's OOM",
+        b"Traceback (most recent call last):\n"
+        b'  File "train.py", line 228, in main\n    loss.backward()\n'
+        b'  File "/usr/lib/python3/site-packages/torch/_tensor.py", line 118, in backward\n'
+        b"    torch.autograd.backward(self, gradient, retain_graph, create_graph)\n"
+        b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 86.00 MiB\n",
+        "none of its 6 lines is vLLM output",
+    ),
     ("random bytes", bytes(random.Random(6).randrange(256) for _ in range(4096)), "is vLLM output"),
     ("hello world", b"hello world\n", "none of its 1 line is vLLM output"),
     ("carriage returns only", b"\r\r\r\n\r\n", "none of its 2 lines is vLLM output"),

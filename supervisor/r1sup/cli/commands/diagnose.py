@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from r1sup.core.advice import advise
 from r1sup.core.errors import InputError, NotAVllmLog
-from r1sup.core.failure import Failure
+from r1sup.core.failure import NONE, Failure
 from r1sup.core.logparse import Diagnosis, LogReader
 
 # Small enough that a chunk and the lines split from it stay in the CPU cache (a 1 MiB chunk of text
@@ -93,13 +93,14 @@ def not_a_log_reason(diagnosis: Diagnosis) -> str:
 
 def report(diagnosis: Diagnosis, advice: str) -> dict[str, Any]:
     """The ``--json`` object (``advice``: what r1sup's search would do next, see advice.advise)."""
-    failure = diagnosis.failure
+    # another program's output (a training script's OOM, SGLang, TGI): no vLLM failure class either
+    failure = diagnosis.failure if diagnosis.vllm_log else Failure(NONE)
     return {
         "vllm_log": diagnosis.vllm_log,
         "class": failure.cls,
         "phase": failure.phase,
         "memory": failure.memory,
-        "line": diagnosis.line,
+        "line": diagnosis.line if diagnosis.vllm_log else None,
         "evidence": failure.evidence,
         "numbers": failure.numbers.to_dict(),
         "advice": advice if diagnosis.vllm_log else f"Not a vLLM log: {not_a_log_reason(diagnosis)}.",

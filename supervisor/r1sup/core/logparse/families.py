@@ -18,6 +18,7 @@ from r1sup.core.failure import (
     ENGINE_DEAD,
     FP8_UNSUPPORTED,
     FREE_MEM_BELOW_UTIL,
+    HANG,
     HOST_OOM,
     KV_INSUFFICIENT,
     MODEL_NOT_FOUND,
@@ -44,6 +45,7 @@ _P_HOST_RAY = 72  # Ray's memory monitor killed a worker for host RAM: above the
 _P_OOM = 70
 _P_CONFIG = 60
 _P_CUDA = 55
+_P_HANG = 50  # a wait that timed out: below the CUDA/NCCL faults (a watchdog's abort is a cuda_error)
 _P_CONFIG_WEAK = 45
 _P_UNKNOWN_VALUE = 40
 P_NATIVE = 30  # a native crash (segfault, abort): decided after the unexplained exceptions, by line order
@@ -201,6 +203,22 @@ _FAMILIES: tuple[tuple[str, int, str | None, re.Pattern[str]], ...] = (
         ),
     ),
     (
+        # A hang the log itself shows: a wait between the engine's processes that timed out, or vLLM's
+        # message queue reporting its readers stuck. Stable parts of the messages of Gloo
+        # (unbound_buffer.cc, pair.cc), torch's TCPStore rendezvous, vLLM's engine client, RPC and
+        # shm_broadcast.py (V0: "No available block found in 60 second", V1: "No available shared memory
+        # broadcast block found in 60 seconds"). A timeout NCCL's watchdog aborts on stays a cuda_error.
+        HANG,
+        _P_HANG,
+        None,
+        re.compile(
+            r"Timed out waiting \d+ ?ms for (?:send|recv) operation|Application timeout caused pair closure|"
+            r"Timed out waiting for engines? to send|RPC call to \w+ timed out|"
+            r"Timed out after \d+ seconds waiting for clients|"
+            r"No available (?:shared memory broadcast )?block found in \d+ seconds?"
+        ),
+    ),
+    (
         CONFIG_ERROR,
         _P_CONFIG_WEAK,
         None,
@@ -317,6 +335,8 @@ GATE_WORDS = (
     "sigsegv", "sigabrt", "sigbus", "fatal python error", "segfault", "terminate called",
     "nccl_error", "nccl watchdog", "watchdog got stuck", "heartbeat monitor", "some nccl operations",
     "assertion `", "exit code", "exitcode", "aborted",
+    # hang
+    "timed out waiting", "application timeout", "rpc call to", "no available",
     # weak configuration
     "unsupported", "not supported", "notimplemented", "not implemented", "only supports",
     # host memory
@@ -354,6 +374,13 @@ def gate(text: str) -> bool:
     return _GATE_RE.search(" " + text.lower()) is not None
 
 
+# The engine's configuration as it prints it (its config line, the API server's args): never a cause,
+# whatever settings it names ("trust_remote_code=True"), when a paste lost its stamp
+CONFIG_DUMP_RE = re.compile(
+    r"LLM engine \(v[^)\s]{1,40}\) with config: |\bwith config: model=|\bargs: Namespace\(|"
+    r"non-default args: \{"
+)
+
 # Deaths of an engine that was already running requests: what fails after them fails while serving.
 SERVING_DEATH_RE = re.compile(
     r"EngineCore encountered a fatal error|Engine background task failed|Task finished unexpectedly|"
@@ -386,6 +413,8 @@ NOT_A_CAUSE = frozenset(
     }
 )
 CONFIG_LIKE = frozenset({"ValueError", "TypeError", "ValidationError"})
+# An unexplained exception that is a wait which ran out (vLLM's message queue raises it bare: "TimeoutError")
+HANG_LIKE = frozenset({"TimeoutError"})
 
 # Numbers carried by failure messages: each figure is a named group, its key in ``Failure.numbers``.
 # A size with its unit printed beside it has the unit in ``<key>_unit`` and is converted to the key's

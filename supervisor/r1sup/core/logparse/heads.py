@@ -36,7 +36,8 @@ PROGRESS_KEYWORDS = (
     r"[Ll]oading [\w ]{1,40}?(?:checkpoint shards|using )|"
     r"Warming up model|Starting vLLM (?:API )?server|"
     r"Estimated CUDA graph memory|worker init memory snapshot|Chunked prefill is enabled|non-default args|"
-    r"port \d+ is used by process|Failed to pickle inputs of failed execution:"
+    r"port \d+ is used by process|Failed to pickle inputs of failed execution:|"
+    r"No available (?:shared memory broadcast )?block found"
 )
 
 

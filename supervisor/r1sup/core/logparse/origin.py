@@ -12,6 +12,11 @@ Pure. A line is vLLM's when it is in one of vLLM's formats, never because it hol
   package; and the success path's messages the figures read (``r1sup.core.logparse.figures``);
 * a relayed line of r1sup's own event log (``r1sup.core.logparse.events``).
 
+Another program's traceback is no vLLM log even where it names a cause: frames of another serving
+package (SGLang, TGI's ``text_generation_server``, LMDeploy, TensorRT-LLM; SGLang imports parts of vLLM, so
+a vLLM frame among them does not count) or TGI's launcher log, and an exception line whose traceback runs
+through a script and never through vLLM (a training script's ``torch.OutOfMemoryError``).
+
 Uvicorn's ``INFO:`` access log, torch's and NCCL's own records, a Markdown table that quotes a vLLM
 message, a note that says "out of memory", another program's log that names vLLM: none is vLLM output.
 """
@@ -88,3 +93,29 @@ def vllm_frame(file: str) -> bool:
 def vllm_message(stripped: str) -> bool:
     """Whether a message (a line's text after its wrappers) starts with one of vLLM's own messages."""
     return VLLM_MESSAGE_RE.match(stripped) is not None
+
+
+# Another serving engine's package in a frame's path (SGLang's frames may pass through vLLM's utilities)
+_FOREIGN_PACKAGE_RE = re.compile(
+    r"[/\\](?:sglang|text_generation_server|lmdeploy|tensorrt_llm)[/\\]|[/\\]text-generation-server$"
+)
+# An installed package or the standard library (or a frame with no real path: "<frozen runpy>", "...")
+_LIBRARY_RE = re.compile(r"(?i)site-packages|dist-packages|[/\\]lib(?:64)?[/\\]|\.egg[/\\]|^<|^\.\.\.$")
+FOREIGN_SERVER = "foreign_server"
+SCRIPT = "script"
+
+
+def foreign_frame(file: str) -> str | None:
+    """What a traceback frame outside vLLM's package says of the log's origin: ``FOREIGN_SERVER`` (another
+    serving engine's code), ``SCRIPT`` (a Python file outside any installed package: someone's script), or
+    None (a library's frame, which any program has)."""
+    if _FOREIGN_PACKAGE_RE.search(file) is not None:
+        return FOREIGN_SERVER
+    if file.endswith(".py") and _LIBRARY_RE.search(file) is None:
+        return SCRIPT
+    return None
+
+
+def foreign_line(text: str) -> bool:
+    """Whether a line is another serving engine's own log record (TGI's launcher and shard manager)."""
+    return "text_generation_launcher:" in text

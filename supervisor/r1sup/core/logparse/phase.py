@@ -33,6 +33,9 @@ ACCESS_MARK = '"POST /v1/'
 # A WARNING that carries the failure of a model step: its message names the error ("Failed to pickle
 # inputs of failed execution: CUDA error: an illegal memory access was encountered")
 FAILED_STEP_PREFIX = "Failed to pickle inputs of failed execution"
+# vLLM's message queue logging that its readers took no block for a minute (a progress keyword, at INFO or
+# WARNING): a hang unless the log goes on
+STALL_PREFIX = "No available "
 
 
 def traffic(text: str) -> bool:

@@ -22,13 +22,24 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from r1sup.core.failure import CONFIG_ERROR, ENGINE_DEAD, MODEL_NOT_FOUND, Failure, phase_after
+from r1sup.core.failure import (
+    CONFIG_ERROR,
+    CUDA_ERROR,
+    ENGINE_DEAD,
+    HANG,
+    HOST_OOM,
+    MODEL_NOT_FOUND,
+    Failure,
+    phase_after,
+)
 from r1sup.core.figures import Figures
 from r1sup.core.logparse.events import EVENT_MARK, launched_flags, parse_event, relayed_line
 from r1sup.core.logparse.families import (
     BENIGN_RE,
+    CONFIG_DUMP_RE,
     EXC_HEADER_RE,
     NOT_A_CAUSE,
+    OOM,
     P_DEAD,
     SERVING_DEATH_RE,
     gate,
@@ -59,8 +70,18 @@ from r1sup.core.logparse.heads import (
     serving_stamp_re,
 )
 from r1sup.core.logparse.joining import JOIN_CHARS, PENDING_WINDOW, WRAP_MIN_WIDTH, Pending, continues, extend
-from r1sup.core.logparse.origin import vllm_frame, vllm_message, vllm_process, vllm_stamp, vllm_stamp_in
-from r1sup.core.logparse.phase import ACCESS_MARK, FAILED_STEP_PREFIX, TRAFFIC_TAILS, traffic
+from r1sup.core.logparse.origin import (
+    FOREIGN_SERVER,
+    SCRIPT,
+    foreign_frame,
+    foreign_line,
+    vllm_frame,
+    vllm_message,
+    vllm_process,
+    vllm_stamp,
+    vllm_stamp_in,
+)
+from r1sup.core.logparse.phase import ACCESS_MARK, FAILED_STEP_PREFIX, STALL_PREFIX, TRAFFIC_TAILS, traffic
 from r1sup.core.logparse.tracebacks import (
     FRAME_RE,
     HINT_RE,
@@ -91,6 +112,12 @@ class _Proc:
     warning_line: int = -1  # the line of its last Python warning (the warning's source line follows it)
 
 
+# What named the cause (LogReader._cause_named): errors any PyTorch program prints, which a traceback
+# through a script and never through vLLM leaves to that script; vLLM's own messages
+_GENERIC_CAUSE = 1
+_OWN_CAUSE = 2
+GENERIC = frozenset({CUDA_ERROR, HOST_OOM, HANG})
+
 _NO_PROCESS: tuple[str | None, int | None] = (None, None)  # the key of lines without a process tag
 _NO_PROCESS_LINE = LogLine(text="")
 
@@ -108,6 +135,12 @@ class LogReader:
         self._max = max_line_chars
         self._line_no = 0
         self._recognised = False  # a line was recognised as vLLM's (logparse.origin)
+        self._vllm_frame = False  # a traceback frame was in vLLM's package
+        # an exception line or ERROR record named a cause (vLLM's, unless ...): _GENERIC_CAUSE for the
+        # errors every PyTorch program prints (out of memory, CUDA, NCCL, Gloo), _OWN_CAUSE for the others
+        self._cause_named = 0
+        self._foreign = False  # ... another server's code or log printed it (logparse.origin)
+        self._script = False  # a frame was in a script outside any installed package
         self._in_event = False  # reading a line relayed in r1sup's own event log
         self._start_launch()
 
@@ -339,9 +372,22 @@ class LogReader:
         return Diagnosis(
             failure=decision.failure,
             line=decision.line,
-            vllm_log=self._recognised or self._figures.matched,
+            vllm_log=self._vllm_output(),
             lines=self._line_no,
         )
+
+    def _vllm_output(self) -> bool:
+        """Whether the input was vLLM's output (logparse.origin): one of vLLM's formats or messages; a frame
+        in its package unless another server's code printed the traceback; an exception line naming a cause
+        unless another server printed it or the traceback runs through a script and never through vLLM (a
+        training script's ``torch.OutOfMemoryError``)."""
+        if self._recognised or self._figures.matched:
+            return True
+        if self._foreign:
+            return False
+        if self._vllm_frame or self._cause_named == _OWN_CAUSE:
+            return True
+        return self._cause_named == _GENERIC_CAUSE and not self._script
 
     # -- line handling ------------------------------------------------------------------------
 
@@ -352,6 +398,8 @@ class LogReader:
         """A message starting with the progress keyword ``kw``: its figures (and readiness)."""
         if kw[0] == "F" and kw.startswith(FAILED_STEP_PREFIX):
             self._failed_step(text)
+        elif kw[0] == "N" and kw.startswith(STALL_PREFIX):
+            self._stalled(text)
         elif self._figures.read(text, events, kw, self._line_no):
             self._forget_survived()
 
@@ -366,6 +414,15 @@ class LogReader:
             return
         cls, prio, fixed, numbers = fam
         self._record(self._new_finding(cls, prio, fixed, cause, numbers, _NO_PROCESS_LINE, None, True))
+
+    def _stalled(self, text: str) -> None:
+        """vLLM's message queue found no free block for a minute (logged at INFO or WARNING): its readers are
+        stuck. A hang unless the log goes on to readiness or names another cause."""
+        fam = match_families(text)
+        if fam is None or fam[0] != HANG or HANG in self._findings:
+            return
+        cls, prio, fixed, numbers = fam
+        self._record(self._new_finding(cls, prio, fixed, text, numbers, _NO_PROCESS_LINE, None, True))
 
     def _handle(
         self,
@@ -436,6 +493,8 @@ class LogReader:
         """A line that may matter: its process's open message and traceback, its frames, its cause."""
         if not self._recognised:
             self._recognised = vllm_process(line.process) or (line.level is not None and vllm_stamp_in(seg))
+            if not self._foreign and foreign_line(seg):
+                self._foreign = True
         text = line.text
         stripped = text.lstrip()
         if self._figures.traffic_line is None and traffic(text):
@@ -543,15 +602,22 @@ class LogReader:
                 proc.tb.request = True
         fam = match_families(text) if gated else None
         if not self._recognised:
-            # vLLM's own message, or the exception line (or ERROR record) that ends one of its failures
-            # and names a cause: not a death notice alone, not a keyword in prose
-            self._recognised = vllm_message(stripped) or (
-                fam is not None
+            # vLLM's own message; or the exception line (or ERROR record) that ends one of its failures and
+            # names a cause (not a death notice alone, not a keyword in prose), which counts unless another
+            # program printed it (_vllm_output)
+            self._recognised = vllm_message(stripped)
+            if (
+                self._cause_named != _OWN_CAUSE
+                and fam is not None
                 and fam[1] > P_DEAD
                 and (
                     header is not None or line.level in ("ERROR", "CRITICAL") or stripped.startswith("Fatal ")
                 )
-            )
+            ):
+                generic = fam[0].startswith(OOM) or fam[0] in GENERIC
+                self._cause_named = _GENERIC_CAUSE if generic else _OWN_CAUSE
+        if fam is not None and fam[0] == CONFIG_ERROR and CONFIG_DUMP_RE.search(text) is not None:
+            fam = None  # the engine's configuration printed without its stamp: trust_remote_code=True ...
         if "ing method" in text:  # "Error executing method X", "... while processing method X"
             phase = method_phase(text)
             if phase is not None:
@@ -786,8 +852,14 @@ class LogReader:
         return proc
 
     def _frame(self, proc: _Proc, func: str, file: str, text: str, line: LogLine) -> None:
-        if not self._recognised:
-            self._recognised = vllm_frame(file)
+        if vllm_frame(file):
+            self._vllm_frame = True
+        elif not self._foreign:
+            origin = foreign_frame(file)
+            if origin == FOREIGN_SERVER:
+                self._foreign = True
+            elif origin == SCRIPT:
+                self._script = True
         if proc.tb is None:
             proc.tb = Traceback(self._line_no, process=line.process, pid=line.pid)  # header cut off
         proc.tb.frame(func, file, text, self._all_phases)

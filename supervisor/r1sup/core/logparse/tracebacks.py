@@ -115,6 +115,8 @@ FRAME_PHASE = {
     "output_handler": PHASE_SERVING,
     "_run_workers_async": PHASE_SERVING,
     "_log_task_completion": PHASE_SERVING,
+    "start_worker_execution_loop": PHASE_SERVING,  # V0: a worker's loop of the driver's model steps
+    "_run_engine": PHASE_SERVING,  # the offline LLM's loop over its requests (LLM.generate, LLM.chat ...)
 }
 REQUEST_FRAMES = frozenset(
     {

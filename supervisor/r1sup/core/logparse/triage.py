@@ -42,6 +42,8 @@ _QUICK_WORDS = (
     # request traffic (r1sup.core.logparse.phase)
     "post /v1", "added request", "received request", "aborted request", "finished request", "avg prompt",
     "engine 0", "writing input", "failed to pickle", "dumping input", "running:", "port ",
+    # another program's output (r1sup.core.logparse.origin)
+    "text_generation_launcher",
 )  # fmt: skip
 _QUICK_RE = word_start_trie(_QUICK_WORDS)
 

@@ -21,6 +21,7 @@ from r1sup.core.failure import (
     CUDA_ERROR,
     ENGINE_DEAD,
     FREE_MEM_BELOW_UTIL,
+    HANG,
     HOST_OOM,
     KV_INSUFFICIENT,
     MODEL_NOT_FOUND,
@@ -42,7 +43,7 @@ from r1sup.core.failure import (
     Numbers,
     phase_after,
 )
-from r1sup.core.logparse.families import CONFIG_LIKE, OOM, P_HOST, P_NATIVE
+from r1sup.core.logparse.families import CONFIG_LIKE, HANG_LIKE, OOM, P_HOST, P_NATIVE
 from r1sup.core.logparse.figures import BLOCK_SIZE
 from r1sup.core.logparse.tracebacks import WEAK_PHASE, Traceback, best_key, best_phase, phase_rank
 
@@ -196,6 +197,8 @@ def decide(c: Collected, exit_code: int | None = None) -> Decision:
     if unknown is not None:
         if unknown.cls in CONFIG_LIKE and not unknown.after_ready:
             return Decision(_build(c, unknown, CONFIG_ERROR), unknown.line_no)
+        if unknown.cls in HANG_LIKE:
+            return Decision(_build(c, unknown, HANG), unknown.line_no)
         return Decision(_build(c, unknown, ENGINE_DEAD), unknown.line_no)
     if dead is not None:
         return Decision(_build(c, dead, ENGINE_DEAD), dead.line_no)
