@@ -402,6 +402,11 @@ def _checked(key: str) -> str:
     return key
 
 
+def checked_profile(data: Any, key: str) -> Profile:
+    """The profile ``data`` holds, checked as every store entry is (ValueError naming what is wrong)."""
+    return _profile(data, key)
+
+
 def _profile(data: Any, key: str) -> Profile:
     profile = Profile.from_dict(data)
     if profile.key != key:
