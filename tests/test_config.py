@@ -485,3 +485,41 @@ def test_a_value_at_the_bound_loads_and_one_past_it_is_refused(dotted: str, f: A
     with pytest.raises(ConfigError) as info:
         cfg.build(data, env={})
     assert info.value.field == dotted and f"must be <= {bound}" in info.value.message
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NUMERIC_NAMES = [dotted for dotted, _ in _numeric_settings()]
+_TEXT_VALUES = st.one_of(
+    st.sampled_from(["1e10", "1e300", "-1", "0", "nan", "inf", "9" * 400, "1_000", "[" * 5000, "{a=1}", ""]),
+    st.floats(allow_nan=True).map(repr),
+    st.integers(min_value=-(2**80), max_value=2**80).map(str),
+    st.text(max_size=30),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    env=st.dictionaries(
+        st.sampled_from([*_NUMERIC_NAMES, "server.extra_args", "server.env", "server.launch"]),
+        _TEXT_VALUES,
+        max_size=4,
+    )
+)
+def test_fuzzed_environment_is_used_within_the_bounds_or_refused_with_one_line(env: dict[str, str]):
+    import threading
+
+    variables = {"R1SUP_" + dotted.replace(".", "_").upper(): value for dotted, value in env.items()}
+    try:
+        config = cfg.build({"model": {"name": "org/model"}}, env=variables)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400
+        return
+    for dotted, f in _numeric_settings():
+        section, _, key = dotted.partition(".")
+        value = getattr(getattr(config, section), key)
+        if value is not None:
+            assert value <= f.metadata["maximum"], dotted
+            if dotted.endswith("_s"):
+                assert threading.Lock().acquire(timeout=value)

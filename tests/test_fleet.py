@@ -797,3 +797,73 @@ def test_the_fleets_profile_is_kept_locally_only_after_it_passed_here(tmp_path: 
     finally:
         b.kill()
         kill_engine_processes(config)
+
+
+# --- the property, fuzzed: a store entry or a lease is used within bounds or set aside, never raises -------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_ANY_JSON = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=12),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    record=st.one_of(
+        _ANY_JSON,
+        st.fixed_dictionaries(
+            {"owner": _ANY_JSON, "host": _ANY_JSON, "pid": _ANY_JSON, "expires_at": _ANY_JSON},
+            optional={"boot_id": _ANY_JSON, "pid_ns": _ANY_JSON, "key": _ANY_JSON},
+        ),
+    ),
+    now=st.floats(min_value=0, max_value=1e10),
+)
+def test_fuzzed_lease_records_are_judged_or_refused_never_raise(record: Any, now: float):
+    try:
+        held = Holder.from_dict(record)
+    except ValueError as exc:
+        assert "\n" not in str(exc)
+        return
+    said = stale(held, now, HERE, lambda pid: True)
+    assert said is None or isinstance(said, str)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    section=st.sampled_from(["flags", "observations", "probe", "capacity", "fingerprint"]),
+    name=st.sampled_from(["max_model_len", "cpu_offload_gb", "weights_gib", "requests", "ok", "versions"]),
+    value=_ANY_JSON,
+)
+def test_fuzzed_store_entries_are_used_within_the_bounds_or_told_invalid(
+    tmp_path_factory: pytest.TempPathFactory, section: str, name: str, value: Any
+):
+    from r1sup.core import config as cfg
+
+    root = tmp_path_factory.mktemp("store")
+    good = a_profile().to_dict()
+    data = json.loads(json.dumps(good))
+    data.setdefault(section, {})
+    if isinstance(data[section], dict):
+        data[section][name] = value
+    (root / "profiles").mkdir()
+    (root / "profiles" / f"{good['key']}.json").write_text(json.dumps(data, allow_nan=True))
+    told: list[Any] = []
+    found = DirectoryStore(root, tell=told.append, here=HERE).lookup(good["key"])
+    if found is None:
+        assert [type(e) for e in told] == [E.FleetFileInvalid]
+        return
+    for flag, v in found.flags.items():
+        cfg.check_start_value(f"flags.{flag}", flag, v)
+    assert all(len(a) < 40 for a in found.engine_flags.to_argv())
