@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -396,3 +397,129 @@ def test_a_fifo_swapped_in_before_sighup_does_not_wedge_the_daemon(tmp_path: Pat
         config.write_bytes(saved.read_bytes())
         kill_engine_processes(config)
     assert not engine_processes(config)
+
+
+# --- upper bounds: every duration and size (issue 34) ----------------------------------------------
+
+
+def _numeric_settings() -> list[tuple[str, Any]]:
+    out = []
+    for dotted, f, tp in cfg.declarations():
+        base, _ = cfg._unwrap_optional(tp)
+        if base in (int, float):
+            out.append((dotted, f))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("R1SUP_DAEMON_HEALTH_TIMEOUT_S", "1e10", "daemon.health_timeout_s"),
+        ("R1SUP_PROBE_TIMEOUT_S", "1e10", "probe.timeout_s"),
+        ("R1SUP_START_CPU_OFFLOAD_GB", "1e300", "start.cpu_offload_gb"),
+        ("R1SUP_START_MAX_MODEL_LEN", str(10**300), "start.max_model_len"),
+        ("R1SUP_STATE_PROFILE_WAIT_S", "1e12", "state.profile_wait_s"),
+        ("R1SUP_SERVER_EXTRA_ARGS", "[" * 3000 + "]" * 3000, "server.extra_args"),
+    ],
+)
+def test_a_value_past_its_bound_is_exit_2_naming_the_field(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    value: str,
+    field: str,
+):
+    """`r1sup check` used to pass these, then the daemon died of an OverflowError (or a RecursionError)."""
+    path = write(tmp_path, MINIMAL)
+    monkeypatch.setenv(variable, value)
+    code, out, err = run_check(capsys, "--config", str(path), "--no-preflight")
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"r1sup: error: {field}: ") and variable in line
+    assert len(line) < 300
+
+
+def test_every_number_setting_has_an_upper_bound_that_its_timers_accept():
+    """A duration at its bound is one a lock, a socket and a sleep take (1e10 s overflowed them)."""
+    import socket
+    import threading
+
+    settings = _numeric_settings()
+    assert len(settings) > 30
+    for dotted, f in settings:
+        assert "maximum" in f.metadata, f"{dotted} has no upper bound"
+        if dotted.endswith("_s"):
+            bound = f.metadata["maximum"]
+            assert threading.Lock().acquire(timeout=bound), dotted
+            with socket.socket() as sock:
+                sock.settimeout(bound)
+            assert threading.Event().wait(0) is False
+
+
+@pytest.mark.parametrize(("dotted", "f"), _numeric_settings(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_value_at_the_bound_loads_and_one_past_it_is_refused(dotted: str, f: Any):
+    section, _, key = dotted.partition(".")
+    bound = f.metadata["maximum"]
+    past = bound + 1 if isinstance(bound, int) else bound * 2
+    data: dict[str, Any] = {"model": {"name": "org/model"}, section: {key: bound}}
+    relaxed = {  # what must hold beside it for the other cross-checks
+        "start.max_model_len": {"ladder": {"min_max_model_len": 16}},
+        "ladder.min_gpu_memory_utilization": {"ladder": {"max_gpu_memory_utilization": bound}},
+        "target.concurrency": {"target": {"concurrency": bound, "context": 4096}},
+        "target.context": {"target": {"concurrency": 1, "context": bound}},
+        "daemon.backoff_initial_s": {"daemon": {"backoff_initial_s": bound, "backoff_max_s": bound}},
+        "multinode.node_rank": {"multinode": {"node_rank": bound, "nnodes": bound + 1}},
+        "multinode.nnodes": {"multinode": {"nnodes": bound, "master_addr": "10.0.0.1"}},
+    }.get(dotted, {})
+    for name, body in relaxed.items():
+        data.setdefault(name, {}).update(body)
+    if dotted == "multinode.node_rank":
+        data["multinode"]["nnodes"] = bound + 1  # past its own bound: only node_rank's check is asked
+        with pytest.raises(ConfigError) as info:
+            cfg.build(data, env={})
+        assert info.value.field == "multinode.nnodes"
+        return
+    cfg.build(data, env={})
+    data[section][key] = past
+    with pytest.raises(ConfigError) as info:
+        cfg.build(data, env={})
+    assert info.value.field == dotted and f"must be <= {bound}" in info.value.message
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NUMERIC_NAMES = [dotted for dotted, _ in _numeric_settings()]
+_TEXT_VALUES = st.one_of(
+    st.sampled_from(["1e10", "1e300", "-1", "0", "nan", "inf", "9" * 400, "1_000", "[" * 5000, "{a=1}", ""]),
+    st.floats(allow_nan=True).map(repr),
+    st.integers(min_value=-(2**80), max_value=2**80).map(str),
+    st.text(max_size=30),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    env=st.dictionaries(
+        st.sampled_from([*_NUMERIC_NAMES, "server.extra_args", "server.env", "server.launch"]),
+        _TEXT_VALUES,
+        max_size=4,
+    )
+)
+def test_fuzzed_environment_is_used_within_the_bounds_or_refused_with_one_line(env: dict[str, str]):
+    import threading
+
+    variables = {"R1SUP_" + dotted.replace(".", "_").upper(): value for dotted, value in env.items()}
+    try:
+        config = cfg.build({"model": {"name": "org/model"}}, env=variables)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400
+        return
+    for dotted, f in _numeric_settings():
+        section, _, key = dotted.partition(".")
+        value = getattr(getattr(config, section), key)
+        if value is not None:
+            assert value <= f.metadata["maximum"], dotted
+            if dotted.endswith("_s"):
+                assert threading.Lock().acquire(timeout=value)

@@ -321,6 +321,99 @@ def test_an_unreachable_http_store_is_an_error_the_replica_survives(tmp_path: Pa
     assert [type(e) for e in heard] == [E.FleetUnavailable]
 
 
+@pytest.fixture
+def misbehaving():
+    """An HTTP store on loopback that answers every GET with ``body`` (a callable writing to the socket)."""
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def serve(write: Any) -> str:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the handler's name
+                write(self)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _answer(handler: Any, body: bytes, length: int | None = None) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(length if length is not None else len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _in_thread(work: Any, limit_s: float) -> Any:
+    """``work()``'s result or exception, failing the test when it has not ended after ``limit_s``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), f"still running after {limit_s} s"
+    return box
+
+
+def test_an_http_store_serving_json_nested_thousands_deep_is_a_store_error(
+    misbehaving: Any, heard: list[Any]
+):
+    """Issue 34: a RecursionError escaped HttpStore.lookup and every tune and run exited 1."""
+    url = misbehaving(lambda h: _answer(h, b"[" * 100_000 + b"]" * 100_000))
+    with pytest.raises(StoreError, match="not a usable profile.*nested too deeply"):
+        HttpStore(url).lookup(a_profile().key)
+    said = consult(store_config(url), a_profile().key, sleep=lambda s: None, tell=heard.append)
+    assert said.profile is None and [type(e) for e in heard] == [E.FleetUnavailable]
+
+
+def test_an_http_store_that_drips_a_byte_at_a_time_is_given_up_at_the_deadline(misbehaving: Any):
+    """Issue 34: a server sending a byte every few seconds held `tune` before any launch, with no end."""
+    stop = threading.Event()
+
+    def drip(handler: Any) -> None:
+        _answer(handler, b"", length=10_000)
+        while not stop.is_set():
+            try:
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+            except OSError:
+                return
+            stop.wait(0.2)  # each read gets a byte well within the read timeout
+
+    url = misbehaving(drip)
+    try:
+        store = HttpStore(url, timeout_s=5)
+        store.deadline_s = 1.0  # the whole lookup's (HTTP_DEADLINE_S is 30 s)
+        box = _in_thread(lambda: store.lookup(a_profile().key), limit_s=20)
+        assert isinstance(box.get("error"), StoreError), box
+        assert "no whole answer within 1 s" in str(box["error"])
+        # consult, as run and tune call it: the replica goes on without the store
+        told: list[Any] = []
+        config = store_config(url)
+        box = _in_thread(
+            lambda: consult(config, a_profile().key, sleep=lambda s: None, tell=told.append, store=store), 20
+        )
+        assert box["value"].profile is None and [type(e) for e in told] == [E.FleetUnavailable]
+    finally:
+        stop.set()
+
+
 # --- consult: what run and tune do -----------------------------------------------------------------
 
 
@@ -609,6 +702,10 @@ BAD_STORE_VALUES = [
     ("flags", "quantization", "--trust-remote-code"),
     ("flags", "tensor_parallel_size", 0),
     ("observations", "weights_gib", float("nan")),
+    # issue 34: accepted, then a 300-digit --cpu-offload-gb, an OverflowError, or a context of one token
+    ("flags", "cpu_offload_gb", 1e300),
+    ("observations", "weights_gib", 1e308),
+    ("flags", "max_model_len", 1),
 ]
 
 
@@ -700,3 +797,73 @@ def test_the_fleets_profile_is_kept_locally_only_after_it_passed_here(tmp_path: 
     finally:
         b.kill()
         kill_engine_processes(config)
+
+
+# --- the property, fuzzed: a store entry or a lease is used within bounds or set aside, never raises -------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_ANY_JSON = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=12),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    record=st.one_of(
+        _ANY_JSON,
+        st.fixed_dictionaries(
+            {"owner": _ANY_JSON, "host": _ANY_JSON, "pid": _ANY_JSON, "expires_at": _ANY_JSON},
+            optional={"boot_id": _ANY_JSON, "pid_ns": _ANY_JSON, "key": _ANY_JSON},
+        ),
+    ),
+    now=st.floats(min_value=0, max_value=1e10),
+)
+def test_fuzzed_lease_records_are_judged_or_refused_never_raise(record: Any, now: float):
+    try:
+        held = Holder.from_dict(record)
+    except ValueError as exc:
+        assert "\n" not in str(exc)
+        return
+    said = stale(held, now, HERE, lambda pid: True)
+    assert said is None or isinstance(said, str)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    section=st.sampled_from(["flags", "observations", "probe", "capacity", "fingerprint"]),
+    name=st.sampled_from(["max_model_len", "cpu_offload_gb", "weights_gib", "requests", "ok", "versions"]),
+    value=_ANY_JSON,
+)
+def test_fuzzed_store_entries_are_used_within_the_bounds_or_told_invalid(
+    tmp_path_factory: pytest.TempPathFactory, section: str, name: str, value: Any
+):
+    from r1sup.core import config as cfg
+
+    root = tmp_path_factory.mktemp("store")
+    good = a_profile().to_dict()
+    data = json.loads(json.dumps(good))
+    data.setdefault(section, {})
+    if isinstance(data[section], dict):
+        data[section][name] = value
+    (root / "profiles").mkdir()
+    (root / "profiles" / f"{good['key']}.json").write_text(json.dumps(data, allow_nan=True))
+    told: list[Any] = []
+    found = DirectoryStore(root, tell=told.append, here=HERE).lookup(good["key"])
+    if found is None:
+        assert [type(e) for e in told] == [E.FleetFileInvalid]
+        return
+    for flag, v in found.flags.items():
+        cfg.check_start_value(f"flags.{flag}", flag, v)
+    assert all(len(a) < 40 for a in found.engine_flags.to_argv())

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 from r1sup.core import gate
-from r1sup.core.errors import EXIT_GATE_FAILED
+from r1sup.core.errors import EXIT_GATE_FAILED, ConfigError
 from r1sup.state import profiles
 from r1sup_proc import R1sup, kill_engine_processes, write_config
 from test_tune_fake import fake_body, fake_env, fake_scenario
@@ -131,3 +131,97 @@ def test_the_gate_publishes_a_profile_that_holds_and_refuses_one_that_verifies_l
     assert "published profile" in proc.stdout_text()
     published = json.loads((fleet / "profiles" / f"{new['key']}.json").read_text(encoding="utf-8"))
     assert published["flags"] == new["flags"] and published["key"] == new["key"]
+
+
+# --- the gate fails closed (issue 34) --------------------------------------------------------------------
+
+
+def _box(vllm: str) -> dict[str, Any]:
+    from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
+
+    gpu = GpuInfo(0, "NVIDIA L4", 24 * GIB, 23 * GIB, (8, 9))
+    return profiles.fingerprint(
+        model="org/model",
+        model_config_hash="0123456789abcdef",
+        device=DeviceFacts(backend="cuda", gpus=(gpu,), driver="550.54.14", host_total_bytes=64 * GIB),
+        versions={"vllm": vllm, "torch": "2.9.0"},
+        target={"concurrency": None, "context": None},
+        tensor_parallel_size=1,
+        r1sup_version="0.1.0",
+    )
+
+
+def _tuned(vllm: str, requests: int, updated_at: str = "2026-01-01T00:00:00+00:00") -> profiles.Profile:
+    import dataclasses
+
+    made = profiles.Profile.create(
+        fingerprint=_box(vllm),
+        model="org/model",
+        served_name="m",
+        flags={"max_model_len": 8192},
+        command=["python", "-m", "vllm.entrypoints.openai.api_server"],
+        probe={"ok": True, "concurrency": requests, "output_tokens_per_s": 400.0, "prompt_tokens": 900},
+    )
+    return dataclasses.replace(made, created_at=updated_at, updated_at=updated_at)
+
+
+def _gate_with(tmp_path: Path, entries: dict[str, str]) -> tuple[int | None, Path, Exception | None]:
+    """``r1sup profile gate`` of this box's profile (vLLM 0.33.0, 8 requests at once) against a store holding
+    ``entries`` (file name -> content): its exit code (None: raised), the store, the error raised."""
+    from r1sup.cli.commands import profile as command
+
+    new = _tuned("0.33.0", 8)
+    local = profiles.ProfileStore(tmp_path / "state")
+    assert local.save(new) is not None
+    fleet = tmp_path / "fleet"
+    (fleet / "profiles").mkdir(parents=True)
+    for name, content in entries.items():
+        (fleet / "profiles" / name).write_text(content, encoding="utf-8")
+    try:
+        return command._gate(local, new.fingerprint, str(fleet)), fleet, None
+    except Exception as exc:  # noqa: BLE001 - the test looks at it
+        return None, fleet, exc
+
+
+def _entry(profile: profiles.Profile) -> tuple[str, str]:
+    return f"{profile.key}.json", json.dumps(profile.to_dict())
+
+
+def _published(fleet: Path) -> bool:
+    return (fleet / "profiles" / f"{_tuned('0.33.0', 8).key}.json").exists()
+
+
+def test_a_damaged_previous_image_entry_stops_the_gate_instead_of_reading_as_a_first_rollout(tmp_path: Path):
+    old = _tuned("0.31.0", 16)  # verified twice the requests at once: the new image must be refused
+    name, good = _entry(old)
+    for damaged in (good[: len(good) // 2], good.replace('"max_model_len": 8192', '"max_model_len": 1')):
+        code, fleet, error = _gate_with(tmp_path / str(len(damaged)), {name: damaged})
+        assert code is None and isinstance(error, ConfigError), (code, error)
+        assert error.field == "--store" and name in error.message and "\n" not in error.message
+        assert not _published(fleet)
+    # the same entry whole: the gate compares and refuses
+    code, fleet, error = _gate_with(tmp_path / "whole", {name: good})
+    assert code == EXIT_GATE_FAILED and not _published(fleet)
+
+
+def test_an_entry_dated_in_the_future_is_not_taken_as_the_baseline(tmp_path: Path):
+    real = _tuned("0.31.0", 16)
+    forged = _tuned("0.30.0", 1, updated_at="9999-12-31T00:00:00+00:00")
+    code, fleet, error = _gate_with(tmp_path, dict([_entry(real), _entry(forged)]))
+    assert code is None and isinstance(error, ConfigError), (code, error)
+    assert "9999-12-31" in error.message and "future" in error.message
+    assert not _published(fleet)
+
+
+def test_the_newest_baseline_is_chosen_by_time_not_by_the_text_of_its_stamp(tmp_path: Path):
+    # the text "2026-03-01T01:00:00+05:00" sorts after "2026-02-28T21:00:00Z", the time is an hour before
+    older = _tuned("0.31.0", 4, updated_at="2026-03-01T01:00:00+05:00")  # 2026-02-28T20:00Z
+    newer = _tuned("0.30.0", 16, updated_at="2026-02-28T21:00:00Z")
+    code, fleet, _ = _gate_with(tmp_path, dict([_entry(newer), _entry(older)]))
+    assert code == EXIT_GATE_FAILED and not _published(fleet)
+
+
+def test_a_file_in_the_store_that_is_not_a_profile_is_passed_over(tmp_path: Path, capsys: Any):
+    code, fleet, error = _gate_with(tmp_path, dict([_entry(_tuned("0.31.0", 8)), ("notes.json", "{}")]))
+    assert code == 0 and error is None and _published(fleet)
+    assert "vLLM 0.31.0" in capsys.readouterr().out

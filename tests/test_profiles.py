@@ -913,3 +913,160 @@ def test_a_malformed_capacity_is_rejected(bad: Any, fragment: str) -> None:
     with pytest.raises(ValueError) as info:
         Profile.from_dict(_with(capacity=bad))
     assert fragment in str(info.value)
+
+
+# --- values past the bounds a launch takes (issue 34) -------------------------------------------------
+
+
+def _probed(**probe: Any) -> dict[str, Any]:
+    data = _valid()
+    data["probe"] = {"ok": True, "requests": 8, "concurrency": 4, "prompt_tokens": 900, "output_tokens": 16}
+    data["probe"].update(probe)
+    return data
+
+
+def _tamper(data: dict[str, Any], section: str, name: str, value: Any) -> dict[str, Any]:
+    data = json.loads(json.dumps(data))
+    data[section][name] = value
+    return data
+
+
+# each stopped every start: an OverflowError in the memory model (exit 1), or a launch vLLM refuses (exit 4)
+PAST_BOUNDS = [
+    ("flags", "cpu_offload_gb", 1e300, "flags.cpu_offload_gb: must be <="),
+    ("flags", "max_model_len", 10**12, "flags.max_model_len: must be <="),
+    ("flags", "max_num_seqs", 2**40, "flags.max_num_seqs: must be <="),
+    ("flags", "kv_cache_memory_bytes", 2**60, "flags.kv_cache_memory_bytes: must be <="),
+    ("observations", "weights_gib", 1e308, "observations.weights_gib: 1e+308 is past"),
+    ("observations", "kv_cache_gib", -1e300, "observations.kv_cache_gib"),
+    ("observations", "gpu_blocks", 10**18, "observations.gpu_blocks"),
+    ("flags", "max_model_len", 1, "flags.max_model_len 1 cannot hold the 900 + 16 tokens"),
+    ("flags", "max_model_len", 915, "flags.max_model_len 915 cannot hold"),
+]
+
+
+@pytest.mark.parametrize(("section", "name", "value", "fragment"), PAST_BOUNDS, ids=lambda v: str(v)[:20])
+def test_a_profile_past_the_bounds_is_set_aside_with_one_line(
+    tmp_path: Path, section: str, name: str, value: Any, fragment: str
+) -> None:
+    store = ProfileStore(tmp_path)
+    good = _probed()
+    path = store.path_for(good["key"])
+    path.parent.mkdir(mode=0o700)
+    path.write_text(json.dumps(_tamper(good, section, name, value)))
+    with capture_logs() as logs:
+        assert store.load(good["key"]) is None
+    (event,) = events(logs, "state_file_set_aside")
+    assert fragment in event["reason"] and "\n" not in event["reason"] and len(event["reason"]) < 200
+
+
+def test_a_context_that_holds_what_the_probe_sent_is_kept() -> None:
+    assert (
+        Profile.from_dict(_tamper(_probed(), "flags", "max_model_len", 916)).engine_flags.max_model_len == 916
+    )
+    # a context of vLLM's default, and a probe whose prompt was estimated, ask only one token each way
+    assert (
+        Profile.from_dict(_tamper(_probed(), "flags", "max_model_len", None)).engine_flags.max_model_len
+        is None
+    )
+    estimated = _tamper(_probed(prompt_tokens_estimated=True), "flags", "max_model_len", 2)
+    assert Profile.from_dict(estimated).engine_flags.max_model_len == 2
+    with pytest.raises(ValueError, match="one prompt token and one output token"):
+        Profile.from_dict(_tamper(_probed(ok=False), "flags", "max_model_len", 1))
+
+
+def test_every_flag_a_profile_may_hold_is_one_the_memory_model_computes_with() -> None:
+    """At each [start] bound, the flags pass the profile reader and the memory model takes them."""
+    from r1sup.core import config as cfg
+    from r1sup.core import memmodel
+
+    arch = memmodel.arch_from_config(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+            "max_position_embeddings": 131072,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    at_bounds = {
+        "max_model_len": cfg.MAX_CONTEXT_TOKENS,
+        "max_num_seqs": cfg.MAX_SEQS,
+        "max_num_batched_tokens": cfg.MAX_CONTEXT_TOKENS,
+        "kv_cache_memory_bytes": cfg.MAX_KV_CACHE_BYTES,
+        "cpu_offload_gb": cfg.MAX_OFFLOAD_GIB,
+    }
+    flags = Profile.from_dict(_with(flags=at_bounds)).engine_flags
+    assert memmodel.weights_bytes(arch, flags) >= 0
+
+
+# --- the property, fuzzed: a saved profile is used within the bounds, or set aside; never raises ----------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 1, -1, 1e300, 1e308, -1e308, 2**63, 2**64, 1e10, 0.5]),
+)
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), _NUMBERS, st.text(max_size=20)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_FIELDS = {
+    "flags": [f.name for f in dataclasses.fields(EngineFlags)],
+    "observations": [
+        "weights_gib",
+        "kv_cache_gib",
+        "gpu_blocks",
+        "max_model_len",
+        "engine_init_s",
+        "cudagraph_gib",
+    ],
+    "probe": ["ok", "prompt_tokens", "output_tokens", "concurrency", "requests", "output_tokens_per_s"],
+}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    changes=st.lists(
+        st.tuples(st.sampled_from(sorted(_FIELDS)), st.integers(0, 9), st.one_of(_NUMBERS, _JSON)), max_size=4
+    )
+)
+def test_fuzzed_profiles_are_used_within_the_bounds_or_set_aside(tmp_path: Path, changes: list[Any]) -> None:
+    from r1sup.core import config as cfg
+    from r1sup.core.figures import out_of_bounds
+
+    data = _probed()
+    for section, index, value in changes:
+        names = _FIELDS[section]
+        data[section][names[index % len(names)]] = value
+    import tempfile
+
+    store = ProfileStore(tempfile.mkdtemp(dir=tmp_path))
+    path = store.path_for(data["key"])
+    path.parent.mkdir(mode=0o700, parents=True)
+    path.write_text(json.dumps(data, allow_nan=True))
+    with capture_logs() as logs:
+        profile = store.load(data["key"])
+    if profile is None:
+        (event,) = events(logs, "state_file_set_aside")
+        assert "\n" not in event["reason"]
+        return
+    for name, value in profile.flags.items():
+        cfg.check_start_value(f"flags.{name}", name, value)  # within what a launch takes
+    argv = profile.engine_flags.to_argv()
+    assert all(len(a) < 40 for a in argv), argv
+    for name, value in profile.observations.to_dict().items():
+        assert out_of_bounds(name, value) is None
+        assert int(value * GIB) * 2 >= -(2**80)  # the memory model's arithmetic: no OverflowError
+    if profile.engine_flags.max_model_len is not None:
+        assert profile.engine_flags.max_model_len >= 2

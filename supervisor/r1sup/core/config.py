@@ -47,6 +47,16 @@ QUANTIZATIONS = (
     "compressed-tensors",
 )
 STRATEGIES = ("smart", "naive")
+
+# Upper bounds of the settings, one definition: the config reader checks them (exit 2 naming the field),
+# and so do the readers of profiles and of the fleet's store (:func:`check_start_value`), so that no value
+# read from a file reaches a launch, a timer or the memory model out of these ranges.
+MAX_DURATION_S = 7 * 24 * 3600.0  # every duration and timeout: a week (a timer of 1e10 s overflows)
+MAX_CONTEXT_TOKENS = 1 << 24  # a context, a prompt, a batch: 16M tokens
+MAX_SEQS = 1 << 16  # sequences or requests at once
+MAX_KV_CACHE_BYTES = 1 << 50  # 1 PiB of KV cache on one device
+MAX_OFFLOAD_GIB = float(1 << 16)  # 64 TiB of weights offloaded to host memory
+MAX_COUNT = 1 << 16  # restarts, failed checks, nodes
 FIRST_LAUNCH = ("planned", "as_configured")
 
 # Flags r1sup sets itself; they may not appear in server.extra_args.
@@ -128,28 +138,42 @@ class ServerSection:
     env: dict[str, str] = setting({}, "extra environment for vLLM", validate=_check_env)
     api_key_file: str | None = setting(None, "file holding the API key vLLM requires (mode 0600)")
     allow_public_bind: bool = setting(False, "allow a non-loopback host without an API key")
-    startup_timeout_s: float = setting(1800.0, "longest start-up before giving up", exclusive_minimum=0)
-    stall_timeout_s: float = setting(
-        600.0, "start-up with no output for this long is a hang", exclusive_minimum=0
+    startup_timeout_s: float = setting(
+        1800.0, "longest start-up before giving up", exclusive_minimum=0, maximum=MAX_DURATION_S
     )
-    stop_timeout_s: float = setting(30.0, "grace between SIGTERM and SIGKILL", exclusive_minimum=0)
-    memory_release_timeout_s: float = setting(60.0, "wait for GPU memory and port to be free", minimum=0)
+    stall_timeout_s: float = setting(
+        600.0, "start-up with no output for this long is a hang", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
+    stop_timeout_s: float = setting(
+        30.0, "grace between SIGTERM and SIGKILL", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
+    memory_release_timeout_s: float = setting(
+        60.0, "wait for GPU memory and port to be free", minimum=0, maximum=MAX_DURATION_S
+    )
 
 
 @dataclass(frozen=True)
 class StartSection:
-    max_model_len: int | None = setting(None, "context length; default: the model's", minimum=1)
+    max_model_len: int | None = setting(
+        None, "context length; default: the model's", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
     gpu_memory_utilization: float = setting(
         0.9, "fraction of device memory vLLM may use", exclusive_minimum=0.0, maximum=1.0
     )
     kv_cache_dtype: str = setting("auto", "KV cache dtype", choices=KV_CACHE_DTYPES)
     enforce_eager: bool = setting(False, "disable CUDA graphs")
-    max_num_seqs: int | None = setting(None, "most sequences per batch", minimum=1)
-    max_num_batched_tokens: int | None = setting(None, "most tokens per batch", minimum=1)
+    max_num_seqs: int | None = setting(None, "most sequences per batch", minimum=1, maximum=MAX_SEQS)
+    max_num_batched_tokens: int | None = setting(
+        None, "most tokens per batch", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
     quantization: str | None = setting(None, "weight quantization method", choices=QUANTIZATIONS)
     tensor_parallel_size: int = setting(1, "GPUs to shard the model over", minimum=1, maximum=64)
-    kv_cache_memory_bytes: int | None = setting(None, "pin the KV cache size in bytes", minimum=1)
-    cpu_offload_gb: float | None = setting(None, "GiB of weights offloaded to host memory", minimum=0)
+    kv_cache_memory_bytes: int | None = setting(
+        None, "pin the KV cache size in bytes", minimum=1, maximum=MAX_KV_CACHE_BYTES
+    )
+    cpu_offload_gb: float | None = setting(
+        None, "GiB of weights offloaded to host memory", minimum=0, maximum=MAX_OFFLOAD_GIB
+    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +184,9 @@ class LadderSection:
         "planned: start from the planner's flags when [start] is predicted not to fit",
         choices=FIRST_LAUNCH,
     )
-    min_max_model_len: int = setting(2048, "never shorten the context below this", minimum=1)
+    min_max_model_len: int = setting(
+        2048, "never shorten the context below this", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
     min_max_num_seqs: int = setting(
         16,
         "never lower max_num_seqs below this on its own (a lower start.max_num_seqs is kept as given)",
@@ -182,19 +208,29 @@ class LadderSection:
 
 @dataclass(frozen=True)
 class TargetSection:
-    concurrency: int | None = setting(None, "requests that must fit at once", minimum=1)
-    context: int | None = setting(None, "tokens per request that must fit", minimum=1)
+    concurrency: int | None = setting(None, "requests that must fit at once", minimum=1, maximum=MAX_SEQS)
+    context: int | None = setting(
+        None, "tokens per request that must fit", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
 
 
 @dataclass(frozen=True)
 class ProbeSection:
     enabled: bool = setting(True, "run the load probe before a config counts")
     requests: int = setting(8, "chat completions to send", minimum=1, maximum=10000)
-    concurrency: int | None = setting(None, "at a time; default: target.concurrency or 1", minimum=1)
-    prompt_tokens: int | None = setting(None, "prompt size; default: near the context limit", minimum=1)
-    output_tokens: int = setting(16, "max_tokens of each request", minimum=1)
-    request_timeout_s: float = setting(300.0, "timeout of one request", exclusive_minimum=0)
-    timeout_s: float = setting(900.0, "timeout of the whole probe", exclusive_minimum=0)
+    concurrency: int | None = setting(
+        None, "at a time; default: target.concurrency or 1", minimum=1, maximum=MAX_SEQS
+    )
+    prompt_tokens: int | None = setting(
+        None, "prompt size; default: near the context limit", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
+    output_tokens: int = setting(16, "max_tokens of each request", minimum=1, maximum=MAX_CONTEXT_TOKENS)
+    request_timeout_s: float = setting(
+        300.0, "timeout of one request", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
+    timeout_s: float = setting(
+        900.0, "timeout of the whole probe", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
     max_concurrency: int = setting(
         16,
         "most ordinary requests (~256 prompt tokens) the probe sends at once to prove the concurrency "
@@ -206,28 +242,38 @@ class ProbeSection:
 
 @dataclass(frozen=True)
 class DaemonSection:
-    health_interval_s: float = setting(5.0, "seconds between /health checks", exclusive_minimum=0)
-    health_timeout_s: float = setting(5.0, "timeout of one health check", exclusive_minimum=0)
+    health_interval_s: float = setting(
+        5.0, "seconds between /health checks", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
+    health_timeout_s: float = setting(
+        5.0, "timeout of one health check", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
     health_failures: int = setting(
-        3, "consecutive failed /health checks, with no progress meanwhile, that count as a hang", minimum=1
+        3,
+        "consecutive failed /health checks, with no progress meanwhile, that count as a hang",
+        minimum=1,
+        maximum=MAX_COUNT,
     )
     liveness_interval_s: float = setting(
         60.0,
         "seconds between reads of vLLM's progress figures (/metrics); an idle server also gets a "
         "one-token completion this often",
         exclusive_minimum=0,
+        maximum=MAX_DURATION_S,
     )
     progress_timeout_s: float = setting(
         300.0,
         "work pending and no token produced for this long is a hang (sized for a long prefill of a "
         "large model); a server whose token counters move is never restarted",
         exclusive_minimum=0,
+        maximum=MAX_DURATION_S,
     )
     drain_timeout_s: float = setting(
         120.0,
         "a restart r1sup chooses (a reload that changes flags) first waits this long for the requests "
         "in flight (on SIGTERM: at most server.stop_timeout_s); 0 stops at once",
         minimum=0,
+        maximum=MAX_DURATION_S,
     )
     drain_unready_s: float = setting(
         0.0,
@@ -235,17 +281,21 @@ class DaemonSection:
         "that a load balancer that polls /readyz stops sending here before vLLM stops listening (part "
         "of the drain's budget; Kubernetes' preStop pause does this for a Service); 0: none",
         minimum=0,
+        maximum=MAX_DURATION_S,
     )
-    backoff_initial_s: float = setting(2.0, "first restart delay", minimum=0)
-    backoff_max_s: float = setting(120.0, "longest restart delay", minimum=0)
-    restart_budget: int = setting(5, "restarts allowed before exiting non-zero", minimum=0)
-    stable_after_s: float = setting(600.0, "serving this long resets the restart budget", exclusive_minimum=0)
+    backoff_initial_s: float = setting(2.0, "first restart delay", minimum=0, maximum=MAX_DURATION_S)
+    backoff_max_s: float = setting(120.0, "longest restart delay", minimum=0, maximum=MAX_DURATION_S)
+    restart_budget: int = setting(5, "restarts allowed before exiting non-zero", minimum=0, maximum=MAX_COUNT)
+    stable_after_s: float = setting(
+        600.0, "serving this long resets the restart budget", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
     metrics_host: str = setting("127.0.0.1", "address of the Prometheus endpoint", validate=_check_host)
     metrics_port: int = setting(0, "Prometheus metrics port; 0 disables", minimum=0, maximum=65535)
     memory_check_s: float = setting(
         30.0,
         "serving a profile degraded by other processes' memory: seconds between checks whether it is back",
         exclusive_minimum=0,
+        maximum=MAX_DURATION_S,
     )
     termination_log: str = setting(
         "/dev/termination-log",
@@ -275,10 +325,16 @@ class StateSection:
         validate=_check_store,
     )
     profile_lease_s: float = setting(
-        120.0, "a replica tuning for the fleet renews its lease every third of this", minimum=1.0
+        120.0,
+        "a replica tuning for the fleet renews its lease every third of this",
+        minimum=1.0,
+        maximum=MAX_DURATION_S,
     )
     profile_wait_s: float = setting(
-        3600.0, "longest wait for another replica's tune before tuning here", minimum=0
+        3600.0,
+        "longest wait for another replica's tune before tuning here",
+        minimum=0,
+        maximum=MAX_DURATION_S,
     )
 
 
@@ -290,7 +346,10 @@ def _check_master_addr(value: str) -> None:
 @dataclass(frozen=True)
 class MultinodeSection:
     nnodes: int = setting(
-        1, "nodes one vLLM instance spans; 1: one box, the rest of this section unused", minimum=1
+        1,
+        "nodes one vLLM instance spans; 1: one box, the rest of this section unused",
+        minimum=1,
+        maximum=MAX_COUNT,
     )
     backend: str = setting(
         "mp",
@@ -299,7 +358,10 @@ class MultinodeSection:
         choices=("mp", "ray"),
     )
     node_rank: int = setting(
-        0, "this node's rank: 0 on the leader (`r1sup run`), 1 to nnodes - 1 under `r1sup worker`", minimum=0
+        0,
+        "this node's rank: 0 on the leader (`r1sup run`), 1 to nnodes - 1 under `r1sup worker`",
+        minimum=0,
+        maximum=MAX_COUNT,
     )
     master_addr: str = setting(
         "",
@@ -319,7 +381,10 @@ class MultinodeSection:
         maximum=65535,
     )
     leader_poll_s: float = setting(
-        2.0, "`r1sup worker`: how often it reads the leader's /status", exclusive_minimum=0
+        2.0,
+        "`r1sup worker`: how often it reads the leader's /status",
+        exclusive_minimum=0,
+        maximum=MAX_DURATION_S,
     )
 
 
@@ -446,24 +511,37 @@ def _parse_text(dotted: str, tp: Any, text: str) -> Any:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(dotted, f"expected true or false, got {text!r}")
+        raise ConfigError(dotted, f"expected true or false, got {_clip(text)}")
     if base is int:
         try:
             return int(text.strip().replace("_", ""))
         except ValueError:
-            raise ConfigError(dotted, f"expected an integer, got {text!r}") from None
+            raise ConfigError(dotted, f"expected an integer, got {_clip(text)}") from None
     if base is float:
         try:
             return float(text.strip())
         except ValueError:
-            raise ConfigError(dotted, f"expected a number, got {text!r}") from None
+            raise ConfigError(dotted, f"expected a number, got {_clip(text)}") from None
     if origin in (list, dict):
         try:
             return tomllib.loads(f"v = {text}")["v"]
         except tomllib.TOMLDecodeError:
             kind = "list" if origin is list else "inline table"
-            raise ConfigError(dotted, f"expected a TOML {kind}, got {text!r}") from None
+            raise ConfigError(dotted, f"expected a TOML {kind}, got {_clip(text)}") from None
+        except (RecursionError, ValueError, MemoryError) as exc:  # nested thousands deep, or huge
+            raise ConfigError(dotted, f"TOML could not be parsed: {type(exc).__name__}") from None
     raise ConfigError(dotted, f"cannot be set from text ({_type_name(tp)})")  # pragma: no cover
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` quoted for a one-line message, cut after ``limit`` characters."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _number(value: Any) -> str:
+    """A number for a one-line message: an integer of hundreds of digits is shown by its size."""
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:12]}... ({len(text)} digits)"
 
 
 def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
@@ -475,11 +553,11 @@ def _check(dotted: str, f: dataclasses.Field[Any], value: Any) -> None:
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(dotted, f"must be one of {', '.join(meta['choices'])}; got {value!r}")
     if "minimum" in meta and value < meta["minimum"]:
-        raise ConfigError(dotted, f"must be >= {meta['minimum']}; got {value}")
+        raise ConfigError(dotted, f"must be >= {meta['minimum']}; got {_number(value)}")
     if "maximum" in meta and value > meta["maximum"]:
-        raise ConfigError(dotted, f"must be <= {meta['maximum']}; got {value}")
+        raise ConfigError(dotted, f"must be <= {meta['maximum']}; got {_number(value)}")
     if "exclusive_minimum" in meta and value <= meta["exclusive_minimum"]:
-        raise ConfigError(dotted, f"must be > {meta['exclusive_minimum']}; got {value}")
+        raise ConfigError(dotted, f"must be > {meta['exclusive_minimum']}; got {_number(value)}")
     if "validate" in meta:
         validator: Callable[[Any], None] = meta["validate"]
         try:

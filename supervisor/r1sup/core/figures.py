@@ -72,10 +72,10 @@ class Figures:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Figures:
         """From the log reader's keys or a persisted ``observations``/``figures`` object: the numbers of
-        known keys (finite, not booleans); anything else is left out."""
+        known keys (finite, not booleans, within :func:`out_of_bounds`); anything else is left out."""
         if not data:
             return EMPTY
-        values = known_numbers(data, FIELD_NAMES)
+        values = {k: v for k, v in known_numbers(data, FIELD_NAMES).items() if out_of_bounds(k, v) is None}
         return cls(**values) if values else EMPTY  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, float]:
@@ -125,6 +125,27 @@ class Figures:
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(Figures))
 EMPTY = Figures()
+
+
+# The largest magnitude of a figure, by its unit: far past any box, far below what the memory model's
+# arithmetic overflows at (1e308 GiB in bytes is infinite, and int() of it raises).
+LIMIT_GIB = float(1 << 20)  # a PiB
+LIMIT_BYTES = float(1 << 60)
+LIMIT_S = 7 * 24 * 3600.0  # a week, as the config's durations (r1sup.core.config.MAX_DURATION_S)
+LIMIT_COUNT = float(1 << 40)  # blocks, tokens, a pid, a port, a driver version
+
+
+def out_of_bounds(name: str, value: float) -> str | None:
+    """Why the figure ``name`` cannot be ``value`` (None: it can): a magnitude past its unit's limit."""
+    if name.endswith("_gib"):
+        limit = LIMIT_GIB
+    elif name.endswith("_bytes"):
+        limit = LIMIT_BYTES
+    elif name.endswith("_s"):
+        limit = LIMIT_S
+    else:
+        limit = LIMIT_COUNT
+    return None if abs(value) <= limit else f"{value:g} is past the largest {name} r1sup takes ({limit:g})"
 
 
 def known_numbers(data: Mapping[str, Any], names: Iterable[str]) -> dict[str, float]:

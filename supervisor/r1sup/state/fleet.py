@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.client
 import json
 import math
 import os
@@ -80,7 +81,8 @@ LEASES = "leases"
 FILE_MODE = 0o644  # profiles hold no secret (the key is masked in the command) and are meant to be shared
 DIR_MODE = 0o755
 CLOCK_SKEW_S = 5.0  # tolerated difference between replicas' wall clocks
-HTTP_TIMEOUT_S = 15.0
+HTTP_TIMEOUT_S = 15.0  # one read of an HTTP store
+HTTP_DEADLINE_S = 30.0  # a whole lookup of an HTTP store, from the connection to the last byte
 TEMP_MAX_AGE_S = 3600.0  # a temporary file this old in the store is left over from a crash
 
 
@@ -176,35 +178,72 @@ class StoreError(R1supError):
 
 
 class HttpStore:
-    """A read-only store over HTTP(S): ``GET <url>/profiles/<key>.json``; 404 means none."""
+    """A read-only store over HTTP(S): ``GET <url>/profiles/<key>.json``; 404 means none. A lookup has
+    ``deadline_s`` in all, from the connection to the last byte: a server that answers a byte at a time
+    cannot hold a replica back longer (each read also times out after ``timeout_s``)."""
 
     writable = False
 
-    def __init__(self, url: str, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = HTTP_TIMEOUT_S, deadline_s: float = HTTP_DEADLINE_S
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
 
     def __str__(self) -> str:
         return self.url
 
     def lookup(self, key: str) -> Profile | None:
         url = f"{self.url}/{PROFILES}/{_checked(key)}.json"
+        box: dict[str, Any] = {}
+
+        def fetch() -> None:
+            try:
+                box["raw"] = self._get(url, time.monotonic() + self.deadline_s)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=fetch, name="profile-store-get", daemon=True)
+        worker.start()
+        worker.join(self.deadline_s)
+        if worker.is_alive():  # it stops reading at the deadline: left to end on its own
+            raise StoreError(f"{url}: no whole answer within {self.deadline_s:g} s")
+        if "error" in box:
+            raise box["error"]
+        raw: bytes | None = box["raw"]
+        if raw is None:
+            return None
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:  # noqa: S310 - http(s) only
-                raw = response.read(MAX_STATE_FILE_BYTES + 1)
+            return _profile(json.loads(raw.decode("utf-8")), key)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise StoreError(f"{url}: not a usable profile ({reason})") from None
+
+    def _get(self, url: str, deadline: float) -> bytes | None:
+        """The body at ``url`` (None: 404), read until ``deadline`` at the latest."""
+        try:
+            with urllib.request.urlopen(url, timeout=min(self.timeout_s, self.deadline_s)) as response:  # noqa: S310 - http(s) only
+                chunks: list[bytes] = []
+                size = 0
+                while size <= MAX_STATE_FILE_BYTES:
+                    if time.monotonic() > deadline:
+                        raise StoreError(f"{url}: no whole answer within {self.deadline_s:g} s")
+                    chunk = response.read1(MAX_STATE_FILE_BYTES + 1 - size)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
             raise StoreError(f"{url}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise StoreError(f"{url}: {reason}") from None
-        if len(raw) > MAX_STATE_FILE_BYTES:
+        if size > MAX_STATE_FILE_BYTES:
             raise StoreError(f"{url}: larger than {MAX_STATE_FILE_BYTES} bytes")
-        try:
-            return _profile(json.loads(raw.decode("utf-8")), key)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise StoreError(f"{url}: not a usable profile ({exc})") from None
+        return b"".join(chunks)
 
     def publish(self, profile: Profile) -> bool:
         return False
@@ -361,6 +400,11 @@ def _checked(key: str) -> str:
     if not isinstance(key, str) or not KEY_RE.match(key):
         raise ConfigError("profile", f"invalid profile key {str(key)[:80]!r}")
     return key
+
+
+def checked_profile(data: Any, key: str) -> Profile:
+    """The profile ``data`` holds, checked as every store entry is (ValueError naming what is wrong)."""
+    return _profile(data, key)
 
 
 def _profile(data: Any, key: str) -> Profile:

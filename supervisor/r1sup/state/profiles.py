@@ -41,7 +41,9 @@ from r1sup.adapters.statefiles import (
 )
 from r1sup.core.errors import ConfigError, PreflightError, R1supError
 from r1sup.core.figures import EMPTY as NO_FIGURES
+from r1sup.core.figures import FIELD_NAMES as FIGURE_NAMES
 from r1sup.core.figures import Figures
+from r1sup.core.figures import out_of_bounds as figure_out_of_bounds
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts
 
@@ -233,7 +235,30 @@ def validate(data: Any) -> dict[str, Any]:
         raise ValueError("key does not match the fingerprint (edited or damaged)")
     if not out["model"] or not out["served_name"]:
         raise ValueError("model and served_name must not be empty")
+    cannot = cannot_serve(out["flags"], out["probe"])
+    if cannot is not None:
+        raise ValueError(cannot)
     return out
+
+
+def cannot_serve(flags: dict[str, Any], probe: dict[str, Any]) -> str | None:
+    """Why a launch with these flags could serve no request its probe proved (None: it could): a context
+    shorter than one prompt token and one output token, or than the measured prompt and output the passing
+    probe sent through it. A profile saying so was damaged or edited: vLLM would refuse every request, or the
+    launch itself, on every start."""
+    length = flags.get("max_model_len")
+    if not isinstance(length, int) or length == -1:
+        return None  # vLLM's default context: the model's
+    need, why = 2, "one prompt token and one output token"
+    counts = [probe.get(k) for k in ("prompt_tokens", "output_tokens")]
+    measured = probe.get("ok") is True and probe.get("prompt_tokens_estimated") is not True
+    if measured and all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+        sent = sum(typing.cast(list[int], counts))
+        if sent > need:
+            need, why = sent, f"the {counts[0]} + {counts[1]} tokens of the probe it passed"
+    if length < need:
+        return f"flags.max_model_len {length} cannot hold {why}"
+    return None
 
 
 def _finite(value: Any, where: str, depth: int = 0) -> None:
@@ -303,6 +328,9 @@ def _check_observations(name: str, value: Any) -> Figures:
     kept (:class:`r1sup.core.figures.Figures`); other keys are left out."""
     obs = _typed(dict)(name, value)
     for key, v in obs.items():
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if number and key in FIGURE_NAMES and (why := figure_out_of_bounds(key, v)) is not None:
+            raise ValueError(f"{name}.{key}: {why}")
         numeric = key in _NUMBER_KEYS or key in _TOKEN_KEYS or str(key).endswith(_NUMBER_SUFFIXES)
         if not numeric:
             continue

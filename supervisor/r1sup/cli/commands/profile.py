@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,7 @@ def _gate(store: profiles.ProfileStore, current: dict[str, object], location: st
     from r1sup.supervision.session import log_only
 
     fleet_store = fleet.DirectoryStore(location, tell=log_only(get_logger()))
-    old = None
-    for path in sorted((Path(location) / fleet.PROFILES).glob("*.json")):
-        candidate = fleet_store.lookup(path.stem) if path.stem != key else None
-        if candidate is None or not gate.same_but_image(candidate.fingerprint, current):
-            continue
-        if old is None or candidate.updated_at > old.updated_at:
-            old = candidate
+    old = _previous_image(Path(location) / fleet.PROFILES, key, current)
     verdict = gate.decide(gate.capacity_of(old.to_dict()) if old else None, gate.capacity_of(new.to_dict()))
     old_label = _image(old.fingerprint) if old else "no old profile"
     sys.stdout.write(verdict.table(old_label, _image(new.fingerprint)) + "\n")
@@ -91,6 +86,57 @@ def _gate(store: profiles.ProfileStore, current: dict[str, object], location: st
     published = fleet_store.publish(new)
     sys.stdout.write(f"{'published' if published else 'already in the store:'} profile {key} to {location}\n")
     return 0
+
+
+def _previous_image(directory: Path, key: str, current: dict[str, Any]) -> profiles.Profile | None:
+    """The store's newest profile of this box and config on another image (None: a first rollout). Fails
+    closed: an entry that may be that profile but cannot be read, or is dated in the future (no replica
+    wrote it), is a ConfigError naming the file, never "no old profile" nor the newest baseline. Files
+    not named like a profile (``notes.json``) are not profiles and are passed over."""
+    from r1sup.adapters.statefiles import inspect_json, parse_iso
+    from r1sup.core import gate
+    from r1sup.state import fleet
+
+    latest = time.time() + fleet.CLOCK_SKEW_S
+    old: profiles.Profile | None = None
+    for path in sorted(directory.glob("*.json")):
+        if not profiles.KEY_RE.match(path.stem) or path.stem == key:
+            continue
+        data, problem = inspect_json(path)
+        if data is None and problem is None:
+            continue  # gone meanwhile
+        fp = data.get("fingerprint") if data is not None else None
+        if isinstance(fp, dict) and not gate.same_but_image(fp, current):
+            continue  # another box's or config's, damaged or not: not the baseline
+        candidate = None
+        if problem is None:
+            try:
+                candidate = fleet.checked_profile(data, path.stem)
+            except ValueError as exc:
+                problem = str(exc)
+        if candidate is None:
+            raise ConfigError(
+                "--store",
+                f"{path} may be the previous image's profile but is unusable ({_clip(problem)}); "
+                "the gate cannot compare: repair or remove it",
+            )
+        if not gate.same_but_image(candidate.fingerprint, current):
+            continue
+        stamp = parse_iso(candidate.updated_at).timestamp()
+        if stamp > latest:
+            raise ConfigError(
+                "--store",
+                f"{path} is dated {candidate.updated_at}, in the future: no replica wrote it; "
+                "the gate cannot compare: repair or remove it",
+            )
+        if old is None or stamp > parse_iso(old.updated_at).timestamp():
+            old = candidate
+    return old
+
+
+def _clip(text: str | None, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _image(fingerprint: dict[str, Any]) -> str:
