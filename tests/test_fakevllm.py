@@ -1209,7 +1209,9 @@ def test_every_nth_request_has_its_connection_reset_and_the_engine_serves_on(
     assert "ERROR" not in fake.text  # a reset connection is not an error of vLLM's
     fake.close()
     # only at the first launch counted in the state file: the second one answers every request
-    again = launch({**scenario, "runtime": {"reset_every": 1, "reset_launches": 1}}, "--max-model-len", "8192")
+    again = launch(
+        {**scenario, "runtime": {"reset_every": 1, "reset_launches": 1}}, "--max-model-len", "8192"
+    )
     again.wait_ready()
     assert [_reset_by_server(again) for _ in range(3)] == [False, False, False]
 
