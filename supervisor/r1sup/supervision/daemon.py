@@ -52,6 +52,7 @@ from r1sup.core.events import (
     ReloadRequested,
     Retrying,
     SearchEvent,
+    SearchGaveUp,
     SearchStepped,
     Signalled,
 )
@@ -305,6 +306,8 @@ class Daemon:
             self.last_failure = event.failure
         elif isinstance(event, Retrying):
             self.advance(Cause.RETRYING, event.status)
+        elif isinstance(event, SearchGaveUp) and event.failure_class in policy.PROBE_TRANSIENT:
+            return  # not the daemon's end: it restarts within its budget (restart_backoff says when)
         self.publish(event)
 
     # --- main ----------------------------------------------------------------------------------
