@@ -34,6 +34,12 @@ at once, as many as the launch's ``max_num_seqs`` and vLLM's KV figure allow, up
 probe's timeout. Its result (``wave``) has the same figures as the context requests' (running and
 waiting peaks, streams, proven, tokens/s, TTFT); a failed wave request fails the probe.
 
+A request whose connection failed before any token (:func:`request_fault`: refused, reset, never an
+answer of vLLM's) is sent again after each wait of ``CONNECTION_RETRY_S`` before it counts
+(``retried``); one that still failed on it (``connection_errors``) has the probe ask ``/health``
+(``health_ok``), the engine's own word. A 4xx answer is counted apart (``rejected``): r1sup's own
+request was wrong. The runner classes the result from these (:mod:`r1sup.supervision.runner`).
+
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
 profile. A later probe of the same flags reuses it (:func:`recorded_prompt`) when it was made for the
