@@ -377,3 +377,24 @@ def test_a_profile_degraded_by_another_tenant_is_kept_beside_and_the_best_return
         assert marked[0]["conditions"]["others_gib"] == 5.0 and best[0]["conditions"]["others_gib"] == 0
         assert best[0]["flags"]["gpu_memory_utilization"] == second
         stop_cleanly(proc, config, tmp_path)
+
+
+def test_a_probe_that_keeps_losing_its_connection_is_restarted_within_the_budget(tmp_path: Path):
+    # issue 34: every probe request's connection reset at the first two launches while vLLM's /health
+    # answers: not engine_dead and not run's end (it exited 4 for good); the same flags again after a
+    # backoff, within daemon.restart_budget, and the third launch serves
+    scenario = fake_scenario(tmp_path, runtime={"reset_every": 1, "reset_launches": 2})
+    body = daemon_body(tmp_path, probe={"requests": 1})
+    port = body["server"]["port"]
+    with running(tmp_path, body, scenario) as (proc, config):
+        proc.wait_event("serving", START_S)
+        failed = proc.named("probe_failed")
+        assert [f["failure_class"] for f in failed] == ["probe_connection", "probe_connection"]
+        assert all(f["connection_errors"] == 1 and f["retried"] == 1 for f in failed)
+        assert [e["restart"] for e in proc.named("restart_backoff")] == [1]
+        assert not proc.named("daemon_failed") and not proc.named("fatal_failure")
+        launched = proc.named("launch_started")
+        assert len(launched) == 3 and launched[0]["flags"] == launched[2]["flags"]
+        assert [r["outcome"] for r in engine_records(tmp_path)] == ["ready", "ready", "ready"]
+        assert served_model(port) == 200
+        stop_cleanly(proc, config, tmp_path)

@@ -1185,6 +1185,37 @@ def test_runtime_oom_after_n_requests(launch: Callable[..., Fake], tmp_path: Pat
     assert runtime and runtime[0]["outcome"] == "oom_runtime" and runtime[0]["requests"] == 3
 
 
+def _reset_by_server(fake: Fake) -> bool:
+    """Whether a chat request's connection was reset unanswered (True) or answered 200 (False)."""
+    try:
+        status, _ = fake.chat()
+    except (ConnectionError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", exc)
+        assert isinstance(reason, ConnectionError), exc
+        return True
+    assert status == 200
+    return False
+
+
+def test_every_nth_request_has_its_connection_reset_and_the_engine_serves_on(
+    launch: Callable[..., Fake], tmp_path: Path
+) -> None:
+    state_file = tmp_path / "s.jsonl"
+    scenario = {"gpu": "RTX 4090", "state_file": str(state_file), "runtime": {"reset_every": 3}}
+    fake = launch(scenario, "--max-model-len", "8192")
+    fake.wait_ready()
+    assert [_reset_by_server(fake) for _ in range(6)] == [False, False, True, False, False, True]
+    assert fake.health() == 200
+    assert "ERROR" not in fake.text  # a reset connection is not an error of vLLM's
+    fake.close()
+    # only at the first launch counted in the state file: the second one answers every request
+    again = launch(
+        {**scenario, "runtime": {"reset_every": 1, "reset_launches": 1}}, "--max-model-len", "8192"
+    )
+    again.wait_ready()
+    assert [_reset_by_server(again) for _ in range(3)] == [False, False, False]
+
+
 def test_fp8_fails_at_the_first_request(launch: Callable[..., Fake]) -> None:
     fake = launch(
         {"gpu": "RTX 3090", "fp8_fails_at": "first_request", "runtime": {"linger_s": 300}},

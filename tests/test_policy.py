@@ -6,7 +6,7 @@ import pytest
 
 from r1sup.core import failure as F
 from r1sup.core import policy as P
-from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
+from r1sup.core.errors import EXIT_CONFIG, EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 
 
@@ -25,6 +25,12 @@ from r1sup.core.failure import Failure
         (F.ENGINE_DEAD, frozenset(), 8, False, ("stop", EXIT_NO_WORKING_CONFIG)),
         (F.OOM_RUNTIME, frozenset(), 3, False, None),  # memory: the search's to answer
         (F.KV_INSUFFICIENT, frozenset(), 8, False, ("stop", EXIT_NO_WORKING_CONFIG)),
+        # the probe's own request rejected (4xx): its configuration, never a relaunch
+        (F.PROBE_REJECTED, frozenset(), 1, False, ("stop", EXIT_CONFIG)),
+        (F.PROBE_REJECTED, frozenset(), 8, False, ("stop", EXIT_CONFIG)),
+        # the probe's connection failed while /health answered: transient, the same flags once more
+        (F.PROBE_CONNECTION, frozenset(), 1, False, ("retry", None)),
+        (F.PROBE_CONNECTION, frozenset({F.ENGINE_DEAD}), 2, False, ("retry", None)),
     ],
 )
 def test_decide(cls: str, retried: frozenset[str], attempts: int, fixable: bool, expected: object) -> None:
@@ -48,3 +54,11 @@ def test_a_fatal_reason_names_what_no_flag_fixes() -> None:
     assert P.fatal_reason(failure) == (
         "the port is taken; no flag change fixes that: OSError: [Errno 98] Address already in use"
     )
+
+
+def test_a_rejected_probe_request_names_the_probe_settings_and_vllms_answer() -> None:
+    said = "request 0: rejected (HTTP 400): This model's maximum context length is 2048 tokens."
+    failure = Failure(F.PROBE_REJECTED, F.PHASE_SERVING, said)
+    got = P.decide(failure, retried=frozenset(), attempts=1, max_attempts=8)
+    assert isinstance(got, P.Stop)
+    assert "probe.output_tokens" in got.reason and said in got.reason and "\n" not in got.reason

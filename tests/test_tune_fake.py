@@ -502,6 +502,41 @@ def test_hang_is_retried_once_with_the_same_flags_then_exits_4(tmp_path: Path):
     assert_consistent(t)
 
 
+def test_connections_reset_by_a_loaded_box_are_retried_and_the_probe_passes(tmp_path: Path):
+    # issue 34: one APIConnectionError among the wave's 16 requests (vLLM answered the others and
+    # logged nothing) was engine_dead, and after one retry tune exited 4
+    body = fake_body(tmp_path, model=QWEN_7B)
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, runtime={"reset_every": 5}))
+    assert t.code == 0, t.explain()
+    assert t.classes == ["none"]
+    probe = t.result["probe"]
+    assert probe["retried"] >= 3 and probe["connection_errors"] == 0 and probe["error_count"] == 0
+    assert probe["wave"]["succeeded"] == probe["wave"]["sent"] == 16
+    passed = t.proc.named("probe_passed")
+    assert len(passed) == 1 and passed[0]["retried"] == probe["retried"]
+    assert not t.proc.named("probe_failed")
+    assert [r["outcome"] for r in t.engine] == ["ready"]
+    assert_consistent(t)
+
+
+def test_a_probe_request_vllm_rejects_is_a_probe_config_error_after_one_launch(tmp_path: Path):
+    # issue 34: a 400 "max_tokens ... cannot be greater than max_model_len" was engine_dead (a relaunch,
+    # then exit 4); it is r1sup's own request: exit 2, no relaunch
+    body = fake_body(tmp_path, model=QWEN_7B, probe={"output_tokens": 9000})
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path))
+    assert t.code == 2, t.explain()
+    assert t.classes == ["probe_rejected"]
+    reason = t.result["reason"]
+    assert "probe configuration" in reason and "probe.output_tokens" in reason
+    assert "rejected (HTTP 400): max_tokens=9000 cannot be greater than max_model_len=8192" in reason
+    failed = t.proc.named("probe_failed")
+    assert len(failed) == 1 and failed[0]["failure_class"] == "probe_rejected"
+    assert failed[0]["rejected"] >= 1
+    assert not t.proc.named("retry_backoff")
+    assert [r["outcome"] for r in t.engine] == ["ready"]  # one launch: it served, and r1sup stopped it
+    assert_consistent(t)
+
+
 def test_unknown_vllm_argument_is_fatal_after_one_launch(tmp_path: Path):
     body = fake_body(tmp_path, model=QWEN_7B, server={"extra_args": ["--no-such-flag", "1"]})
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))

@@ -42,7 +42,10 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     there, issue 48966); ``linger_s`` (2.0): simulated seconds the API server keeps answering (503 on
     /health, 500 on requests) before it exits (``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` keeps it up);
     ``health_while_dead`` (false): /health answers 200 on a dead engine (vLLM issue 39863);
-    ``decode_tokens_per_s`` (60) and ``prefill_tokens_per_s`` (8000): simulated request speed.
+    ``decode_tokens_per_s`` (60) and ``prefill_tokens_per_s`` (8000): simulated request speed;
+    ``reset_every`` (0): every n-th generation request (chat or completion, counted per launch) has its
+    connection reset unanswered (RST, as an overflowing listen backlog does; nothing logged, the engine
+    unharmed), at the first ``reset_launches`` launches counted in ``state_file`` (0: at every launch).
 ``fp8_fails_at`` (``"startup"`` | ``"first_request"``): when an fp8 (e4m3) KV cache fails on compute
     capability < 8.9. ``fp8_e5m2`` works from 8.0. ``--quantization fp8`` needs 8.0 (else a config
     error).
@@ -117,7 +120,7 @@ from fakevllm.memory import (
     Plan,
     simulate,
 )
-from fakevllm.scenario import Scenario, ScenarioError, scenario_from_env
+from fakevllm.scenario import Scenario, ScenarioError, launches_recorded, scenario_from_env
 from fakevllm.serving import FakeHTTPServer, ServeConfig, Serving
 from fakevllm.tracebacks import Exc
 
@@ -1160,6 +1163,8 @@ class Engine:
         a = self.launch
         rt = self.scenario.runtime
         api_key = self.args.api_key or self.launch.environ.get("VLLM_API_KEY")
+        launch_number = launches_recorded(self.scenario) + 1  # this launch is recorded once it serves
+        resetting = not rt.reset_launches or launch_number <= rt.reset_launches
         config = ServeConfig(
             served_names=a.served,
             model_path=a.model,
@@ -1175,6 +1180,7 @@ class Engine:
             reasoning=bool(self.args.reasoning_parser),
             health_while_dead=rt.health_while_dead,
             max_num_seqs=plan.max_num_seqs or 256,
+            reset_every=rt.reset_every if resetting else 0,
         )
         serving = Serving(config, _EngineSide(self), hang=self.hang)
         server = FakeHTTPServer(sock, serving)

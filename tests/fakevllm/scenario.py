@@ -195,6 +195,8 @@ class Runtime:
     health_while_dead: bool = False  # /health answers 200 after the engine died (vLLM issue 39863)
     decode_tokens_per_s: float = 60.0  # simulated generation speed of one request
     prefill_tokens_per_s: float = 8000.0  # simulated prompt processing speed
+    reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
+    reset_launches: int = 0  # resets only at the first n launches counted in state_file (0: every launch)
 
 
 @dataclass(frozen=True)
@@ -435,7 +437,7 @@ def _load_runtime(value: Any) -> Runtime:
             changes[key] = _str(where, raw, RUNTIME_FAILURES, optional=True)
         elif key == "fail_after_requests":
             changes[key] = None if raw is None else _num(where, raw, minimum=0, integer=True)
-        elif key == "exit_code":
+        elif key in ("exit_code", "reset_every", "reset_launches"):
             changes[key] = _num(where, raw, minimum=0, integer=True)
         elif key == "health_while_dead":
             changes[key] = _bool(where, raw)

@@ -15,9 +15,12 @@ passed in decides that and prints the tracebacks. While the server drains (SIGTE
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -120,6 +123,7 @@ class ServeConfig:
     reasoning: bool
     health_while_dead: bool
     max_num_seqs: int = 256
+    reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
 
     @property
     def usable_blocks(self) -> int:
@@ -157,7 +161,15 @@ class Serving:
         self.hang = hang  # set: every request blocks (a hung engine)
         self.slots = threading.Condition(self.lock)  # a sequence slot freed
         self.draining = False  # set on a draining shutdown: new requests are refused
+        self.generations = 0  # generation requests received (their connection reset or not)
         self._published: tuple[int, int, float, tuple[int, int, int, int]] | None = None
+
+    def resets(self) -> bool:
+        """Whether the generation request received now has its connection reset (``reset_every``)."""
+        with self.lock:
+            self.generations += 1
+            every = self.config.reset_every
+            return every > 0 and self.generations % every == 0
 
     def in_flight(self) -> int:
         with self.lock:
@@ -530,8 +542,19 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
+    def _reset(self) -> None:
+        """Reset the connection unanswered (RST, as a listen backlog that overflowed on a loaded box
+        does): the client sees a connection error, vLLM logs nothing."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+
     def _generate(self, body: dict[str, Any], chat: bool) -> None:
         serving = self.server.serving
+        if serving.resets():
+            self._reset()
+            return
         model = serving.check_model(body.get("model"))
         if chat:
             messages = body.get("messages")

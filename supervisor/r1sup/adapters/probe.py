@@ -34,6 +34,12 @@ at once, as many as the launch's ``max_num_seqs`` and vLLM's KV figure allow, up
 probe's timeout. Its result (``wave``) has the same figures as the context requests' (running and
 waiting peaks, streams, proven, tokens/s, TTFT); a failed wave request fails the probe.
 
+A request whose connection failed before any token (:func:`request_fault`: refused, reset, never an
+answer of vLLM's) is sent again after each wait of ``CONNECTION_RETRY_S`` before it counts
+(``retried``); one that still failed on it (``connection_errors``) has the probe ask ``/health``
+(``health_ok``), the engine's own word. A 4xx answer is counted apart (``rejected``): r1sup's own
+request was wrong. The runner classes the result from these (:mod:`r1sup.supervision.runner`).
+
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
 profile. A later probe of the same flags reuses it (:func:`recorded_prompt`) when it was made for the
@@ -78,6 +84,9 @@ POLL_S = 0.05  # /metrics is read this often while the requests run
 WAVE_PROMPT_TOKENS = 256  # the prompt of an ordinary request, as the concurrency wave sends it
 WAVE_OUTPUT_TOKENS = 32  # at least this many tokens each, so that the wave's streams overlap in time
 WAVE_SEED = 100_000  # the wave's prompts are seeded from here (never a context prompt's seed)
+# a request whose connection failed before any token (refused, reset: a listen backlog that overflowed on
+# a loaded box) is sent again after each of these waits, then counts as failed
+CONNECTION_RETRY_S = (0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -398,9 +407,17 @@ class _Sent:
     final: dict[str, float] = field(default_factory=dict)  # /metrics just after
     duration_s: float = 0.0
     timed_out: bool = False
+    retried: int = 0  # requests sent again after their connection failed (before any token)
+    connection_errors: int = 0  # requests that failed on the connection after every retry
+    rejected: int = 0  # requests vLLM answered with a 4xx
 
     def tokens_per_s(self) -> float | None:
         return round(self.output_tokens_total / self.duration_s, 2) if self.duration_s > 0 else None
+
+    def note(self, error: str) -> None:
+        """A failed request's line: the first few are kept."""
+        if len(self.errors) < 5:
+            self.errors.append(error)
 
 
 async def _send(
@@ -419,43 +436,69 @@ async def _send(
     stop = asyncio.Event()
     poller = asyncio.create_task(_poll_metrics(http, sent.peaks, stop))
     sem = asyncio.Semaphore(concurrency)
+    last_error: dict[int, BaseException] = {}
     t0 = time.monotonic()
+
+    async def attempt(i: int) -> bool:
+        """Request ``i`` once: True when it passed; False when it failed on the connection before
+        any token came (nothing of it reached vLLM's answer: it may be sent again). Any other
+        failure is recorded here."""
+        start = time.monotonic()
+        first: float | None = None
+        tokens = 0
+        try:
+            stream = await client.chat.completions.create(
+                model=spec.model,
+                messages=[{"role": "user", "content": texts[i]}],
+                max_tokens=output_tokens,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            usage_tokens = None
+            last = start
+            async for chunk in stream:
+                if chunk.choices and delivers(chunk.choices[0]):
+                    last = time.monotonic()
+                    if first is None:
+                        first = last - start
+                    tokens += 1
+                if chunk.usage is not None:
+                    usage_tokens = chunk.usage.completion_tokens
+            sent.output_tokens_total += usage_tokens if usage_tokens is not None else tokens
+            if first is not None:
+                sent.ttfts.append(first)
+                sent.spans.append((start + first, last))
+            sent.succeeded += 1
+            return True
+        except Exception as exc:
+            if not request_error(exc):
+                raise  # r1sup's own bug: the child fails and the parent says so
+            kind = request_fault(exc)
+            if kind == "connection" and first is None:
+                last_error[i] = exc
+                return False
+            sent.error_count += 1
+            if kind == "connection":
+                sent.connection_errors += 1
+            elif kind == "rejected":
+                sent.rejected += 1
+            sent.note(f"{label} {i}: {error_line(exc)}")
+            return True
 
     async def one(i: int) -> None:
         async with sem:
-            start = time.monotonic()
-            first: float | None = None
-            tokens = 0
-            try:
-                stream = await client.chat.completions.create(
-                    model=spec.model,
-                    messages=[{"role": "user", "content": texts[i]}],
-                    max_tokens=output_tokens,
-                    temperature=0.0,
-                    stream=True,
-                    stream_options={"include_usage": True},
-                )
-                usage_tokens = None
-                last = start
-                async for chunk in stream:
-                    if chunk.choices and delivers(chunk.choices[0]):
-                        last = time.monotonic()
-                        if first is None:
-                            first = last - start
-                        tokens += 1
-                    if chunk.usage is not None:
-                        usage_tokens = chunk.usage.completion_tokens
-                sent.output_tokens_total += usage_tokens if usage_tokens is not None else tokens
-                if first is not None:
-                    sent.ttfts.append(first)
-                    sent.spans.append((start + first, last))
-                sent.succeeded += 1
-            except Exception as exc:
-                if not request_error(exc):
-                    raise  # r1sup's own bug: the child fails and the parent says so
-                sent.error_count += 1
-                if len(sent.errors) < 5:
-                    sent.errors.append(f"{label} {i}: {type(exc).__name__}: {str(exc)[:300]}")
+            for n, delay in enumerate((*CONNECTION_RETRY_S, None)):
+                if await attempt(i):
+                    return
+                if delay is None:  # failed on the connection every time
+                    sent.error_count += 1
+                    sent.connection_errors += 1
+                    sent.note(f"{label} {i}: {error_line(last_error[i])} (sent {n + 1} times)")
+                    return
+                if n == 0:
+                    sent.retried += 1
+                await asyncio.sleep(delay)
 
     tasks = [asyncio.create_task(one(i)) for i in range(len(texts))]
     try:
@@ -505,6 +548,8 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         calls = prompts.calls  # the context prompts' sizing (the wave sizes one prompt of its own)
         if spec.wave_requests:
             wave, record = await _wave(http, client, spec, prompts, main, t0)
+        lost = main.connection_errors + (wave.connection_errors if wave is not None else 0)
+        health = await _healthy(http) if lost else None  # the engine's word, not the connection's
         await client.close()
     error_count, errors, timed_out = main.error_count, list(main.errors), main.timed_out
     metrics = main.peaks
@@ -550,6 +595,10 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         concurrency_proven=proven,
         queued=main.succeeded > 0 and proven < sent,
         timed_out=timed_out,
+        retried=main.retried + (wave.retried if wave is not None else 0),
+        connection_errors=lost,
+        rejected=main.rejected + (wave.rejected if wave is not None else 0),
+        health_ok=health,
         wave=record,
     )
 
@@ -632,6 +681,43 @@ def request_error(exc: BaseException) -> bool:
     return any(cls.__module__.split(".", 1)[0] in _TRANSPORT_PACKAGES for cls in type(exc).__mro__)
 
 
+def request_fault(exc: BaseException) -> str:
+    """What a request's failure (:func:`request_error`) was: ``"connection"`` when it never had
+    vLLM's answer (refused, reset, closed: the openai client's connection error, a transport error of
+    the stream, an OS error), not a timeout; ``"rejected"`` when vLLM answered with a 4xx (r1sup's
+    own request was wrong); else ``"engine"`` (a 5xx, an engine-dead answer, a timeout)."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        return "rejected" if 400 <= exc.status_code < 500 else "engine"
+    if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
+        return "engine"
+    if isinstance(exc, (openai.APIConnectionError, OSError)):
+        return "connection"
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"TimeoutException", "ReadTimeout", "WriteTimeout", "ConnectTimeout", "PoolTimeout"}:
+        return "engine"
+    if names & {"TransportError", "NetworkError", "RemoteProtocolError", "ProtocolError"}:
+        return "connection"
+    return "engine"
+
+
+def error_line(exc: BaseException) -> str:
+    """A failed request's line: vLLM's message for a 4xx (``rejected (HTTP 400): This model's maximum
+    context length is ...``), else the exception."""
+    import openai
+
+    if isinstance(exc, openai.APIStatusError):
+        body = exc.body
+        said = body.get("message") if isinstance(body, Mapping) else None
+        if isinstance(body, Mapping) and isinstance(body.get("error"), Mapping):
+            said = body["error"].get("message") or said
+        if 400 <= exc.status_code < 500:
+            text = " ".join(str(said or exc.message).split())[:300]
+            return f"rejected (HTTP {exc.status_code}): {text}"
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
@@ -644,6 +730,26 @@ async def _scrape(http: httpx.AsyncClient) -> dict[str, float]:
     except httpx.HTTPError:
         return {}
     return parse_metrics(resp.text) if resp.status_code == 200 else {}
+
+
+async def _healthy(http: httpx.AsyncClient) -> bool:
+    """Whether vLLM's /health answers 200, asked after requests failed on the connection: a connection
+    that keeps failing proves nothing about the engine, a failing /health does. Asked as the requests
+    were sent (the same retries on the connection)."""
+    import httpx
+
+    for delay in (*CONNECTION_RETRY_S, None):
+        try:
+            resp = await http.get("/health", timeout=10.0)
+        except httpx.TimeoutException:
+            return False
+        except httpx.HTTPError:
+            if delay is None:
+                return False
+            await asyncio.sleep(delay)
+            continue
+        return resp.status_code == 200
+    return False
 
 
 async def _poll_metrics(http: httpx.AsyncClient, metrics: dict[str, float], stop: asyncio.Event) -> None:

@@ -33,6 +33,11 @@ CONFIG_ERROR = "config_error"
 ENGINE_DEAD = "engine_dead"
 HANG = "hang"  # seen by the launcher or the daemon: no output, no progress, no readiness
 INTERNAL_ERROR = "internal_error"  # r1sup's own machinery failed (the probe child, a bug): never the engine
+# The probe's own faults, seen only by the probe, never read from a log and never the engine's death:
+# vLLM answered a probe request with a 4xx (r1sup's request is wrong: its context, its tokens), or probe
+# requests failed on the connection after their retries while vLLM's /health answered.
+PROBE_REJECTED = "probe_rejected"
+PROBE_CONNECTION = "probe_connection"
 NONE = "none"
 
 MEMORY_CLASSES = frozenset(
@@ -58,6 +63,8 @@ NON_MEMORY_CLASSES = frozenset(
         ENGINE_DEAD,
         HANG,
         INTERNAL_ERROR,
+        PROBE_REJECTED,
+        PROBE_CONNECTION,
         NONE,
     }
 )

@@ -4,8 +4,11 @@
 - ``internal_error``: r1sup's own fault: no flag change, no relaunch (exit 1).
 - fatal classes (``port_in_use``, ``model_not_found``, a ``config_error`` the search cannot fix): stop at
   once (exit 4); the same flags would fail the same way.
-- transient classes (``cuda_error``, ``engine_dead``, ``hang``): one retry of the same flags after a
-  backoff; the same class again stops (exit 4).
+- ``probe_rejected``: vLLM answered the load probe's own request with a 4xx (a prompt or an output
+  longer than the context): the probe's configuration, not the engine's; no relaunch (exit 2).
+- transient classes (``cuda_error``, ``engine_dead``, ``hang``, ``probe_connection``): one retry of the
+  same flags after a backoff; the same class again stops (exit 4). ``run`` takes a
+  ``probe_connection`` stop as a restart within its budget (:data:`PROBE_TRANSIENT`), never as its end.
 - ``ladder.max_attempts`` launches: stop (exit 3).
 
 Everything else is a memory failure, evidence for the search (:mod:`r1sup.core.search`).
@@ -16,10 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from r1sup.core import failure as F
-from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
+from r1sup.core.errors import EXIT_CONFIG, EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 
-TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG})
+TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG, F.PROBE_CONNECTION})
+# transient faults of the probe's path to the engine, not of the engine: ``run`` backs off and tries the
+# same flags again within its restart budget rather than exit
+PROBE_TRANSIENT = frozenset({F.PROBE_CONNECTION})
 FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
 
 
@@ -59,6 +65,13 @@ def decide(
         return Stop("nothing failed", EXIT_FATAL_FAILURE)
     if failure.cls == F.INTERNAL_ERROR:
         return Stop(f"internal error in {failure.detail or 'r1sup'}: {failure.evidence}", EXIT_INTERNAL)
+    if failure.cls == F.PROBE_REJECTED:
+        detail = failure.evidence or failure.detail
+        return Stop(
+            "vLLM rejected the load probe's own request, a probe configuration problem (check "
+            f"probe.prompt_tokens, probe.output_tokens and the context): {detail}",
+            EXIT_CONFIG,
+        )
     if failure.cls in FATAL and not fixable:
         return Stop(fatal_reason(failure), EXIT_FATAL_FAILURE)
     if failure.cls in TRANSIENT:

@@ -132,6 +132,15 @@ class ProbeResult:
     concurrency_proven: int | None = None
     queued: bool = False  # fewer requests ran at once than were sent at once
     timed_out: bool = False
+    # requests that failed on the connection (refused, reset: never an answer of vLLM's) and were sent
+    # again, all requests together; those that still failed on it after their retries; those vLLM
+    # answered with a 4xx (r1sup's own request was wrong: its context, its tokens); and vLLM's /health
+    # once requests still failed on the connection (None: not asked). None in a record from before them
+    # (not written then, so old records keep their bytes)
+    retried: int | None = 0
+    connection_errors: int | None = 0
+    rejected: int | None = 0
+    health_ok: bool | None = None
     wave: Wave | None = None  # None when the probe was asked for none
     internal: ProbeFault | None = None
 
@@ -144,6 +153,8 @@ class ProbeResult:
         values: dict[str, Any] = dict.fromkeys(_NUMBERS)  # a record without a figure: None, not a count
         values.update(known_numbers(data, _NUMBERS))
         values.update((name, v) for name in _FLAGS if isinstance(v := data.get(name), bool))
+        if isinstance(health := data.get("health_ok"), bool):
+            values["health_ok"] = health
         errors = data.get("errors")
         if isinstance(errors, list):
             values["errors"] = tuple(str(e) for e in errors)
@@ -164,10 +175,14 @@ class ProbeResult:
         return cls(**figures, errors=(error,), timed_out=timed_out)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record, every field by its name in the order declared (the child's output, ``probe``)."""
+        """The record, every field by its name in the order declared (the child's output, ``probe``);
+        the connection's and the rejections' fields only when set (a record read from before them
+        writes the bytes it was read from)."""
         out: dict[str, Any] = {}
         for name in _FIELDS:
             value = getattr(self, name)
+            if value is None and name in _LATER:
+                continue
             if isinstance(value, (Wave, ProbeFault)):
                 value = value.to_dict()
             elif name == "errors":
@@ -181,6 +196,18 @@ class ProbeResult:
     def first_error(self) -> str:
         return self.errors[0] if self.errors else ""
 
+    @property
+    def rejected_error(self) -> str:
+        """The first error of a request vLLM answered with a 4xx, else the first error."""
+        return next((e for e in self.errors if REJECTED_MARK in e), self.first_error)
+
+    @property
+    def connection_only(self) -> bool:
+        """Every request that failed, failed on the connection (after its retries), none by vLLM's
+        answer, and the probe did not time out."""
+        lost = self.connection_errors or 0
+        return lost > 0 and self.error_count == lost and not self.timed_out
+
     def queued_text(self) -> str:
         """`` (only N ran at once, W waited)`` when requests queued behind others, else nothing."""
         if not self.queued:
@@ -191,18 +218,33 @@ class ProbeResult:
     def summary(self) -> str:
         """One line: how many passed at what concurrency, what ran at once, sizes, TTFT, tokens/s."""
         if not self.ok:
-            return f"{self.error_count}/{self.requests} requests failed: {self.first_error or 'no detail'}"
+            return (
+                f"{self.error_count}/{self.requests} requests failed: {self.first_error or 'no detail'}"
+                + self.retried_text()
+            )
         kv = f", peak KV {self.peak_kv_usage:.0%}" if self.peak_kv_usage is not None else ""
         return (
             f"{self.succeeded}/{self.requests} ok at concurrency {self.concurrency}{self.queued_text()}, "
             f"{self.prompt_tokens} prompt tokens, TTFT p50 {self.ttft_p50_s or 0:.2f}s "
             f"p95 {self.ttft_p95_s or 0:.2f}s, {self.output_tokens_per_s or 0:.1f} tok/s{kv}"
             + (self.wave.text() if self.wave is not None else "")
+            + self.retried_text()
         )
+
+    def retried_text(self) -> str:
+        """``; 1 request retried after its connection failed`` when any was, else nothing."""
+        n = self.retried or 0
+        if not n:
+            return ""
+        if n == 1:
+            return "; 1 request retried after its connection failed"
+        return f"; {n} requests retried after their connection failed"
 
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ProbeResult))
 _FLAGS = ("ok", "prompt_tokens_estimated", "sizing_reused", "queued", "timed_out")
 _NUMBERS: tuple[str, ...] = tuple(
-    n for n in _FIELDS if n not in (*_FLAGS, "errors", "sizing", "wave", "internal")
+    n for n in _FIELDS if n not in (*_FLAGS, "errors", "sizing", "wave", "internal", "health_ok")
 )
+_LATER = frozenset({"retried", "connection_errors", "rejected", "health_ok"})  # written only when set
+REJECTED_MARK = "rejected (HTTP 4"  # in the error line of a request vLLM answered with a 4xx

@@ -52,6 +52,7 @@ from r1sup.core.events import (
     ReloadRequested,
     Retrying,
     SearchEvent,
+    SearchGaveUp,
     SearchStepped,
     Signalled,
 )
@@ -186,6 +187,9 @@ class Daemon:
         self._live: Launch | None = None
         self._ended: ServeEnd | None = None
         self._backoff_s = 0.0
+        # what the next restart relaunches (None: the flags that served) and the failure it follows
+        self._retry_flags: EngineFlags | None = None
+        self._retry_failure: Failure | None = None
         self._stop_signalled = False
         self.started_at = now_iso()
         self.record: Any = None  # r1sup.state.runrecord.RunLog of this run, for `r1sup report`
@@ -302,6 +306,8 @@ class Daemon:
             self.last_failure = event.failure
         elif isinstance(event, Retrying):
             self.advance(Cause.RETRYING, event.status)
+        elif isinstance(event, SearchGaveUp) and event.failure_class in policy.PROBE_TRANSIENT:
+            return  # not the daemon's end: it restarts within its budget (restart_backoff says when)
         self.publish(event)
 
     # --- main ----------------------------------------------------------------------------------
@@ -410,6 +416,11 @@ class Daemon:
         if result.ok and result.live is not None:
             self._live = result.live
             return None
+        failure = result.failure
+        if failure is not None and failure.cls in policy.PROBE_TRANSIENT and self.flags is not None:
+            # the probe's path to vLLM failed, not vLLM (its /health answered): the same flags again
+            # after a backoff, within the restart budget, never the daemon's end
+            return (yield from self._restart_later(self.flags, failure))
         reason = result.reason or "no working configuration"
         if result.exit_code == EXIT_NO_WORKING_CONFIG and not self._no_fit_remembered:
             self._remember_no_fit(reason)
@@ -846,25 +857,39 @@ class Daemon:
         d = self.config.daemon
         if end.served_s >= d.stable_after_s:
             self._restarts = 0
+        return (yield from self._restart_later(None, failure))
+
+    def _restart_later(
+        self, flags: EngineFlags | None, failure: Failure
+    ) -> Generator[Phase, Any, int | None]:
+        """A restart within the budget (``BACKOFF``; :meth:`_wait_to_restart` relaunches), or the
+        daemon's end once the budget is spent (exit 5). ``flags``: those to relaunch where nothing
+        serves (a bring-up whose probe failed on the connection); None: the flags that served."""
+        d = self.config.daemon
         self._restarts += 1
         if self._restarts > d.restart_budget:
             reason = f"{self._restarts - 1} restarts without {d.stable_after_s:.0f}s of stable serving"
             return (yield from self._fail(EXIT_RESTART_BUDGET, reason))
+        self._retry_flags, self._retry_failure = flags, failure
         self._backoff_s = backoff_delay(self._restarts, d.backoff_initial_s, d.backoff_max_s)
-        self.advance(Cause.CRASHED, f"restart {self._restarts}/{d.restart_budget} in {self._backoff_s:.1f}s")
+        status = f"restart {self._restarts}/{d.restart_budget} in {self._backoff_s:.1f}s"
+        self.advance(Cause.CRASHED if flags is None else Cause.RETRYING, status)
         self.publish(B.RestartScheduled(self._restarts, d.restart_budget, self._backoff_s))
         return None
 
     def _wait_to_restart(self) -> Generator[Phase, Any, int | None]:
         """Backoff after a crash while serving: the wait, then the same flags launched again."""
-        launch, end = self._live, self._ended
-        assert launch is not None and end is not None
+        flags, failure = self._retry_flags, self._retry_failure
+        if flags is None:  # serving ended: the flags that served
+            launch = self._live
+            assert launch is not None
+            flags = launch.flags
         yield from self.runner.sleep(self._backoff_s)
         result = yield from self._tuner().run(
-            launch.flags,
+            flags,
             keep_running=True,
             history=self.history,
-            why=f"restart {self._restarts} after {end.failure.cls if end.failure else 'a failure'}",
+            why=f"restart {self._restarts} after {failure.cls if failure else 'a failure'}",
         )
         if result.ok:
             self._served(result)

@@ -656,6 +656,28 @@ class Runner:
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
             failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
+        elif result.rejected:  # a 4xx: r1sup's own request was wrong, not the engine
+            failure = Failure(
+                F.PROBE_REJECTED,
+                F.PHASE_SERVING,
+                detail=f"vLLM rejected {result.rejected} probe request(s) with a 4xx",
+                evidence=result.rejected_error,
+            )
+        elif result.connection_only and result.health_ok:  # the engine answers: the connection failed
+            failure = Failure(
+                F.PROBE_CONNECTION,
+                F.PHASE_SERVING,
+                detail=f"{result.connection_errors} probe request(s) failed on the connection after "
+                "their retries; vLLM's /health answers",
+                evidence=result.first_error,
+            )
+        elif result.connection_only:  # and /health failed: the engine's own evidence
+            failure = Failure(
+                F.ENGINE_DEAD,
+                F.PHASE_SERVING,
+                detail="probe requests failed on the connection and vLLM's /health failed",
+                evidence=result.first_error,
+            )
         elif result.timed_out:
             failure = Failure(
                 F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=result.first_error
@@ -1076,6 +1098,8 @@ def _probe_fields(result: ProbeResult) -> dict[str, Any]:
         "tokenize_calls",
     )
     fields = {k: getattr(result, k) for k in keys}
+    # requests sent again after their connection failed, still failed on it, answered with a 4xx
+    fields.update((k, v) for k in ("retried", "connection_errors", "rejected") if (v := getattr(result, k)))
     wave = result.wave
     if wave is not None:  # the concurrency wave: sent, ran at once, its size and tokens/s
         fields["wave"] = {
