@@ -59,6 +59,17 @@ STATS_LINE = (
     "tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache "
     "usage: 0.0%, Prefix cache hit rate: 0.0%"
 )
+
+
+def stats_line(generation_tps: float, running: int, waiting: int, prompt_tps: float = 0.0) -> str:
+    """vLLM's periodic stats line (V1's loggers.py format) with these figures."""
+    return (
+        f"(APIServer pid=1) INFO 06-02 09:15:10 [loggers.py:127] Engine 000: Avg prompt throughput: "
+        f"{prompt_tps:.1f} tokens/s, Avg generation throughput: {generation_tps:.1f} tokens/s, Running: "
+        f"{running} reqs, Waiting: {waiting} reqs, GPU KV cache usage: 12.5%, Prefix cache hit rate: 0.0%"
+    )
+
+
 IDLE = liveness.Figures(running=0, waiting=0, prompt_tokens=0, generation_tokens=0, finished=0)
 
 
@@ -150,6 +161,9 @@ class Script:
     # how long the completion asked at s takes to come back; None: not within the request's own timeout
     # (progress_timeout_s), which then ends it unanswered (status 0), as a stopped engine core leaves it
     completion_s: Callable[[float], float | None] = lambda s: CHECK_LATENCY_S
+    # how long the serving phase's /metrics read asked at s takes to come back (its figures are those
+    # of the moment it was asked); None: never (its thread hangs)
+    metrics_s: Callable[[float], float | None] = lambda s: CHECK_LATENCY_S
     drain_s: float | None = None  # asked to drain (SIGTERM to its leader): exits this much later
     # (None: once its figures show nothing pending)
     # with drain_s: vLLM's "request processing complete" line this long after it is asked to drain
@@ -460,7 +474,12 @@ class Replay:
             ok = engine.alive() and s.health(since)
             detail = "" if ok else "connection refused"
         elif kind == "metrics":  # the daemon's own read (watch.read_metrics: _read_metrics here)
+            latency = s.metrics_s(since)
+            if latency is None:
+                return
             ok, detail, payload = fn()
+            self.queue.at(now + latency, CheckDone(kind, launch.number, ok, detail, payload))
+            return
         elif kind == "liveness":
             latency = s.completion_s(since)
             status, body = s.completion(since) if engine.alive() else (0, "")

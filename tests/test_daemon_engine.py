@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -116,13 +120,30 @@ def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path)
         kill_engine_processes(config)
 
 
+@contextmanager
+def cpu_burner(seconds: float) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A process per core spinning beside the test (a loaded machine, as in issue 34: load average ~8
+    on 2 cores), each ending by itself after ``seconds`` and killed when the block ends."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
 def test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_restart(
     tmp_path: Path, tiny_model: Path
 ):
     """The issue's case, short: 8 requests of 600 tokens through max_num_seqs 1 queue for a minute or more,
-    longer than the progress timeout and any check's timeout; r1sup must neither restart nor fail a
-    request, and a SIGTERM with requests in flight lets them finish. (At 1,500 tokens each the queue
-    outlasted the client's 300 s timeout on a machine running another engine test beside it.)"""
+    longer than the progress timeout and any check's timeout, with a CPU burner spinning on every core
+    beside them (issue 34: on a loaded machine a /metrics read can stay out for a minute); r1sup must
+    neither restart nor fail a request, and a SIGTERM with requests in flight lets them finish. (At
+    1,500 tokens each the queue outlasted the client's 300 s timeout on a machine running another
+    engine test beside it.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
@@ -155,13 +176,16 @@ def test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_resta
 
     try:
         proc.wait_event("serving", 400)
-        with ThreadPoolExecutor(8) as pool:
+        with cpu_burner(400) as burner, ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(chat, range(8)))
+            assert all(p.poll() is None for p in burner), "the burner ran the whole flood"
         assert answers == ["length"] * 8
         assert not proc.named("serving_failed"), proc.named("serving_failed")
         assert len(proc.named("launch_started")) == 1
         busy = [e for e in proc.named("liveness") if (e.get("waiting") or 0) > 0]
-        assert busy and {e["verdict"] for e in busy} == {"alive"}
+        assert busy and {e["verdict"] for e in busy} == {"alive"}, [
+            (e["verdict"], e["source"], e.get("metrics_error")) for e in busy
+        ]
 
         # The drain: SIGTERM once one request runs and another waits behind it. That state lasts while
         # two of the three are in vLLM (two requests' generation), and is caught by sampling /metrics:

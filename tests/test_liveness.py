@@ -454,3 +454,53 @@ def test_the_reason_says_how_long_since_progress_with_the_figure_it_logs():
     t, v = found
     assert f"last progress {t:.0f}s ago" in v.reason and v.figures["since_progress_s"] == t
     assert f"work pending for {t - 1010:.0f}s with no progress (progress timeout 60s)" in v.reason
+
+
+# --- /metrics unknown: a read that does not come back (issue 34) ------------------------------------
+
+
+def test_a_metrics_read_that_does_not_come_back_is_unknown_and_the_stats_lines_decide():
+    # the issue's flood: /metrics answers until t=100, then its read hangs (no sample, no error) while
+    # vLLM's stats lines, every 10 s, say 700 tokens/s with one running and 20 waiting
+    samples = [s for s in busy_samples(1000) if s.at <= 100]
+    lines = [lv.StatsSeen(t + 7, lv.StatsLine(0.0, 700.0, 1, 20)) for t in range(0, 1000, 10)]
+    r = replay([*samples, *lines], ask=[x + 0.5 for x in range(100, 1000, 5)])
+    assert r.first(lv.HUNG) is None
+    early = [v for t, v in r.verdicts if t <= 100]
+    assert {v.figures["source"] for v in early} == {lv.SOURCE_METRICS}
+    late = [v for t, v in r.verdicts if t > 100 + 2 * POLICY.interval_s]
+    assert {v.figures["source"] for v in late} == {lv.SOURCE_STATS}
+    assert {v.figures["metrics_state"] for v in late} == {lv.METRICS_STALE}
+    assert late[-1].figures["metrics_age_s"] > 800  # the last sample's figures, not a fresh one
+    assert "stats line: 0 prompt, 700 generation tokens/s" in late[-1].figures["last_progress"]
+
+
+def test_with_metrics_unanswered_an_engine_whose_stats_lines_stop_moving_is_hung():
+    # the same hang of /metrics, and the engine core frozen at t=300: its lines show no throughput
+    frozen = 300.0
+    samples = [s for s in busy_samples(1000) if s.at <= 100]
+    lines = [
+        lv.StatsSeen(t + 7, lv.StatsLine(0.0, 700.0 if t + 7 < frozen else 0.0, 1, 20))
+        for t in range(0, 1000, 10)
+    ]
+    r = replay([*samples, *lines], ask=[x + 0.5 for x in range(100, 1000, 5)])
+    hung = r.first(lv.HUNG)
+    assert hung is not None
+    at, verdict = hung
+    assert verdict.evidence == lv.EVIDENCE_STALL and verdict.figures["source"] == lv.SOURCE_STATS
+    # the last line that moved (t=297) plus the progress timeout, seen within one look (5 s here)
+    assert frozen - 10 + POLICY.progress_timeout_s <= at <= frozen + POLICY.progress_timeout_s + 5
+    assert "/metrics unanswered for" in verdict.reason and "judged on vLLM's stats lines" in verdict.reason
+
+
+def test_without_metrics_or_stats_lines_the_verdict_says_time_decides():
+    # a /metrics that fails from the start and vLLM without stats lines: the stall is judged on time
+    obs = [lv.MetricsSample(t, None, "/metrics timed out after 5s") for t in range(0, 200, 10)]
+    r = replay([lv.ProbeSent(5.0), *obs])
+    hung = r.first(lv.HUNG)
+    assert hung is not None and hung[1].figures["source"] == lv.SOURCE_COMPLETION
+    assert hung[1].figures["metrics_state"] == lv.METRICS_FAILING
+    assert (
+        "/metrics failing (/metrics timed out after 5s): judged on r1sup's completion and time"
+        in hung[1].reason
+    )

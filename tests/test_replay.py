@@ -18,7 +18,7 @@ from r1sup.core import failure as F
 from r1sup.core.errors import InternalError, PreflightError
 from r1sup.core.liveness import Figures
 from r1sup.supervision.daemon import LEGAL, Cause, State, backoff_delay
-from replay import IDLE, RUNTIME_OOM, STARTUP, Replay, Script, log_lines
+from replay import CHECK_LATENCY_S, IDLE, RUNTIME_OOM, STARTUP, Replay, Script, log_lines, stats_line
 
 S = State
 Pair = tuple[State, State]
@@ -462,6 +462,74 @@ def test_an_idle_engine_that_stops_answering_is_restarted(tmp_path: Path) -> Non
     assert "idle" in before and "hung" not in before  # its completions were answered until then
     hung = [e for e in r.log.named("liveness") if e["verdict"] == "hung"][-1]
     assert hung["own_completion_unanswered_s"] >= d.progress_timeout_s
+    assert r.states().count("serving") == 2 and len(r.engines) == 2
+
+
+def _hanging_metrics(start_s: float, end_s: float, late_s: float = 90.0) -> Callable[[float], float | None]:
+    """A /metrics read asked between ``start_s`` and ``end_s`` comes back ``late_s`` later (the issue's
+    read under a flood on a loaded machine: not back 67 s after it was due); the others at once."""
+    return lambda s: late_s if start_s <= s < end_s else CHECK_LATENCY_S
+
+
+def _stats_lines(from_s: float, until_s: float, tps: Callable[[float], float]) -> list[tuple[float, str]]:
+    """vLLM's stats line every 10 s: one running, 20 waiting, ``tps(s)`` generation tokens/s."""
+    count = int((until_s - from_s) // 10)
+    return [(from_s + 10 * i, stats_line(tps(from_s + 10 * i), 1, 20)) for i in range(count)]
+
+
+def test_a_busy_server_whose_metrics_read_hangs_is_judged_on_its_stats_lines(tmp_path: Path) -> None:
+    # issue 34: the one-slot flood; from 30 s in, each /metrics read comes back 90 s late, until 400 s,
+    # while vLLM's stats lines (every 10 s) say 700 tokens/s. A read not back is unknown, never a stall.
+    queue = one_slot_queue(24, 25.0, from_s=OUT_S + 20)
+    hang = (OUT_S + 30, OUT_S + 400)
+    script = Script(
+        figures=queue,
+        metrics_s=_hanging_metrics(*hang),
+        later=_stats_lines(OUT_S + 25, OUT_S + 20 + 24 * 25, lambda s: 700.0),
+    )
+    r = replay(tmp_path, script)
+    stop_after_serving(r, seconds=20 + 24 * 25 + 60)
+    assert r.run() == errors.EXIT_OK
+    assert not r.log.named("serving_failed") and len(r.engines) == 1
+    start = r.engine(1).started_at
+    d = r.daemon.config.daemon
+    during = [
+        e
+        for e in liveness_with_work(r)
+        if start + hang[0] + 2 * d.liveness_interval_s < e["t"] < start + hang[1]
+    ]
+    assert during and {e["verdict"] for e in during} == {"alive"}
+    assert {e["source"] for e in during} == {"stats_line"}
+    # the read that did not come back was recorded as such, once per read, by the serving phase
+    overdue = [e for e in during if "unanswered after" in e.get("metrics_error", "")]
+    assert overdue and overdue[0]["metrics_state"] == "failing"
+    after = [e for e in liveness_with_work(r) if e["t"] > start + hang[1] + 90 + d.liveness_interval_s]
+    assert after and {e["source"] for e in after} == {"metrics"}  # /metrics decides again once it answers
+
+
+def test_a_stopped_engine_core_whose_metrics_read_hangs_is_restarted_on_its_stats_lines(
+    tmp_path: Path,
+) -> None:
+    # the same hang of /metrics, and 100 s in the engine core stops: its stats lines show no throughput
+    stopped = OUT_S + 100
+    moving = busy_then_done(10_000.0)
+    script = Script(
+        figures=lambda s: moving(min(s, stopped)),
+        metrics_s=_hanging_metrics(OUT_S + 30, 10_000.0),
+        completion_s=lambda s: None if s >= stopped else 0.05,
+        later=_stats_lines(OUT_S + 25, OUT_S + 600, lambda s: 700.0 if s < stopped else 0.0),
+    )
+    r = replay(tmp_path, script, Script())
+    stop_after_serving(r, count=2)
+    assert r.run() == errors.EXIT_OK
+    failed = r.log.named("serving_failed")[0]
+    assert failed["failure_class"] == F.HANG and "judged on vLLM's stats lines" in failed["evidence"]
+    d = r.daemon.config.daemon
+    detected = failed["t"] - (r.engine(1).started_at + stopped)
+    # the progress timeout from the last line that moved (at most a line's 10 s before the stop)
+    assert d.progress_timeout_s - 10 <= detected <= d.progress_timeout_s + d.liveness_interval_s, detected
+    hung = [e for e in r.log.named("liveness") if e["verdict"] == "hung"][-1]
+    assert hung["evidence"] == "stall" and hung["source"] == "stats_line"
     assert r.states().count("serving") == 2 and len(r.engines) == 2
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -17,10 +20,14 @@ class Endpoint:
     api_key: str | None = None
 
     @property
-    def base(self) -> str:
+    def address(self) -> str:
+        """The host to connect to (a wildcard bind address is reached on loopback)."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        if host == "::":
-            host = "::1"
+        return "::1" if host == "::" else host
+
+    @property
+    def base(self) -> str:
+        host = self.address
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
@@ -95,7 +102,58 @@ def tiny_completion(ep: Endpoint, served_name: str, timeout: float = 30.0) -> tu
     return bool(choices), status, "completion ok"
 
 
-def fetch_metrics(ep: Endpoint, timeout: float = 5.0) -> tuple[int, str]:
-    """``/metrics`` as text: (HTTP status or 0, body). vLLM serves it without the API key."""
-    status, payload = ep.request("/metrics", timeout=timeout)
-    return status, payload.decode("utf-8", "replace") if status == 200 else ""
+def get_within(
+    ep: Endpoint, path: str, seconds: float, limit: int = 4 * 1024 * 1024
+) -> tuple[int, bytes, str]:
+    """GET ``path`` with the whole exchange (connect, request, headers, body) bounded by ``seconds``:
+    (HTTP status, body, "") or (0, b"", why: "timed out after Ns" or "unanswered").
+
+    A socket timeout bounds each read, not the exchange: a server that takes the connection and then
+    answers slowly, or a little at a time, could hold the caller for minutes. At the deadline a timer
+    shuts the socket down, which ends the read that waits on it.
+    """
+    conn = http.client.HTTPConnection(ep.address, ep.port, timeout=seconds)
+    lock = threading.Lock()
+    state = {"finished": False, "cut": False}
+
+    def cut() -> None:
+        with lock:
+            if state["finished"]:
+                return
+            state["cut"] = True
+            sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    status, body, why = 0, b"", "unanswered"
+    try:
+        with lock:
+            if state["cut"]:  # the connect alone took the whole deadline
+                raise TimeoutError
+        headers = {"Authorization": f"Bearer {ep.api_key}"} if ep.api_key else {}
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read(limit)
+        status, why = resp.status, ""
+    except (OSError, ValueError, http.client.HTTPException):
+        status, body = 0, b""  # unreachable, reset, cut short, or cut at the deadline (below)
+    finally:
+        with lock:
+            state["finished"] = True
+            cut_off = state["cut"]
+        timer.cancel()
+        conn.close()
+    if cut_off:
+        return 0, b"", f"timed out after {seconds:g}s"
+    return status, body, why
+
+
+def fetch_metrics(ep: Endpoint, timeout: float = 5.0) -> tuple[int, str, str]:
+    """``/metrics`` as text, the read bounded by ``timeout`` as a whole: (HTTP status or 0, body, why
+    it has no status: "timed out after Ns" or "unanswered"). vLLM serves it without the API key."""
+    status, payload, why = get_within(ep, "/metrics", timeout)
+    return status, payload.decode("utf-8", "replace") if status == 200 else "", why

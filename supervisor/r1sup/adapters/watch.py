@@ -1,7 +1,8 @@
 """The reads behind :mod:`r1sup.core.liveness` while vLLM serves; each one returns an observation.
 
-``read_metrics`` and ``send_probe`` block (HTTP with a timeout) and run on check threads; the
-process watch reads ``/proc`` through psutil, cheap enough for the loop itself. Nothing here decides.
+``read_metrics`` and ``send_probe`` block (HTTP with a timeout; the metrics read's bounds the whole
+exchange) and run on check threads; the process watch reads ``/proc`` through psutil, cheap enough for
+the loop itself. Nothing here decides.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ VLLM_PROCESS_PREFIX = "VLLM::"  # vLLM's process titles: VLLM::EngineCore(_DP0),
 
 def read_metrics(ep: health.Endpoint, timeout: float, at: float | None = None) -> liveness.MetricsSample:
     """One read of ``/metrics``, stamped with the time it was asked for (``at``: the time it was due,
-    so that samples on a fixed grid are exactly one interval apart)."""
+    so that samples on a fixed grid are exactly one interval apart). ``timeout`` bounds the whole read;
+    one that runs out is a sample without figures whose error says so."""
     at = time.monotonic() if at is None else at
-    status, text = health.fetch_metrics(ep, timeout)
+    status, text, why = health.fetch_metrics(ep, timeout)
     if status != 200:
-        return liveness.MetricsSample(at, None, f"/metrics {status or 'unanswered'}")
+        return liveness.MetricsSample(at, None, f"/metrics {status or why or 'unanswered'}")
     figures = liveness.parse_metrics(text)
     if figures is None:
         return liveness.MetricsSample(at, None, "/metrics has no vLLM figures (--disable-log-stats?)")

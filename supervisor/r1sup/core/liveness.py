@@ -20,6 +20,10 @@ The rules (:func:`decide`):
   progress for ``progress_timeout_s``; or an engine-dead reply (HTTP 500 with vLLM's EngineDeadError
   text); or the engine core's process gone; or ``/health`` failing ``health_failures`` times in a row
   with no progress since the first failure. One slow answer never decides anything.
+- **Which source**: ``/metrics`` while it answers (its counters are exact). A read that failed, timed
+  out, or has not come back for two intervals (stale) is *unknown*, never a stall: then vLLM's stats
+  lines are the progress evidence (and their queue, when newer than the last sample), and without them
+  r1sup's own completion and time. Every verdict names its source (``source`` in its figures).
 
 Everything is a value: :class:`Track` is the memory of the decision, :func:`observe` folds one
 observation (each stamped with a monotonic time by the caller) into it, :func:`decide` returns a
@@ -48,6 +52,16 @@ EVIDENCE_ENGINE_DEAD = "engine_dead"
 EVIDENCE_CORE_GONE = "core_gone"
 EVIDENCE_HEALTH = "health"
 DEAD_EVIDENCE = frozenset({EVIDENCE_ENGINE_DEAD, EVIDENCE_CORE_GONE})
+
+# What a verdict's progress rests on (``source`` in its figures)
+SOURCE_METRICS = "metrics"  # /metrics answers: its counters decide
+SOURCE_STATS = "stats_line"  # /metrics unknown: vLLM's stats lines decide
+SOURCE_COMPLETION = "completion"  # neither: r1sup's one-token completion and time decide
+# How /metrics stands (``metrics_state`` in a verdict's figures)
+METRICS_ANSWERS = "answers"
+METRICS_FAILING = "failing"  # the last read failed or timed out (``metrics_error`` says how)
+METRICS_STALE = "stale"  # no answer for more than two intervals: a read that has not come back
+METRICS_NONE = "none"  # no sample yet
 
 # --- vLLM's figures ------------------------------------------------------------------------------
 
@@ -299,6 +313,8 @@ class Track:
     metrics_error: str = ""  # the last /metrics failure, while it fails
     stats: StatsLine | None = None
     stats_at: float | None = None
+    stats_progress_at: float | None = None  # the last stats line that showed throughput
+    stats_progress: str = ""
     pending_since: float | None = None  # vLLM's gauges showed work since then (None: idle)
     own_pending_since: float | None = None  # r1sup's completion unanswered since then, no progress after
     probe_sent_at: float | None = None  # the last completion sent
@@ -343,14 +359,13 @@ def observe(track: Track, obs: Observation) -> Track:
         )
         return _progressed(t, obs.at, moved) if moved else t
     if isinstance(obs, StatsSeen):
-        t = r(track, stats=obs.stats, stats_at=obs.at)
-        if track.figures is not None and not track.metrics_error:
-            return t  # /metrics answers: its counters are exact and not averaged over 10 s
-        t = _pending(t, obs.stats.running + obs.stats.waiting > 0, obs.at)
-        if obs.stats.progress:
-            st = obs.stats
+        # kept, not counted here: whether it counts depends on /metrics at the time of the verdict
+        # (:func:`with_stats_lines`): a read that has not come back is known only then
+        st = obs.stats
+        t = r(track, stats=st, stats_at=obs.at)
+        if st.progress:
             what = f"stats line: {st.prompt_tps:g} prompt, {st.generation_tps:g} generation tokens/s"
-            return _progressed(t, obs.at, what)
+            t = r(t, stats_progress_at=obs.at, stats_progress=what)
         return t
     if isinstance(obs, HealthResult):
         if obs.ok:
@@ -423,6 +438,41 @@ def _progressed(track: Track, at: float, what: str) -> Track:
     )
 
 
+def metrics_state(track: Track, now: float, policy: Policy) -> str:
+    """How ``/metrics`` stands at ``now``: METRICS_ANSWERS, _FAILING, _STALE or _NONE."""
+    if track.metrics_error:
+        return METRICS_FAILING
+    if track.figures is None or track.figures_at is None:
+        return METRICS_NONE
+    if now - track.figures_at > 2 * policy.interval_s:
+        return METRICS_STALE
+    return METRICS_ANSWERS
+
+
+def with_stats_lines(track: Track) -> Track:
+    """``track`` as vLLM's stats lines tell it, for a verdict while ``/metrics`` is unknown: their
+    throughput is progress at the line's time, and the latest line's queue stands for the gauges when
+    it is newer than the last sample."""
+    t = track
+    st, at = track.stats, track.stats_at
+    if st is not None and at is not None and (track.figures_at is None or at > track.figures_at):
+        t = _pending(t, st.running + st.waiting > 0, at)
+    moved = track.stats_progress_at
+    if moved is None or moved <= track.last_progress_at:
+        return t
+    own = t.own_pending_since
+    return dataclasses.replace(
+        t,
+        last_progress_at=moved,
+        progress=track.stats_progress,
+        # r1sup's completion sent after the line is still its own open question
+        own_pending_since=own if own is not None and own > moved else None,
+        probe_after_progress=t.probe_sent_at is not None
+        and t.probe_sent_at > moved
+        and t.probe_after_progress,
+    )
+
+
 def figures_of(track: Track, now: float) -> dict[str, Any]:
     """The figures a verdict rests on, for logs (rounded, None where unknown)."""
     f = track.figures
@@ -459,7 +509,14 @@ def stall_reference(track: Track) -> float | None:
 
 def decide(track: Track, now: float, policy: Policy) -> Verdict:
     """The verdict at ``now`` from everything observed so far."""
+    state = metrics_state(track, now, policy)
+    unknown = state != METRICS_ANSWERS
+    if unknown:
+        track = with_stats_lines(track)
+    source = SOURCE_METRICS if not unknown else SOURCE_STATS if track.stats is not None else SOURCE_COMPLETION
     figures = figures_of(track, now)
+    figures["source"] = source
+    figures["metrics_state"] = state
     if track.dead:
         what = "engine process gone" if track.dead_evidence == EVIDENCE_CORE_GONE else "engine-dead reply"
         return Verdict(HUNG, track.dead_evidence, f"{what}: {track.dead}", figures=figures)
@@ -473,7 +530,6 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
             f"and no progress for {now - track.last_progress_at:.0f}s"
         )
         return Verdict(HUNG, EVIDENCE_HEALTH, reason, figures=figures)
-    unknown = track.figures is None or bool(track.metrics_error)
     last_probe = track.probe_sent_at if track.probe_sent_at is not None else track.started_at
     due = not track.probe_outstanding and now - last_probe >= policy.interval_s
     ref = stall_reference(track)
@@ -483,15 +539,15 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
         return Verdict(IDLE, EVIDENCE_IDLE, "nothing running or waiting", probe=probe, figures=figures)
     figures["stalled_s"] = round(now - ref, 1)
     # While /metrics answers, a stall is judged on a sample taken after the deadline: progress made
-    # since the last sample shows only in the next one. Without figures (or with no sample for two
-    # intervals: nothing more is coming to wait for), time alone decides.
-    seen_until = now
-    if not unknown and track.figures_at is not None and now - track.figures_at <= 2 * policy.interval_s:
-        seen_until = track.figures_at
+    # since the last sample shows only in the next one. While it is unknown (failing, timed out, or no
+    # sample for two intervals: nothing more is coming to wait for), the stats lines' progress is
+    # folded in above and the time since decides.
+    seen_until = track.figures_at if not unknown and track.figures_at is not None else now
     if seen_until - ref >= policy.progress_timeout_s:
         reason = (
             f"work pending for {now - ref:.0f}s with no progress (progress timeout "
             f"{policy.progress_timeout_s:g}s); {_last_progress(track, now)}"
+            f"{_basis(track, now, state, source)}"
         )
         return Verdict(HUNG, EVIDENCE_STALL, reason, figures=figures)
     latest_moved = not unknown and track.figures_at is not None and track.figures_at <= track.last_progress_at
@@ -507,9 +563,24 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
         probe = due and stalled_sample and not track.probe_after_progress
     reason = (
         f"work pending for {now - ref:.0f}s of {policy.progress_timeout_s:g}s with no progress; "
-        f"{_last_progress(track, now)}"
+        f"{_last_progress(track, now)}{_basis(track, now, state, source)}"
     )
     return Verdict(ALIVE, EVIDENCE_WAITING, reason, probe=probe, figures=figures)
+
+
+def _basis(track: Track, now: float, state: str, source: str) -> str:
+    """What a stall is judged on when it is not /metrics ('' while /metrics answers)."""
+    if source == SOURCE_METRICS:
+        return ""
+    if state == METRICS_FAILING:
+        why = f"/metrics failing ({track.metrics_error})"
+    elif state == METRICS_STALE and track.figures_at is not None:
+        why = f"/metrics unanswered for {now - track.figures_at:.0f}s"
+    else:
+        why = "no /metrics figures"
+    if source == SOURCE_STATS and track.stats_at is not None:
+        return f"; {why}: judged on vLLM's stats lines (the last {now - track.stats_at:.0f}s ago)"
+    return f"; {why}: judged on r1sup's completion and time"
 
 
 def _last_progress(track: Track, now: float) -> str:

@@ -77,6 +77,11 @@ from r1sup.supervision.tuner import (
 )
 from r1sup.supervision.world import World
 
+# A /metrics read not back after this many times its own timeout (daemon.health_timeout_s, which bounds
+# the whole read) is recorded as unanswered: its thread starved, it is no sample, and the liveness
+# judgement takes /metrics as unknown (vLLM's stats lines decide) until a read answers.
+METRICS_OVERDUE = 2.0
+
 
 class State(enum.Enum):
     PLANNING = "planning"
@@ -1062,6 +1067,9 @@ class Serving(Phase):
         self.next_record = start
         self.busy: set[str] = set()  # checks in flight
         self.healthy = True
+        # the /metrics read in flight (one at most): asked then, and whether it was recorded as overdue
+        self.metrics_asked: float | None = None
+        self.metrics_overdue = False
 
     def on(self, event: Any, now: float) -> Any:
         daemon, launch, d, runner = self.d, self.launch, self.cfg, self.d.runner
@@ -1075,6 +1083,8 @@ class Serving(Phase):
         if isinstance(event, CheckDone) and event.launch == launch.number:
             self.busy.discard(event.kind)
             sampled = event.kind == "metrics"
+            if sampled:
+                self.metrics_asked = None
             if event.kind == "devices":  # serving a degraded profile: what the device has free now
                 memory_back = self.healthy and daemon.memory_back(launch, event.payload, event.detail)
             elif event.kind == "health":
@@ -1093,6 +1103,16 @@ class Serving(Phase):
             stats = liveness.parse_stats_line(event.line) if isinstance(event, ChildOutput) else None
             if stats is not None:
                 track = liveness.observe(track, liveness.StatsSeen(now, stats))
+        overdue = METRICS_OVERDUE * d.health_timeout_s
+        if (
+            self.metrics_asked is not None
+            and not self.metrics_overdue
+            and now - self.metrics_asked >= overdue
+        ):
+            # the read bounds itself (its timeout); its thread not coming back is no sample either: unknown
+            self.metrics_overdue = sampled = True
+            error = f"/metrics unanswered after {now - self.metrics_asked:.0f}s (the read is still out)"
+            track = liveness.observe(track, liveness.MetricsSample(now, None, error))
         self.track = track
         if launch.engine.poll() is not None:
             ended = runner.exit_failure(launch, now, F.PHASE_SERVING)
@@ -1115,6 +1135,7 @@ class Serving(Phase):
             due, self.next_sample = self.next_sample, self.next_sample + d.liveness_interval_s
             if self.next_sample <= now:  # fell behind (a slow read): a new grid from now
                 due, self.next_sample = now, now + d.liveness_interval_s
+            self.metrics_asked, self.metrics_overdue = now, False
             runner.run_check("metrics", launch, _check(functools.partial(self.read, at=due)))
         verdict = liveness.decide(self.track, now, self.policy)
         self.last = daemon.log_verdict(launch, verdict, self.last, sampled)
