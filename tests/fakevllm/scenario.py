@@ -195,6 +195,9 @@ class Runtime:
     health_while_dead: bool = False  # /health answers 200 after the engine died (vLLM issue 39863)
     decode_tokens_per_s: float = 60.0  # simulated generation speed of one request
     prefill_tokens_per_s: float = 8000.0  # simulated prompt processing speed
+    # the latency model: each step (prefill or decode) takes this much longer per sequence running
+    # beside the request's own (a step's time grows with the tokens of its batch); 0: no batch cost
+    step_s_per_batch_seq: float = 0.0
 
 
 @dataclass(frozen=True)
