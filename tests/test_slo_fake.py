@@ -52,7 +52,6 @@ def test_tune_with_an_slo_proves_the_highest_concurrency_that_meets_it(tmp_path:
 
 def test_tune_report_draws_the_levels_against_the_targets(tmp_path: Path):
     from r1sup_proc import R1sup
-
     from test_tune_fake import fake_env
 
     scenario = fake_scenario(tmp_path, runtime=LATENCY)
@@ -74,3 +73,20 @@ def test_an_impossible_ttft_is_refused_with_the_measured_floor(tmp_path: Path):
     assert [lv["concurrency"] for lv in slo["levels"]] == [1]  # nothing more was tried
     floor_ms = slo["levels"][0]["ttft_p95_s"] * 1000
     assert f"below the measured floor {floor_ms:.0f} ms" in t.result["reason"]
+
+
+def test_run_exports_the_saved_slo_capacity_labelled_with_its_targets(tmp_path: Path):
+    from conftest import free_port
+    from test_daemon_fake import FAST_DAEMON, START_S, metric, metrics_text, running
+
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    body = slo_body(tmp_path, itl_p95_s=0.16, max_concurrency=2)
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0 and t.result["slo"]["concurrency"] == 2, t.explain()
+    port = free_port()
+    body["daemon"] = {**FAST_DAEMON, **body.get("daemon", {}), "metrics_port": port}
+    with running(tmp_path, body, scenario) as (proc, _config):
+        proc.wait_event("serving", START_S)
+        text = metrics_text(port)
+        labels = 'e2e_p95_s="",itl_p95_s="0.16",ttft_p95_s=""'
+        assert metric(text, "r1sup_capacity_slo_requests", labels) == 2.0, text
