@@ -26,6 +26,7 @@ CORE_TYPES = frozenset(
         "r1sup.core.hardware",
         "r1sup.core.liveness",
         "r1sup.core.probing",
+        "r1sup.core.slo",
     }
 )
 # what travels: a call of one of these takes an event as its argument

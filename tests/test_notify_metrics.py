@@ -120,3 +120,27 @@ def test_state_machine_rules():
         for target in LEGAL[state]:
             assert isinstance(target, State)
     assert issubclass(IllegalTransition, RuntimeError)
+
+
+def test_metrics_export_the_slo_capacity_labelled_with_its_targets():
+    from r1sup.core import slo as S
+    from r1sup.core.events import Serving
+    from r1sup.core.flags import EngineFlags
+    from r1sup.supervision.subscribers import MetricsSink
+
+    m = Metrics()
+    sink = MetricsSink(m)
+    flags = EngineFlags(max_model_len=4096)
+    targets = S.Targets(ttft_p95_s=2.0, itl_p95_s=0.05)
+    fast = S.Sample(ok=True, ttft_s=0.1, itl_s=(0.01,), e2e_s=0.2, output_tokens=2)
+    slow = S.Sample(ok=True, ttft_s=3.0, itl_s=(0.01,), e2e_s=3.1, output_tokens=2)
+    levels = [S.judge(1, [fast] * 4, 1.0, targets), S.judge(6, [fast] * 6, 1.0, targets)]
+    levels.append(S.judge(12, [slow] * 12, 1.0, targets))
+    result = S.conclude(targets, S.Workload((16, 16), (8, 8)), levels)
+    sink(Serving(flags, "persisted", None, "serving"))
+    assert "r1sup_capacity_slo_requests{" not in m.exposition()[1].decode()  # none proven: no series
+    sink(Serving(flags, "persisted", None, "serving", None, result))
+    text = m.exposition()[1].decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("r1sup_capacity_slo_requests{")]
+    assert 'ttft_p95_s="2"' in line and 'itl_p95_s="0.05"' in line and 'e2e_p95_s=""' in line
+    assert line.endswith(" 6.0")

@@ -1177,6 +1177,7 @@ class Engine:
             version=self.scenario.vllm_version,
             prefill_tokens_per_s=rt.prefill_tokens_per_s,
             decode_tokens_per_s=rt.decode_tokens_per_s,
+            step_s_per_batch_seq=rt.step_s_per_batch_seq,
             reasoning=bool(self.args.reasoning_parser),
             health_while_dead=rt.health_while_dead,
             max_num_seqs=plan.max_num_seqs or 256,

@@ -197,6 +197,9 @@ class Runtime:
     prefill_tokens_per_s: float = 8000.0  # simulated prompt processing speed
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
     reset_launches: int = 0  # resets only at the first n launches counted in state_file (0: every launch)
+    # the latency model: each step (prefill or decode) takes this much longer per sequence running
+    # beside the request's own (a step's time grows with the tokens of its batch); 0: no batch cost
+    step_s_per_batch_seq: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ class ServeConfig:
     health_while_dead: bool
     max_num_seqs: int = 256
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
+    step_s_per_batch_seq: float = 0.0  # Runtime.step_s_per_batch_seq: a step's cost per other sequence
 
     @property
     def usable_blocks(self) -> int:
@@ -351,14 +352,14 @@ class Serving:
             return False
         ok = False
         try:
-            if not self.engine.sleep(prompt / self.config.prefill_tokens_per_s):
+            if not self.engine.sleep(prompt / self.config.prefill_tokens_per_s + self._batch_cost()):
                 return False
             step = 1.0 / self.config.decode_tokens_per_s
             batch = max(1, max_tokens // 64)  # at most ~64 sleeps per request
             done = 0
             while done < max_tokens:
                 n = min(batch, max_tokens - done)
-                if not self.engine.sleep(step * n):
+                if not self.engine.sleep((step + self._batch_cost()) * n):
                     return False
                 if done == 0:
                     self.prefilled(prompt)
@@ -371,6 +372,14 @@ class Serving:
             return ok
         finally:
             self.release(request_id, ok)
+
+    def _batch_cost(self) -> float:
+        """What the sequences running beside this one add to a step (the latency model)."""
+        if not self.config.step_s_per_batch_seq:
+            return 0.0
+        with self.lock:
+            others = max(0, len(self.counters.running) - 1)
+        return others * self.config.step_s_per_batch_seq
 
 
 def _chunks(data: bytes) -> bytes:

@@ -20,6 +20,7 @@ from r1sup.core.capacity import Capacity
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.probing import ProbeResult
+from r1sup.core.slo import SloResult
 
 STATES = (
     "planning",
@@ -89,6 +90,13 @@ class Metrics:
         )
         self.kv_cache_tokens = Gauge(
             "r1sup_kv_cache_tokens", "KV cache size vLLM reported for the flags being served", registry=r
+        )
+        self.capacity_slo = Gauge(
+            "r1sup_capacity_slo_requests",
+            "requests at once proven to meet the [slo] service level with the flags being served (0: none "
+            "does); the targets in seconds as labels, empty for one not asked for",
+            ["ttft_p95_s", "itl_p95_s", "e2e_p95_s"],
+            registry=r,
         )
         self.launch_flags = Info("r1sup_launch_flags", "the vLLM flags of the last launch", registry=r)
         self.gpu_memory = Gauge(
@@ -175,6 +183,14 @@ class Metrics:
         ):
             gauge.set(float(value) if value is not None else float("nan"))
         self.capacity_reduced.set(1 if c.reduced else 0)
+
+    def slo(self, result: SloResult | None) -> None:
+        """The service-level capacity of the flags being served (r1sup.core.slo): one series labelled with
+        the targets; none at all when no service level was proven for them (never a made-up zero)."""
+        self.capacity_slo.clear()
+        if result is None or not result.targets.any or result.verdict == "unmeasured":
+            return
+        self.capacity_slo.labels(**result.targets.labels()).set(result.requests)
 
 
 class _WithoutCreated:

@@ -64,7 +64,8 @@ TUNE_EXIT_CODES_HELP = exit_codes_help(
         0: "a configuration started and passed the probe (saved, the report printed)",
         1: "the profile could not be saved, or an internal error of r1sup (one line naming where)",
         2: _STATE_DIR_BUSY,
-        3: "no working configuration within the ladder's bounds",
+        3: "no working configuration within the ladder's bounds, or an [slo] that one request at a "
+        "time already misses (the measured floor named)",
         4: None,
         130: "stopped by SIGINT (vLLM stopped first)",
         143: "stopped by SIGTERM (vLLM stopped first)",
@@ -238,6 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set ladder.strategy=...")
+    for name, what in (
+        ("ttft", "time to first token"),
+        ("itl", "inter-token latency"),
+        ("e2e", "end-to-end time"),
+    ):
+        p.add_argument(
+            f"--slo-{name}-p95",
+            type=float,
+            metavar="S",
+            dest=f"slo_{name}_p95_s",
+            help=f"p95 {what} to meet, seconds (same as --set slo.{name}_p95_s=S): tune then proves the "
+            "highest concurrency that meets the [slo] targets",
+        )
 
     p = add(
         "plan",
@@ -411,6 +425,10 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["state.dir"] = args.state_dir
     if getattr(args, "strategy", None):
         overrides["ladder.strategy"] = args.strategy
+    for name in ("ttft", "itl", "e2e"):
+        value = getattr(args, f"slo_{name}_p95_s", None)
+        if value is not None:
+            overrides[f"slo.{name}_p95_s"] = value
     return overrides
 
 

@@ -80,6 +80,7 @@ def render_text(record: Mapping[str, Any]) -> str:
         verified = capacity_of(record)
         if verified:
             lines.append("capacity: " + verified.text())
+        lines += slo_text(result)
         lines.append("vLLM command line:")
         lines.append("  " + " ".join(shlex.quote(str(a)) for a in result.get("command") or []))
         lines.append(f"profile: {result.get('profile_path') or 'NOT saved (see the log)'}")
@@ -89,6 +90,50 @@ def render_text(record: Mapping[str, Any]) -> str:
             lines.append(f"  way out: {s}")
     lines.append("")
     return "\n".join(lines)
+
+
+def slo_of(result: Mapping[str, Any]) -> Any:
+    """The service level a result proved ([slo], r1sup.core.slo.SloResult), or None (none asked, or a
+    record it cannot read)."""
+    from r1sup.core.slo import SloResult
+
+    data = result.get("slo")
+    if not data:
+        return None
+    try:
+        return SloResult.from_dict(data)
+    except ValueError:
+        return None
+
+
+def slo_text(result: Mapping[str, Any]) -> list[str]:
+    """The service-level picture of the tune report (r1sup.core.slochart), or nothing."""
+    from r1sup.core import slochart
+
+    found = slo_of(result)
+    return slochart.render_text(found).rstrip("\n").splitlines() if found is not None else []
+
+
+def slo_html(result: Mapping[str, Any]) -> list[str]:
+    """The HTML report's service-level section: the verdict, the chart, the levels."""
+    from r1sup.core import slochart
+
+    found = slo_of(result)
+    if found is None:
+        return []
+    out = ['<section id="slo"><h2>Service level</h2>', f"<p>{_e(found.targets.describe())}; "]
+    out.append(f"{_e(found.workload.describe())}</p><p>{_e(found.reason)}</p>")
+    out.append(slochart.render_svg(found))
+    out.append('<table class="slo"><tr><th>at once</th><th>TTFT p95</th><th>ITL p95</th><th>e2e p95</th>')
+    out.append("<th>requests/s</th><th>goodput/s</th><th>broke</th></tr>")
+    for lv in found.levels:
+        out.append(
+            f"<tr><td>{lv.concurrency}</td><td>{_e(lv.ttft_p95_s)}</td><td>{_e(lv.itl_p95_s)}</td>"
+            f"<td>{_e(lv.e2e_p95_s)}</td><td>{lv.request_rate:g}</td><td>{lv.goodput:g}</td>"
+            f"<td>{_e(', '.join(lv.broken) or '-')}</td></tr>"
+        )
+    out.append("</table></section>")
+    return out
 
 
 def capacity_of(record: Mapping[str, Any]) -> capacity.Capacity | None:
@@ -302,6 +347,7 @@ def render_html(
     else:
         body.append("<p>the search is still running</p>")
     body.append("</section>")
+    body += slo_html(result)
 
     events = (status or {}).get("recent_events") if status else None
     if isinstance(events, Sequence) and events:

@@ -388,6 +388,66 @@ class MultinodeSection:
     )
 
 
+# --- [slo]: the service level `r1sup tune` proves after the memory search (issue 37) -----------------
+
+
+def _check_prompts_file(value: str) -> None:
+    if not value.strip():
+        raise ValueError("must name a JSONL file of prompts, or be left out")
+
+
+@dataclass(frozen=True)
+class SloSection:
+    ttft_p95_s: float | None = setting(
+        None,
+        "p95 time to first token to meet (seconds); with itl_p95_s or e2e_p95_s: tune proves the "
+        "highest concurrency that meets them",
+        exclusive_minimum=0,
+    )
+    itl_p95_s: float | None = setting(
+        None,
+        "p95 inter-token latency to meet (seconds, the gaps between streamed chunks)",
+        exclusive_minimum=0,
+    )
+    e2e_p95_s: float | None = setting(
+        None, "p95 end-to-end request time to meet (seconds)", exclusive_minimum=0
+    )
+    prompt_tokens: int = setting(256, "prompt length in tokens (the low end of a range)", minimum=1)
+    prompt_tokens_max: int | None = setting(
+        None, "with it: prompt lengths spread evenly from prompt_tokens to this", minimum=1
+    )
+    output_tokens: int = setting(64, "max_tokens of each request (the low end of a range)", minimum=2)
+    output_tokens_max: int | None = setting(
+        None, "with it: output lengths spread evenly from output_tokens to this", minimum=2
+    )
+    prompts_file: str | None = setting(
+        None,
+        'JSONL of real prompts ({"prompt": ...} per line, optional "output_tokens"); "sample": the '
+        "shipped sample; instead of generated prompts of prompt_tokens",
+        validate=_check_prompts_file,
+    )
+    requests_per_level: int = setting(
+        24,
+        "requests sent at each load level (at least 2 x its concurrency are sent)",
+        minimum=4,
+        maximum=4096,
+    )
+    max_concurrency: int = setting(64, "highest load level tried", minimum=1, maximum=1024)
+    level_timeout_s: float = setting(120.0, "longest one load level may take", exclusive_minimum=0)
+    budget_s: float = setting(600.0, "time budget of the whole service-level search", exclusive_minimum=0)
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.ttft_p95_s, self.itl_p95_s, self.e2e_p95_s))
+
+
+def _check_slo(slo: SloSection) -> None:
+    for low, high in (("prompt_tokens", "prompt_tokens_max"), ("output_tokens", "output_tokens_max")):
+        top = getattr(slo, high)
+        if top is not None and top < getattr(slo, low):
+            raise ConfigError(f"slo.{high}", f"({top}) is below slo.{low} ({getattr(slo, low)})")
+
+
 @dataclass(frozen=True)
 class Config:
     model: ModelSection
@@ -399,6 +459,7 @@ class Config:
     daemon: DaemonSection = field(default_factory=DaemonSection)
     state: StateSection = field(default_factory=StateSection)
     multinode: MultinodeSection = field(default_factory=MultinodeSection)
+    slo: SloSection = field(default_factory=SloSection)
     source: str | None = None  # the file it came from, for messages
 
     @property
@@ -423,6 +484,7 @@ SECTIONS: dict[str, type] = {
     "daemon": DaemonSection,
     "state": StateSection,
     "multinode": MultinodeSection,
+    "slo": SloSection,
 }
 
 
@@ -808,6 +870,7 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
             f"start.max_model_len ({longest}): vLLM would refuse every probe request",
         )
     _check_multinode(config)
+    _check_slo(config.slo)
     if config.daemon.metrics_port and config.daemon.metrics_port == config.server.port:
         raise ConfigError("daemon.metrics_port", f"is the same as server.port ({config.server.port})")
     if (

@@ -35,6 +35,7 @@ from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import Conditions
 from r1sup.core.liveness import Verdict
 from r1sup.core.probing import ProbeResult
+from r1sup.core.slo import SloResult
 
 # --- the loop's queue: a child's output, a check's result, a signal
 
@@ -335,6 +336,7 @@ class Serving:
     probe: ProbeResult | None
     text: str  # the status line
     capacity: Capacity | None = None  # what the probe proved (r1sup.core.capacity.verified)
+    slo: SloResult | None = None  # the service level the saved profile proved for these flags (core.slo)
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,9 @@ class Profile:
     # what the probe proved it serves (r1sup.core.capacity.verified); empty in a profile saved before r1sup
     # recorded it (read as it is: an optional field, like conditions, not a new schema)
     capacity: dict[str, Any] = field(default_factory=dict)
+    # the service level `tune` proved with these flags (r1sup.core.slo.SloResult.to_dict); empty without
+    # an [slo] section or in a profile saved before r1sup measured one (optional, like capacity)
+    slo: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", mask_command(list(self.command)))
@@ -181,7 +184,16 @@ class Profile:
             out["conditions"] = self.conditions
         if self.capacity:
             out["capacity"] = self.capacity
+        if self.slo:
+            out["slo"] = self.slo
         return out
+
+    @property
+    def slo_result(self) -> Any:
+        """The saved service level as :class:`r1sup.core.slo.SloResult`, or None."""
+        from r1sup.core.slo import SloResult
+
+        return SloResult.from_dict(self.slo) if self.slo else None
 
     @classmethod
     def from_dict(cls, data: Any) -> Profile:
@@ -392,6 +404,20 @@ def _check_capacity(name: str, value: Any) -> dict[str, Any]:
     return C.check(value)
 
 
+def _check_slo(name: str, value: Any) -> dict[str, Any]:
+    """The service level `tune` proved (:meth:`r1sup.core.slo.SloResult.from_dict`), every number finite."""
+    from r1sup.core.slo import SloResult
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
+    _finite(value, name)
+    try:
+        SloResult.from_dict(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return value
+
+
 def _check_flags_field(name: str, value: Any) -> dict[str, Any]:
     return _check_flags(_typed(dict)(name, value))
 
@@ -417,6 +443,7 @@ FIELD_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "imported": _check_optional_dict,
     "conditions": _check_conditions,
     "capacity": _check_capacity,
+    "slo": _check_slo,
 }
 
 

@@ -173,6 +173,8 @@ class Daemon:
         self.since = now_iso()
         self.flags: EngineFlags | None = None
         self.capacity: Capacity | None = None  # what the serving flags' probe proved
+        # the saved profile's flags and the service level `tune` proved for them ([slo]), or None
+        self.saved_slo: tuple[dict[str, Any], Any] | None = None
         self.profile_source: str | None = None
         self.last_failure: Failure | None = None
         self.history: Any = None  # the search (r1sup.core.search.Search) and its evidence, across restarts
@@ -520,6 +522,7 @@ class Daemon:
             why = f"degraded profile {saved.key}: {self.degraded.reason}"
             self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
         elif saved is not None:
+            self.saved_slo = (saved.flags, saved.slo_result)  # exported while these flags serve
             start = EngineFlags.from_dict(saved.flags)
             self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
@@ -684,7 +687,11 @@ class Daemon:
             f" (context {ctx})" if ctx else ""
         )
         self.advance(Cause.READY, text)
-        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity))
+        slo = getattr(result, "slo", None)
+        if slo is None and self.saved_slo is not None and result.flags is not None:
+            flags, saved = self.saved_slo
+            slo = saved if flags == result.flags.to_dict() else None  # proven for these flags only
+        self.publish(B.Serving(result.flags, self.profile_source, result.probe, text, self.capacity, slo))
 
     # --- serving -------------------------------------------------------------------------------
 

@@ -155,6 +155,8 @@ def save_profile(
     verified = capacity_of(session.config, result)
     if verified:
         profile = replace(profile, capacity=verified.to_dict())
+    if getattr(result, "slo", None) is not None:
+        profile = replace(profile, slo=result.slo.to_dict())
     path = profiles.ProfileStore(session.config.state.dir).save(profile)
     if session.config.state.profile_store and not degraded:
         from r1sup.state import fleet

@@ -467,9 +467,10 @@ class MetricsSink:
                 m.failures.labels(failure_class=failure.cls).inc()
             case (SearchStepped() as step) | StepAfterServing(step=step):
                 m.search_step(step.failure_class)
-            case Serving(_, _, probe, _, capacity):
+            case Serving(_, _, probe, _, capacity, slo):
                 m.probe(probe)
                 m.verified(capacity)
+                m.slo(slo)
                 m.memory(self.figures())
                 m.child_up.set(1)
             case HealthPassed():

@@ -93,6 +93,7 @@ class TuneResult:
     # (search.Search.reduction)
     costs: list[str] = field(default_factory=list)
     reduced: Reduction | None = None
+    slo: Any = None  # r1sup.core.slo.SloResult: the service level proven on the running server ([slo])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +111,7 @@ class TuneResult:
             "last_failure": self.failure.to_dict() if self.failure else None,
             "costs": self.costs,
             "reduced": self.reduced.to_dict() if self.reduced is not None else None,
+            **({"slo": self.slo.to_dict()} if self.slo is not None else {}),
         }
 
 

@@ -14,7 +14,15 @@ from typing import Any
 
 from r1sup.adapters import logs
 from r1sup.cli.app import load_config
-from r1sup.core.errors import EXIT_INTERNAL, EXIT_SIGINT, EXIT_SIGTERM, InternalError, R1supError
+from r1sup.core import slo
+from r1sup.core.errors import (
+    EXIT_INTERNAL,
+    EXIT_NO_WORKING_CONFIG,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    InternalError,
+    R1supError,
+)
 from r1sup.core.events import InternalFault, TuneInterrupted
 from r1sup.core.multinode import check_leader
 from r1sup.supervision.loop import Phase, StopRequested
@@ -98,10 +106,45 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     try:
         start = EngineFlags.from_dict(shared.profile.flags) if shared.profile is not None else None
         measured = None if start else base.calibration(publish)
-        result = yield from tuner.run(start, calibration=measured)
+        slo_on = config.slo.enabled and config.probe.enabled
+        result = yield from tuner.run(start, calibration=measured, keep_running=slo_on)
+        if result.ok and result.live is not None:  # [slo]: load levels on the server as it runs
+            live, result.live = result.live, None
+            try:
+                result.slo = yield from _service_level(session, result, live)
+            finally:
+                yield from session.runner.stop(live, reason="tune finished")
+            if result.slo.verdict == slo.IMPOSSIBLE:
+                result.exit_code, result.reason = EXIT_NO_WORKING_CONFIG, result.slo.reason
         if result.ok:
             result.profile_path = save_profile(session, result, base.fingerprint, tell=publish)
             record.finish(result.to_dict())
     finally:
         shared.release()
     return result, record
+
+
+def _service_level(session: Session, result: TuneResult, live: Any) -> Generator[Phase, Any, slo.SloResult]:
+    """The ``[slo]`` search on the running server (r1sup.adapters.loadlevel), off the loop's thread: the
+    highest concurrency that meets the targets, or the floor that one request at a time gets."""
+    from r1sup.adapters import loadlevel
+
+    config = session.config
+    flags = result.flags.to_dict() if result.flags is not None else {}
+    server = loadlevel.Server(
+        base_url=session.runner.endpoint.base,
+        model=live.spec.served_name,
+        api_key=session.runner.api_key,
+        request_timeout_s=config.probe.request_timeout_s,
+    )
+    cap = result.flags.max_num_seqs if result.flags is not None else None
+
+    def tell(level: slo.Level) -> None:
+        session.log.info("slo_level", **{k: v for k, v in level.to_dict().items() if k != "requests"})
+
+    def work(cancelled: Any) -> slo.SloResult:
+        return loadlevel.search(config.slo, server, flags=flags, cap=cap, check=cancelled, tell=tell)
+
+    found: slo.SloResult = yield from session.runner.off_loop("slo", work)
+    session.log.info("slo_searched", verdict=found.verdict, concurrency=found.requests, reason=found.reason)
+    return found

@@ -1,0 +1,283 @@
+"""Load levels against a running server: streamed chat completions through the ``openai`` client at a
+fixed concurrency, a bounded count and time, each request's time to first token, chunk times (the
+inter-token latency), end-to-end time, tokens and error recorded (:class:`r1sup.core.slo.Sample`).
+
+:func:`search` steps the levels as :func:`r1sup.core.slo.next_concurrency` says (double until a target
+breaks, then bisect) on the server as it runs: no relaunch, the flags stay as the memory search left them.
+The judgement is :mod:`r1sup.core.slo`'s; this module only measures. Traffic goes to the server r1sup
+launched (its own address), never elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from r1sup.core import slo as S
+from r1sup.core.errors import ConfigError
+
+SAMPLE_NAME = "sample"  # slo.prompts_file = "sample": the JSONL shipped with r1sup
+SAMPLE_FILE = "slo_prompts.jsonl"  # in r1sup/data
+MAX_PROMPTS_BYTES = 16 * 1024 * 1024  # a prompts file is read whole; past this it is not a sample
+CALIBRATION_WORDS = 200  # words of the text /tokenize counts once, to size the generated prompts
+
+
+@dataclass(frozen=True)
+class Request:
+    text: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    base_url: str  # http://host:port (no /v1)
+    model: str
+    concurrency: int
+    requests: tuple[Request, ...]
+    request_timeout_s: float
+    timeout_s: float  # the whole level
+    api_key: str | None = None
+
+
+# --- the workload ----------------------------------------------------------------------------------
+
+
+def sample_path() -> Path:
+    """The shipped sample of prompts (package data)."""
+    return Path(__file__).resolve().parent.parent / "data" / SAMPLE_FILE
+
+
+def read_prompts(name: str) -> list[tuple[str, int | None]]:
+    """The prompts of a JSONL file: each line ``{"prompt": "...", "output_tokens": N}`` (the latter
+    optional). ConfigError naming ``slo.prompts_file`` and the line when it is not one."""
+    path = sample_path() if name == SAMPLE_NAME else Path(name)
+    field = "slo.prompts_file"
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_PROMPTS_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(field, f"{name}: cannot be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_PROMPTS_BYTES:
+        raise ConfigError(field, f"{name}: larger than {MAX_PROMPTS_BYTES // (1024 * 1024)} MiB")
+    out: list[tuple[str, int | None]] = []
+    for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ConfigError(field, f"{name} line {number}: not JSON") from None
+        text = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(field, f'{name} line {number}: no "prompt" string')
+        tokens = row.get("output_tokens")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ConfigError(field, f"{name} line {number}: output_tokens must be an integer >= 1")
+        out.append((text, tokens))
+    if not out:
+        raise ConfigError(field, f"{name}: holds no prompt")
+    return out
+
+
+def spread(low: int, high: int, i: int) -> int:
+    """The ``i``-th length of a range, spread evenly over it in a fixed order (golden-ratio steps)."""
+    if high <= low:
+        return low
+    return low + round((high - low) * ((i * 0.6180339887) % 1.0))
+
+
+def workload_of(slo: Any) -> S.Workload:
+    """The workload a ``[slo]`` section describes."""
+    prompt = (slo.prompt_tokens, slo.prompt_tokens_max or slo.prompt_tokens)
+    output = (slo.output_tokens, slo.output_tokens_max or slo.output_tokens)
+    source = ""
+    if slo.prompts_file:
+        source = SAMPLE_FILE if slo.prompts_file == SAMPLE_NAME else Path(slo.prompts_file).name
+    return S.Workload(prompt, output, source)
+
+
+def build_requests(
+    slo: Any, count: int, words_per_token: float, file_prompts: list[tuple[str, int | None]] | None
+) -> tuple[Request, ...]:
+    """``count`` requests of the workload: the file's prompts in turn, or generated text of the asked
+    token lengths (``words_per_token`` from the server's tokenizer, :func:`words_per_token`)."""
+    from r1sup.adapters.probe import prompt_text
+
+    low_out, high_out = slo.output_tokens, slo.output_tokens_max or slo.output_tokens
+    low_in, high_in = slo.prompt_tokens, slo.prompt_tokens_max or slo.prompt_tokens
+    out: list[Request] = []
+    for i in range(count):
+        max_tokens = spread(low_out, high_out, i)
+        if file_prompts:
+            text, own = file_prompts[i % len(file_prompts)]
+            out.append(Request(text, own or max_tokens))
+        else:
+            words = max(1, round(spread(low_in, high_in, i) * words_per_token))
+            out.append(Request(prompt_text(1000 + i, words), max_tokens))
+    return tuple(out)
+
+
+def words_per_token(base_url: str, model: str, api_key: str | None, timeout_s: float) -> float:
+    """Words of generated text per token, as the server's ``/tokenize`` counts a sample; 1.0 when the
+    server has no ``/tokenize`` (the lengths are then estimates)."""
+    import httpx
+
+    from r1sup.adapters.probe import prompt_text
+
+    text = prompt_text(999, CALIBRATION_WORDS)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = httpx.post(
+            f"{base_url}/tokenize",
+            json={"model": model, "prompt": text, "add_special_tokens": False},
+            headers=headers,
+            timeout=timeout_s,
+        )
+        tokens = int(reply.json()["count"]) if reply.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        tokens = 0
+    return CALIBRATION_WORDS / tokens if tokens > 0 else 1.0
+
+
+# --- one level -------------------------------------------------------------------------------------
+
+
+def run_level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
+    """Send the level's requests, ``concurrency`` in flight at a time, within ``timeout_s``; each
+    request's sample and the level's duration in seconds (first send to last answer)."""
+    return asyncio.run(_level(spec))
+
+
+async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
+    import openai
+
+    client = openai.AsyncOpenAI(
+        base_url=spec.base_url + "/v1",
+        api_key=spec.api_key or "r1sup-no-key",
+        timeout=spec.request_timeout_s,
+        max_retries=0,
+    )
+    samples: list[S.Sample | None] = [None] * len(spec.requests)
+    queue = list(range(len(spec.requests)))
+    t0 = time.monotonic()
+
+    async def worker() -> None:
+        while queue:
+            i = queue.pop(0)
+            samples[i] = await _one(client, spec.model, spec.requests[i])
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(spec.concurrency, len(spec.requests)))]
+    try:
+        await asyncio.wait_for(asyncio.gather(*workers), timeout=spec.timeout_s)
+    except asyncio.TimeoutError:
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+    duration = time.monotonic() - t0
+    await client.close()
+    timed_out = S.Sample(ok=False, error=f"level timed out after {spec.timeout_s:g} s")
+    return [s if s is not None else timed_out for s in samples], duration
+
+
+async def _one(client: Any, model: str, request: Request) -> S.Sample:
+    from r1sup.adapters.probe import delivers, request_error
+
+    start = time.monotonic()
+    chunks: list[float] = []
+    usage: int | None = None
+    try:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": request.text}],
+            max_tokens=request.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},  # vLLM's: the asked output length, not the model's whim
+        )
+        async for chunk in stream:
+            if chunk.choices and delivers(chunk.choices[0]):
+                chunks.append(time.monotonic())
+            if chunk.usage is not None:
+                usage = chunk.usage.completion_tokens
+    except Exception as exc:
+        if not request_error(exc):
+            raise
+        return S.Sample(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    end = time.monotonic()
+    if not chunks:
+        return S.Sample(ok=False, e2e_s=end - start, error="no token streamed")
+    gaps = tuple(b - a for a, b in zip(chunks, chunks[1:], strict=False))
+    tokens = usage if usage is not None else len(chunks)
+    return S.Sample(ok=True, ttft_s=chunks[0] - start, itl_s=gaps, e2e_s=end - start, output_tokens=tokens)
+
+
+# --- the search ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    model: str
+    api_key: str | None
+    request_timeout_s: float
+
+
+def search(
+    slo: Any,
+    server: Server,
+    *,
+    flags: dict[str, Any] | None = None,
+    cap: int | None = None,
+    check: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
+    measure: Callable[[LevelSpec], tuple[list[S.Sample], float]] = run_level,
+    tell: Callable[[S.Level], None] = lambda level: None,
+) -> S.SloResult:
+    """The highest concurrency that meets ``slo``'s targets on the running ``server``: levels from one
+    request at a time up (double, then bisect), within ``slo.budget_s`` (a level is given what is left
+    of it, at most ``slo.level_timeout_s``). ``cap``: the most levels may reach (``max_num_seqs``
+    where it is lower than ``slo.max_concurrency``). ``check`` is called between levels (it raises on
+    a stop signal)."""
+    targets = S.Targets(slo.ttft_p95_s, slo.itl_p95_s, slo.e2e_p95_s)
+    workload = workload_of(slo)
+    t0 = clock()
+    deadline = t0 + slo.budget_s
+    top = min(slo.max_concurrency, cap) if cap else slo.max_concurrency
+    file_prompts = read_prompts(slo.prompts_file) if slo.prompts_file else None
+    ratio = (
+        1.0
+        if file_prompts
+        else words_per_token(server.base_url, server.model, server.api_key, server.request_timeout_s)
+    )
+    levels: list[S.Level] = []
+    budget_ended = False
+    while True:
+        check()
+        concurrency = S.next_concurrency(levels, top)
+        if concurrency is None:
+            break
+        left = deadline - clock()
+        if left <= 0:
+            budget_ended = True
+            break
+        count = max(slo.requests_per_level, 2 * concurrency)
+        spec = LevelSpec(
+            base_url=server.base_url,
+            model=server.model,
+            concurrency=concurrency,
+            requests=build_requests(slo, count, ratio, file_prompts),
+            request_timeout_s=server.request_timeout_s,
+            timeout_s=min(slo.level_timeout_s, left),
+            api_key=server.api_key,
+        )
+        samples, duration = measure(spec)
+        level = S.judge(concurrency, samples, duration, targets)
+        levels.append(level)
+        tell(level)
+    return S.conclude(targets, workload, levels, budget_ended=budget_ended, seconds=clock() - t0, flags=flags)

@@ -1,0 +1,106 @@
+"""The service-level judgement (r1sup.core.slo): percentiles, levels, the next level, knee, verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from r1sup.core import slo as S
+
+T = S.Targets(ttft_p95_s=0.5, itl_p95_s=0.05)
+W = S.Workload((128, 128), (16, 16))
+
+
+def sample(ttft: float, itl: float = 0.01, ok: bool = True) -> S.Sample:
+    return S.Sample(ok=ok, ttft_s=ttft, itl_s=(itl, itl, itl), e2e_s=ttft + 3 * itl, output_tokens=4)
+
+
+def level(concurrency: int, meets: bool, rate: float = 1.0) -> S.Level:
+    broken = () if meets else ("ttft",)
+    return S.Level(concurrency, 8, 8, 0, 1.0, 0.1, 0.01, 0.2, rate, rate if meets else 0.0, 10.0, broken)
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [([], 0.95, None), ([3.0], 0.95, 3.0), ([1.0, 2.0], 0.5, 1.5), ([4.0, 1.0, 3.0, 2.0], 1.0, 4.0)],
+)
+def test_percentile(values, q, expected):
+    assert S.percentile(values, q) == expected
+
+
+@pytest.mark.parametrize(
+    ("samples", "broken"),
+    [
+        ([sample(0.1)] * 10, ()),
+        ([sample(0.1)] * 9 + [sample(2.0)], ("ttft",)),  # the slowest of ten is the p95's neighbour
+        ([sample(0.1, itl=0.2)] * 4, ("itl",)),
+        ([sample(0.1)] * 3 + [S.Sample(ok=False, error="500")], ("errors",)),
+        ([S.Sample(ok=False, error="timeout")], ("errors",)),
+    ],
+)
+def test_a_level_breaks_the_targets_its_p95_misses(samples, broken):
+    assert S.judge(4, samples, 2.0, T).broken == broken
+
+
+def test_goodput_counts_only_requests_that_met_every_target():
+    lv = S.judge(4, [sample(0.1)] * 6 + [sample(0.9)] * 2, 2.0, T)
+    assert (lv.completed, lv.request_rate, lv.goodput) == (8, 4.0, 3.0)
+
+
+def test_end_to_end_target_is_judged_when_asked():
+    targets = S.Targets(e2e_p95_s=0.2)
+    assert S.judge(1, [sample(0.3)] * 4, 1.0, targets).broken == ("e2e",)
+    assert S.judge(1, [sample(0.3)] * 4, 1.0, S.Targets(ttft_p95_s=1.0)).broken == ()
+
+
+@pytest.mark.parametrize(
+    ("history", "cap", "expected"),
+    [
+        ([], 64, 1),
+        ([(1, True)], 64, 2),
+        ([(1, True), (2, True), (4, True)], 64, 8),
+        ([(1, True), (2, True), (4, True), (8, False)], 64, 6),  # bisect between 4 and 8
+        ([(1, True), (4, True), (8, False), (6, True)], 64, 7),
+        ([(1, True), (4, True), (8, False), (6, True), (7, False)], 64, None),  # bracketed: 6
+        ([(1, True), (2, True)], 3, 3),  # doubling stops at the cap
+        ([(1, True), (2, True), (3, True)], 3, None),
+        ([(1, False)], 64, None),  # one at a time breaks: nothing meets
+    ],
+)
+def test_next_concurrency_doubles_until_broken_then_bisects(history, cap, expected):
+    assert S.next_concurrency([level(c, ok) for c, ok in history], cap) == expected
+
+
+def test_knee_is_the_lowest_level_near_the_best_rate():
+    levels = [level(1, True, 2.0), level(2, True, 3.8), level(4, True, 6.0), level(8, False, 6.3)]
+    assert S.knee(levels) == 4
+    assert S.knee([]) is None
+
+
+def test_conclude_names_the_best_level_that_met():
+    levels = [level(1, True), level(2, True), level(4, False)]
+    result = S.conclude(T, W, levels)
+    assert (result.verdict, result.requests) == (S.MET, 2)
+
+
+def test_conclude_refuses_an_impossible_ttft_with_the_measured_floor():
+    floor = S.judge(1, [sample(0.8)] * 4, 4.0, T)
+    result = S.conclude(T, W, [floor])
+    assert result.verdict == S.IMPOSSIBLE and result.requests == 0
+    assert "TTFT p95 target 500 ms is below the measured floor 800 ms" in result.reason
+
+
+def test_conclude_without_a_level_is_unmeasured():
+    assert S.conclude(T, W, [], budget_ended=True).verdict == S.UNMEASURED
+
+
+def test_result_round_trips_and_refuses_damage():
+    result = S.conclude(T, W, [level(1, True), level(2, False)], seconds=3.2, flags={"max_num_seqs": 8})
+    again = S.SloResult.from_dict(result.to_dict())
+    assert again == result
+    bad = result.to_dict() | {"verdict": "great"}
+    with pytest.raises(ValueError, match="verdict"):
+        S.SloResult.from_dict(bad)
+    bad = result.to_dict()
+    bad["levels"][0]["goodput"] = float("nan")
+    with pytest.raises(ValueError, match="goodput"):
+        S.SloResult.from_dict(bad)

@@ -1,0 +1,92 @@
+"""``r1sup tune`` with an ``[slo]`` end to end on the fake engine given a latency model (each step takes
+longer for every sequence running beside it): the highest concurrency that meets the targets is proven on
+the running server and saved in the profile; a TTFT target below what one request gets is refused with
+the measured floor (exit 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_tune_fake import QWEN_1_5B, fake_body, fake_scenario, run_tune
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# 1 simulated second = 2 ms. A decode step of one request alone: 25 s simulated = 50 ms; each other
+# sequence running beside it adds 12.5 s simulated = 25 ms to every step.
+LATENCY = {"decode_tokens_per_s": 0.04, "step_s_per_batch_seq": 12.5}
+
+
+def slo_body(tmp_path: Path, **slo: object) -> dict:
+    body = fake_body(
+        tmp_path,
+        model=QWEN_1_5B,
+        probe={"requests": 2, "output_tokens": 2, "max_concurrency": 1, "request_timeout_s": 30},
+        slo={"prompt_tokens": 16, "output_tokens": 4, "requests_per_level": 8, "budget_s": 90, **slo},
+    )
+    return body
+
+
+def test_tune_with_an_slo_proves_the_highest_concurrency_that_meets_it(tmp_path: Path):
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    t = run_tune(tmp_path, slo_body(tmp_path, itl_p95_s=0.16), scenario)
+    assert t.code == 0, t.explain()
+    slo = t.result["slo"]
+    assert slo["verdict"] == "met", slo
+    levels = {lv["concurrency"]: lv for lv in slo["levels"]}
+    best = slo["concurrency"]
+    assert levels[best]["meets"] and levels[best]["itl_p95_s"] <= 0.16
+    # the level just above the proven one broke the ITL target: the search bracketed it
+    above = [c for c, lv in levels.items() if c > best]
+    assert above and not levels[min(above)]["meets"] and "itl" in levels[min(above)]["broken"]
+    # the latency model is what bounds it: more at once, slower steps
+    assert levels[max(levels)]["itl_p95_s"] > levels[1]["itl_p95_s"]
+    assert 1 < best < max(levels)
+    assert slo["launches"] == 0 and t.result["launches"] == 1  # load levels on the running server
+    saved = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
+    assert saved["slo"]["concurrency"] == best
+    assert saved["slo"]["targets"]["itl_p95_s"] == 0.16
+
+
+def test_tune_report_draws_the_levels_against_the_targets(tmp_path: Path):
+    from r1sup_proc import R1sup
+    from test_tune_fake import fake_env
+
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    t = run_tune(tmp_path, slo_body(tmp_path, itl_p95_s=0.16, max_concurrency=2), scenario)
+    assert t.code == 0, t.explain()
+    proc = R1sup("report", "--config", str(t.config), env=fake_env(scenario))
+    assert proc.wait(60) == 0
+    text = "".join(proc.lines)
+    assert "service level: ITL p95 <= 160 ms" in text
+    assert "proven: 2 requests at once" in text
+
+
+def test_an_impossible_ttft_is_refused_with_the_measured_floor(tmp_path: Path):
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    t = run_tune(tmp_path, slo_body(tmp_path, ttft_p95_s=0.005), scenario)
+    assert t.code == 3, t.explain()
+    slo = t.result["slo"]
+    assert slo["verdict"] == "impossible" and slo["concurrency"] == 0
+    assert [lv["concurrency"] for lv in slo["levels"]] == [1]  # nothing more was tried
+    floor_ms = slo["levels"][0]["ttft_p95_s"] * 1000
+    assert f"below the measured floor {floor_ms:.0f} ms" in t.result["reason"]
+
+
+def test_run_exports_the_saved_slo_capacity_labelled_with_its_targets(tmp_path: Path):
+    from conftest import free_port
+    from test_daemon_fake import FAST_DAEMON, START_S, metric, metrics_text, running
+
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    body = slo_body(tmp_path, itl_p95_s=0.16, max_concurrency=2)
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0 and t.result["slo"]["concurrency"] == 2, t.explain()
+    port = free_port()
+    body["daemon"] = {**FAST_DAEMON, **body.get("daemon", {}), "metrics_port": port}
+    with running(tmp_path, body, scenario) as (proc, _config):
+        proc.wait_event("serving", START_S)
+        text = metrics_text(port)
+        labels = 'e2e_p95_s="",itl_p95_s="0.16",ttft_p95_s=""'
+        assert metric(text, "r1sup_capacity_slo_requests", labels) == 2.0, text
