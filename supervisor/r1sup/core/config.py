@@ -403,22 +403,34 @@ class SloSection:
         "p95 time to first token to meet (seconds); with itl_p95_s or e2e_p95_s: tune proves the "
         "highest concurrency that meets them",
         exclusive_minimum=0,
+        maximum=MAX_DURATION_S,
     )
     itl_p95_s: float | None = setting(
         None,
         "p95 inter-token latency to meet (seconds, the gaps between streamed chunks)",
         exclusive_minimum=0,
+        maximum=MAX_DURATION_S,
     )
     e2e_p95_s: float | None = setting(
-        None, "p95 end-to-end request time to meet (seconds)", exclusive_minimum=0
+        None, "p95 end-to-end request time to meet (seconds)", exclusive_minimum=0, maximum=MAX_DURATION_S
     )
-    prompt_tokens: int = setting(256, "prompt length in tokens (the low end of a range)", minimum=1)
+    prompt_tokens: int = setting(
+        256, "prompt length in tokens (the low end of a range)", minimum=1, maximum=MAX_CONTEXT_TOKENS
+    )
     prompt_tokens_max: int | None = setting(
-        None, "with it: prompt lengths spread evenly from prompt_tokens to this", minimum=1
+        None,
+        "with it: prompt lengths spread evenly from prompt_tokens to this",
+        minimum=1,
+        maximum=MAX_CONTEXT_TOKENS,
     )
-    output_tokens: int = setting(64, "max_tokens of each request (the low end of a range)", minimum=2)
+    output_tokens: int = setting(
+        64, "max_tokens of each request (the low end of a range)", minimum=2, maximum=MAX_CONTEXT_TOKENS
+    )
     output_tokens_max: int | None = setting(
-        None, "with it: output lengths spread evenly from output_tokens to this", minimum=2
+        None,
+        "with it: output lengths spread evenly from output_tokens to this",
+        minimum=2,
+        maximum=MAX_CONTEXT_TOKENS,
     )
     prompts_file: str | None = setting(
         None,
@@ -433,8 +445,12 @@ class SloSection:
         maximum=4096,
     )
     max_concurrency: int = setting(64, "highest load level tried", minimum=1, maximum=1024)
-    level_timeout_s: float = setting(120.0, "longest one load level may take", exclusive_minimum=0)
-    budget_s: float = setting(600.0, "time budget of the whole service-level search", exclusive_minimum=0)
+    level_timeout_s: float = setting(
+        120.0, "longest one load level may take", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
+    budget_s: float = setting(
+        600.0, "time budget of the whole service-level search", exclusive_minimum=0, maximum=MAX_DURATION_S
+    )
 
     @property
     def enabled(self) -> bool:
