@@ -418,7 +418,9 @@ def inspect_json(
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 text (byte {exc.start})"
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_no_constant)
+    except _NotWritten as exc:
+        return None, f"not valid JSON ({exc})"
     except json.JSONDecodeError as exc:
         truncated = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated")
         what = "truncated JSON" if truncated else "not valid JSON"
@@ -427,6 +429,8 @@ def inspect_json(
         return None, f"not valid JSON ({type(exc).__name__})"
     if not isinstance(obj, dict):
         return None, f"not a JSON object (a {type(obj).__name__})"
+    if "\\ud" in text.lower() and not _encodable(obj):
+        return None, "not valid JSON (a lone surrogate escape, which r1sup never writes)"
     if expect_schema is not None:
         found = obj.get("schema_version")
         if found != expect_schema or isinstance(found, bool):
@@ -434,6 +438,23 @@ def inspect_json(
                 return None, "no schema_version"
             return None, f"schema_version {found!r}, this r1sup reads {expect_schema}"
     return obj, None
+
+
+class _NotWritten(ValueError):
+    """A JSON value r1sup never writes (its writers pass ``allow_nan=False``)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotWritten(f"{name}, which r1sup never writes")
+
+
+def _encodable(obj: Any) -> bool:
+    """Whether ``obj`` can be written as UTF-8 (a lone surrogate, from a ``\\udXXX`` escape, cannot)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
 
 
 def read_json(
