@@ -611,6 +611,8 @@ def test_nan_and_lone_surrogates_are_set_aside_in_one_line(tmp_path: Path) -> No
     text = (state / "profiles" / f"{good.key}.json").read_text()
     assert '"p50_latency_s": 0.4' in text
     nan_profile.write_text(text.replace('"p50_latency_s": 0.4', '"p50_latency_s": NaN'))
+    odd_profile = state / "profiles" / "00000000bbbbbbbb.json"
+    odd_profile.write_text(text.replace('"served_name": "qwen"', '"served_name": "q\\udfff"'))
     cases = {
         "NaN": '{"schema_version": 1, "state": "serving", "pid": 1, "max_model_len": NaN}',
         "Infinity": '{"schema_version": 1, "state": "serving", "pid": 1, "launches": Infinity}',
@@ -622,7 +624,8 @@ def test_nan_and_lone_surrogates_are_set_aside_in_one_line(tmp_path: Path) -> No
         out = done.stdout.decode("utf-8")
         assert done.returncode == 0, done.stderr.decode(errors="replace")
         assert f"daemon: status file unusable: not valid JSON ({what}" in out
-        assert f"unusable: {nan_profile}: not valid JSON (NaN" in out
+        assert f"unusable: {nan_profile}: " in out  # the profile's own checks name the field
+        assert f"unusable: {odd_profile}: not valid JSON (a lone surrogate" in out
         assert good.key in out
         report = json.loads(_status_cli(state, "--json").stdout)
         assert report["daemon"]["problem"].startswith("not valid JSON")

@@ -153,7 +153,7 @@ def _subdirs_with_status(state_dir: Path) -> list[Path]:
 def daemon_state(state_dir: Path) -> dict[str, Any] | None:
     """status.json with ``alive``/``stale`` added; None when there is no status file."""
     path = state_dir / STATUS_FILE
-    data, problem = inspect_json(path, expect_schema=SCHEMA_VERSION)
+    data, problem = inspect_json(path, expect_schema=SCHEMA_VERSION, finite=True)
     if data is None and problem is None:
         return None
     if data is None:
