@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -279,6 +281,37 @@ def test_metrics_endpoint_on_localhost(tmp_path: Path):
         ]
         assert [a.ip for a in bound] == ["127.0.0.1"]
         stop_cleanly(proc, config, tmp_path)
+
+
+def test_a_metrics_port_another_process_holds_refuses_the_start(tmp_path: Path):
+    # two configs with the same daemon.metrics_port: the second r1sup would serve while the first one's
+    # endpoint answered its health checks. It refuses to start, naming the holder, as for server.port.
+    metrics_port = free_port()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_PORT, str(metrics_port)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"listening\n"
+        body = daemon_body(tmp_path, daemon={"metrics_port": metrics_port})
+        with running(tmp_path, body, fake_scenario(tmp_path)) as (proc, config):
+            assert proc.wait(60) == 4, proc.tail()
+            said = f"daemon.metrics_port: port {metrics_port} on 127.0.0.1 is held by pid {holder.pid} ("
+            assert said in proc.tail(), proc.tail()
+            assert not proc.named("launch_started") and not engine_processes(config)
+            assert status(tmp_path)["state"] == "failed"
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+HOLD_PORT = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(8)
+print("listening", flush=True)
+time.sleep(120)
+"""
 
 
 def test_status_file_while_serving_and_after_the_stop(tmp_path: Path):

@@ -589,3 +589,77 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path, sleepers: list[subprocess.Po
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "--watch: must be a positive number" in bad.stderr
+
+
+# --- what a status file or a profile holds is data, never a crash or a terminal command (issue 34) -----
+
+
+def _status_cli(state: Path, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """``r1sup status`` in a child whose stdout is a pipe in UTF-8: a lone surrogate cannot be written."""
+    return subprocess.run(
+        [sys.executable, "-m", "r1sup.cli.app", "status", "--state-dir", str(state), *extra],
+        capture_output=True, timeout=60, env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_nan_and_lone_surrogates_are_set_aside_in_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    good = make_profile()
+    ProfileStore(state).save(good)
+    nan_profile = state / "profiles" / "00000000aaaaaaaa.json"
+    text = (state / "profiles" / f"{good.key}.json").read_text()
+    assert '"p50_latency_s": 0.4' in text
+    nan_profile.write_text(text.replace('"p50_latency_s": 0.4', '"p50_latency_s": NaN'))
+    odd_profile = state / "profiles" / "00000000bbbbbbbb.json"
+    odd_profile.write_text(text.replace('"served_name": "qwen"', '"served_name": "q\\udfff"'))
+    cases = {
+        "NaN": '{"schema_version": 1, "state": "serving", "pid": 1, "max_model_len": NaN}',
+        "Infinity": '{"schema_version": 1, "state": "serving", "pid": 1, "launches": Infinity}',
+        "a lone surrogate": '{"schema_version": 1, "state": "serving", "pid": 1, "served_model": "q\\ud800"}',
+    }
+    for what, document in cases.items():
+        (state / "status.json").write_text(document)
+        done = _status_cli(state)
+        out = done.stdout.decode("utf-8")
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+        assert f"daemon: status file unusable: not valid JSON ({what}" in out
+        assert f"unusable: {nan_profile}: " in out  # the profile's own checks name the field
+        assert f"unusable: {odd_profile}: not valid JSON (a lone surrogate" in out
+        assert good.key in out
+        report = json.loads(_status_cli(state, "--json").stdout)
+        assert report["daemon"]["problem"].startswith("not valid JSON")
+
+
+@pytest.mark.timeout(60)
+def test_terminal_escapes_in_a_status_file_are_shown_not_sent(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    write_status(
+        state,
+        999_999_99,
+        None,
+        state="serving\x1b[2J",
+        status="draining\x1b]0;owned\x07",
+        served_model="qwen\x9b31m",
+        recent_events=[{"ts": now_iso(), "event": "launch_started\r", "note": "\u202eevil"}],
+    )
+    done = _status_cli(state)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode("utf-8")
+    assert all(ch == "\n" or ch.isprintable() for ch in out), repr(out)
+    assert "status: draining\\x1b]0;owned\\x07" in out
+    assert "last state serving\\x1b[2J" in out
+    assert "launch_started\\x0d" in out and "note=\\u202eevil" in out
+    assert "qwen\\x9b31m" in out
+    assert json.loads(_status_cli(state, "--json").stdout)["daemon"]["status"] == "draining\x1b]0;owned\x07"
+
+
+@pytest.mark.timeout(30)  # on the old code 1e-7 redraws without end
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "nan", "1e-7", "-1"])
+def test_watch_outside_its_bounds_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seconds: str
+) -> None:
+    code, out, err = run(capsys, "status", "--state-dir", str(tmp_path), "--watch", seconds)
+    assert code == 2 and out == ""
+    said = f"--watch: must be a positive number of seconds from 0.1 to 86400, got {float(seconds)}"
+    assert err.strip().endswith(said)

@@ -10,10 +10,13 @@ really did, and that no engine process is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -731,3 +734,44 @@ def test_70b_on_an_h200_uses_the_kv_figure_of_its_passed_launch(tmp_path: Path):
     assert "--quantization fp8_per_tensor" in reduced["reason"]
     assert "--tensor-parallel-size" in reduced["reason"]
     assert len(t.engine) == 2 and [s["new"] for s in t.proc.named("search_refined")] == [t.result["flags"]]
+
+
+# --- signals: SIGHUP stops a tune cleanly, a repeated stop signal keeps the exit code (issue 34) ------
+
+
+def _tune_signalled(tmp_path: Path, *signums: int, repeat: bool = False) -> tuple[int, R1sup, Path]:
+    """``tune`` signalled once its first launch started: ``signums`` in turn, then (``repeat``) the
+    last one again every 20 ms until it exits, across the stop of vLLM and the process's own end."""
+    config = write_config(tmp_path / "r1sup.toml", fake_body(tmp_path))
+    proc = R1sup("tune", "--config", str(config), env=fake_env(fake_scenario(tmp_path, ignore_sigterm=True)))
+    try:
+        proc.wait_event("launch_started", 60)
+        for signum in signums:
+            proc.signal(signum)
+        deadline = time.monotonic() + 60
+        while repeat and proc.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.signal(signums[-1])
+            time.sleep(0.02)  # the stimulus's pace, not a wait for a condition
+        return proc.wait(60), proc, config
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
+
+
+@pytest.mark.timeout(180)
+def test_sighup_stops_a_tune_cleanly_with_129(tmp_path: Path) -> None:
+    code, proc, config = _tune_signalled(tmp_path, signal.SIGHUP)
+    assert code == 129, proc.tail()
+    assert proc.named("tune_interrupted")[0]["signal"] == signal.SIGHUP
+    assert proc.named("engine_stopped") and not engine_processes(config)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_repeated_stop_signal_still_ends_a_tune_with_its_code(
+    tmp_path: Path, signum: int, code: int
+) -> None:
+    done, proc, config = _tune_signalled(tmp_path, signum, repeat=True)
+    assert done == code, proc.tail()
+    assert proc.named("engine_stopped") and not engine_processes(config)

@@ -15,6 +15,7 @@ import errno
 import fcntl
 import functools
 import json
+import math
 import os
 import re
 import stat
@@ -375,10 +376,14 @@ def inspect_json(
     expect_schema: int | None = SCHEMA_VERSION,
     follow_symlinks: bool = False,
     max_bytes: int = MAX_STATE_FILE_BYTES,
+    finite: bool = False,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Read ``path`` without changing anything: ``(object, None)``, ``(None, None)`` when it is
     missing, or ``(None, reason)`` when it cannot be used. Never raises for bad content.
-    ``expect_schema=None`` skips the ``schema_version`` check.
+    ``expect_schema=None`` skips the ``schema_version`` check. A lone surrogate (``"\\ud800"``, which
+    no encoding can write back) makes the file unusable; with ``finite`` so does NaN or Infinity
+    (also as ``1e400``), which r1sup never writes (readers that check each field leave it off, to
+    name the field).
     """
     path = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
@@ -418,7 +423,11 @@ def inspect_json(
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 text (byte {exc.start})"
     try:
-        obj = json.loads(text)
+        obj = (
+            json.loads(text, parse_constant=_no_constant, parse_float=_finite) if finite else json.loads(text)
+        )
+    except _NotWritten as exc:
+        return None, f"not valid JSON ({exc})"
     except json.JSONDecodeError as exc:
         truncated = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated")
         what = "truncated JSON" if truncated else "not valid JSON"
@@ -427,6 +436,8 @@ def inspect_json(
         return None, f"not valid JSON ({type(exc).__name__})"
     if not isinstance(obj, dict):
         return None, f"not a JSON object (a {type(obj).__name__})"
+    if "\\ud" in text.lower() and not _encodable(obj):
+        return None, "not valid JSON (a lone surrogate escape, which r1sup never writes)"
     if expect_schema is not None:
         found = obj.get("schema_version")
         if found != expect_schema or isinstance(found, bool):
@@ -434,6 +445,30 @@ def inspect_json(
                 return None, "no schema_version"
             return None, f"schema_version {found!r}, this r1sup reads {expect_schema}"
     return obj, None
+
+
+class _NotWritten(ValueError):
+    """A JSON value r1sup never writes (its writers pass ``allow_nan=False``)."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotWritten(f"{name}, which r1sup never writes")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: Infinity by another name
+        raise _NotWritten(f"{text[:20]}, out of a float's range")
+    return value
+
+
+def _encodable(obj: Any) -> bool:
+    """Whether ``obj`` can be written as UTF-8 (a lone surrogate, from a ``\\udXXX`` escape, cannot)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
 
 
 def read_json(

@@ -29,6 +29,7 @@ EXIT_CODE_LINES: dict[int, str] = {
     6: "diagnose: the input is not a vLLM log",
     7: "plan: fits only with the recommended flags (not as given)",
     8: "profile gate: the new image's verified capacity is below the previous image's (not published)",
+    129: "tune: stopped by SIGHUP, the terminal closed (vLLM stopped first)",
     130: "stopped by SIGINT (vLLM stopped first)",
     143: "stopped by SIGTERM during tune (vLLM stopped first; run exits 0 on SIGTERM)",
 }
@@ -67,6 +68,7 @@ TUNE_EXIT_CODES_HELP = exit_codes_help(
         3: "no working configuration within the ladder's bounds, or an [slo] that one request at a "
         "time already misses (the measured floor named)",
         4: None,
+        129: "stopped by SIGHUP, the terminal closed (vLLM stopped first; not under nohup)",
         130: "stopped by SIGINT (vLLM stopped first)",
         143: "stopped by SIGTERM (vLLM stopped first)",
     }

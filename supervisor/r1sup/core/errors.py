@@ -10,6 +10,7 @@ EXIT_FATAL_FAILURE = 4
 EXIT_RESTART_BUDGET = 5
 EXIT_NOT_A_VLLM_LOG = 6
 EXIT_GATE_FAILED = 8  # `profile gate`: the new image's verified capacity is below the old one's
+EXIT_SIGHUP = 129  # `tune` only: stopped by SIGHUP (the terminal closed), vLLM stopped first
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 

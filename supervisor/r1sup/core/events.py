@@ -86,6 +86,7 @@ class EventQueue:
         self.signals: collections.deque[int] = collections.deque()  # SIGINT/SIGTERM: stop
         self.reloads: collections.deque[int] = collections.deque()  # SIGHUP: reload the config
         self._installed: dict[int, Any] = {}
+        self.hangup_stops = False  # SIGHUP asks for a stop (``tune``: no config to reload) instead
 
     def put(self, event: QueueEvent) -> None:
         self._queue.put(event)
@@ -101,7 +102,8 @@ class EventQueue:
         return self._queue.qsize()
 
     def _handler(self, signum: int, frame: Any) -> None:
-        (self.reloads if signum == signal.SIGHUP else self.signals).append(signum)
+        reload = signum == signal.SIGHUP and not self.hangup_stops
+        (self.reloads if reload else self.signals).append(signum)
 
     def install_signal_handlers(self, signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
         for signum in signums:

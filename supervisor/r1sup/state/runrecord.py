@@ -134,11 +134,125 @@ def run_files(state_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def load(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """A record (read-only: an unusable file is reported, not moved)."""
-    data, problem = inspect_json(path)
+    """A record (read-only: an unusable file is reported, not moved), or None and why, in one line:
+    the first field of a type or range r1sup never writes (:func:`problem`)."""
+    data, problem = inspect_json(path, finite=True)
     if data is not None and not isinstance(data.get("attempts"), list):
         return None, "no attempts list"
+    if data is not None:
+        wrong = problem_of(data)
+        if wrong is not None:
+            return None, wrong
     return data, problem
+
+
+# What a report reads of a record, by type: a value of another type (or out of range) sets the record
+# aside with one line naming the field; fields not named here are shown as text, whatever they hold.
+_NUMBER = (int, float)
+_LIMIT = 2**53  # any count, size or second r1sup writes is far below it
+_TOP: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "command": (str,),
+    "model": (str,),
+    "served_name": (str,),
+    "finished_at": (str,),
+    "final_state": (str,),
+    "target": (dict,),
+    "asked": (dict,),
+    "device": (dict,),
+    "result": (dict,),
+}
+_ATTEMPT: dict[str, tuple[type, ...]] = {
+    "launch": (int,),
+    "number": (int,),
+    "outcome": (str,),
+    "seconds": _NUMBER,
+    "flags": (dict,),
+    "phase_seconds": (dict,),
+    "memory": (list,),
+}
+_RESULT: dict[str, tuple[type, ...]] = {
+    "ok": (bool,),
+    "launches": (int,),
+    "flags": (dict,),
+    "probe": (dict,),
+    "observations": (dict,),
+    "costs": (list,),
+    "command": (list,),
+    "suggestions": (list,),
+    "reduced": (dict, bool),
+}
+_DEVICE: dict[str, tuple[type, ...]] = {"gpus": (list,), "processes": (list,)}
+_GPU: dict[str, tuple[type, ...]] = {"total_gib": _NUMBER, "free_gib": _NUMBER}
+
+
+def problem_of(record: Mapping[str, Any]) -> str | None:
+    """Why ``record`` cannot be reported (``attempts[2].flags.max_num_seqs: a str, not int``), or None.
+    Every field the report computes with is checked for its type, and a number for its range."""
+    wrong = _fields("", record, _TOP)
+    for i, attempt in enumerate(record.get("attempts") or []):
+        wrong = wrong or _fields(f"attempts[{i}].", attempt, _ATTEMPT)
+        if wrong is None and isinstance(attempt.get("flags"), dict):
+            wrong = _flags(f"attempts[{i}].flags", attempt["flags"])
+        if wrong is None:
+            wrong = _items(f"attempts[{i}].memory", attempt.get("memory"), {})
+    result, device = record.get("result"), record.get("device")
+    if wrong is None and isinstance(result, dict):
+        wrong = _fields("result.", result, _RESULT)
+        if wrong is None and isinstance(result.get("flags"), dict):
+            wrong = _flags("result.flags", result["flags"])
+    if wrong is None and isinstance(device, dict):
+        wrong = _fields("device.", device, _DEVICE)
+        wrong = wrong or _items("device.gpus", device.get("gpus"), _GPU)
+        wrong = wrong or _items("device.processes", device.get("processes"), {})
+    return wrong
+
+
+def _fields(prefix: str, obj: Any, types: Mapping[str, tuple[type, ...]]) -> str | None:
+    if not isinstance(obj, dict):
+        return f"{prefix.rstrip('.')}: {_kind(obj)}, not an object"
+    for name, allowed in types.items():
+        value = obj.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+            return f"{prefix}{name}: {_kind(value)}, not {' or '.join(t.__name__ for t in allowed)}"
+        if isinstance(value, _NUMBER) and not isinstance(value, bool) and not -_LIMIT < value < _LIMIT:
+            return f"{prefix}{name}: {value:.3g} is out of range"
+    return None
+
+
+def _items(where: str, items: Any, types: Mapping[str, tuple[type, ...]]) -> str | None:
+    for i, item in enumerate(items or []):
+        wrong = _fields(f"{where}[{i}].", item, types)
+        if wrong is not None:
+            return wrong
+    return None
+
+
+def _flags(where: str, flags: dict[str, Any]) -> str | None:
+    """Engine flags as :class:`EngineFlags` holds them: known names, each of its type and in range."""
+    from r1sup.core.flags import EngineFlags
+
+    hints = {f.name: str(f.type) for f in dataclasses.fields(EngineFlags)}
+    for name, value in flags.items():
+        if name not in hints:
+            return f"{where}: unknown flag {name[:40]!r}"
+        hint = hints[name]
+        if value is None and "None" in hint:
+            continue
+        allowed: tuple[type, ...] = (
+            (bool,) if "bool" in hint else _NUMBER if "float" in hint else (int,) if "int" in hint else (str,)
+        )
+        if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+            return f"{where}.{name}: {_kind(value)}, not {hint.replace(' | None', '')}"
+        if isinstance(value, _NUMBER) and not isinstance(value, bool) and not 0 <= value < _LIMIT:
+            return f"{where}.{name}: {value:.3g} is out of range"
+    return None
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
 
 
 def prune(directory: Path, keep: int) -> None:

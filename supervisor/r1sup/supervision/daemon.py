@@ -18,6 +18,7 @@ its step (:meth:`Daemon._run`), as supervisord's ``transition()`` and gunicorn's
 from __future__ import annotations
 
 import enum
+import errno
 import functools
 import os
 from collections.abc import Callable, Generator
@@ -40,6 +41,7 @@ from r1sup.core.errors import (
     EXIT_OK,
     EXIT_RESTART_BUDGET,
     InternalError,
+    PreflightError,
     R1supError,
 )
 from r1sup.core.events import (
@@ -371,7 +373,19 @@ class Daemon:
             self.metrics_sink.serve(d.metrics_host, d.metrics_port, view=self.endpoint_view, mask=logs.mask)
             self.publish(B.MetricsListening(d.metrics_host, d.metrics_port))
         except OSError as exc:
-            self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
+            if exc.errno != errno.EADDRINUSE:
+                self.publish(B.MetricsUnavailable(d.metrics_host, d.metrics_port, str(exc)))
+                return
+            # another process answers on this port (another r1sup with the same daemon.metrics_port):
+            # its /readyz would speak for this daemon, so this one does not start, as for server.port
+            holder = self.runner.world.port_holder(d.metrics_host, d.metrics_port, "")
+            who = "another process"
+            if holder is not None:
+                who = f"pid {holder.pid} ({holder.name})" if holder.pid else holder.name
+                who += f": {holder.cmdline[:200]}" if holder.cmdline else ""
+            raise PreflightError(
+                "daemon.metrics_port", f"port {d.metrics_port} on {d.metrics_host} is held by {who}"
+            ) from None
 
     def _served_figures(self) -> Figures:
         current = self.runner.current

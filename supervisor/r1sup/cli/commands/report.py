@@ -16,7 +16,7 @@ from typing import Any
 
 from r1sup.adapters.statefiles import SCHEMA_VERSION, inspect_json
 from r1sup.cli import report
-from r1sup.cli.commands.status import STATUS_FILE, resolve_state_dir
+from r1sup.cli.commands.status import STATUS_FILE, printable, resolve_state_dir
 from r1sup.core.errors import ConfigError, InputError, R1supError
 from r1sup.state import runrecord
 
@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps({"record": record, "status": status}, indent=2, default=str) + "\n")
         return 0
-    sys.stdout.write(report.render_text(record))
+    sys.stdout.write(printable(report.render_text(record)))
     return 0
 
 
@@ -75,7 +75,7 @@ def _status_of(state_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None
     """The daemon's status.json when it belongs to this run (same pid), for its recent events."""
     if record.get("command") != "run":
         return None
-    status, _ = inspect_json(state_dir / STATUS_FILE, expect_schema=SCHEMA_VERSION)
+    status, _ = inspect_json(state_dir / STATUS_FILE, expect_schema=SCHEMA_VERSION, finite=True)
     if status is None or status.get("pid") != record.get("pid"):
         return None
     return status

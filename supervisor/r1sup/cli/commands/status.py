@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import time
+import unicodedata
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,10 @@ _PID_REUSE_SLACK = timedelta(seconds=2)
 _EVENTS_SHOWN = 10
 _LIVE_TIMEOUT_S = 1.0  # vLLM's /metrics, asked for the KV cache usage of a serving daemon
 _DONE_STATES = ("stopped", "failed")
+# --watch: at least 0.1 s between redraws (watch(1)'s floor: a smaller one floods the terminal and the
+# CPU), at most a day (time.sleep cannot wait for inf or 1e300)
+WATCH_MIN_S = 0.1
+WATCH_MAX_S = 86400.0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,10 +49,13 @@ def main(args: argparse.Namespace) -> int:
     if interval is None:
         _show(state_dir, args.json, verbose)
         return 0
-    if not interval > 0:
+    if not WATCH_MIN_S <= interval <= WATCH_MAX_S:
         from r1sup.core.errors import ConfigError
 
-        raise ConfigError("--watch", f"must be a positive number of seconds, got {interval}")
+        raise ConfigError(
+            "--watch",
+            f"must be a positive number of seconds from {WATCH_MIN_S:g} to {WATCH_MAX_S:g}, got {interval}",
+        )
     tty = sys.stdout.isatty()
     try:
         while True:
@@ -67,7 +76,26 @@ def _show(state_dir: Path, as_json: bool, verbose: bool = False) -> None:
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:
-        sys.stdout.write(render(report, verbose))
+        sys.stdout.write(printable(render(report, verbose)))
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters other than the newline (an escape sequence
+    written into a status file or a profile), lone surrogates (which no encoding can write) and the
+    other characters Python does not print (format and line separators, spaces aside) are shown as
+    Python escapes (``\\x1b``, ``\\ud800``), never sent raw."""
+    if text.replace("\n", "").isprintable():
+        return text
+    return "".join(ch if _shown(ch) else _escape(ch) for ch in text)
+
+
+def _shown(ch: str) -> bool:
+    return ch == "\n" or ch.isprintable() or unicodedata.category(ch) == "Zs"
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def resolve_state_dir(args: argparse.Namespace) -> Path:
@@ -125,7 +153,7 @@ def _subdirs_with_status(state_dir: Path) -> list[Path]:
 def daemon_state(state_dir: Path) -> dict[str, Any] | None:
     """status.json with ``alive``/``stale`` added; None when there is no status file."""
     path = state_dir / STATUS_FILE
-    data, problem = inspect_json(path, expect_schema=SCHEMA_VERSION)
+    data, problem = inspect_json(path, expect_schema=SCHEMA_VERSION, finite=True)
     if data is None and problem is None:
         return None
     if data is None:
@@ -478,7 +506,7 @@ def capacity_text(c: Any) -> str:
 
 
 def _int(value: Any, grouped: bool = False) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return "-"
     return f"{int(value):,}" if grouped else str(int(value))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Generator
 from typing import Any
@@ -18,6 +19,7 @@ from r1sup.core import slo
 from r1sup.core.errors import (
     EXIT_INTERNAL,
     EXIT_NO_WORKING_CONFIG,
+    EXIT_SIGHUP,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     InternalError,
@@ -36,11 +38,22 @@ def main(args: argparse.Namespace) -> int:
     config = load_config(args)
     check_leader(config.multinode, "tune")
     session = open_session(args, config)
-    session.events.install_signal_handlers()
+    # SIGHUP (the terminal closed) stops a tune as SIGTERM does, vLLM first, unless it was ignored when
+    # the tune started (nohup): a one-shot has no config to reload
+    stops: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        stops += (signal.SIGHUP,)
+    session.events.hangup_stops = True
+    session.events.install_signal_handlers(stops)
     try:  # the whole tune in one run of the loop
         done: tuple[TuneResult, Any] | int = session.runner.loop.run(_script(session))
     finally:
         session.events.restore_signal_handlers()
+        if session.events.signals:
+            # stopped by a signal, vLLM already stopped: one more (a second Ctrl-C, a supervisor's
+            # repeated SIGTERM) while the process ends must not end it by the signal instead of 130/143
+            for signum in stops:
+                signal.signal(signum, signal.SIG_IGN)
     if isinstance(done, int):
         return done
     result, record = done
@@ -64,7 +77,13 @@ def _script(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any] | 
         yield from session.runner.stop_current(reason="signal")
         log_only(session.log)(TuneInterrupted(stop.signum))
         sys.stderr.write("r1sup: interrupted; vLLM stopped\n")
-        return EXIT_SIGINT if stop.signum == 2 else EXIT_SIGTERM
+        return (
+            EXIT_SIGINT
+            if stop.signum == signal.SIGINT
+            else EXIT_SIGHUP
+            if stop.signum == signal.SIGHUP
+            else EXIT_SIGTERM
+        )
     except InternalError as exc:
         yield from _internal(session, exc)
         raise
