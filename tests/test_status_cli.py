@@ -420,7 +420,7 @@ def test_one_line_per_served_model(
     assert cells[5] == "21.4 GiB (vLLM's account)"  # no child running: vLLM's own figures
     assert re.fullmatch(r"1:02:0\d", cells[6]), row  # serving for an hour and two minutes
     assert cells[7] == "serving"
-    assert "  capacity: 4 request(s) at once of up to 4,096 tokens, 96.5 output tok/s" in out
+    assert "  capacity: measured: 4 request(s) at once of ~4,000 tokens (96.5 output tok/s, TTFT" in out
 
     code, out, _ = run(capsys, "status", "--state-dir", str(state), "--verbose")
     header, row = out.splitlines()[:2]
