@@ -467,9 +467,8 @@ def _verdict_line(record: Mapping[str, Any]) -> str:
         return "in progress"
     if result.get("ok"):
         flags = short(result.get("flags") or {})
-        reduced = reduced_text(record)
-        if reduced:
-            return f"REDUCED working configuration after {result.get('launches')} launch(es): {flags}: {reduced}"
+        if reduced_text(record):  # how: the summary's REDUCED row
+            return f"REDUCED working configuration after {result.get('launches')} launch(es): {flags}"
         return f"working configuration after {result.get('launches')} launch(es): {flags}"
     return f"exit {result.get('exit_code')}: {result.get('reason')}"
 
