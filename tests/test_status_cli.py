@@ -589,3 +589,55 @@ def test_watch_redraws_until_ctrl_c(tmp_path: Path, sleepers: list[subprocess.Po
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "--watch: must be a positive number" in bad.stderr
+
+
+# --- issue 36: one answer to each question, in words ----------------------------------------------
+
+PROBE_RECORD = {
+    "ok": True,
+    "requests": 4,
+    "succeeded": 4,
+    "concurrency": 4,
+    "prompt_tokens": 3990,
+    "sizing": {"model": "qwen", "prompt_tokens": 3990, "prompts": [{"words": 2000, "tokens": 3990}]},
+    "sizing_reused": False,
+    "tokenize_calls": 16,
+    "ttft_p50_s": 0.31,
+    "ttft_p95_s": 0.52,
+    "output_tokens_per_s": 40.2,
+    "peak_kv_usage": 0.07,
+    "preemptions": 0,
+    "concurrency_proven": 4,
+}
+
+
+@pytest.mark.timeout(60)
+def test_status_shows_no_internals_and_no_change_of_state_that_is_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    from dataclasses import replace
+
+    state = tmp_path / "state"
+    profile = replace(make_profile(), probe=PROBE_RECORD, capacity=CAPACITY)
+    assert ProfileStore(state).save(profile) is not None
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    events = [
+        {"ts": now_iso(-70), "event": "state_changed", "old": "starting", "new": "planning"},
+        {"ts": now_iso(-69), "event": "state_changed", "old": "planning", "new": "planning"},
+        {"ts": now_iso(-60), "event": "state_changed", "old": "planning", "new": "launching"},
+    ]
+    write_status(state, daemon.pid, None, recent_events=events, capacity=CAPACITY)
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    for raw in ("sizing", "tokenize_calls", "sizing_reused", "{"):
+        assert raw not in out, (raw, out)
+    assert "old=planning new=planning" not in out
+    assert "old=starting new=planning" in out and "old=planning new=launching" in out
+    probe = next(line for line in out.splitlines() if line.startswith("    probe: "))
+    assert (
+        probe
+        == "    probe: 4/4 ok at concurrency 4, prompts of 3,990 tokens, peak KV usage 7%, preemptions 0"
+    )
+    # TTFT and tokens/s once each per profile: the capacity line's, measured at its requests at once
+    profile_lines = out[out.index("profiles:") :]
+    assert profile_lines.count("TTFT") == 1 and "TTFT p50 0.21s p95 0.40s" in profile_lines
