@@ -331,8 +331,8 @@ def render_svg(chart: GpuChart) -> str:
         out.append(f'<rect x="{_LABEL_W}" y="{y}" width="12" height="12" fill="{fill}" stroke="#555555"/>')
         out.append(f'<text x="{_LABEL_W + 16}" y="{y + 11}">{LABELS[part]}</text>')
         for (_, b), (name, cx) in zip(rows, cols, strict=True):
-            gib = dict(b.segments()).get(part)
-            figure = "-" if gib is None else f"{gib:.2f}"
+            shown = dict(b.segments()).get(part)
+            figure = "-" if shown is None else f"{shown:.2f}"
             out.append(
                 f'<text class="figure" data-part="{part}" data-row="{name}" x="{cx}" y="{y + 11}" '
                 f'text-anchor="end">{figure}</text>'
