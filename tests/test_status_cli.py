@@ -313,6 +313,64 @@ def test_status_imports_nothing_heavy(tmp_path: Path, sleepers: list[subprocess.
     assert probe() == {"code": 0, "heavy": [], "psutil": True}
 
 
+LIGHT_PROBE = """
+import json, sys
+from r1sup.cli.app import main
+code = main(["status", "--state-dir", sys.argv[1]])
+LAZY = ("structlog", "hashlib", "r1sup.core.probing", "r1sup.core.hardware", "r1sup.cli.commands.plan")
+print(json.dumps({"code": code, "loaded": sorted(m for m in LAZY if m in sys.modules)}), file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_status_imports_no_logging_library_until_it_logs(tmp_path: Path) -> None:
+    """Issue 36 (``status`` cost 10x a bare interpreter): structlog, the probe's and the device's types
+    and OpenSSL are loaded only where needed; an unusable file is still logged, as before."""
+    state = tmp_path / "state"
+
+    def probe() -> tuple[dict[str, Any], list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", LIGHT_PROBE, str(state)], capture_output=True, text=True, timeout=60
+        )
+        *logged, last = done.stderr.strip().splitlines()
+        return dict(json.loads(last)), logged
+
+    assert probe() == ({"code": 0, "loaded": []}, [])
+    ProfileStore(state).save(make_profile())
+    # reading a profile checks its key (hashlib), logs nothing
+    assert probe()[0] == {"code": 0, "loaded": ["hashlib"]}
+    (state / "profiles" / "0123456789abcdef.json").write_text("{}")
+    result, logged = probe()
+    assert result["code"] == 0 and "structlog" in result["loaded"]
+    (line,) = logged
+    assert json.loads(line)["event"] == "state_file_invalid"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["status", "--state-dir", "x", "--json", "--verbose"],
+        ["status", "--watch", "2"],
+        ["status", "--bogus"],
+        ["status", "--help"],
+    ],
+)
+def test_the_status_parser_alone_parses_helps_and_fails_as_the_full_one(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from r1sup.cli.app import build_parser
+
+    said = []
+    for parser in (build_parser(), build_parser(only="status")):
+        try:
+            said.append(("parsed", vars(parser.parse_args(argv))))
+        except SystemExit as exc:
+            said.append(("exit", exc.code))
+        said.append(capsys.readouterr())
+    assert said[0:2] == said[2:4]
+
+
 # --- profile export / import -------------------------------------------------------------------
 
 

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from r1sup.core.figures import Figures, known_numbers
-from r1sup.core.probing import ProbeResult, Wave
+
+if TYPE_CHECKING:  # a stored capacity (``status``) is read without the probe's types
+    from r1sup.core.probing import ProbeResult, Wave
 
 
 @dataclass(frozen=True)
