@@ -8,7 +8,6 @@ step, under its documented name, ...). vLLM's own lines are relayed as ``vllm`` 
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -86,6 +85,8 @@ class StatusLine:
         self.stream = stream
         self.width = width
         self.text = ""
+        import threading  # here: a command that draws no status line does not load it
+
         self.lock = threading.RLock()
 
     def _columns(self) -> int:
