@@ -646,6 +646,19 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
     }
 
 
+def test_status_file_notes_no_change_of_state_where_the_state_stays(tmp_path: Path):
+    """Issue 36: a new status line within planning read ``planning -> planning`` in ``status``."""
+    source = Source(tmp_path)
+    sink = StatusFile(source, Calls())
+    sink(E.StateChanged("starting", "planning", "planning"))
+    sink(E.StateChanged("planning", "planning", "re-planning after reload"))
+    changes = [
+        (e["old"], e["new"]) for e in on_disk(tmp_path)["recent_events"] if e["event"] == "state_changed"
+    ]
+    assert changes == [("starting", "planning")]
+    assert sink.doc == on_disk(tmp_path)  # the new status line is still written
+
+
 def test_a_profile_that_does_not_fit_now_says_what_is_free_in_the_log_and_in_status_json(tmp_path: Path):
     busy = Conditions(free_gib=7.5, total_gib=23.99, others_gib=16.0, holders=("pid 7 trainer (16.0 GiB)",))
     with capture_logs() as logs:

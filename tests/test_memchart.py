@@ -109,3 +109,21 @@ def test_round_trip_through_a_record() -> None:
     again = M.Breakdown.from_dict(PRED.to_dict())
     assert again == PRED
     assert M.Breakdown.from_dict({"total_gib": "x"}) is None
+
+
+def test_a_part_too_thin_to_see_on_the_bar_is_printed_in_the_legend() -> None:
+    """Issue 36: a 1.1 GiB KV cache on a 141 GiB H200 is a sliver of the bar, its figure was only in a
+    tooltip; the legend prints every part's GiB, predicted and measured, as text on the page."""
+    pred = M.Breakdown(total_gib=141.0, weights_gib=131.4, non_torch_gib=0.6, activation_gib=4.2,
+                       graphs_gib=0.9, kv_gib=1.2, other_gib=0.6)  # fmt: skip
+    meas = M.Breakdown(total_gib=141.0, weights_gib=131.4, non_torch_gib=0.5, activation_gib=4.1,
+                       graphs_gib=0.8, kv_gib=1.1, other_gib=0.6)  # fmt: skip
+    root = ET.fromstring(M.render_svg(M.GpuChart("GPU 0 (NVIDIA H200, 141.00 GiB)", pred, meas)))
+    ns = "{http://www.w3.org/2000/svg}"
+    kv_bar = [r for r in root.iter(f"{ns}rect") if r.get("data-part") == "kv"]
+    assert all(float(r.get("width", 0)) < 7 for r in kv_bar)  # too thin for a label on the bar
+    printed = {
+        (t.get("data-part"), t.get("data-row")): t.text for t in root.iter(f"{ns}text") if t.get("data-part")
+    }
+    assert printed[("kv", "predicted")] == "1.20" and printed[("kv", "measured")] == "1.10"
+    assert printed[("graphs", "measured")] == "0.80" and printed[("weights", "predicted")] == "131.40"

@@ -144,3 +144,24 @@ def test_metrics_export_the_slo_capacity_labelled_with_its_targets():
     (line,) = [ln for ln in text.splitlines() if ln.startswith("r1sup_capacity_slo_requests{")]
     assert 'ttft_p95_s="2"' in line and 'itl_p95_s="0.05"' in line and 'e2e_p95_s=""' in line
     assert line.endswith(" 6.0")
+
+
+def test_the_probes_ttft_is_the_capacitys_the_figure_status_shows():
+    """Issue 36: the probe's long requests (TTFT 0.06 s) beside a wave that proved more at once (0.56 s):
+    /metrics gave the one, ``status`` and the capacity line the other."""
+    from r1sup.core.capacity import verified
+    from r1sup.core.probing import Wave
+
+    wave = Wave(sent=5, concurrency_proven=5, prompt_tokens=252, ttft_p50_s=0.56, ttft_p95_s=0.71)
+    result = ProbeResult(ok=True, concurrency_proven=2, ttft_p50_s=0.06, ttft_p95_s=0.08, wave=wave)
+    m = Metrics()
+    m.probe(result)
+    capacity = verified(result, None, None)
+    assert capacity is not None
+    shown = {
+        q: m.registry.get_sample_value("r1sup_probe_ttft_seconds", {"quantile": q}) for q in ("0.5", "0.95")
+    }
+    assert shown == {"0.5": capacity.ttft_p50_s, "0.95": capacity.ttft_p95_s} == {"0.5": 0.56, "0.95": 0.71}
+    # a failed probe has no capacity: what its requests measured
+    m.probe(ProbeResult(ok=False, ttft_p50_s=1.5, ttft_p95_s=2.5))
+    assert m.registry.get_sample_value("r1sup_probe_ttft_seconds", {"quantile": "0.95"}) == 2.5

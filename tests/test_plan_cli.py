@@ -20,6 +20,7 @@ from r1sup.core.figures import Figures
 
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q14 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
+Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 
 
 @pytest.fixture(autouse=True)
@@ -534,3 +535,13 @@ def test_no_changes_listed_when_the_flags_fit_as_given(capsys: pytest.CaptureFix
     assert d["verdict"]["status"] == "fits" and d["recommended_changes"] == []
     main(["plan", "--model", Q7, "--gpu", "H100", "--max-model-len", "8192"])
     assert "what each change is for" not in capsys.readouterr().out
+
+
+def test_a_budget_reads_the_same_wherever_the_plan_prints_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 36: "budget (0.9 x 79.15) 71.24" above "0.9 x 79.15 = 71.23 GiB" in one output."""
+    main(["plan", "--model", Q32, "--gpu", "A100 80GB", "--max-model-len", "32768"])
+    out = capsys.readouterr().out
+    budget = re.search(r"^  budget \(0\.9 x 79\.15\) +(\d+\.\d\d)$", out, re.M)
+    grows = re.search(r"budget grows from 0\.9 x 79\.15 = (\d+\.\d\d) GiB", out)
+    assert budget and grows, out
+    assert grows.group(1) == budget.group(1)

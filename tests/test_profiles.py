@@ -843,10 +843,60 @@ def test_the_wave_gives_the_requests_at_once_and_the_context_requests_stay_besid
     # the throughput and TTFT are the wave's, measured at the 16 at once
     assert (c.output_tokens_per_second, c.ttft_p50_s, c.ttft_p95_s) == (812.0, 0.05, 0.09)
     assert c.probe_tokens == 8036  # the context requests' size, as before
-    assert c.text().startswith(
-        "16 request(s) at once of ~250 prompt tokens; 1 of up to 8,192 tokens, 812.0 output tok/s"
+    # each group with its own size; tokens/s and TTFT inside the brackets of the group they were measured at
+    assert c.text() == (
+        "measured: 16 request(s) at once of ~250 prompt tokens (812.0 output tok/s, TTFT p50 0.05s p95 "
+        "0.09s), 1 at once of ~8,036 tokens; computed: context 8,192 tokens"
     )
     assert capacity.check(json.loads(json.dumps(c.to_dict()))) == c.to_dict()
+
+
+def test_the_capacity_line_says_what_ran_and_what_is_computed_of_the_context() -> None:
+    """Issue 36, a 7B on an RTX 4090: two short long-context probes seen together and a wave of 5 must
+    not read "2 of up to 131,072 tokens" beside a 216,032-token cache (1.65 such requests)."""
+
+    probe = {
+        **PASSED,
+        "prompt_tokens": 1200,
+        "output_tokens": 16,
+        "concurrency_proven": 2,
+        "ttft_p50_s": 0.06,
+        "wave": {**WAVE, "sent": 5, "concurrency_proven": 5, "limit": 5, "prompt_tokens": 252},
+    }
+    asked = {"requests": 4, "context": 131072, "concurrent": 5}
+    c = _verified(probe, {"max_model_len": 131072}, Figures(kv_cache_tokens=216032), asked)
+    assert c is not None
+    line = c.text()
+    measured, computed = line.split("; computed: ")
+    # what ran at once, each group with the size it had; nothing measured claims the context
+    assert measured.startswith("measured: 5 request(s) at once of ~252 prompt tokens (")
+    assert measured.endswith("), 2 at once of ~1,216 tokens")
+    assert "131,072" not in measured
+    # the context is the flags', and what the cache holds of it is computed from vLLM's figure
+    assert computed.startswith("context 131,072 tokens, 1.65 such requests fit vLLM's 216,032-token KV cache")
+    assert computed.endswith("(REDUCED: 2 request(s) at once of 4 asked)")
+    # one TTFT, the wave's: the one the wave's own line and status's TTFT column give
+    assert line.count("TTFT") == 1 and "TTFT p50 0.05s p95 0.09s" in line
+    assert "TTFT p50 0.05s p95 0.09s" in ProbeResult.from_dict(probe).summary()
+
+
+@pytest.mark.parametrize(
+    ("record", "measured"),
+    [
+        # one group: the requests at once are the context requests, with their size
+        (
+            {"requests": 2, "context_requests": 2, "probe_tokens": 8036, "ttft_p50_s": 0.21},
+            "measured: 2 request(s) at once of ~8,036 tokens (TTFT p50 0.21s)",
+        ),
+        # a record saved before the size was kept: said so, never the context in its place
+        ({"requests": 2, "context_tokens": 8192}, "measured: 2 request(s) at once of a size not recorded"),
+        ({"context_tokens": 8192}, "measured: requests at once not measured"),
+    ],
+)
+def test_the_capacity_line_of_one_group_and_of_old_records(record: dict[str, Any], measured: str) -> None:
+    c = capacity.Capacity.from_dict(record)
+    assert c is not None
+    assert c.text().split("; computed: ")[0] == measured
 
 
 @pytest.mark.parametrize(

@@ -68,8 +68,9 @@ def test_tune_prints_what_report_prints_later(tuned: dict[str, Any]) -> None:
     # what the probe proved, and the same in the profile saved
     # (the concurrency wave's ordinary requests first when more of them were seen running together)
     assert re.search(
-        r"^capacity: \d+ request\(s\) at once (of ~\d+ prompt tokens; 1 )?of up to \d[\d,]* tokens, "
-        r"[\d.]+ output tok/s",
+        r"^capacity: measured: \d+ request\(s\) at once of ~[\d,]+ (prompt )?tokens \([\d.]+ output tok/s, "
+        r"TTFT p50 [\d.]+s p95 [\d.]+s\)(, 1 at once of ~[\d,]+ tokens)?; computed: context \d[\d,]* tokens, "
+        r"[\d.]+ such requests fit vLLM's [\d,]+-token KV cache",
         out,
         re.M,
     )

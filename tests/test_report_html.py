@@ -106,3 +106,71 @@ def test_events_show_their_values_as_json_not_python() -> None:
         '"max_num_seqs": null}, argv=["--max-model-len", "4096"], reason=work pending for 1s'
     )
     assert not re.search(r"\b(False|True|None)\b", row[2])
+
+
+# --- issue 36: the page says what the text report says -------------------------------------------
+
+PROBE = {
+    "ok": True,
+    "requests": 4,
+    "succeeded": 4,
+    "concurrency": 4,
+    "concurrency_proven": 1,
+    "prompt_tokens": 128441,
+    "output_tokens": 8,
+    "ttft_p50_s": 0.12,
+    "ttft_p95_s": 0.15,
+    "wave": {"sent": 16, "concurrency_proven": 12, "limit": 16, "prompt_tokens": 255, "ttft_p50_s": 0.06},
+}
+COST = "kv_cache_dtype fp8: KV cache in 8 bits, a small accuracy cost"
+REASON = "max_model_len 36864 gives 28% of the 131,072 tokens asked; the ways out: --tensor-parallel-size 2"
+
+
+def served(reduced: dict[str, Any] | None) -> dict[str, Any]:
+    """A tune that found flags for a 7B on a 4090, its probe's long requests one at a time of 4 asked."""
+    rec = record("tune", finished=True)
+    rec["asked"] = {"requests": 4, "context": 131072, "concurrent": 16}
+    rec["result"].update(
+        probe=PROBE,
+        observations={"kv_cache_tokens": 202928},
+        costs=[COST],
+        reduced=reduced,
+        flags={**FLAGS, "max_model_len": 131072},
+    )
+    return rec
+
+
+def verdict_class(page: str) -> str:
+    found = re.search(r'<p class="verdict ([a-z]+)">', page)
+    assert found, page[:500]
+    return found.group(1)
+
+
+def test_a_reduced_configuration_is_not_a_green_banner_and_the_page_says_what_the_text_says() -> None:
+    rec = served({"reason": REASON, "context": 36864, "asked_context": 131072})
+    page = report.render_html(rec)
+    text = report.render_text(rec)
+    assert verdict_class(page) == "reduced"
+    assert "REDUCED" in re.search(r'<p class="verdict [a-z]+">([^<]*)</p>', page).group(1)  # type: ignore[union-attr]
+    rows = parse(page).rows
+    # the capacity line, the reduction and the costs: word for word the text report's
+    capacity = next(line for line in text.splitlines() if line.startswith("capacity: "))
+    assert rows["capacity"] == capacity.removeprefix("capacity: ")
+    assert rows["REDUCED"] == REASON and REASON in text
+    assert rows["costs"] == COST and f"  costs: {COST}" in text
+    assert "1.55 such requests fit vLLM's 202,928-token KV cache" in rows["capacity"]
+
+
+def test_the_capacitys_shortfall_alone_marks_the_page_reduced() -> None:
+    page = report.render_html(served(None))
+    assert verdict_class(page) == "reduced"
+    assert parse(page).rows["REDUCED"] == "1 request(s) at once of 4 asked"
+
+
+def test_a_configuration_that_serves_what_was_asked_stays_green() -> None:
+    rec = served(None)
+    rec["asked"] = {"requests": 1, "context": 131072, "concurrent": 16}
+    page = report.render_html(rec)
+    assert verdict_class(page) == "ok"
+    rows = parse(page).rows
+    assert "REDUCED" not in rows and "REDUCED" not in page and rows["costs"] == COST

@@ -313,6 +313,64 @@ def test_status_imports_nothing_heavy(tmp_path: Path, sleepers: list[subprocess.
     assert probe() == {"code": 0, "heavy": [], "psutil": True}
 
 
+LIGHT_PROBE = """
+import json, sys
+from r1sup.cli.app import main
+code = main(["status", "--state-dir", sys.argv[1]])
+LAZY = ("structlog", "hashlib", "r1sup.core.probing", "r1sup.core.hardware", "r1sup.cli.commands.plan")
+print(json.dumps({"code": code, "loaded": sorted(m for m in LAZY if m in sys.modules)}), file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_status_imports_no_logging_library_until_it_logs(tmp_path: Path) -> None:
+    """Issue 36 (``status`` cost 10x a bare interpreter): structlog, the probe's and the device's types
+    and OpenSSL are loaded only where needed; an unusable file is still logged, as before."""
+    state = tmp_path / "state"
+
+    def probe() -> tuple[dict[str, Any], list[str]]:
+        done = subprocess.run(
+            [sys.executable, "-c", LIGHT_PROBE, str(state)], capture_output=True, text=True, timeout=60
+        )
+        *logged, last = done.stderr.strip().splitlines()
+        return dict(json.loads(last)), logged
+
+    assert probe() == ({"code": 0, "loaded": []}, [])
+    ProfileStore(state).save(make_profile())
+    # reading a profile checks its key (hashlib), logs nothing
+    assert probe()[0] == {"code": 0, "loaded": ["hashlib"]}
+    (state / "profiles" / "0123456789abcdef.json").write_text("{}")
+    result, logged = probe()
+    assert result["code"] == 0 and "structlog" in result["loaded"]
+    (line,) = logged
+    assert json.loads(line)["event"] == "state_file_invalid"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["status", "--state-dir", "x", "--json", "--verbose"],
+        ["status", "--watch", "2"],
+        ["status", "--bogus"],
+        ["status", "--help"],
+    ],
+)
+def test_the_status_parser_alone_parses_helps_and_fails_as_the_full_one(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from r1sup.cli.app import build_parser
+
+    said = []
+    for parser in (build_parser(), build_parser(only="status")):
+        try:
+            said.append(("parsed", vars(parser.parse_args(argv))))
+        except SystemExit as exc:
+            said.append(("exit", exc.code))
+        said.append(capsys.readouterr())
+    assert said[0:2] == said[2:4]
+
+
 # --- profile export / import -------------------------------------------------------------------
 
 
@@ -420,7 +478,7 @@ def test_one_line_per_served_model(
     assert cells[5] == "21.4 GiB (vLLM's account)"  # no child running: vLLM's own figures
     assert re.fullmatch(r"1:02:0\d", cells[6]), row  # serving for an hour and two minutes
     assert cells[7] == "serving"
-    assert "  capacity: 4 request(s) at once of up to 4,096 tokens, 96.5 output tok/s" in out
+    assert "  capacity: measured: 4 request(s) at once of ~4,000 tokens (96.5 output tok/s, TTFT" in out
 
     code, out, _ = run(capsys, "status", "--state-dir", str(state), "--verbose")
     header, row = out.splitlines()[:2]
@@ -663,3 +721,55 @@ def test_watch_outside_its_bounds_is_a_usage_error(
     assert code == 2 and out == ""
     said = f"--watch: must be a positive number of seconds from 0.1 to 86400, got {float(seconds)}"
     assert err.strip().endswith(said)
+
+
+# --- issue 36: one answer to each question, in words ----------------------------------------------
+
+PROBE_RECORD = {
+    "ok": True,
+    "requests": 4,
+    "succeeded": 4,
+    "concurrency": 4,
+    "prompt_tokens": 3990,
+    "sizing": {"model": "qwen", "prompt_tokens": 3990, "prompts": [{"words": 2000, "tokens": 3990}]},
+    "sizing_reused": False,
+    "tokenize_calls": 16,
+    "ttft_p50_s": 0.31,
+    "ttft_p95_s": 0.52,
+    "output_tokens_per_s": 40.2,
+    "peak_kv_usage": 0.07,
+    "preemptions": 0,
+    "concurrency_proven": 4,
+}
+
+
+@pytest.mark.timeout(60)
+def test_status_shows_no_internals_and_no_change_of_state_that_is_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    from dataclasses import replace
+
+    state = tmp_path / "state"
+    profile = replace(make_profile(), probe=PROBE_RECORD, capacity=CAPACITY)
+    assert ProfileStore(state).save(profile) is not None
+    daemon = start(sleepers, r1sup_like(tmp_path))
+    events = [
+        {"ts": now_iso(-70), "event": "state_changed", "old": "starting", "new": "planning"},
+        {"ts": now_iso(-69), "event": "state_changed", "old": "planning", "new": "planning"},
+        {"ts": now_iso(-60), "event": "state_changed", "old": "planning", "new": "launching"},
+    ]
+    write_status(state, daemon.pid, None, recent_events=events, capacity=CAPACITY)
+    code, out, _ = run(capsys, "status", "--state-dir", str(state))
+    assert code == 0
+    for raw in ("sizing", "tokenize_calls", "sizing_reused", "{"):
+        assert raw not in out, (raw, out)
+    assert "old=planning new=planning" not in out
+    assert "old=starting new=planning" in out and "old=planning new=launching" in out
+    probe = next(line for line in out.splitlines() if line.startswith("    probe: "))
+    assert (
+        probe
+        == "    probe: 4/4 ok at concurrency 4, prompts of 3,990 tokens, peak KV usage 7%, preemptions 0"
+    )
+    # TTFT and tokens/s once each per profile: the capacity line's, measured at its requests at once
+    profile_lines = out[out.index("profiles:") :]
+    assert profile_lines.count("TTFT") == 1 and "TTFT p50 0.21s p95 0.40s" in profile_lines

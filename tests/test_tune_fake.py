@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import free_port
+from r1sup.core.capacity import Capacity
 from r1sup_proc import ROOT, R1sup, engine_processes, kill_engine_processes, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -681,6 +682,13 @@ def test_7b_on_a_4090_at_131072_serves_vllms_256_sequences(tmp_path: Path):
     assert t.engine[0]["outcome"] == "ready"
     assert t.result["reduced"] is None
     assert t.result["costs"] == ["kv_cache_dtype fp8: KV cache in 8 bits, a small accuracy cost"]
+    # issue 36: the capacity line claims no request of the full context ran; how many such requests the
+    # cache holds is computed, and reads as vLLM's own "Maximum concurrency" for 131,072 tokens
+    line = Capacity.from_dict(t.result["capacity"]).text()  # type: ignore[union-attr]
+    measured, computed = line.split("; computed: ")
+    assert measured.startswith("measured: ") and "131,072" not in measured, line
+    vllm_says = t.result["observations"]["max_concurrency"]
+    assert computed.startswith(f"context 131,072 tokens, {vllm_says:.2f} such requests fit vLLM's "), line
     assert_consistent(t)
 
 

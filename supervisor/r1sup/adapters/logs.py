@@ -7,9 +7,7 @@ step, under its documented name, ...). vLLM's own lines are relayed as ``vllm`` 
 
 from __future__ import annotations
 
-import logging
 import sys
-import threading
 from collections.abc import Iterable
 from typing import IO, Any
 
@@ -29,7 +27,21 @@ def _import_structlog() -> Any:
     return module
 
 
-structlog = _import_structlog()
+_module: dict[str, Any] = {}  # structlog, once something logs: a command that logs nothing never imports it
+
+
+def _structlog() -> Any:
+    if "structlog" not in _module:
+        _module["structlog"] = _import_structlog()
+    return _module["structlog"]
+
+
+def __getattr__(name: str) -> Any:
+    """``logs.structlog``: the module, imported on first use."""
+    if name == "structlog":
+        return _structlog()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 LEVELS = ("debug", "info", "warning", "error")
 MASK = "***"
@@ -73,6 +85,8 @@ class StatusLine:
         self.stream = stream
         self.width = width
         self.text = ""
+        import threading  # here: a command that draws no status line does not load it
+
         self.lock = threading.RLock()
 
     def _columns(self) -> int:
@@ -159,8 +173,20 @@ def configure(
     fmt: str = "auto",
     stream: IO[str] | None = None,
     secrets: Iterable[str] = (),
+    defer: bool = False,
 ) -> None:
-    """Configure structlog for the process. ``fmt``: auto (JSON unless a TTY), json or console."""
+    """Configure structlog for the process. ``fmt``: auto (JSON unless a TTY), json or console.
+    ``defer``: only when the first logger is asked for (:func:`get_logger`), so that a command that
+    logs nothing (``status``, unless a file it reads is unusable) never imports structlog; secrets
+    are masked (:func:`mask`) from now on either way."""
+    if defer:
+        _active["redactor"] = Redactor(secrets)
+        _active["pending"] = (level, fmt, stream, tuple(secrets))
+        return
+    _active.pop("pending", None)
+    import logging
+
+    structlog = _structlog()
     out = stream if stream is not None else sys.stderr
     if fmt == "auto":
         fmt = "console" if _isatty(out) else "json"
@@ -268,7 +294,10 @@ def plain(value: Any) -> Any:
 
 
 def get_logger(**context: Any) -> Any:
-    return structlog.get_logger("r1sup").bind(**context)
+    pending = _active.get("pending")
+    if pending is not None:
+        configure(*pending)
+    return _structlog().get_logger("r1sup").bind(**context)
 
 
 def _isatty(stream: IO[str]) -> bool:

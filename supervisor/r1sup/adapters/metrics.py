@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from r1sup.core.capacity import Capacity
+from r1sup.core.capacity import verified as proven
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.probing import ProbeResult
@@ -146,7 +147,10 @@ class Metrics:
     def probe(self, result: ProbeResult | None) -> None:
         if result is None:
             return
-        for q, value in (("0.5", result.ttft_p50_s), ("0.95", result.ttft_p95_s)):
+        # a passed probe's TTFT is its capacity's (the wave's when it proved more requests at once): the
+        # figure ``status`` and the capacity line give; a failed one's, what its requests measured
+        shown = proven(result, None, None) or result
+        for q, value in (("0.5", shown.ttft_p50_s), ("0.95", shown.ttft_p95_s)):
             if value is not None:
                 self.probe_ttft.labels(quantile=q).set(value)
         if result.duration_s is not None:

@@ -145,6 +145,11 @@ PROFILE_GROUP_EXIT_CODES_HELP = exit_codes_help({0: None, 1: None, 2: None, 8: N
 TINY_MODEL_EXIT_CODES_HELP = exit_codes_help({0: None, 1: None, 2: None})
 # Commands that log nothing: structlog is neither imported nor configured for them (start-up time).
 SILENT_COMMANDS = frozenset({"diagnose"})
+# Commands that log only when something is wrong (an unusable state file): logging is configured as
+# for any command, structlog imported only when the first line is logged (start-up time: issue 36)
+QUIET_COMMANDS = frozenset({"status"})
+# Commands whose parser alone is built when they come first (``build_parser``; start-up time)
+FAST_COMMANDS = frozenset({"status"})
 
 CONFIG_ENV = "R1SUP_CONFIG"  # the config file when --config is not given (containers)
 KV_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -190,7 +195,17 @@ def _add_plan_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-context", type=int, metavar="N", help="tokens per request that must fit")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Unbuilt:
+    """A command's parser not built: every call is taken and does nothing (see ``build_parser``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line. ``only``: a command given first (``r1sup status ...``): the other commands'
+    arguments are not built (about a tenth of ``status``'s start-up); the top level and that command
+    parse, help and fail as in the full parser (the usage names COMMAND, never the list)."""
     parser = _Parser(
         prog="r1sup",
         description="Start vLLM, recover it from out-of-memory, keep it serving.",
@@ -209,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def add(name: str, help: str, epilog: str) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return _Unbuilt()  # type: ignore[return-value]
         p: argparse.ArgumentParser = sub.add_parser(
             name,
             help=help,
@@ -452,9 +469,10 @@ def load_config(args: argparse.Namespace) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(given[0] if given and given[0] in FAST_COMMANDS else None)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(given)
     except SystemExit as exc:  # --help, --version, usage errors
         return int(exc.code or 0)
 
@@ -514,7 +532,11 @@ def _configure_logging(args: argparse.Namespace) -> None:
     env_key = os.environ.get("VLLM_API_KEY")
     # logs always go to stderr, results to stdout: `r1sup tune ... > report.txt` keeps them apart
     logs.configure(
-        level=_log_level(args), fmt=args.log_format, stream=sys.stderr, secrets=[env_key] if env_key else []
+        level=_log_level(args),
+        fmt=args.log_format,
+        stream=sys.stderr,
+        secrets=[env_key] if env_key else [],
+        defer=getattr(args, "command", None) in QUIET_COMMANDS,
     )
 
 

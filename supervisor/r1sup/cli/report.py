@@ -252,6 +252,7 @@ h3 { font-size: 15px; margin: 0 0 6px 0; }
 .verdict.ok { background: #2e7d32; }
 .verdict.failed { background: #c62828; }
 .verdict.running { background: #1565c0; }
+.verdict.reduced { background: #8a4b00; }
 table { border-collapse: collapse; }
 th, td { text-align: left; vertical-align: top; padding: 4px 10px 4px 0; font-size: 13px; }
 table.attempts th { border-bottom: 1px solid #999999; }
@@ -277,6 +278,8 @@ def render_html(
     memory per GPU as inline SVG, the result, and for a run the daemon's recent events."""
     result = record.get("result") or {}
     state = "running" if not result else ("ok" if result.get("ok") else "failed")
+    if state == "ok" and reduced_text(record):
+        state = "reduced"
     title = f"{headline(record)}: {record.get('model')}"
     body: list[str] = [
         f'<header id="verdict"><h1>{_e(headline(record))}</h1>',
@@ -294,6 +297,7 @@ def render_html(
         ("finished", record.get("finished_at") or "not yet (still running)"),
         ("launches", result.get("launches", len(record.get("attempts") or []))),
         *_outcome_rows(record),
+        *_serves_rows(record),
         ("profile", result.get("profile_path")),
     ]
     body += [f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows if v not in (None, "")]
@@ -336,6 +340,7 @@ def render_html(
         )
         if result.get("probe"):
             body.append(f"<dt>probe</dt><dd>{_e(probe_text(ProbeResult.from_dict(result['probe'])))}</dd>")
+        body += [f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in _serves_rows(record)]
         body.append("</dl>")
         cmd = " ".join(shlex.quote(str(a)) for a in result.get("command") or [])
         body.append(f"<p>vLLM command line:</p><pre>{_e(cmd)}</pre>")
@@ -424,12 +429,46 @@ def _attempt_html(a: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def reduced_text(record: Mapping[str, Any]) -> str:
+    """How a working configuration serves less than asked, one line (the search's reduction, else
+    the capacity's shortfalls); empty when it does not."""
+    result = record.get("result") or {}
+    if not result.get("ok"):
+        return ""
+    reduced = result.get("reduced")
+    if isinstance(reduced, Mapping) and reduced.get("reason"):
+        return str(reduced["reason"])
+    verified = capacity_of(record)
+    if verified is not None and verified.reduced:
+        return "; ".join(verified.reduced_because) or "less than asked"
+    return ""
+
+
+def _serves_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What the text report says after the flags: the capacity the probe proved, how it is reduced,
+    and what the flags cost; one row each (costs one row per cost)."""
+    result = record.get("result") or {}
+    if not result.get("ok"):
+        return []
+    rows: list[tuple[str, str]] = []
+    verified = capacity_of(record)
+    if verified is not None:
+        rows.append(("capacity", verified.text()))
+    reduced = reduced_text(record)
+    if reduced:
+        rows.append(("REDUCED", reduced))
+    rows += [("costs", str(cost)) for cost in result.get("costs") or []]
+    return rows
+
+
 def _verdict_line(record: Mapping[str, Any]) -> str:
     result = record.get("result") or {}
     if not result:
         return "in progress"
     if result.get("ok"):
         flags = short(result.get("flags") or {})
+        if reduced_text(record):  # how: the summary's REDUCED row
+            return f"REDUCED working configuration after {result.get('launches')} launch(es): {flags}"
         return f"working configuration after {result.get('launches')} launch(es): {flags}"
     return f"exit {result.get('exit_code')}: {result.get('reason')}"
 

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from r1sup.core.figures import Figures, known_numbers
-from r1sup.core.probing import ProbeResult, Wave
+
+if TYPE_CHECKING:  # a stored capacity (``status``) is read without the probe's types
+    from r1sup.core.probing import ProbeResult, Wave
 
 
 @dataclass(frozen=True)
@@ -143,29 +145,50 @@ class Capacity:
         return out
 
     def text(self) -> str:
-        """One line: ``4 request(s) at once of up to 8,192 tokens, 412.3 output tok/s, TTFT p50 0.21s
-        p95 0.40s``, or when the concurrency wave proved more than the context requests, ``16 request(s)
-        at once of ~250 prompt tokens; 1 of up to 8,192 tokens, ...`` (tokens/s and TTFT at the 16), and
-        how it falls short of what was asked when it does."""
-        requests = self.requests
-        head = f"{requests} request(s) at once" if requests is not None else "requests at once not measured"
-        at_context, size = self.context_requests, self.concurrent_prompt_tokens
-        if at_context is not None and requests != at_context and size is not None:
-            # the wave proved more than the context requests: say both, each with its size
-            head += f" of ~{size:,} prompt tokens; {at_context}"
+        """One line, what was measured apart from what is computed: ``measured: 16 request(s) at once
+        of ~250 prompt tokens (812.0 output tok/s, TTFT p50 0.05s p95 0.09s), 1 at once of ~8,036
+        tokens; computed: context 8,192 tokens, 12.38 such requests fit vLLM's 101,456-token KV
+        cache``. Each group of requests says its own size (the wave's prompts, the context requests'
+        prompt and output); tokens/s and TTFT are those of the first group (``requests`` at once, the
+        figures ``status`` and ``/metrics`` show); the context is the flags' and how many requests of
+        it the KV cache holds is vLLM's figure divided, never seen running. Then how it falls short of
+        what was asked when it does."""
+        groups = []
+        if self.requests is None:
+            groups.append("requests at once not measured")
+        else:
+            two = self.context_requests is not None and self.context_requests != self.requests
+            size = self.concurrent_prompt_tokens if two else self.probe_tokens
+            unit = "prompt tokens" if two else "tokens"
+            if not two and size is None:
+                size, unit = self.concurrent_prompt_tokens, "prompt tokens"
+            groups.append(f"{self.requests} request(s) at once {_size(size, unit)}{self._speed()}")
+            if two:
+                groups.append(f"{self.context_requests} at once {_size(self.probe_tokens, 'tokens')}")
+        line = "measured: " + ", ".join(groups)
         if self.context_tokens:
-            head += f" of up to {self.context_tokens:,} tokens"
-        parts = [head]
+            line += f"; computed: context {self.context_tokens:,} tokens"
+            if self.kv_cache_tokens:
+                held = self.kv_cache_tokens / self.context_tokens
+                line += f", {held:.2f} such requests fit vLLM's {self.kv_cache_tokens:,}-token KV cache"
+        if self.reduced:
+            because = "; ".join(self.reduced_because) or "less than asked"
+            line += f" (REDUCED: {because})"
+        return line
+
+    def _speed(self) -> str:
+        """`` (812.0 output tok/s, TTFT p50 0.05s p95 0.09s)``: measured at ``requests`` at once."""
+        parts = []
         if self.output_tokens_per_second is not None:
             parts.append(f"{self.output_tokens_per_second:.1f} output tok/s")
         if self.ttft_p50_s is not None:
             p95 = self.ttft_p95_s
             parts.append(f"TTFT p50 {self.ttft_p50_s:.2f}s" + (f" p95 {p95:.2f}s" if p95 is not None else ""))
-        line = ", ".join(parts)
-        if self.reduced:
-            because = "; ".join(self.reduced_because) or "less than asked"
-            line += f" (REDUCED: {because})"
-        return line
+        return f" ({', '.join(parts)})" if parts else ""
+
+
+def _size(tokens: int | None, unit: str) -> str:
+    return f"of ~{tokens:,} {unit}" if tokens is not None else "of a size not recorded"
 
 
 FIELDS: tuple[str, ...] = tuple(

@@ -264,14 +264,18 @@ def _col(part: str) -> int:
 _BAR_W = 640
 _BAR_H = 26
 _LABEL_W = 90
+_ROW_H = 16  # a row of the legend
 
 
 def render_svg(chart: GpuChart) -> str:
     """An inline SVG of one device: a bar per breakdown, segments labelled where they are wide
-    enough, a tooltip (``<title>``) on each, and a legend. No fonts or scripts from outside."""
+    enough, a tooltip (``<title>``) on each, and a legend that is also the table of figures: each
+    part's GiB, predicted and measured, in print, so a part too thin to see on the bar (a KV cache
+    of a few GiB on a 141 GiB device) is read there, not only in a tooltip. No fonts or scripts
+    from outside."""
     rows = [(name, b) for name, b in (("predicted", chart.predicted), ("measured", chart.measured)) if b]
     used = [p for p in (*PARTS, "free", "unknown") if any(p in dict(b.segments()) for _, b in rows)]
-    height = 30 + len(rows) * (_BAR_H + 10) + 24
+    height = 30 + len(rows) * (_BAR_H + 10) + 8 + (len(used) + 1) * _ROW_H
     width = _LABEL_W + _BAR_W + 10
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="memchart" width="{width}" height="{height}" '
@@ -314,12 +318,25 @@ def render_svg(chart: GpuChart) -> str:
                 f"<title>{b.over_gib:.2f} GiB more than the device has</title></rect>"
             )
         y += _BAR_H + 10
-    x = float(_LABEL_W)
+    # the legend, one part a row, with its figures: every part readable however thin its segment
+    cols = [(name, _LABEL_W + 150 + 90 * i) for i, (name, _) in enumerate(rows)]
+    out.append(f'<text class="legend-head" x="{_LABEL_W}" y="{y + 11}" font-weight="bold">GiB</text>')
+    out += [
+        f'<text class="legend-head" x="{cx}" y="{y + 11}" font-weight="bold" text-anchor="end">{name}</text>'
+        for name, cx in cols
+    ]
     for part in used:
+        y += _ROW_H
         fill = "url(#unknown-hatch)" if part == "unknown" else COLORS[part]
-        out.append(f'<rect x="{x:.1f}" y="{y}" width="12" height="12" fill="{fill}" stroke="#555555"/>')
-        out.append(f'<text x="{x + 16:.1f}" y="{y + 11}">{LABELS[part]}</text>')
-        x += 16 + 7 * len(LABELS[part]) + 14
+        out.append(f'<rect x="{_LABEL_W}" y="{y}" width="12" height="12" fill="{fill}" stroke="#555555"/>')
+        out.append(f'<text x="{_LABEL_W + 16}" y="{y + 11}">{LABELS[part]}</text>')
+        for (_, b), (name, cx) in zip(rows, cols, strict=True):
+            shown = dict(b.segments()).get(part)
+            figure = "-" if shown is None else f"{shown:.2f}"
+            out.append(
+                f'<text class="figure" data-part="{part}" data-row="{name}" x="{cx}" y="{y + 11}" '
+                f'text-anchor="end">{figure}</text>'
+            )
     out.append("</svg>")
     return "\n".join(out)
 

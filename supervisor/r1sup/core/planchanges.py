@@ -10,6 +10,7 @@ accuracy of 8-bit values) are named, not guessed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from r1sup.core.planner import Plan, fp8_weights_note
 # the order in which changes are listed: the context first (what the user asked for), then the rest as
 # EngineFlags (and so vLLM's command line) orders them
 _ORDER = tuple(f.name for f in dataclasses.fields(EngineFlags))
+
+_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ def recommended_changes(plan: Plan) -> list[Change]:
     return out
 
 
+def _budget_gib(total_gib: float, utilization: float) -> float:
+    """vLLM's requested memory of a device of ``total_gib`` (``ceil(utilization x total)`` bytes)."""
+    return math.ceil(round(total_gib * _GIB) * utilization) / _GIB
+
+
 def _explain(
     plan: Plan, given: EngineFlags, rec: EngineFlags, name: str, old: Any, new: Any
 ) -> tuple[str, str]:
@@ -90,7 +98,9 @@ def _explain(
             f"each request may hold {int(new) - asked:,} more tokens of KV cache, so fewer fit at once",
         )
     if name == "gpu_memory_utilization":
-        before, after = float(old) * total, float(new) * total
+        # vLLM's budget as the plan's budget line gives it (ceil(utilization x total), whole bytes):
+        # the product of the figures printed, so "0.9 x 79.15" reads the same 71.24 in both places
+        before, after = _budget_gib(total, float(old)), _budget_gib(total, float(new))
         if float(new) > float(old):
             return (
                 f"vLLM's budget grows from {float(old):g} x {total:.2f} = {before:.2f} GiB to "

@@ -71,12 +71,16 @@ class Wave:
         return {name: getattr(self, name) for name in _WAVE_FIELDS if name != "skipped"}
 
     def text(self) -> str:
-        """``; wave: 16 of 16 ran at once, ~256 prompt tokens, 812.0 tok/s``, or why it was skipped."""
+        """``; wave: 16 of 16 ran at once, ~256 prompt tokens, 812.0 output tok/s, TTFT p50 0.05s p95
+        0.09s`` (the figures the capacity line gives at these requests), or why it was skipped."""
         if self.skipped:
             return f"; no concurrency wave ({self.skipped})"
+        ttft = f", TTFT p50 {self.ttft_p50_s:.2f}s" if self.ttft_p50_s is not None else ""
+        if ttft and self.ttft_p95_s is not None:
+            ttft += f" p95 {self.ttft_p95_s:.2f}s"
         return (
             f"; wave: {self.concurrency_proven} of {self.sent} ran at once, ~{self.prompt_tokens} prompt "
-            f"tokens, {self.output_tokens_per_s or 0:.1f} tok/s"
+            f"tokens, {self.output_tokens_per_s or 0:.1f} output tok/s{ttft}"
         )
 
 

@@ -14,7 +14,6 @@ from a profile's content.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -23,7 +22,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from r1sup import __version__
 from r1sup.adapters.logs import get_logger
@@ -45,7 +44,11 @@ from r1sup.core.figures import FIELD_NAMES as FIGURE_NAMES
 from r1sup.core.figures import Figures
 from r1sup.core.figures import out_of_bounds as figure_out_of_bounds
 from r1sup.core.flags import EngineFlags
-from r1sup.core.hardware import GIB, DeviceFacts
+
+if TYPE_CHECKING:  # the device probe's types: only for the fingerprint, not to read profiles
+    from r1sup.core.hardware import DeviceFacts
+
+_GIB = 1024**3
 
 PROFILES_SUBDIR = "profiles"
 KEY_RE = re.compile(r"^[0-9a-f]{8,64}$")
@@ -521,14 +524,14 @@ def fingerprint(
         fp["gpu"] = {
             "names": [g.name for g in device.gpus],
             "count": device.count,
-            "memory_gib": [round(g.total_bytes / GIB, 1) for g in device.gpus],
+            "memory_gib": [round(g.total_bytes / _GIB, 1) for g in device.gpus],
             "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
             "driver": driver_branch(device.driver),
         }
     else:
         # the machine's RAM, not NUMA node 0's figure, which moves on VMs whose memory is hot-plugged
         memory = device.machine_memory_bytes or device.host_total_bytes
-        fp["cpu"] = {"model": device.cpu_model, "memory_gib": round(memory / GIB)}
+        fp["cpu"] = {"model": device.cpu_model, "memory_gib": round(memory / _GIB)}
     fp["versions"] = {"vllm": versions.get("vllm"), "torch": versions.get("torch")}
     fp["model"] = {"id": model, "config_hash": model_config_hash}
     fp["target"] = dict(target)
@@ -564,6 +567,8 @@ def _major(version: str) -> int | str:
 
 def fingerprint_key(fp: dict[str, Any]) -> str:
     """16 hex digits of the SHA-256 of the fingerprint's canonical JSON."""
+    import hashlib  # here: reading profiles (``status``) needs no key, and OpenSSL's load is not free
+
     canonical = json.dumps(fp, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 

@@ -350,7 +350,8 @@ class StatusFile:
             case Heartbeat(now, _):
                 self._retry(now)
             case StateChanged(old, new, _):
-                self.note("state_changed", old=old, new=new)
+                if old != new:  # the same state with a new status line is no change of state
+                    self.note("state_changed", old=old, new=new)
                 self.write()
             case StatusText():
                 self.write()

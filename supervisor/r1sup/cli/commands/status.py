@@ -429,7 +429,7 @@ def render(report: dict[str, Any], verbose: bool = False) -> str:
     for p in profiles:
         lines.append(f"  {p['key']}  {p['model']} (served as {p['served_name']})  updated {p['updated_at']}")
         lines.append(f"    flags: {flags_summary(p['flags'])}")
-        lines.append(f"    probe: {scalars(p['probe']) or 'no results recorded'}")
+        lines.append(f"    probe: {probe_line(p['probe'], speed=not p.get('capacity'))}")
         if p.get("capacity"):
             lines.append(f"    capacity: {capacity_text(p['capacity'])}")
         lines.append(f"    box: {box_summary(p['fingerprint'])}")
@@ -557,6 +557,8 @@ def _render_daemon(d: dict[str, Any] | None) -> list[str]:
         lines.append("  recent events:")
         for ev in events[-_EVENTS_SHOWN:]:
             if isinstance(ev, dict):
+                if ev.get("event") == "state_changed" and ev.get("old") == ev.get("new"):
+                    continue  # a status file written before such events were left out: no change
                 rest = {k: v for k, v in ev.items() if k not in ("ts", "event")}
                 lines.append(f"    {ev.get('ts', '?')} {ev.get('event', '?')} {scalars(rest)}".rstrip())
     return lines
@@ -591,10 +593,47 @@ def box_summary(fp: dict[str, Any]) -> str:
     return "; ".join(parts) or "?"
 
 
+# the probe's own bookkeeping (how its prompts were sized), kept in records for the next probe: no
+# figure a reader of ``status`` asks for
+_INTERNALS = ("sizing", "sizing_reused", "tokenize_calls", "prompt_tokens_estimated", "internal")
+
+
+def probe_line(probe: Any, speed: bool = True) -> str:
+    """A stored probe (a profile's) in words: ``4/4 ok at concurrency 4 (only 1 ran at once, 1 waited),
+    prompts of 128,441 tokens, peak KV usage 63%, preemptions 0``; its TTFT and tokens/s (``speed``)
+    only where no capacity line follows to give them. A record of another form: its fields, less
+    the probe's internals."""
+    if not isinstance(probe, dict) or not probe:
+        return "no results recorded"
+    if "ok" not in probe:  # a record from before the probe's result was typed
+        return scalars(probe) or "no results recorded"
+    from r1sup.core.probing import ProbeResult
+
+    p = ProbeResult.from_dict(probe)
+    if not p.ok:
+        return f"failed: {p.error_count}/{p.requests} requests failed: {p.first_error or 'no detail'}"
+    parts = [f"{p.succeeded}/{p.requests} ok at concurrency {p.concurrency}{p.queued_text()}"]
+    if p.prompt_tokens:
+        parts.append(f"prompts of {p.prompt_tokens:,} tokens")
+    if speed and p.ttft_p50_s is not None:
+        parts.append(f"TTFT p50 {p.ttft_p50_s:.2f}s" + (f" p95 {p.ttft_p95_s:.2f}s" if p.ttft_p95_s else ""))
+    if speed and p.output_tokens_per_s is not None:
+        parts.append(f"{p.output_tokens_per_s:.1f} output tok/s")
+    if p.peak_kv_usage is not None:
+        parts.append(f"peak KV usage {p.peak_kv_usage:.0%}")
+    if p.preemptions is not None:
+        parts.append(f"preemptions {p.preemptions}")
+    if p.wave is not None and p.wave.skipped:
+        parts.append(f"no concurrency wave ({p.wave.skipped})")
+    elif p.wave is not None and p.wave.concurrency_proven is not None:
+        parts.append(f"wave: {p.wave.concurrency_proven} of {p.wave.sent} ran at once")
+    return ", ".join(parts)
+
+
 def scalars(d: dict[str, Any], limit: int = 12) -> str:
-    """``k=v`` pairs of a dict; nested values as compact JSON."""
+    """``k=v`` pairs of a dict, less the probe's internals; nested values as compact JSON."""
     out = []
-    for k, v in list(d.items())[:limit]:
+    for k, v in [(k, v) for k, v in d.items() if k not in _INTERNALS][:limit]:
         if v is None:
             continue
         text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"), default=str)
