@@ -35,6 +35,7 @@ from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.waysout import GiveUp
 
 MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
@@ -56,13 +57,6 @@ class Step:
     flags: EngineFlags
     reason: str
     history: History = field(default_factory=History, compare=False)
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    reason: str
-    exit_code: int = EXIT_NO_WORKING_CONFIG
-    suggestions: tuple[str, ...] = ()
 
 
 Decision = Step | GiveUp
@@ -133,7 +127,7 @@ def next_step(
         if kv is not None:
             history = replace(history, kv_bytes=kv)
     if failure.cls in policy.FATAL:  # a config error only the architecture could fix
-        return GiveUp(policy.fatal_reason(failure), EXIT_FATAL_FAILURE)
+        return GiveUp(policy.fatal_reason(failure), exit_code=EXIT_FATAL_FAILURE)
 
     candidates: Iterable[Step | GiveUp]
     if failure.cls == F.FP8_UNSUPPORTED:
@@ -143,13 +137,13 @@ def next_step(
     else:
         handler = _SMART.get(failure.cls)
         if handler is None:
-            return GiveUp(f"no rule for {failure.cls}", EXIT_FATAL_FAILURE)
+            return GiveUp(f"no rule for {failure.cls}", exit_code=EXIT_FATAL_FAILURE)
         candidates = handler(flags, failure, facts, bounds, obs, history)
 
     fallback_reason = ""
     for candidate in candidates:
         if isinstance(candidate, GiveUp):
-            return replace(candidate, suggestions=candidate.suggestions or facts.suggestions)
+            return replace(candidate, ways_out=candidate.ways_out or facts.suggestions)
         if candidate.flags in history.tried or not _within(candidate.flags, bounds, history):
             fallback_reason = fallback_reason or candidate.reason
             continue
@@ -157,7 +151,7 @@ def next_step(
     why = f"every change the ladder may make for {failure.cls} was tried or is out of bounds"
     if fallback_reason:
         why += f" (last idea: {fallback_reason})"
-    return GiveUp(why, EXIT_NO_WORKING_CONFIG if failure.memory else EXIT_FATAL_FAILURE, facts.suggestions)
+    return GiveUp(why, facts.suggestions, EXIT_NO_WORKING_CONFIG if failure.memory else EXIT_FATAL_FAILURE)
 
 
 def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
@@ -773,7 +767,9 @@ def _fp8_unsupported(
         history = replace(history, banned=history.banned | {"fp8_weights"})
         return history, [Step(flags.replace(quantization=None), "fp8 weights are not supported here")]
     return history, [
-        GiveUp("fp8 failed although r1sup set no fp8 flag; check server.extra_args", EXIT_FATAL_FAILURE)
+        GiveUp(
+            "fp8 failed although r1sup set no fp8 flag; check server.extra_args", exit_code=EXIT_FATAL_FAILURE
+        )
     ]
 
 

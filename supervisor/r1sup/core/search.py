@@ -59,6 +59,7 @@ from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.core.hardware import Conditions, DeviceFacts, GpuInfo
+from r1sup.core.waysout import GiveUp
 
 GIB = 1024**3
 MIB = 1024**2
@@ -126,18 +127,6 @@ class Outcome:
     failure: Failure
     figures: Figures = NO_FIGURES
     device: DeviceFacts | None = None
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    reason: str
-    ways_out: tuple[str, ...] = ()
-    exit_code: int = EXIT_NO_WORKING_CONFIG
-    bound: str = ""  # the bound that blocks (a [ladder] or [target] setting), when one does
-
-    @property
-    def suggestions(self) -> tuple[str, ...]:
-        return self.ways_out
 
 
 @dataclass(frozen=True)
@@ -223,10 +212,6 @@ class Search:
         self._history = blind.History()  # the blind branch's own state (no architecture, naive)
 
     # --- the two questions -----------------------------------------------------------------------
-
-    def first(self) -> EngineFlags:
-        """The first launch (:meth:`recommend`'s flags; the user's when nothing is predicted to fit)."""
-        return self.recommend().flags
 
     def recommend(self) -> Recommendation:
         """The first launch and its verdict (:class:`Recommendation`). Without an architecture the flags
@@ -905,8 +890,8 @@ class Search:
         decision = blind.next_step(
             outcome.flags, outcome.failure, self._history, self.facts.bounds, lf, outcome.figures
         )
-        if isinstance(decision, blind.GiveUp):
-            return GiveUp(decision.reason, decision.suggestions, decision.exit_code)
+        if isinstance(decision, GiveUp):
+            return decision
         self._history = decision.history
         if decision.flags in ev.tried:
             return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
