@@ -35,7 +35,6 @@ from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
-from r1sup.core.waysout import GiveUp
 
 MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
@@ -57,6 +56,22 @@ class Step:
     flags: EngineFlags
     reason: str
     history: History = field(default_factory=History, compare=False)
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Nothing more to launch, the one give-up of the search (its model branch and this one): why, the
+    ways out (one line each), the exit code, and the bound that blocks (a ``[ladder]`` or ``[target]``
+    setting) when one does."""
+
+    reason: str
+    ways_out: tuple[str, ...] = ()
+    exit_code: int = EXIT_NO_WORKING_CONFIG
+    bound: str = ""
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        return self.ways_out
 
 
 Decision = Step | GiveUp

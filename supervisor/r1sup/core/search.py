@@ -52,6 +52,7 @@ from r1sup.core import bounds as B
 from r1sup.core import failure as F
 from r1sup.core import memmodel as M
 from r1sup.core import policy as P
+from r1sup.core.blind import GiveUp
 from r1sup.core.capacity import Reduction
 from r1sup.core.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
@@ -59,7 +60,6 @@ from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.core.hardware import Conditions, DeviceFacts, GpuInfo
-from r1sup.core.waysout import GiveUp
 
 GIB = 1024**3
 MIB = 1024**2
