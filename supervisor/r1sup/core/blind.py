@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from r1sup.core import failure as F
 from r1sup.core import memmodel, naive, policy
 from r1sup.core.bounds import (
-    FREE_MARGIN_GIB,
     GIB,
     PINNED_RESERVE_FRACTION,
     PINNED_RESERVE_GIB,
@@ -28,13 +27,13 @@ from r1sup.core.bounds import (
     Bounds,
     Facts,
     ceil_util,
-    floor_util,
 )
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.memmodel import floor_util
 
 MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
@@ -200,7 +199,7 @@ def _fp8_kv_dtype(facts: Facts, history: History) -> str | None:
 def _max_usable_util(flags: EngineFlags, bounds: Bounds, facts: Facts) -> float:
     limit = bounds.max_gpu_memory_utilization
     if facts.free_gib is not None and facts.total_gib:
-        limit = min(limit, floor_util((facts.free_gib - FREE_MARGIN_GIB) / facts.total_gib))
+        limit = min(limit, memmodel.free_allows(facts.free_gib * GIB, facts.total_gib * GIB))
     return limit
 
 
@@ -571,7 +570,7 @@ def _free_mem_below_util(
         if util >= bounds.min_gpu_memory_utilization:
             yield Step(flags.replace(gpu_memory_utilization=util), f"less utilization: -> {util:g}")
         return
-    util = floor_util((free - FREE_MARGIN_GIB) / total)
+    util = memmodel.free_allows(free * GIB, total * GIB)
     util = min(util, bounds.max_gpu_memory_utilization)
     if util >= flags.gpu_memory_utilization:
         util = floor_util(flags.gpu_memory_utilization - 0.01)

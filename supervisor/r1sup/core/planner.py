@@ -37,6 +37,7 @@ from r1sup.core.memmodel import (
     CPU_BLOCK_SIZE,
     CUDA_BLOCK_SIZE,
     FOUR_BIT_METHODS,
+    FP8_PER_TENSOR_SPELLING,
     FP8_WEIGHT_METHODS,
     Calibration,
     ModelArch,
@@ -44,9 +45,11 @@ from r1sup.core.memmodel import (
     arch_from_config,
     cdiv,
     estimated_max_model_len,
+    margin_bytes,
+    request_blocks,
+    startable_utilization,
     weight_method,
 )
-from r1sup.core.search import FP8_PER_TENSOR_SPELLING, margin_bytes, request_blocks, startable_utilization
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -211,7 +214,7 @@ def evaluate(
 
 def _margin(est: M.Estimate, calibrated: bool = False) -> int:
     """KV bytes the recommended flags keep spare for the memory model's error: the search's margin
-    (:func:`r1sup.core.search.margin_bytes`), for a search that starts from ``calibration`` when one is
+    (:func:`r1sup.core.memmodel.margin_bytes`), for a search that starts from ``calibration`` when one is
     given."""
     return margin_bytes(est, calibrated=int(calibrated))
 

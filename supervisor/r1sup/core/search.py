@@ -60,6 +60,20 @@ from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.core.hardware import Conditions, DeviceFacts, GpuInfo
+from r1sup.core.memmodel import (  # the sizing arithmetic, beside the memory model (and named here too)
+    ESTIMATE_MARGIN as ESTIMATE_MARGIN,
+)
+from r1sup.core.memmodel import (
+    FP8_PER_TENSOR_SPELLING,
+    FREE_MARGIN_GIB,
+    free_allows,
+    margin_bytes,
+    request_blocks,
+    startable_utilization,
+)
+from r1sup.core.memmodel import MARGIN_FRACTION as MARGIN_FRACTION
+from r1sup.core.memmodel import MEASURED_KV_ERROR_GIB as MEASURED_KV_ERROR_GIB
+from r1sup.core.memmodel import PRINTED_GIB_STEP as PRINTED_GIB_STEP
 
 GIB = 1024**3
 MIB = 1024**2
@@ -88,20 +102,10 @@ CONTEXT_SLACK = 0.03
 SEQS_STEP = 8  # vLLM captures CUDA graphs for batch sizes in steps of 8: max_num_seqs is searched on it
 UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cache_memory_bytes')
 
-# The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
-# (not yet measured) overheads, at most 4% of the budget (planner._margin). Against real GPU logs the
-# calibrated model's KV memory is within 0.2 GiB (bench_planner_truth.py, worst |error| 0.203 GiB over 34
-# records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
-# below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
-MEASURED_KV_ERROR_GIB = 0.2
-ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed
-MARGIN_FRACTION = 0.04  # the most of the budget kept spare for them
-PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
 UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
 REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
 REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
 MIN_BATCHED_TOKENS = 256
-FREE_MARGIN_GIB = B.FREE_MARGIN_GIB
 
 
 @dataclass(frozen=True)
@@ -708,7 +712,7 @@ class Search:
             # what is free now; only without one does the printed figure cap utilization
             free_gib, total_gib = n.figures.free_gib, n.figures.total_gib
             if free_gib and total_gib and outcome.device is None:
-                cap = math.floor((free_gib - FREE_MARGIN_GIB) / total_gib * 100) / 100
+                cap = free_allows(free_gib * GIB, total_gib * GIB)
                 ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
             if free_gib and total_gib:
                 note = f"{free_gib:.2f} of {total_gib:.2f} GiB were free"
@@ -1037,59 +1041,6 @@ class Search:
         if not c.meets_target:
             parts.append("the target is not met by any candidate")
         return "; ".join(parts)
-
-
-def margin_bytes(est: M.Estimate, calibrated: int = 0, exact_kv: bool = False) -> int:
-    """Bytes of KV kept spare for the memory model's error (see MEASURED_KV_ERROR_GIB), the one margin of
-    r1sup (``plan`` and every launch of the search): none for a pinned KV size; once a launch measured the
-    KV budget (``calibrated`` launches so far), the calibrated model's error, shrinking with launches;
-    before, two thirds of the overheads still estimated, at most 4% of the budget, divided by
-    1 + ``calibrated``, never below MEASURED_KV_ERROR_GIB."""
-    if est.flags.kv_cache_memory_bytes is not None:
-        return 0
-    if est.non_torch.source == M.REST:
-        # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
-        # flags to these keep the calibrated model's error on real logs, shrinking with launches
-        moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
-        if not moved:  # the same flags as measured: exact when vLLM's token count measured it
-            return 0 if exact_kv else int(PRINTED_GIB_STEP * GIB)
-        return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, calibrated)) * GIB)
-    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
-    if est.cudagraph_estimate.source == M.ESTIMATE:
-        estimated += est.cudagraph_charged
-    if not estimated:
-        return 0
-    base = min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget)
-    floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
-    return int(max(floor, base / (1 + calibrated)))
-
-
-def request_blocks(est: M.Estimate, kv_bytes: int | None = None) -> int:
-    """KV blocks left for requests when ``kv_bytes`` (default: the estimate's) hold the cache: whole
-    blocks, less the one V1 holds back. ``x est.block_size`` is the longest context one request gets;
-    the one blocks-to-context arithmetic of r1sup (``plan`` and the search)."""
-    kv = est.kv.bytes if kv_bytes is None else kv_bytes
-    if kv <= 0:
-        return 0
-    return max(0, M.usable_blocks(M.num_blocks(kv, est.kv_bytes_per_token, est.block_size), est.version))
-
-
-# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
-# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
-# loader warns that ``fp8`` is deprecated for online quantization. Both spellings start there; ``fp8`` is
-# the one every release r1sup knows accepts, and the one the search launches.
-FP8_PER_TENSOR_SPELLING = M.Version(0, 32, 0)
-
-
-def startable_utilization(device: DeviceFacts, tp: int, version: M.Version | str | None = None) -> float:
-    """The highest utilization (2 decimals) whose request fits in what is free now, less the CUDA context
-    and :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows" for the search and ``plan``."""
-    total = device.total_bytes
-    if not total:
-        return 0.0
-    free = device.free_bytes or total
-    room = free - M.context_bytes(device, tp, M.as_version(version)) - FREE_MARGIN_GIB * GIB
-    return max(0.0, math.floor(room / total * 100) / 100)
 
 
 def fp8_weights_flag(version: M.Version) -> str:
