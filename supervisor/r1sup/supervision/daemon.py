@@ -478,7 +478,8 @@ class Daemon:
             yield from self._tuner().refresh_device()
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
-        base = footing(self.config, self.know, self.runner)
+        base = footing(self.config, self.know)
+        self.runner.expected_phases = base.expected_phases
         self.fingerprint = base.fingerprint
         d = self.config.daemon
         self.runner.managed_args = liveness.drain_args(
