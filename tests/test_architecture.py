@@ -356,3 +356,82 @@ def test_a_stale_exception_is_named(copy: Path) -> None:
     (copy / "core" / "events.py").write_text('"""Only types now."""\n', encoding="utf-8")
     problems = io_problems(sources(copy))
     assert len(problems) == 2 and all("is no longer used: remove it from EXCEPTIONS" in p for p in problems)
+
+
+# --- no import circles -------------------------------------------------------------------------------
+
+
+def import_graph(srcs: list[Source]) -> dict[str, set[str]]:
+    """module -> the r1sup modules it imports anywhere (``from r1sup.core.search import X`` is an arrow to
+    ``r1sup.core.search``; a lazy import is an arrow too)."""
+    known = {s.module for s in srcs}
+    graph: dict[str, set[str]] = {}
+    for src in srcs:
+        targets = set()
+        for _, target in imported(src):
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != src.module and target != "r1sup":
+                targets.add(target)
+        graph[src.module] = targets
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected set of two or more modules, sorted (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                members.append(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_search_never_imports_the_plan() -> None:
+    """The plan is the report of the search's recommendation: it imports the search, never the reverse."""
+    graph = import_graph(sources())
+    assert "r1sup.core.search" in graph["r1sup.core.planner"]
+    assert "r1sup.core.planner" not in graph["r1sup.core.search"]
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """No import circle anywhere in r1sup (the plan and the search were one; supervision's footing, runner,
+    session, subscribers and world another): each module can be read, and tested, above what it imports."""
+    assert circles(import_graph(sources())) == []
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}}, [["a", "b", "c"]]),
+    ],
+)
+def test_a_circle_is_named(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
+    assert circles(graph) == expected

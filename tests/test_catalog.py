@@ -43,8 +43,8 @@ def test_l40_and_l40s_stay_apart() -> None:
 def test_amd_cards_are_marked_rocm_and_say_so_in_the_plan_device() -> None:
     rocm = sorted(name for name, info in catalog.GPUS.items() if info.platform == "rocm")
     assert rocm == ["MI300X", "MI325X"]
-    assert catalog.gpu_platform("AMD Instinct MI300X") == "rocm"
-    assert catalog.gpu_platform("H100") == "cuda"
+    assert catalog.find_gpu("AMD Instinct MI300X")[1].platform == "rocm"  # type: ignore[index]
+    assert catalog.find_gpu("H100")[1].platform == "cuda"  # type: ignore[index]
     facts = devices.from_catalog("MI300X", count=8)
     assert facts.count == 8 and facts.total_bytes == int(191.98 * GIB)
     assert any("ROCm" in note for note in facts.notes)

@@ -661,7 +661,7 @@ def test_every_r1sup_variable_in_the_deployment_files_is_a_setting():
         names |= set(re.findall(r"\b(R1SUP_[A-Z0-9_]+)", json.dumps(doc)))
     names |= set(re.findall(r"\b(R1SUP_[A-Z0-9_]+)", COMPOSE.read_text(encoding="utf-8")))
     names = {n for n in names if n.startswith("R1SUP_") and not n.startswith("R1SUP_PIP_")}
-    settings = cfg.env_overrides({n: "x" for n in names})
+    settings = cfg.env_settings({n: "x" for n in names})
     known = {dotted for dotted, _, _ in cfg.declarations()}
     assert set(settings) <= known, set(settings) - known
     assert names - {f"R1SUP_{d.replace('.', '_').upper()}" for d in settings} == {"R1SUP_CONFIG"}

@@ -167,7 +167,6 @@ def test_an_nvml_error_midway_still_gives_a_clean_answer(
 
 def test_no_driver_helpers(no_driver: types.ModuleType) -> None:
     assert devices.gpu_processes() == []
-    assert devices.device_memory_free() is None
 
 
 # --- probing with NVML -------------------------------------------------------------------------
@@ -221,11 +220,9 @@ def test_cuda_visible_devices_hiding_everything_means_cpu(monkeypatch: pytest.Mo
     assert facts.backend == "cpu" and "hides every GPU" in facts.notes[0]
 
 
-def test_gpu_processes_and_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(TWO_GPUS))
     assert [p.pid for p in devices.gpu_processes()] == [4242, 77]
-    assert devices.device_memory_free() == [20 * GIB, 79 * GIB]
-    assert devices.device_memory_free([1]) == [79 * GIB]
 
 
 # --- host memory (the CPU backend's view) ------------------------------------------------------

@@ -29,7 +29,7 @@ Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 L70 = "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"
 MODELS = sorted(m for m in catalog.MODELS if m != "deepseek-ai/DeepSeek-R1")
-GPUS = sorted(name for name in catalog.GPUS if catalog.gpu_platform(name) == "cuda")
+GPUS = sorted(name for name in catalog.GPUS if catalog.GPUS[name].platform == "cuda")
 VERSIONS = ("0.10.0", "0.21.0", "0.33.0")
 STARTS: tuple[dict[str, Any], ...] = (
     {},

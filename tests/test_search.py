@@ -52,11 +52,14 @@ def test_first_keeps_the_users_flags_when_they_fit() -> None:
     # and than the KV cache holds at once (fewer CUDA graphs, more KV)
     user = EngineFlags(max_model_len=32768)
     s = search(Q7, gpu(23.99), user, target_concurrency=4, target_context=16384)
-    first = s.first()
+    first = s.recommend().flags
     assert first.replace(max_num_seqs=None) == user
     assert first.max_num_seqs is None or first.max_num_seqs >= 16
     set_seqs = EngineFlags(max_model_len=32768, max_num_seqs=16)
-    assert search(Q7, gpu(23.99), set_seqs, target_concurrency=4, target_context=16384).first() == set_seqs
+    assert (
+        search(Q7, gpu(23.99), set_seqs, target_concurrency=4, target_context=16384).recommend().flags
+        == set_seqs
+    )
 
 
 def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
@@ -64,7 +67,7 @@ def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
     user = EngineFlags(max_model_len=16384)
     device = gpu(16.5)
     s = search(Q7, device, user, target_concurrency=1, target_context=4096)
-    first = s.first()
+    first = s.recommend().flags
     assert first != user
     assert first.gpu_memory_utilization == s.utilization_cap(1) > user.gpu_memory_utilization
     assert first.fp8_kv and first.enforce_eager
@@ -75,10 +78,12 @@ def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
 def test_first_lowers_a_users_max_num_seqs_far_beyond_what_the_kv_cache_holds() -> None:
     user = EngineFlags(max_num_seqs=4096)
     s = search(Q7, gpu(23.99), user, target_concurrency=4, target_context=16384)
-    first = s.first()
+    first = s.recommend().flags
     assert first.max_num_seqs is not None and 4 <= first.max_num_seqs < 4096
     # the context is not the price of the sampler: it stays at the longest the KV cache holds
-    plain = search(Q7, gpu(23.99), EngineFlags(), target_concurrency=4, target_context=16384).first()
+    plain = (
+        search(Q7, gpu(23.99), EngineFlags(), target_concurrency=4, target_context=16384).recommend().flags
+    )
     assert (first.max_model_len or 0) >= 0.9 * (plain.max_model_len or 0)
 
 
@@ -86,7 +91,7 @@ def test_runtime_oom_whose_figures_do_not_move_marks_the_lever_ineffective() -> 
     user = EngineFlags(max_model_len=16384, max_num_seqs=256)
     device = gpu(23.99)
     s = search(Q7, device, user, target_concurrency=2, target_context=8192)
-    first = s.first()
+    first = s.recommend().flags
     d1 = s.after(S.Outcome(first, oom(F.OOM_RUNTIME, 2.0, 1.6), Figures(), device))
     assert isinstance(d1, S.Next)
     seen = [first, d1.flags]
@@ -107,7 +112,7 @@ def test_a_failed_configuration_is_never_relaunched() -> None:
     user = EngineFlags(max_model_len=32768)
     device = gpu(23.99)
     s = search(Q14, device, user, target_concurrency=1, target_context=8192)
-    flags = s.first()
+    flags = s.recommend().flags
     tried = {flags}
     for _ in range(4):
         d = s.after(S.Outcome(flags, oom(F.OOM_RUNTIME, 0.5, 0.1), Figures(), device))
@@ -167,7 +172,7 @@ def test_fp8_unsupported_excludes_e4m3_on_this_box() -> None:
     user = EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
     device = gpu(23.69, cc=(8, 6))
     s = search(L8, device, user, target_concurrency=2, target_context=16384)
-    assert s.first().kv_cache_dtype != "fp8"  # vLLM refuses e4m3 below 8.9: never launched
+    assert s.recommend().flags.kv_cache_dtype != "fp8"  # vLLM refuses e4m3 below 8.9: never launched
     failure = Failure(
         F.FP8_UNSUPPORTED, F.PHASE_KV_CACHE, "fp8e4nv data type is not supported on CUDA arch < 89"
     )
@@ -285,17 +290,17 @@ def test_a_profile_found_beside_another_tenant_is_degraded_and_the_idle_box_is_n
     user = EngineFlags(max_model_len=32768)
     busy = busy_gpu(23.99, 5.0)
     s = search(Q7, busy, user, target_concurrency=2, target_context=8192)
-    found_busy = s.first()
+    found_busy = s.recommend().flags
     assert found_busy != user and found_busy.gpu_memory_utilization < 0.9
     why = profile_fit.degraded_by_others(s, found_busy, S.conditions(busy))
     assert why is not None and "5.0 GiB" in why
     idle = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192)
-    assert profile_fit.degraded_by_others(idle, idle.first(), S.conditions(gpu(23.99))) is None
+    assert profile_fit.degraded_by_others(idle, idle.recommend().flags, S.conditions(gpu(23.99))) is None
 
 
 def test_a_saved_profile_is_checked_against_what_is_free_now() -> None:
     user = EngineFlags(max_model_len=32768)
-    best = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192).first()
+    best = search(Q7, gpu(23.99), user, target_concurrency=2, target_context=8192).recommend().flags
     assert profile_fit.fits_now(search(Q7, gpu(23.99), user), best)
     assert not profile_fit.fits_now(search(Q7, busy_gpu(23.99, 5.0), user), best)
 
@@ -322,7 +327,7 @@ def seqs_of(s: S.Search, flags: EngineFlags) -> int:
 def test_7b_on_a_4090_at_131072_keeps_vllms_256_sequences_with_fp8_kv() -> None:
     user = EngineFlags(max_model_len=131072)
     s = search(Q7, card("RTX 4090"), user)
-    first = s.first()
+    first = s.recommend().flags
     assert first.max_num_seqs is None and seqs_of(s, first) == 256  # vLLM's default on a 24 GiB card
     assert first.fp8_kv and first.max_model_len == 131072
     assert s.reduction(first) is None
@@ -334,7 +339,7 @@ def test_32b_on_an_a100_at_32768_keeps_the_context_and_the_sequences() -> None:
     # the margin kept for the model's error, so the first launch takes 0.95, and nothing else changes
     user = EngineFlags(max_model_len=32768)
     s = search(Q32, card("A100 80GB"), user)
-    first = s.first()
+    first = s.recommend().flags
     assert first.replace(gpu_memory_utilization=0.9) == user
     assert seqs_of(s, first) == 256  # an A100 gets vLLM's small defaults
     assert s.reduction(first) is None
@@ -346,7 +351,7 @@ def test_32b_on_an_a100_at_32768_keeps_the_context_and_the_sequences() -> None:
 def test_a_users_256_sequences_are_kept_where_the_context_fits_with_them(context: int) -> None:
     user = EngineFlags(max_model_len=context, max_num_seqs=256)
     s = search(Q7, card("RTX 4090"), user)
-    first = s.first()
+    first = s.recommend().flags
     assert first.max_num_seqs == 256
     assert first.max_model_len == context
 
@@ -354,7 +359,7 @@ def test_a_users_256_sequences_are_kept_where_the_context_fits_with_them(context
 def test_a_users_4096_sequences_are_lowered_only_to_the_most_that_fit() -> None:
     user = EngineFlags(max_model_len=32768, max_num_seqs=4096)
     s = search(Q7, card("RTX 4090"), user)
-    first = s.first()
+    first = s.recommend().flags
     seqs = first.max_num_seqs
     assert seqs is not None and 16 <= seqs < 4096
     assert first.max_model_len == 32768
@@ -375,27 +380,31 @@ def test_max_num_seqs_never_goes_below_the_ladders_floor(floor: int) -> None:
     s = search(L70, card("H200 141GB", others_gib=0.6), user, min_max_num_seqs=floor)
     for c in s.ranked(margin=False):
         assert c.seqs >= floor
-    first = s.first()
+    first = s.recommend().flags
     assert seqs_of(s, first) >= floor
 
 
 def test_a_users_max_num_seqs_below_the_floor_is_kept() -> None:
     user = EngineFlags(max_model_len=32768, max_num_seqs=4)
     s = search(Q7, card("RTX 4090"), user)
-    assert s.first().max_num_seqs == 4
+    assert s.recommend().flags.max_num_seqs == 4
 
 
 def test_a_result_that_gives_up_most_of_the_context_names_the_ways_out() -> None:
     user = EngineFlags(max_model_len=32768)
     s = search(L70, card("H200 141GB", others_gib=0.6), user)
-    first = s.first()
+    first = s.recommend().flags
     reduced = s.reduction(first)
     assert reduced is not None and reduced.context * 2 < 32768
     ways = " ".join(reduced.ways_out)
     assert "--quantization fp8_per_tensor" in ways  # as vLLM 0.33 spells fp8 weights
     assert "--tensor-parallel-size 2" in ways
     # each way out is the same search with that one thing changed: fp8 weights allowed gives the context
-    wider = search(L70, card("H200 141GB", others_gib=0.6), user, allow_weight_quantization=True).first()
+    wider = (
+        search(L70, card("H200 141GB", others_gib=0.6), user, allow_weight_quantization=True)
+        .recommend()
+        .flags
+    )
     assert wider.max_model_len == 32768 and wider.quantization == "fp8"
 
 

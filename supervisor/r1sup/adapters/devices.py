@@ -8,7 +8,7 @@ clamped to the cgroup limit, as vllm/utils/cpu_resource_utils.py does), or psuti
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -307,17 +307,3 @@ def gpu_processes() -> list[ProcessUse]:
                 return []
     except _NoDriver:
         return []
-
-
-def device_memory_free(indices: Sequence[int] | None = None) -> list[int] | None:
-    """Free bytes per GPU (physical indices; all when None); None without a driver."""
-    try:
-        with _nvml() as nv:
-            try:
-                count = int(nv.nvmlDeviceGetCount())
-                wanted = list(range(count)) if indices is None else [i for i in indices if 0 <= i < count]
-                return [_memory(nv, nv.nvmlDeviceGetHandleByIndex(i))[1] for i in wanted]
-            except nv.NVMLError:
-                return None
-    except _NoDriver:
-        return None

@@ -350,10 +350,6 @@ class Engine:
                     continue
         return killed
 
-    def abandon(self) -> None:
-        """Close our side without stopping (used only when the process is already gone)."""
-        self._release_guard()
-
 
 def _pump(stream: Any, events: EventQueue, launch_id: int) -> None:
     """Drain the child's merged stdout/stderr into the event queue until EOF.

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,13 @@ class StateWriteError(R1supError):
     exit_code = EXIT_INTERNAL
 
 
-def utc_now_iso() -> str:
-    """The current time as ISO 8601 UTC with a ``Z``, for timestamps inside state files."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc_now_iso(offset_s: float = 0.0, *, zulu: bool = True, now: datetime | None = None) -> str:
+    """The one timestamp of r1sup: ``now`` (default: the clock) plus ``offset_s`` seconds, ISO 8601 UTC to
+    the second. ``Z`` for the state files (profiles, run records, the fleet store); ``+00:00`` (``zulu``
+    False) where the daemon's state and events always wrote it. :func:`parse_iso` reads both."""
+    at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc) + timedelta(seconds=offset_s)
+    text = at.isoformat(timespec="seconds")
+    return text[: -len("+00:00")] + "Z" if zulu else text
 
 
 def parse_iso(text: str) -> datetime:

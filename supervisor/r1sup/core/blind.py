@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from r1sup.core import failure as F
 from r1sup.core import memmodel, naive, policy
 from r1sup.core.bounds import (
-    FREE_MARGIN_GIB,
     GIB,
     PINNED_RESERVE_FRACTION,
     PINNED_RESERVE_GIB,
@@ -28,13 +27,13 @@ from r1sup.core.bounds import (
     Bounds,
     Facts,
     ceil_util,
-    floor_util,
 )
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.memmodel import floor_util
 
 MIB = 1024**2
 KV_MARGIN = 0.02  # spare KV bytes when computing the utilization a context needs
@@ -60,9 +59,18 @@ class Step:
 
 @dataclass(frozen=True)
 class GiveUp:
+    """Nothing more to launch, the one give-up of the search (its model branch and this one): why, the
+    ways out (one line each), the exit code, and the bound that blocks (a ``[ladder]`` or ``[target]``
+    setting) when one does."""
+
     reason: str
+    ways_out: tuple[str, ...] = ()
     exit_code: int = EXIT_NO_WORKING_CONFIG
-    suggestions: tuple[str, ...] = ()
+    bound: str = ""
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        return self.ways_out
 
 
 Decision = Step | GiveUp
@@ -133,7 +141,7 @@ def next_step(
         if kv is not None:
             history = replace(history, kv_bytes=kv)
     if failure.cls in policy.FATAL:  # a config error only the architecture could fix
-        return GiveUp(policy.fatal_reason(failure), EXIT_FATAL_FAILURE)
+        return GiveUp(policy.fatal_reason(failure), exit_code=EXIT_FATAL_FAILURE)
 
     candidates: Iterable[Step | GiveUp]
     if failure.cls == F.FP8_UNSUPPORTED:
@@ -143,13 +151,13 @@ def next_step(
     else:
         handler = _SMART.get(failure.cls)
         if handler is None:
-            return GiveUp(f"no rule for {failure.cls}", EXIT_FATAL_FAILURE)
+            return GiveUp(f"no rule for {failure.cls}", exit_code=EXIT_FATAL_FAILURE)
         candidates = handler(flags, failure, facts, bounds, obs, history)
 
     fallback_reason = ""
     for candidate in candidates:
         if isinstance(candidate, GiveUp):
-            return replace(candidate, suggestions=candidate.suggestions or facts.suggestions)
+            return replace(candidate, ways_out=candidate.ways_out or facts.suggestions)
         if candidate.flags in history.tried or not _within(candidate.flags, bounds, history):
             fallback_reason = fallback_reason or candidate.reason
             continue
@@ -157,7 +165,7 @@ def next_step(
     why = f"every change the ladder may make for {failure.cls} was tried or is out of bounds"
     if fallback_reason:
         why += f" (last idea: {fallback_reason})"
-    return GiveUp(why, EXIT_NO_WORKING_CONFIG if failure.memory else EXIT_FATAL_FAILURE, facts.suggestions)
+    return GiveUp(why, facts.suggestions, EXIT_NO_WORKING_CONFIG if failure.memory else EXIT_FATAL_FAILURE)
 
 
 def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
@@ -191,7 +199,7 @@ def _fp8_kv_dtype(facts: Facts, history: History) -> str | None:
 def _max_usable_util(flags: EngineFlags, bounds: Bounds, facts: Facts) -> float:
     limit = bounds.max_gpu_memory_utilization
     if facts.free_gib is not None and facts.total_gib:
-        limit = min(limit, floor_util((facts.free_gib - FREE_MARGIN_GIB) / facts.total_gib))
+        limit = min(limit, memmodel.free_allows(facts.free_gib * GIB, facts.total_gib * GIB))
     return limit
 
 
@@ -562,7 +570,7 @@ def _free_mem_below_util(
         if util >= bounds.min_gpu_memory_utilization:
             yield Step(flags.replace(gpu_memory_utilization=util), f"less utilization: -> {util:g}")
         return
-    util = floor_util((free - FREE_MARGIN_GIB) / total)
+    util = memmodel.free_allows(free * GIB, total * GIB)
     util = min(util, bounds.max_gpu_memory_utilization)
     if util >= flags.gpu_memory_utilization:
         util = floor_util(flags.gpu_memory_utilization - 0.01)
@@ -773,7 +781,9 @@ def _fp8_unsupported(
         history = replace(history, banned=history.banned | {"fp8_weights"})
         return history, [Step(flags.replace(quantization=None), "fp8 weights are not supported here")]
     return history, [
-        GiveUp("fp8 failed although r1sup set no fp8 flag; check server.extra_args", EXIT_FATAL_FAILURE)
+        GiveUp(
+            "fp8 failed although r1sup set no fp8 flag; check server.extra_args", exit_code=EXIT_FATAL_FAILURE
+        )
     ]
 
 

@@ -18,7 +18,6 @@ from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import DeviceFacts, GpuInfo
 
 GIB = 1024**3
-FREE_MARGIN_GIB = 0.25  # stay this far below the free memory measured before launch
 PINNED_RESERVE_GIB = 1.0  # a shrunk pinned KV cache leaves this much (or a fifth) of the free memory free
 PINNED_RESERVE_FRACTION = 0.2
 UTIL_STEP = 0.05  # blind utilization step, when no figure says better
@@ -91,7 +90,7 @@ class Facts:
     fp8_kv_supported: bool | None = None  # None: unknown (try it); False: never propose fp8 KV
     model_max_len: int | None = None  # max_position_embeddings
     kv_bytes_per_token: int | None = None  # model dtype, at the flags' tensor parallel size
-    block_size: int = 16
+    block_size: int = memmodel.CUDA_BLOCK_SIZE
     holders: tuple[str, ...] = ()  # other processes holding device memory, for messages
     suggestions: tuple[str, ...] = ()  # the planner's ways out, for a give-up message
     gpu_name: str | None = None  # for vLLM's batch defaults (A100s get the small ones)
@@ -175,8 +174,3 @@ class Facts:
 def ceil_util(value: float) -> float:
     """A utilization rounded up to the hundredth."""
     return math.ceil(value * 100 - 1e-9) / 100
-
-
-def floor_util(value: float) -> float:
-    """A utilization rounded down to the hundredth."""
-    return math.floor(value * 100 + 1e-9) / 100

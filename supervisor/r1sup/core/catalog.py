@@ -271,12 +271,6 @@ def catalog_total_beside(name: str, total_gib: float) -> str:
     return f"; the catalog's {canonical} (plan --gpu): {info.total_gib:.2f} GiB"
 
 
-def gpu_platform(name: str) -> str:
-    """``"rocm"`` for AMD Instinct entries, else ``"cuda"``."""
-    found = find_gpu(name)
-    return found[1].platform if found else "cuda"
-
-
 def suggest_gpu(name: str) -> list[str]:
     """The catalog GPUs a mistyped or partial name most likely meant: ``"RTX 4900"`` -> ``["RTX 4090"]``,
     ``"a100"`` -> ``["A100 40GB", "A100 80GB"]``; [] when nothing is close."""

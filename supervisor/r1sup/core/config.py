@@ -721,11 +721,6 @@ def default_state_dir(source: str | os.PathLike[str] | None) -> str:
     return f"{STATE_ROOT}/{stem}"
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
-    """``R1SUP_<SECTION>_<KEY>`` variables as dotted names. Unknown keys of a known section are errors."""
-    return {dotted: value for dotted, (_, value) in env_settings(environ).items()}
-
-
 def env_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """``R1SUP_<SECTION>_<KEY>`` variables: dotted name -> (variable name, value)."""
     out: dict[str, tuple[str, str]] = {}

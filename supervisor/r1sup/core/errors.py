@@ -100,32 +100,3 @@ class NotAVllmLog(R1supError):
     """``diagnose`` read its input and found no line of vLLM output in it."""
 
     exit_code = EXIT_NOT_A_VLLM_LOG
-
-
-class NoWorkingConfig(R1supError):
-    """The search gave up: no configuration within its bounds (``[ladder]``) started and passed the probe."""
-
-    exit_code = EXIT_NO_WORKING_CONFIG
-
-
-class FatalFailure(R1supError):
-    """A non-memory failure that no flag change can fix: model not found, port taken, bad arguments."""
-
-    exit_code = EXIT_FATAL_FAILURE
-
-
-class RestartBudgetExhausted(R1supError):
-    """While serving, the server crashed more often than the restart budget allows."""
-
-    exit_code = EXIT_RESTART_BUDGET
-
-
-class Interrupted(R1supError):
-    """Stopped by a signal; the child was stopped first."""
-
-    def __init__(self, signum: int) -> None:
-        import signal
-
-        self.signum = signum
-        self.exit_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
-        super().__init__(f"stopped by {signal.Signals(signum).name}")

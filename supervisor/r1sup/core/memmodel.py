@@ -1569,3 +1569,81 @@ def fp8_weight_saving_gib(
     if measured_weights_gib is not None and now > 0:
         return measured_weights_gib * (1 - fp8 / now)
     return (now - fp8) / GIB
+
+
+# --- sizing arithmetic: the one of r1sup, for the plan, the search and its blind branch ------------------
+
+# The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
+# (not yet measured) overheads, at most 4% of the budget (planner._margin). Against real GPU logs the
+# calibrated model's KV memory is within 0.2 GiB (bench_planner_truth.py, worst |error| 0.203 GiB over 34
+# records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
+# below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
+MEASURED_KV_ERROR_GIB = 0.2
+ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed
+MARGIN_FRACTION = 0.04  # the most of the budget kept spare for them
+PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
+FREE_MARGIN_GIB = 0.25  # stay this far below the free memory measured before launch
+
+
+def floor_util(value: float) -> float:
+    """A utilization rounded down to the hundredth."""
+    return math.floor(value * 100 + 1e-9) / 100
+
+
+def free_allows(free: float, total: float, context: float = 0.0) -> float:
+    """The utilization (2 decimals, rounded down; negative when nothing is) whose request fits in ``free``
+    bytes of a device of ``total``, less ``context`` (the CUDA context, where it is known) and
+    :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows"."""
+    return floor_util((free - context - FREE_MARGIN_GIB * GIB) / total)
+
+
+def margin_bytes(est: Estimate, calibrated: int = 0, exact_kv: bool = False) -> int:
+    """Bytes of KV kept spare for the memory model's error (see MEASURED_KV_ERROR_GIB), the one margin of
+    r1sup (``plan`` and every launch of the search): none for a pinned KV size; once a launch measured the
+    KV budget (``calibrated`` launches so far), the calibrated model's error, shrinking with launches;
+    before, two thirds of the overheads still estimated, at most 4% of the budget, divided by
+    1 + ``calibrated``, never below MEASURED_KV_ERROR_GIB."""
+    if est.flags.kv_cache_memory_bytes is not None:
+        return 0
+    if est.non_torch.source == REST:
+        # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
+        # flags to these keep the calibrated model's error on real logs, shrinking with launches
+        moved = any(t.source == SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
+        if not moved:  # the same flags as measured: exact when vLLM's token count measured it
+            return 0 if exact_kv else int(PRINTED_GIB_STEP * GIB)
+        return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, calibrated)) * GIB)
+    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == ESTIMATE)
+    if est.cudagraph_estimate.source == ESTIMATE:
+        estimated += est.cudagraph_charged
+    if not estimated:
+        return 0
+    base = min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget)
+    floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
+    return int(max(floor, base / (1 + calibrated)))
+
+
+def request_blocks(est: Estimate, kv_bytes: int | None = None) -> int:
+    """KV blocks left for requests when ``kv_bytes`` (default: the estimate's) hold the cache: whole
+    blocks, less the one V1 holds back. ``x est.block_size`` is the longest context one request gets;
+    the one blocks-to-context arithmetic of r1sup (``plan`` and the search)."""
+    kv = est.kv.bytes if kv_bytes is None else kv_bytes
+    if kv <= 0:
+        return 0
+    return max(0, usable_blocks(num_blocks(kv, est.kv_bytes_per_token, est.block_size), est.version))
+
+
+# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
+# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
+# loader warns that ``fp8`` is deprecated for online quantization. Both spellings start there; ``fp8`` is
+# the one every release r1sup knows accepts, and the one the search launches.
+FP8_PER_TENSOR_SPELLING = Version(0, 32, 0)
+
+
+def startable_utilization(device: DeviceFacts, tp: int, version: Version | str | None = None) -> float:
+    """The highest utilization (2 decimals) whose request fits in what is free now, less the CUDA context
+    and :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows" for the search and ``plan``."""
+    total = device.total_bytes
+    if not total:
+        return 0.0
+    free = device.free_bytes or total
+    return max(0.0, free_allows(free, total, context_bytes(device, tp, as_version(version))))

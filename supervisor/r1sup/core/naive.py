@@ -9,8 +9,9 @@ tried yet and within the bounds. Nothing is computed from the figures vLLM print
 
 from __future__ import annotations
 
-from r1sup.core.bounds import UTIL_STEP, Bounds, Facts, floor_util
+from r1sup.core.bounds import UTIL_STEP, Bounds, Facts
 from r1sup.core.flags import EngineFlags
+from r1sup.core.memmodel import floor_util
 
 
 def walk(flags: EngineFlags, facts: Facts, bounds: Bounds) -> list[tuple[EngineFlags, str]]:

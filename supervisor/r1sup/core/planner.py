@@ -4,8 +4,9 @@ the first flags to launch. Pure: plain data in, plain data out (no ``os``, no cl
 Every figure comes from the memory model (:mod:`r1sup.core.memmodel`: weights, non-torch memory, the profile
 run's activation peak, CUDA graphs, KV bytes per token, blocks and the null block, vLLM's batch
 defaults, valid tensor-parallel sizes, each a function of the vLLM version), calibrated by what earlier
-launches on the same box printed (:class:`r1sup.core.memmodel.Calibration`). This module decides what to
-recommend with those figures:
+launches on the same box printed (:class:`r1sup.core.memmodel.Calibration`). The search
+(:func:`r1sup.core.search.assess`) decides what to recommend with those figures; this module reports it,
+with the ways out:
 
 * "fits": vLLM starts with these flags (free memory, one request of ``max_model_len`` in the KV cache)
   and the KV cache holds the target, with a margin kept spare for the parts that are estimated, not
@@ -25,28 +26,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from r1sup.core import memmodel as M
+from r1sup.core import search as S
 from r1sup.core.bounds import Bounds
 from r1sup.core.capacity import Reduction
-from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
+from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts
 from r1sup.core.memmodel import (
     CPU_BLOCK_SIZE,
     CUDA_BLOCK_SIZE,
-    FOUR_BIT_METHODS,
     FP8_WEIGHT_METHODS,
     Calibration,
     ModelArch,
     Version,
     arch_from_config,
     cdiv,
-    estimated_max_model_len,
+    startable_utilization,
     weight_method,
 )
-from r1sup.core.search import FP8_PER_TENSOR_SPELLING, margin_bytes, request_blocks, startable_utilization
+from r1sup.core.search import Choice, Evaluation, evaluate, fewer_seqs, fp8_kv_choice, fp8_weights_note
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -64,7 +65,6 @@ __all__ = [
     "predict_max_model_len",
 ]
 
-TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make room (vLLM captures 1..2x of it)
 
 # --- the breakdown -------------------------------------------------------------------------------
 
@@ -122,98 +122,6 @@ def _breakdown(est: M.Estimate, device: DeviceFacts) -> Breakdown:
 
 
 # --- one configuration, evaluated ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """The memory model's estimate of one configuration, with the margin the planner keeps spare: what
-    every verdict of :func:`plan` rests on (does it start, how long a context, how many requests)."""
-
-    est: M.Estimate
-    margin: int = 0  # bytes of KV kept spare for errors of the estimated parts (see _margin)
-
-    @property
-    def flags(self) -> EngineFlags:
-        return self.est.flags
-
-    @property
-    def kv(self) -> int:
-        return self.est.kv.bytes
-
-    @property
-    def weights(self) -> int:
-        return self.est.weights.bytes
-
-    @property
-    def block(self) -> int:
-        return self.est.block_size
-
-    @property
-    def kv_bpt(self) -> int:
-        return self.est.kv_bytes_per_token
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.est.bytes_per_block
-
-    @property
-    def num_blocks(self) -> int:
-        return self.est.num_blocks
-
-    @property
-    def startup_ok(self) -> bool:
-        return self.est.startup_problem is None
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self.est.batch.max_num_seqs
-
-    def usable_blocks(self, margin: bool) -> int:
-        """Blocks left for requests (V1 holds one back as the null block): the search's arithmetic."""
-        return request_blocks(self.est, self.kv - self.margin if margin else self.kv)
-
-    def context_for(self, concurrency: int, cap: int, margin: bool) -> int:
-        """Largest block-aligned context where ``concurrency`` requests fit at once (0 if none)."""
-        per_request = self.usable_blocks(margin) // max(1, concurrency)
-        return max(0, min(cap, per_request * self.block))
-
-    def fits_context(self, context: int, concurrency: int, margin: bool) -> bool:
-        """``concurrency`` requests of ``context`` tokens each fit at once (and vLLM starts)."""
-        return self.startup_ok and self.usable_blocks(margin) >= concurrency * cdiv(context, self.block)
-
-    def holds(self, context: int, concurrency: int, per_request: int, margin: bool) -> bool:
-        """vLLM starts with ``max_model_len`` = ``context`` (one request of it fits) and the KV cache holds
-        ``concurrency`` requests of ``per_request`` tokens at once: issue 6's reading of a target."""
-        return self.fits_context(context, 1, margin) and self.fits_context(per_request, concurrency, margin)
-
-    def longest_context(self, concurrency: int, per_request: int, cap: int, margin: bool) -> int:
-        """The longest block-aligned ``max_model_len`` (up to ``cap``) for :meth:`holds`; 0 if none."""
-        if not self.fits_context(per_request, concurrency, margin):
-            return 0
-        return max(0, min(cap, self.usable_blocks(margin) * self.block))
-
-    def breakdown(self, device: DeviceFacts) -> Breakdown:
-        return _breakdown(self.est, device)
-
-
-def evaluate(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    version: Version,
-    calibration: Calibration | None = None,
-) -> Evaluation:
-    """``flags`` on ``device`` as the planner judges them: the memory model's estimate (with
-    ``calibration``, a saved launch's figures, when there is one) and the margin kept for its error."""
-    est = M.evaluate(arch, device, flags, version, calibration)
-    return Evaluation(est, _margin(est, calibration is not None))
-
-
-def _margin(est: M.Estimate, calibrated: bool = False) -> int:
-    """KV bytes the recommended flags keep spare for the memory model's error: the search's margin
-    (:func:`r1sup.core.search.margin_bytes`), for a search that starts from ``calibration`` when one is
-    given."""
-    return margin_bytes(est, calibrated=int(calibrated))
 
 
 # --- predictions ---------------------------------------------------------------------------------
@@ -551,130 +459,6 @@ MAX_TP_SUGGESTED = 8  # the largest tensor-parallel size the ways out propose (o
 VERDICTS = {"fits": 0, "fits_with_changes": 7, "does_not_fit": 3}
 
 
-def fp8_kv_choice(device: DeviceFacts) -> str:
-    """``fp8`` (e4m3) from compute capability 8.9 and on the CPU backend, else ``fp8_e5m2``."""
-    if device.backend == "cpu":
-        return "fp8"
-    cc = device.compute_capability
-    return "fp8" if cc is not None and cc >= (8, 9) else "fp8_e5m2"
-
-
-def _e4m3(dtype: str) -> bool:
-    return dtype in ("fp8", "fp8_e4m3")
-
-
-@dataclass(frozen=True)
-class _Choice:
-    ev: Evaluation
-    context: int
-
-
-def _recommend(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    *,
-    concurrency: int,
-    requested_context: int,
-    min_context: int,
-    version: Version,
-    calibration: Calibration | None,
-    bounds: Bounds,
-    target_concurrency: int | None = None,
-    per_request: int | None = None,
-) -> _Choice | None:
-    """The best configuration predicted to start with a margin, or None.
-
-    It must hold (:meth:`Evaluation.holds`, with the margin) one request of its ``max_model_len`` and
-    ``concurrency`` requests of ``per_request`` tokens at once (None: requests of the full context).
-    Preference (issues 4 and 6): the longest context up to the requested one, then the fewest and mildest
-    changes: as given, then with fp8 KV when allowed, then at the highest allowed utilization (with and
-    without fp8 KV), then, when a target concurrency is given and ``max_num_seqs`` is vLLM's default,
-    with fewer sequences per batch (:func:`fewer_seqs`). When none keeps the requested context: the
-    longest block-aligned context one request fits with all of those levers, never below ``min_context``,
-    or without CUDA graphs when that keeps the requested context or gives a clearly longer one
-    (``memmodel.EAGER_MIN_GAIN``).
-    """
-    base = flags.replace(max_model_len=requested_context)
-    cc = device.compute_capability
-    if device.backend != "cpu" and _e4m3(base.kv_cache_dtype) and cc is not None and cc < (8, 9):
-        base = base.replace(kv_cache_dtype="fp8_e5m2")
-    start_max = startable_utilization(device, base.tensor_parallel_size, version)
-    lo, hi = bounds.min_gpu_memory_utilization, bounds.max_gpu_memory_utilization
-    pinned = base.kv_cache_memory_bytes is not None
-    if not pinned and base.gpu_memory_utilization > start_max:
-        util = min(start_max, hi)
-        if util < lo:
-            return None
-        base = base.replace(gpu_memory_utilization=util)
-
-    def judged(f: EngineFlags) -> Evaluation:
-        return evaluate(arch, device, f, version, calibration)
-
-    def keeps(ev: Evaluation) -> bool:
-        return ev.holds(requested_context, concurrency, per_request or requested_context, margin=True)
-
-    def shrink(ev: Evaluation) -> _Choice | None:
-        if per_request is None:  # requests of the full context: it shrinks with them
-            context = ev.context_for(concurrency, requested_context, margin=True)
-        else:
-            context = ev.longest_context(concurrency, per_request, requested_context, margin=True)
-        if context <= 0 or context < min_context:
-            return None
-        return _Choice(judged(ev.flags.replace(max_model_len=context)), context)
-
-    # the ways to keep the requested context, the fewest and mildest changes first
-    keep = [base]
-    fp8_ok = bounds.allow_fp8_kv and device.fp8_kv_supported is not False
-    if fp8_ok and base.kv_cache_dtype not in FP8_KV_DTYPES:
-        keep.append(base.replace(kv_cache_dtype=fp8_kv_choice(device)))
-    top_util = min(hi, start_max)
-    if not pinned and top_util > base.gpu_memory_utilization:
-        keep += [f.replace(gpu_memory_utilization=top_util) for f in list(keep)]
-    seqs = fewer_seqs(arch, device, base, target_concurrency, version)
-    if seqs is not None:
-        keep.append(keep[-1].replace(max_num_seqs=seqs))
-    evals = [judged(f) for f in keep]
-    for ev in evals:
-        if keeps(ev):
-            return _Choice(ev, requested_context)
-    primary = evals[-1]  # every lever but eager mode: the most KV, so the longest context
-    choice = shrink(primary)
-    if bounds.allow_eager and not base.enforce_eager and device.backend != "cpu":
-        # without CUDA graphs: their pool (and, from vLLM 0.20, the estimate vLLM charges to the KV
-        # budget) goes to the KV cache; taken when that keeps the context or lengthens it by EAGER_MIN_GAIN
-        ev = judged(primary.flags.replace(enforce_eager=True))
-        if keeps(ev):
-            return _Choice(ev, requested_context)
-        eager = shrink(ev)
-        if eager is not None and (choice is None or eager.context >= M.EAGER_MIN_GAIN * choice.context):
-            return eager
-    return choice
-
-
-def fewer_seqs(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    target_concurrency: int | None,
-    version: Version | str | None = None,
-) -> int | None:
-    """``max_num_seqs`` for a known target concurrency, when vLLM's default is larger; else None.
-
-    vLLM sizes the sampler warm-up (``max_num_seqs`` dummy requests of vocabulary-wide logits) and the
-    CUDA-graph captures (batch sizes up to ``min(2 x max_num_seqs, 512)``, vllm/config/vllm.py) from
-    ``max_num_seqs``; its API-server default (256, or 1024 on large GPUs) is far above most targets,
-    and both come out of the KV budget. The planner sets the target concurrency (at least
-    ``TARGET_SEQS_FLOOR``, a multiple of 8 like vLLM's capture sizes) only when the user left the flag
-    unset, so decoding keeps CUDA graphs for every batch the target needs.
-    """
-    if target_concurrency is None or flags.max_num_seqs is not None or device.backend == "cpu":
-        return None
-    seqs = max(TARGET_SEQS_FLOOR, cdiv(target_concurrency, 8) * 8)
-    default = M.resolve_batch(arch, device, flags, M.as_version(version)).max_num_seqs
-    return seqs if seqs < default else None
-
-
 def plan(
     arch: ModelArch,
     device: DeviceFacts,
@@ -711,198 +495,40 @@ def plan(
     The verdict (:data:`VERDICTS`): "fits" (as given, exit 0), "fits_with_changes" (only with the
     recommended flags, exit 7), "does_not_fit" (nothing within the bounds, exit 3), with the reason.
     """
-    b = bounds if bounds is not None else Bounds()
-    v = M.as_version(version)
-    flags = _normalize_flags(flags)
-    stages = M.pipeline_stages(arch)
-    ev = evaluate(arch, device, flags, v, calibration)
-    auto_fit = flags.max_model_len == -1
-    concurrency = max(1, target_concurrency or 1)
-    requested_context = ev.est.batch.max_model_len
-    if target_context and target_context > requested_context and flags.max_model_len in (None, -1):
-        requested_context = min(target_context, arch.max_position_embeddings)
-    min_context = min(b.min_max_model_len, requested_context)
-    if target_context:
-        min_context = max(min_context, min(target_context, requested_context))
-    cap = arch.max_position_embeddings
-
-    notes: list[str] = []
-    note = M.version_note(v)
-    if note:
-        notes.append(note)
-    notes += list(arch.approximations)
-    notes += _flag_notes(arch, device, flags, v)
-    notes += list(ev.est.notes)
-    refused = M.tp_refusal(arch, flags.tensor_parallel_size)
-    if refused:
-        notes.append(f"vLLM refuses this configuration: {refused}")
-    if ev.est.startup_problem:
-        notes.append(f"vLLM would stop at start-up: {ev.est.startup_problem}")
-
-    max_context = estimated_max_model_len(ev.num_blocks, ev.block, cap, v)
-    usable = ev.usable_blocks(margin=False)
-    if auto_fit:
-        starts = ev.startup_ok and max_context > 0
-    else:
-        starts = ev.startup_ok and ev.num_blocks > 0 and usable >= cdiv(requested_context, ev.block)
-    model_fits = ev.startup_ok and ev.num_blocks > 0 and usable >= cdiv(min_context, ev.block)
-    above_limit = requested_context > cap
-    if refused or above_limit:
-        starts = False
-    max_for_target = (
-        ev.context_for(concurrency, cap, margin=False) if target_concurrency is not None else None
-    )
-    # The target holds when ``concurrency`` requests of ``each`` tokens fit in the KV cache at once (the
-    # target context; without one, the context vLLM runs with, which auto-fit sizes itself); never when
-    # vLLM would not start with these flags.
-    each = target_context or (max_context if auto_fit else requested_context)
-    meets_target = each > 0 and ev.fits_context(each, concurrency, margin=False) and not refused
-    short_of_target = bool(target_context and not auto_fit and requested_context < target_context)
-    if short_of_target:
-        meets_target = False
-        notes.append(f"max_model_len {requested_context} is shorter than the target context {target_context}")
-    fits = starts and meets_target
-    in_margin = fits and not auto_fit and not ev.holds(requested_context, concurrency, each, margin=True)
-    if in_margin:
-        fits = False
-        notes.append(
-            f"as given it is predicted to fit by less than the {ev.margin / GIB:.2f} GiB kept spare for "
-            "errors of the estimated parts (non-torch, activation, CUDA graphs)"
-        )
-    # what vLLM would do with these flags: the first reason they do not fit as given
-    why = _why_not(
-        ev,
+    a = S.assess(
         arch,
-        requested_context=requested_context,
-        auto_fit=auto_fit,
-        refused=refused,
-        starts=starts,
-        short_of_target=short_of_target,
-        meets_target=meets_target,
-        concurrency=concurrency,
-        each=each,
-        in_margin=in_margin,
+        device,
+        flags,
+        target_concurrency=target_concurrency,
+        target_context=target_context,
+        calibration=calibration,
+        bounds=bounds,
+        version=version,
     )
-    # changes never go above the model's limit
-    asked_context = requested_context
-    requested_context = min(requested_context, cap)
-    min_context = min(min_context, requested_context)
-
-    def recommend(f: EngineFlags, conc: int) -> _Choice | None:
-        return _recommend(
-            arch,
-            device,
-            f,
-            concurrency=conc,
-            requested_context=requested_context,
-            min_context=min_context,
-            version=v,
-            calibration=calibration,
-            bounds=b,
-            target_concurrency=target_concurrency,
-            per_request=target_context,
-        )
-
-    tp = flags.tensor_parallel_size
-    found_by = _search_recommendation(
-        arch, device, flags, b, v, calibration, target_concurrency, target_context, len(stages), auto_fit
-    )
-    costs: list[str] = []
-    reduced: Reduction | None = None
-    if found_by is not None:
-        search, searched = found_by
-        if searched.verdict != "does_not_fit":
-            costs, reduced = search.costs(searched.flags), search.reduction(searched.flags)
-        # the search answers "which flags" (the first launch of tune and run, the same code path)
-        recommended = searched.flags if searched.verdict != "does_not_fit" else None
-        choice: _Choice | None = None
-        if recommended is not None:
-            context = recommended.max_model_len or requested_context
-            choice = _Choice(evaluate(arch, device, recommended, v, calibration), context)
-            if context < requested_context:
-                notes.append(
-                    f"one request of {requested_context} tokens does not fit with "
-                    f"{choice.ev.margin / GIB:.2f} GiB kept spare; recommended --max-model-len {context}"
-                )
-            if recommended.kv_cache_dtype != flags.kv_cache_dtype and recommended.fp8_kv:
-                notes.append(
-                    f"recommended KV cache dtype {recommended.kv_cache_dtype}: half the KV bytes per token"
-                )
-        else:
-            notes.append("nothing within the bounds is predicted to fit; see the ways out")
-        verdict = searched.verdict
-        fits = verdict == "fits"
-        reason = why or searched.reason
-        if verdict == "does_not_fit" and why:
-            reason = f"{why}; {searched.reason}"
-    else:
-        # The planner's own branch (CPU backend, pipeline stages, auto-fit). Levers beyond the flags
-        # themselves: more of the GPUs present, then fp8 weights. A tensor-parallel size vLLM refuses is
-        # replaced by the sizes it accepts up to the same GPU count.
-        tp = flags.tensor_parallel_size
-        variants = [flags] if not refused else []
-        if refused:
-            variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
-        if b.allow_tensor_parallel and device.source == "probe" and device.count > tp:
-            variants += [
-                flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
-            ]
-        if b.allow_weight_quantization and weight_method(arch, flags) is None:
-            variants.append(flags.replace(quantization="fp8"))
-
-        # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
-        # then the earlier variant (fewer GPUs)
-        found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
-        choice = min(
-            found,
-            key=lambda c: (-min(c.context, requested_context), _changed(c.ev.flags, flags)),
-            default=None,
-        )
-        target_missed = False
-        if choice is None and concurrency > 1:
-            for variant in variants:
-                choice = recommend(variant, 1)
-                if choice is not None:
-                    target_missed = True
-                    each = target_context or choice.context
-                    served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
-                    notes.append(
-                        f"the target of {concurrency} requests of {each} tokens at once is not met; the "
-                        f"recommended flags hold {served} of them at once"
-                    )
-                    break
-
-        recommended = choice.ev.flags if choice else None
-        if choice is not None:
-            if choice.context < requested_context:
-                notes.append(
-                    f"one request of {requested_context} tokens does not fit"
-                    + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
-                    + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
-                    f"recommended --max-model-len {choice.context}"
-                )
-            if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
-                dtype = choice.ev.flags.kv_cache_dtype
-                notes.append(f"recommended KV cache dtype {dtype}: half the KV bytes per token")
-        else:
-            notes.append("nothing within the bounds is predicted to fit; see the ways out")
-
-        if fits:
-            verdict, reason = "fits", why
-        elif recommended is not None and not target_missed:
-            verdict, reason = "fits_with_changes", why
-        else:
-            verdict = "does_not_fit"
-            reason = why
-            if target_missed and choice is not None:
-                served = choice.ev.usable_blocks(True) // cdiv(
-                    target_context or choice.context, choice.ev.block
-                )
-                reason += (
-                    f"; within the bounds the target is not met (the recommended flags hold {served} of the "
-                    f"{concurrency} requests at once)"
-                )
-
+    v = a.v
+    flags = a.flags
+    stages = a.stages
+    ev = a.ev
+    concurrency = a.concurrency
+    requested_context = a.requested_context
+    asked_context = a.asked_context
+    min_context = a.min_context
+    notes = a.notes
+    note = a.note
+    refused = a.refused
+    max_context = a.max_context
+    starts = a.starts
+    model_fits = a.model_fits
+    max_for_target = a.max_for_target
+    meets_target = a.meets_target
+    fits = a.fits
+    choice = a.choice
+    recommended = a.recommended
+    verdict = a.verdict
+    reason = a.reason
+    costs = a.costs
+    reduced = a.reduced
+    tp = a.tp
     needs_way_out = not fits or recommended is None
     # ways out start from a tensor-parallel size vLLM accepts (the largest up to the one asked for)
     out_flags = flags.replace(tensor_parallel_size=max(M.valid_tp_sizes(arch, tp))) if refused else flags
@@ -926,7 +552,7 @@ def plan(
         fits=fits,
         model_fits=model_fits,
         startup_problem=ev.est.startup_problem or (f"vLLM refuses it: {refused}" if refused else None),
-        breakdown=ev.breakdown(device),
+        breakdown=_breakdown(ev.est, device),
         kv_capacity_tokens=ev.num_blocks * ev.block,
         max_context=max_context,
         max_context_for_target=max_for_target,
@@ -942,7 +568,7 @@ def plan(
         max_model_len=asked_context,
         target_concurrency=target_concurrency,
         target_context=target_context,
-        recommended_breakdown=choice.ev.breakdown(device) if choice else None,
+        recommended_breakdown=_breakdown(choice.ev.est, device) if choice else None,
         recommended_kv_capacity_tokens=choice.ev.num_blocks * choice.ev.block if choice else None,
         recommended_concurrency=(
             round(choice.ev.num_blocks / cdiv(choice.context, choice.ev.block), 2) if choice else None
@@ -970,33 +596,6 @@ def plan(
     )
 
 
-def _search_recommendation(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    bounds: Bounds,
-    version: Version,
-    calibration: Calibration | None,
-    target_concurrency: int | None,
-    target_context: int | None,
-    stages: int,
-    auto_fit: bool,
-) -> Any:
-    """(the search, its recommendation) (:meth:`r1sup.core.search.Search.recommend`) for these flags on a GPU
-    box, as the first launch of ``tune`` and ``run`` gets it; None where the planner's own branches answer:
-    the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
-    from r1sup.core import search as S
-
-    if device.backend == "cpu" or not device.gpus or stages > 1 or auto_fit:
-        return None
-    limits = replace(bounds, target_concurrency=target_concurrency, target_context=target_context)
-    facts = S.Facts(
-        arch=arch, device=device, user=flags, bounds=limits, version=version, calibration=calibration
-    )
-    search = S.Search(facts)
-    return search, search.recommend()
-
-
 def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> Layout:
     """The GPUs these flags span: tensor parallel inside a node, pipeline stages across nodes."""
     return Layout(
@@ -1004,71 +603,6 @@ def _layout(arch: ModelArch, flags: EngineFlags, gpus_per_node: int) -> Layout:
         pipeline_parallel_size=arch.pipeline_parallel_size,
         gpus_per_node=gpus_per_node,
         stage_layers=tuple(s.layers for s in M.pipeline_stages(arch)),
-    )
-
-
-def _why_not(
-    ev: Evaluation,
-    arch: ModelArch,
-    *,
-    requested_context: int,
-    auto_fit: bool,
-    refused: str | None,
-    starts: bool,
-    short_of_target: bool,
-    meets_target: bool,
-    concurrency: int,
-    each: int,
-    in_margin: bool,
-) -> str:
-    """The first reason vLLM would not run these flags as asked (what it checks first comes first), or
-    what they hold when they fit."""
-    cap = arch.max_position_embeddings
-    est = ev.est
-    if refused:
-        return f"vLLM refuses it: {refused}"
-    if requested_context > cap:
-        return (
-            f"vLLM refuses it: max_model_len {requested_context:,} is above the model's limit of {cap:,} "
-            "tokens (max_position_embeddings)"
-        )
-    if est.startup_problem:
-        return f"vLLM would not start: {est.startup_problem}"
-    if est.flags.kv_cache_memory_bytes is None and ev.weights > est.budget:
-        return (
-            f"the weights alone ({ev.weights / GIB:.2f} GiB per GPU) exceed vLLM's budget "
-            f"({est.budget / GIB:.2f} GiB)"
-        )
-    if ev.kv <= 0:
-        return (
-            f"vLLM would stop at start-up: no memory is left for the KV cache ({ev.kv / GIB:.2f} GiB after "
-            "weights and overheads)"
-        )
-    if not starts:
-        if auto_fit:
-            return "vLLM would stop at start-up: not one block of KV cache fits"
-        need = (cdiv(requested_context, ev.block) + 1) * ev.bytes_per_block
-        return (
-            f"vLLM would stop at start-up: one request of {requested_context:,} tokens needs "
-            f"{need / GIB:.2f} GiB of KV cache and {max(0, ev.kv) / GIB:.2f} GiB is left (its estimated "
-            f"maximum model length would be {est.max_model_len(cap):,})"
-        )
-    if short_of_target:
-        return f"max_model_len {requested_context:,} is shorter than the target context"
-    held = ev.usable_blocks(False) // max(1, cdiv(each, ev.block))
-    if not meets_target:
-        return (
-            f"vLLM starts, but its KV cache holds {held} request(s) of {each:,} tokens at once where the "
-            f"target is {concurrency}"
-        )
-    if in_margin:
-        return (
-            f"vLLM would start, but with less than the {ev.margin / GIB:.2f} GiB kept spare for errors of "
-            "the estimated parts (non-torch, activation, CUDA graphs)"
-        )
-    return (
-        f"KV cache holds {ev.num_blocks * ev.block:,} tokens ({ev.num_blocks:,} blocks): {held} request(s) "
-        f"of {each:,} tokens at once"
     )
 
 
@@ -1110,77 +644,6 @@ def _measured(est: M.Estimate, calibration: Calibration | None, version: Version
     )
 
 
-def _changed(new: EngineFlags, old: EngineFlags) -> int:
-    """How many flags other than the context differ: the recommendation's measure of "fewest changes"."""
-    return sum(
-        1
-        for f in dataclasses.fields(EngineFlags)
-        if f.name != "max_model_len" and getattr(new, f.name) != getattr(old, f.name)
-    )
-
-
-def _normalize_flags(flags: EngineFlags) -> EngineFlags:
-    changes: dict[str, Any] = {}
-    if flags.quantization is not None and flags.quantization.lower() == "none":
-        changes["quantization"] = None
-    dtype = (flags.kv_cache_dtype or "auto").lower()
-    aliases = {"bf16": "bfloat16", "fp16": "float16"}
-    if dtype in aliases:
-        changes["kv_cache_dtype"] = aliases[dtype]
-    return flags.replace(**changes) if changes else flags
-
-
-def fp8_weights_note(version: Version) -> str | None:
-    """How ``version`` reads ``--quantization fp8`` on a 16-bit checkpoint, where it has its own spelling."""
-    if version < FP8_PER_TENSOR_SPELLING:
-        return None
-    return (
-        f"vLLM {version} runs --quantization fp8 on a 16-bit checkpoint as its online fp8_per_tensor and "
-        "logs that this spelling is deprecated for it (use --quantization fp8_per_tensor); both start"
-    )
-
-
-def _flag_notes(arch: ModelArch, device: DeviceFacts, flags: EngineFlags, version: Version) -> list[str]:
-    notes: list[str] = []
-    cc = device.compute_capability
-    if device.backend != "cpu" and _e4m3((flags.kv_cache_dtype or "auto").lower()):
-        if cc is not None and cc < (8, 9):
-            notes.append(
-                f"fp8 e4m3 KV is not recommended below compute capability 8.9 (this GPU: {cc[0]}.{cc[1]}); "
-                "use --kv-cache-dtype fp8_e5m2"
-            )
-        elif cc is None:
-            notes.append("compute capability unknown: below 8.9 use --kv-cache-dtype fp8_e5m2 instead of fp8")
-    method = weight_method(arch, flags)
-    if flags.quantization and flags.quantization.lower() == "fp8" and arch.quantization is None:
-        note = fp8_weights_note(version)
-        if note:
-            notes.append(note)
-    if method in FOUR_BIT_METHODS and arch.quantization not in FOUR_BIT_METHODS:
-        notes.append(f"--quantization {method} needs a 4-bit {method.upper()} checkpoint of this model")
-    if flags.max_model_len not in (None, -1) and int(flags.max_model_len) > arch.max_position_embeddings:
-        notes.append(
-            f"max_model_len {flags.max_model_len} is above the model's max_position_embeddings "
-            f"({arch.max_position_embeddings}); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
-        )
-    if device.backend == "cuda" and device.count and flags.tensor_parallel_size > device.count:
-        notes.append(
-            f"tensor_parallel_size {flags.tensor_parallel_size} needs more GPUs than the "
-            f"{device.count} present"
-        )
-    if flags.cpu_offload_gb:
-        notes.append(
-            f"--cpu-offload-gb {flags.cpu_offload_gb:g} keeps that much of the weights in host memory per "
-            "GPU (slower: they cross PCIe every step)"
-        )
-    if device.backend == "cpu" and flags.kv_cache_memory_bytes is None:
-        notes.append(
-            "CPU backend: the KV cache is utilization x the NUMA node's memory minus the worker's RSS; "
-            "pin it with --kv-cache-memory-bytes for a predictable size"
-        )
-    return notes
-
-
 def _way_out(
     arch: ModelArch,
     device: DeviceFacts,
@@ -1192,7 +655,7 @@ def _way_out(
     version: Version,
     calibration: Calibration | None,
     per_request: int | None,
-) -> _Choice | None:
+) -> Choice | None:
     """Exactly ``flags`` (no other lever) at ``context``, else at the longest block-aligned context down
     to ``min_context`` that holds; each with the margin kept for estimate errors. None: it does not fit.
 
@@ -1207,7 +670,7 @@ def _way_out(
 
     ev = at(context)
     if holds(ev, context):
-        return _Choice(ev, context)
+        return Choice(ev, context)
     if not ev.startup_ok:
         return None
     if per_request is None:
@@ -1220,7 +683,7 @@ def _way_out(
             return None
         ev = at(length)
         if holds(ev, length):
-            return _Choice(ev, length)
+            return Choice(ev, length)
         length -= ev.block
     return None
 
@@ -1228,7 +691,7 @@ def _way_out(
 def _suggestion(
     kind: str,
     title: str,
-    choice: _Choice,
+    choice: Choice,
     arch: ModelArch,
     asked: int,
     requires: str | None = None,
@@ -1298,7 +761,7 @@ def _suggestions(
         flags = flags.replace(gpu_memory_utilization=start_max)
         at_util = f" at --gpu-memory-utilization {start_max:g} (what is free)"
 
-    def fit(f: EngineFlags, a: ModelArch = arch) -> _Choice | None:
+    def fit(f: EngineFlags, a: ModelArch = arch) -> Choice | None:
         if at_util and f.tensor_parallel_size != flags.tensor_parallel_size:
             # more GPUs, more CUDA context and communication memory on each: what is free allows less
             util = startable_utilization(device, f.tensor_parallel_size, version)
@@ -1361,7 +824,7 @@ def _suggestions(
     single_node_fits = False
     if device.backend != "cpu":
         have = device.count if device.source == "probe" else None
-        found: list[tuple[int, _Choice]] = []
+        found: list[tuple[int, Choice]] = []
         for tp in M.valid_tp_sizes(arch, gpus_per_node):
             if tp <= flags.tensor_parallel_size:
                 continue
@@ -1414,7 +877,7 @@ def _multi_node(
     arch: ModelArch,
     device: DeviceFacts,
     flags: EngineFlags,
-    fit: Callable[[EngineFlags, ModelArch], _Choice | None],
+    fit: Callable[[EngineFlags, ModelArch], Choice | None],
     context: int,
     gpus_per_node: int,
     at_util: str,

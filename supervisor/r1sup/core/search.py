@@ -32,15 +32,17 @@ up only when no candidate within the bounds is predicted to fit even without the
 model's error; what no flag fixes (fatal, transient, internal, the attempt budget) is the policy's
 (:mod:`r1sup.core.policy`).
 
-Explicit branches where there is nothing to score with: the CPU backend (the planner's CPU branch sizes
-the first launch); without the model's architecture (``r1sup diagnose`` on a bare log, an unreadable
-config.json) the first launch is the flags as given and a failure takes one step per failure class
-(:mod:`r1sup.core.blind`); ``strategy = "naive"`` is the hand walk kept as the benchmarks' baseline
+Explicit branches where there is nothing to score with: the CPU backend (:func:`assess` and its
+recommender, :func:`recommend_flags`, size the first launch); without the model's architecture
+(``r1sup diagnose`` on a bare log, an unreadable config.json) the first launch is the flags as given
+and a failure takes one step per failure class (:mod:`r1sup.core.blind`); ``strategy = "naive"`` is
+the hand walk kept as the benchmarks' baseline
 (:mod:`r1sup.core.naive`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable
@@ -52,6 +54,8 @@ from r1sup.core import bounds as B
 from r1sup.core import failure as F
 from r1sup.core import memmodel as M
 from r1sup.core import policy as P
+from r1sup.core.blind import GiveUp
+from r1sup.core.bounds import Bounds
 from r1sup.core.capacity import Reduction
 from r1sup.core.errors import EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
@@ -59,6 +63,27 @@ from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import FP8_KV_DTYPES, EngineFlags
 from r1sup.core.hardware import Conditions, DeviceFacts, GpuInfo
+from r1sup.core.memmodel import (  # the sizing arithmetic, beside the memory model (and named here too)
+    ESTIMATE_MARGIN as ESTIMATE_MARGIN,
+)
+from r1sup.core.memmodel import (
+    FOUR_BIT_METHODS,
+    FP8_PER_TENSOR_SPELLING,
+    FREE_MARGIN_GIB,
+    Calibration,
+    ModelArch,
+    Version,
+    cdiv,
+    estimated_max_model_len,
+    free_allows,
+    margin_bytes,
+    request_blocks,
+    startable_utilization,
+    weight_method,
+)
+from r1sup.core.memmodel import MARGIN_FRACTION as MARGIN_FRACTION
+from r1sup.core.memmodel import MEASURED_KV_ERROR_GIB as MEASURED_KV_ERROR_GIB
+from r1sup.core.memmodel import PRINTED_GIB_STEP as PRINTED_GIB_STEP
 
 GIB = 1024**3
 MIB = 1024**2
@@ -87,20 +112,10 @@ CONTEXT_SLACK = 0.03
 SEQS_STEP = 8  # vLLM captures CUDA graphs for batch sizes in steps of 8: max_num_seqs is searched on it
 UNPIN_COST = 3  # dropping the user's pinned KV size (shrinking it costs kv_cache_memory_bytes')
 
-# The margin kept for the model's error, before this box has calibrated it: two thirds of the estimated
-# (not yet measured) overheads, at most 4% of the budget (planner._margin). Against real GPU logs the
-# calibrated model's KV memory is within 0.2 GiB (bench_planner_truth.py, worst |error| 0.203 GiB over 34
-# records), so each launch that printed its figures divides the margin: margin / (1 + launches), never
-# below that 0.2 GiB while terms are still estimated, and nothing once the KV budget itself was measured.
-MEASURED_KV_ERROR_GIB = 0.2
-ESTIMATE_MARGIN = 2 / 3  # of the overheads that are estimated, not observed
-MARGIN_FRACTION = 0.04  # the most of the budget kept spare for them
-PRINTED_GIB_STEP = 0.01  # vLLM prints its memory figures to 0.01 GiB
 UNCHANGED = 0.05  # a figure that moved less than 5% "did not move"
 REFINE_GAIN = 1.05  # a passed launch is refined once when its own figures give a context this much longer
 REFINE_SHORTFALL = 0.95  # and the refined launch takes at least this much of what vLLM's KV figure allows
 MIN_BATCHED_TOKENS = 256
-FREE_MARGIN_GIB = B.FREE_MARGIN_GIB
 
 
 @dataclass(frozen=True)
@@ -126,18 +141,6 @@ class Outcome:
     failure: Failure
     figures: Figures = NO_FIGURES
     device: DeviceFacts | None = None
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    reason: str
-    ways_out: tuple[str, ...] = ()
-    exit_code: int = EXIT_NO_WORKING_CONFIG
-    bound: str = ""  # the bound that blocks (a [ladder] or [target] setting), when one does
-
-    @property
-    def suggestions(self) -> tuple[str, ...]:
-        return self.ways_out
 
 
 @dataclass(frozen=True)
@@ -224,14 +227,10 @@ class Search:
 
     # --- the two questions -----------------------------------------------------------------------
 
-    def first(self) -> EngineFlags:
-        """The first launch (:meth:`recommend`'s flags; the user's when nothing is predicted to fit)."""
-        return self.recommend().flags
-
     def recommend(self) -> Recommendation:
         """The first launch and its verdict (:class:`Recommendation`). Without an architecture the flags
-        are the user's (nothing to score them with: the launch measures); on the CPU backend the
-        planner's CPU branch (:func:`r1sup.core.planner.plan`) sizes the context against the NUMA node."""
+        are the user's (nothing to score them with: the launch measures); on the CPU backend
+        :func:`assess` (its recommender, :func:`recommend_flags`) sizes the context against the NUMA node."""
         user = self.facts.user
         if self.facts.arch is None or not self.facts.device.gpus and self.facts.device.backend != "cpu":
             return Recommendation(user, "fits", "the model's architecture is unknown: launched as given")
@@ -248,12 +247,10 @@ class Search:
         return Recommendation(best.flags, "fits_with_changes", self._explain(best), best)
 
     def _recommend_cpu(self) -> Recommendation:
-        """The CPU backend (vLLM's KV cache in host memory, one NUMA node): the planner's CPU branch."""
-        from r1sup.core import planner
-
+        """The CPU backend (vLLM's KV cache in host memory, one NUMA node): :func:`assess`."""
         arch, user, b = self.facts.arch, self.facts.user, self.facts.bounds
         assert arch is not None
-        plan = planner.plan(
+        plan = assess(
             arch,
             self.facts.device,
             user,
@@ -265,9 +262,9 @@ class Search:
         )
         if plan.fits or plan.recommended is None:
             verdict = "fits" if plan.fits else "does_not_fit"
-            give_up = None if plan.fits else GiveUp(plan.verdict_reason, (), EXIT_NO_WORKING_CONFIG)
-            return Recommendation(user, verdict, plan.verdict_reason, None, give_up)
-        return Recommendation(plan.recommended, "fits_with_changes", plan.verdict_reason)
+            give_up = None if plan.fits else GiveUp(plan.reason, (), EXIT_NO_WORKING_CONFIG)
+            return Recommendation(user, verdict, plan.reason, None, give_up)
+        return Recommendation(plan.recommended, "fits_with_changes", plan.reason)
 
     def after(self, outcome: Outcome) -> Decision:
         """What to launch after ``outcome`` (which failed), or why to stop."""
@@ -723,7 +720,7 @@ class Search:
             # what is free now; only without one does the printed figure cap utilization
             free_gib, total_gib = n.figures.free_gib, n.figures.total_gib
             if free_gib and total_gib and outcome.device is None:
-                cap = math.floor((free_gib - FREE_MARGIN_GIB) / total_gib * 100) / 100
+                cap = free_allows(free_gib * GIB, total_gib * GIB)
                 ev = replace(ev, util_cap=min(cap, ev.util_cap or 1.0))
             if free_gib and total_gib:
                 note = f"{free_gib:.2f} of {total_gib:.2f} GiB were free"
@@ -905,8 +902,8 @@ class Search:
         decision = blind.next_step(
             outcome.flags, outcome.failure, self._history, self.facts.bounds, lf, outcome.figures
         )
-        if isinstance(decision, blind.GiveUp):
-            return GiveUp(decision.reason, decision.suggestions, decision.exit_code)
+        if isinstance(decision, GiveUp):
+            return decision
         self._history = decision.history
         if decision.flags in ev.tried:
             return GiveUp(f"{outcome.failure.cls}: the next step was already tried", self.facts.suggestions)
@@ -1054,59 +1051,6 @@ class Search:
         return "; ".join(parts)
 
 
-def margin_bytes(est: M.Estimate, calibrated: int = 0, exact_kv: bool = False) -> int:
-    """Bytes of KV kept spare for the memory model's error (see MEASURED_KV_ERROR_GIB), the one margin of
-    r1sup (``plan`` and every launch of the search): none for a pinned KV size; once a launch measured the
-    KV budget (``calibrated`` launches so far), the calibrated model's error, shrinking with launches;
-    before, two thirds of the overheads still estimated, at most 4% of the budget, divided by
-    1 + ``calibrated``, never below MEASURED_KV_ERROR_GIB."""
-    if est.flags.kv_cache_memory_bytes is not None:
-        return 0
-    if est.non_torch.source == M.REST:
-        # the KV budget was measured (vLLM prints it to 0.01 GiB); terms moved from the measured
-        # flags to these keep the calibrated model's error on real logs, shrinking with launches
-        moved = any(t.source == M.SCALED for t in (est.activation, est.cudagraph_estimate, est.weights))
-        if not moved:  # the same flags as measured: exact when vLLM's token count measured it
-            return 0 if exact_kv else int(PRINTED_GIB_STEP * GIB)
-        return int(max(PRINTED_GIB_STEP, MEASURED_KV_ERROR_GIB / max(1, calibrated)) * GIB)
-    estimated = sum(t.bytes for t in (est.non_torch, est.activation) if t.source == M.ESTIMATE)
-    if est.cudagraph_estimate.source == M.ESTIMATE:
-        estimated += est.cudagraph_charged
-    if not estimated:
-        return 0
-    base = min(ESTIMATE_MARGIN * estimated, MARGIN_FRACTION * est.budget)
-    floor = min(base, MEASURED_KV_ERROR_GIB * GIB)
-    return int(max(floor, base / (1 + calibrated)))
-
-
-def request_blocks(est: M.Estimate, kv_bytes: int | None = None) -> int:
-    """KV blocks left for requests when ``kv_bytes`` (default: the estimate's) hold the cache: whole
-    blocks, less the one V1 holds back. ``x est.block_size`` is the longest context one request gets;
-    the one blocks-to-context arithmetic of r1sup (``plan`` and the search)."""
-    kv = est.kv.bytes if kv_bytes is None else kv_bytes
-    if kv <= 0:
-        return 0
-    return max(0, M.usable_blocks(M.num_blocks(kv, est.kv_bytes_per_token, est.block_size), est.version))
-
-
-# From this release on (read in vLLM 0.32.0's source: model_loader/weight_utils.py, get_quant_config) a
-# 16-bit checkpoint launched with ``--quantization fp8`` is quantized online as ``fp8_per_tensor`` and the
-# loader warns that ``fp8`` is deprecated for online quantization. Both spellings start there; ``fp8`` is
-# the one every release r1sup knows accepts, and the one the search launches.
-FP8_PER_TENSOR_SPELLING = M.Version(0, 32, 0)
-
-
-def startable_utilization(device: DeviceFacts, tp: int, version: M.Version | str | None = None) -> float:
-    """The highest utilization (2 decimals) whose request fits in what is free now, less the CUDA context
-    and :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows" for the search and ``plan``."""
-    total = device.total_bytes
-    if not total:
-        return 0.0
-    free = device.free_bytes or total
-    room = free - M.context_bytes(device, tp, M.as_version(version)) - FREE_MARGIN_GIB * GIB
-    return max(0.0, math.floor(room / total * 100) / 100)
-
-
 def fp8_weights_flag(version: M.Version) -> str:
     """``--quantization`` for fp8 weights quantized on the fly from a 16-bit checkpoint, as ``version``
     spells it: ``fp8_per_tensor`` from :data:`FP8_PER_TENSOR_SPELLING`, ``fp8`` before."""
@@ -1141,3 +1085,650 @@ def _number(own: float | None, *printed: float | None) -> float | None:
         if value is not None:
             return float(value)
     return None
+
+
+# --- the first launch as the plan reports it: the verdict on the flags as given, and the recommender of
+# the CPU backend, pipeline stages and auto-fit (where the search above has nothing to score with) ------
+
+TARGET_SEQS_FLOOR = 16  # fewest sequences per batch the planner sets to make room (vLLM captures 1..2x of it)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The memory model's estimate of one configuration, with the margin the planner keeps spare: what
+    every verdict of :func:`plan` rests on (does it start, how long a context, how many requests)."""
+
+    est: M.Estimate
+    margin: int = 0  # bytes of KV kept spare for errors of the estimated parts (see _margin)
+
+    @property
+    def flags(self) -> EngineFlags:
+        return self.est.flags
+
+    @property
+    def kv(self) -> int:
+        return self.est.kv.bytes
+
+    @property
+    def weights(self) -> int:
+        return self.est.weights.bytes
+
+    @property
+    def block(self) -> int:
+        return self.est.block_size
+
+    @property
+    def kv_bpt(self) -> int:
+        return self.est.kv_bytes_per_token
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.est.bytes_per_block
+
+    @property
+    def num_blocks(self) -> int:
+        return self.est.num_blocks
+
+    @property
+    def startup_ok(self) -> bool:
+        return self.est.startup_problem is None
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.est.batch.max_num_seqs
+
+    def usable_blocks(self, margin: bool) -> int:
+        """Blocks left for requests (V1 holds one back as the null block): the search's arithmetic."""
+        return request_blocks(self.est, self.kv - self.margin if margin else self.kv)
+
+    def context_for(self, concurrency: int, cap: int, margin: bool) -> int:
+        """Largest block-aligned context where ``concurrency`` requests fit at once (0 if none)."""
+        per_request = self.usable_blocks(margin) // max(1, concurrency)
+        return max(0, min(cap, per_request * self.block))
+
+    def fits_context(self, context: int, concurrency: int, margin: bool) -> bool:
+        """``concurrency`` requests of ``context`` tokens each fit at once (and vLLM starts)."""
+        return self.startup_ok and self.usable_blocks(margin) >= concurrency * cdiv(context, self.block)
+
+    def holds(self, context: int, concurrency: int, per_request: int, margin: bool) -> bool:
+        """vLLM starts with ``max_model_len`` = ``context`` (one request of it fits) and the KV cache holds
+        ``concurrency`` requests of ``per_request`` tokens at once: issue 6's reading of a target."""
+        return self.fits_context(context, 1, margin) and self.fits_context(per_request, concurrency, margin)
+
+    def longest_context(self, concurrency: int, per_request: int, cap: int, margin: bool) -> int:
+        """The longest block-aligned ``max_model_len`` (up to ``cap``) for :meth:`holds`; 0 if none."""
+        if not self.fits_context(per_request, concurrency, margin):
+            return 0
+        return max(0, min(cap, self.usable_blocks(margin) * self.block))
+
+
+def evaluate(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    version: Version,
+    calibration: Calibration | None = None,
+) -> Evaluation:
+    """``flags`` on ``device`` as the planner judges them: the memory model's estimate (with
+    ``calibration``, a saved launch's figures, when there is one) and the margin kept for its error."""
+    est = M.evaluate(arch, device, flags, version, calibration)
+    return Evaluation(est, _margin(est, calibration is not None))
+
+
+def _margin(est: M.Estimate, calibrated: bool = False) -> int:
+    """KV bytes the recommended flags keep spare for the memory model's error: the search's margin
+    (:func:`r1sup.core.memmodel.margin_bytes`), for a search that starts from ``calibration`` when one is
+    given."""
+    return margin_bytes(est, calibrated=int(calibrated))
+
+
+def fp8_kv_choice(device: DeviceFacts) -> str:
+    """``fp8`` (e4m3) from compute capability 8.9 and on the CPU backend, else ``fp8_e5m2``."""
+    if device.backend == "cpu":
+        return "fp8"
+    cc = device.compute_capability
+    return "fp8" if cc is not None and cc >= (8, 9) else "fp8_e5m2"
+
+
+def _e4m3(dtype: str) -> bool:
+    return dtype in ("fp8", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class Choice:
+    ev: Evaluation
+    context: int
+
+
+def recommend_flags(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    *,
+    concurrency: int,
+    requested_context: int,
+    min_context: int,
+    version: Version,
+    calibration: Calibration | None,
+    bounds: Bounds,
+    target_concurrency: int | None = None,
+    per_request: int | None = None,
+) -> Choice | None:
+    """The best configuration predicted to start with a margin, or None.
+
+    It must hold (:meth:`Evaluation.holds`, with the margin) one request of its ``max_model_len`` and
+    ``concurrency`` requests of ``per_request`` tokens at once (None: requests of the full context).
+    Preference (issues 4 and 6): the longest context up to the requested one, then the fewest and mildest
+    changes: as given, then with fp8 KV when allowed, then at the highest allowed utilization (with and
+    without fp8 KV), then, when a target concurrency is given and ``max_num_seqs`` is vLLM's default,
+    with fewer sequences per batch (:func:`fewer_seqs`). When none keeps the requested context: the
+    longest block-aligned context one request fits with all of those levers, never below ``min_context``,
+    or without CUDA graphs when that keeps the requested context or gives a clearly longer one
+    (``memmodel.EAGER_MIN_GAIN``).
+    """
+    base = flags.replace(max_model_len=requested_context)
+    cc = device.compute_capability
+    if device.backend != "cpu" and _e4m3(base.kv_cache_dtype) and cc is not None and cc < (8, 9):
+        base = base.replace(kv_cache_dtype="fp8_e5m2")
+    start_max = startable_utilization(device, base.tensor_parallel_size, version)
+    lo, hi = bounds.min_gpu_memory_utilization, bounds.max_gpu_memory_utilization
+    pinned = base.kv_cache_memory_bytes is not None
+    if not pinned and base.gpu_memory_utilization > start_max:
+        util = min(start_max, hi)
+        if util < lo:
+            return None
+        base = base.replace(gpu_memory_utilization=util)
+
+    def judged(f: EngineFlags) -> Evaluation:
+        return evaluate(arch, device, f, version, calibration)
+
+    def keeps(ev: Evaluation) -> bool:
+        return ev.holds(requested_context, concurrency, per_request or requested_context, margin=True)
+
+    def shrink(ev: Evaluation) -> Choice | None:
+        if per_request is None:  # requests of the full context: it shrinks with them
+            context = ev.context_for(concurrency, requested_context, margin=True)
+        else:
+            context = ev.longest_context(concurrency, per_request, requested_context, margin=True)
+        if context <= 0 or context < min_context:
+            return None
+        return Choice(judged(ev.flags.replace(max_model_len=context)), context)
+
+    # the ways to keep the requested context, the fewest and mildest changes first
+    keep = [base]
+    fp8_ok = bounds.allow_fp8_kv and device.fp8_kv_supported is not False
+    if fp8_ok and base.kv_cache_dtype not in FP8_KV_DTYPES:
+        keep.append(base.replace(kv_cache_dtype=fp8_kv_choice(device)))
+    top_util = min(hi, start_max)
+    if not pinned and top_util > base.gpu_memory_utilization:
+        keep += [f.replace(gpu_memory_utilization=top_util) for f in list(keep)]
+    seqs = fewer_seqs(arch, device, base, target_concurrency, version)
+    if seqs is not None:
+        keep.append(keep[-1].replace(max_num_seqs=seqs))
+    evals = [judged(f) for f in keep]
+    for ev in evals:
+        if keeps(ev):
+            return Choice(ev, requested_context)
+    primary = evals[-1]  # every lever but eager mode: the most KV, so the longest context
+    choice = shrink(primary)
+    if bounds.allow_eager and not base.enforce_eager and device.backend != "cpu":
+        # without CUDA graphs: their pool (and, from vLLM 0.20, the estimate vLLM charges to the KV
+        # budget) goes to the KV cache; taken when that keeps the context or lengthens it by EAGER_MIN_GAIN
+        ev = judged(primary.flags.replace(enforce_eager=True))
+        if keeps(ev):
+            return Choice(ev, requested_context)
+        eager = shrink(ev)
+        if eager is not None and (choice is None or eager.context >= M.EAGER_MIN_GAIN * choice.context):
+            return eager
+    return choice
+
+
+def fewer_seqs(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    target_concurrency: int | None,
+    version: Version | str | None = None,
+) -> int | None:
+    """``max_num_seqs`` for a known target concurrency, when vLLM's default is larger; else None.
+
+    vLLM sizes the sampler warm-up (``max_num_seqs`` dummy requests of vocabulary-wide logits) and the
+    CUDA-graph captures (batch sizes up to ``min(2 x max_num_seqs, 512)``, vllm/config/vllm.py) from
+    ``max_num_seqs``; its API-server default (256, or 1024 on large GPUs) is far above most targets,
+    and both come out of the KV budget. The planner sets the target concurrency (at least
+    ``TARGET_SEQS_FLOOR``, a multiple of 8 like vLLM's capture sizes) only when the user left the flag
+    unset, so decoding keeps CUDA graphs for every batch the target needs.
+    """
+    if target_concurrency is None or flags.max_num_seqs is not None or device.backend == "cpu":
+        return None
+    seqs = max(TARGET_SEQS_FLOOR, cdiv(target_concurrency, 8) * 8)
+    default = M.resolve_batch(arch, device, flags, M.as_version(version)).max_num_seqs
+    return seqs if seqs < default else None
+
+
+def _search_recommendation(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    bounds: Bounds,
+    version: Version,
+    calibration: Calibration | None,
+    target_concurrency: int | None,
+    target_context: int | None,
+    stages: int,
+    auto_fit: bool,
+) -> Any:
+    """(the search, its recommendation) (:meth:`r1sup.core.search.Search.recommend`) for these flags on a GPU
+    box, as the first launch of ``tune`` and ``run`` gets it; None where :func:`assess`'s own branch answers:
+    the CPU backend, a model split over pipeline stages, ``--max-model-len -1`` (vLLM's auto-fit)."""
+    if device.backend == "cpu" or not device.gpus or stages > 1 or auto_fit:
+        return None
+    limits = replace(bounds, target_concurrency=target_concurrency, target_context=target_context)
+    facts = Facts(
+        arch=arch, device=device, user=flags, bounds=limits, version=version, calibration=calibration
+    )
+    search = Search(facts)
+    return search, search.recommend()
+
+
+def why_not(
+    ev: Evaluation,
+    arch: ModelArch,
+    *,
+    requested_context: int,
+    auto_fit: bool,
+    refused: str | None,
+    starts: bool,
+    short_of_target: bool,
+    meets_target: bool,
+    concurrency: int,
+    each: int,
+    in_margin: bool,
+) -> str:
+    """The first reason vLLM would not run these flags as asked (what it checks first comes first), or
+    what they hold when they fit."""
+    cap = arch.max_position_embeddings
+    est = ev.est
+    if refused:
+        return f"vLLM refuses it: {refused}"
+    if requested_context > cap:
+        return (
+            f"vLLM refuses it: max_model_len {requested_context:,} is above the model's limit of {cap:,} "
+            "tokens (max_position_embeddings)"
+        )
+    if est.startup_problem:
+        return f"vLLM would not start: {est.startup_problem}"
+    if est.flags.kv_cache_memory_bytes is None and ev.weights > est.budget:
+        return (
+            f"the weights alone ({ev.weights / GIB:.2f} GiB per GPU) exceed vLLM's budget "
+            f"({est.budget / GIB:.2f} GiB)"
+        )
+    if ev.kv <= 0:
+        return (
+            f"vLLM would stop at start-up: no memory is left for the KV cache ({ev.kv / GIB:.2f} GiB after "
+            "weights and overheads)"
+        )
+    if not starts:
+        if auto_fit:
+            return "vLLM would stop at start-up: not one block of KV cache fits"
+        need = (cdiv(requested_context, ev.block) + 1) * ev.bytes_per_block
+        return (
+            f"vLLM would stop at start-up: one request of {requested_context:,} tokens needs "
+            f"{need / GIB:.2f} GiB of KV cache and {max(0, ev.kv) / GIB:.2f} GiB is left (its estimated "
+            f"maximum model length would be {est.max_model_len(cap):,})"
+        )
+    if short_of_target:
+        return f"max_model_len {requested_context:,} is shorter than the target context"
+    held = ev.usable_blocks(False) // max(1, cdiv(each, ev.block))
+    if not meets_target:
+        return (
+            f"vLLM starts, but its KV cache holds {held} request(s) of {each:,} tokens at once where the "
+            f"target is {concurrency}"
+        )
+    if in_margin:
+        return (
+            f"vLLM would start, but with less than the {ev.margin / GIB:.2f} GiB kept spare for errors of "
+            "the estimated parts (non-torch, activation, CUDA graphs)"
+        )
+    return (
+        f"KV cache holds {ev.num_blocks * ev.block:,} tokens ({ev.num_blocks:,} blocks): {held} request(s) "
+        f"of {each:,} tokens at once"
+    )
+
+
+def changed_count(new: EngineFlags, old: EngineFlags) -> int:
+    """How many flags other than the context differ: the recommendation's measure of "fewest changes"."""
+    return sum(
+        1
+        for f in dataclasses.fields(EngineFlags)
+        if f.name != "max_model_len" and getattr(new, f.name) != getattr(old, f.name)
+    )
+
+
+def normalize_flags(flags: EngineFlags) -> EngineFlags:
+    changes: dict[str, Any] = {}
+    if flags.quantization is not None and flags.quantization.lower() == "none":
+        changes["quantization"] = None
+    dtype = (flags.kv_cache_dtype or "auto").lower()
+    aliases = {"bf16": "bfloat16", "fp16": "float16"}
+    if dtype in aliases:
+        changes["kv_cache_dtype"] = aliases[dtype]
+    return flags.replace(**changes) if changes else flags
+
+
+def fp8_weights_note(version: Version) -> str | None:
+    """How ``version`` reads ``--quantization fp8`` on a 16-bit checkpoint, where it has its own spelling."""
+    if version < FP8_PER_TENSOR_SPELLING:
+        return None
+    return (
+        f"vLLM {version} runs --quantization fp8 on a 16-bit checkpoint as its online fp8_per_tensor and "
+        "logs that this spelling is deprecated for it (use --quantization fp8_per_tensor); both start"
+    )
+
+
+def flag_notes(arch: ModelArch, device: DeviceFacts, flags: EngineFlags, version: Version) -> list[str]:
+    notes: list[str] = []
+    cc = device.compute_capability
+    if device.backend != "cpu" and _e4m3((flags.kv_cache_dtype or "auto").lower()):
+        if cc is not None and cc < (8, 9):
+            notes.append(
+                f"fp8 e4m3 KV is not recommended below compute capability 8.9 (this GPU: {cc[0]}.{cc[1]}); "
+                "use --kv-cache-dtype fp8_e5m2"
+            )
+        elif cc is None:
+            notes.append("compute capability unknown: below 8.9 use --kv-cache-dtype fp8_e5m2 instead of fp8")
+    method = weight_method(arch, flags)
+    if flags.quantization and flags.quantization.lower() == "fp8" and arch.quantization is None:
+        note = fp8_weights_note(version)
+        if note:
+            notes.append(note)
+    if method in FOUR_BIT_METHODS and arch.quantization not in FOUR_BIT_METHODS:
+        notes.append(f"--quantization {method} needs a 4-bit {method.upper()} checkpoint of this model")
+    if flags.max_model_len not in (None, -1) and int(flags.max_model_len) > arch.max_position_embeddings:
+        notes.append(
+            f"max_model_len {flags.max_model_len} is above the model's max_position_embeddings "
+            f"({arch.max_position_embeddings}); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+    if device.backend == "cuda" and device.count and flags.tensor_parallel_size > device.count:
+        notes.append(
+            f"tensor_parallel_size {flags.tensor_parallel_size} needs more GPUs than the "
+            f"{device.count} present"
+        )
+    if flags.cpu_offload_gb:
+        notes.append(
+            f"--cpu-offload-gb {flags.cpu_offload_gb:g} keeps that much of the weights in host memory per "
+            "GPU (slower: they cross PCIe every step)"
+        )
+    if device.backend == "cpu" and flags.kv_cache_memory_bytes is None:
+        notes.append(
+            "CPU backend: the KV cache is utilization x the NUMA node's memory minus the worker's RSS; "
+            "pin it with --kv-cache-memory-bytes for a predictable size"
+        )
+    return notes
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The first launch as the plan and the search's CPU/pipeline/auto-fit branch judge it (see
+    :func:`assess`): the flags as given (normalized) and their estimate, what vLLM would do with them, and
+    the recommendation (the search's on a GPU box, :func:`recommend_flags`' elsewhere)."""
+
+    v: M.Version
+    flags: EngineFlags
+    stages: tuple[ModelArch, ...]
+    ev: Evaluation
+    auto_fit: bool
+    concurrency: int
+    requested_context: int  # capped at the model's limit
+    asked_context: int
+    min_context: int
+    notes: list[str]
+    note: str | None
+    refused: str | None
+    max_context: int
+    starts: bool
+    model_fits: bool
+    max_for_target: int | None
+    meets_target: bool
+    fits: bool
+    choice: Choice | None
+    recommended: EngineFlags | None
+    verdict: str
+    reason: str
+    costs: list[str]
+    reduced: Reduction | None
+    tp: int
+
+
+def assess(
+    arch: M.ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    *,
+    target_concurrency: int | None = None,
+    target_context: int | None = None,
+    calibration: M.Calibration | None = None,
+    bounds: B.Bounds | None = None,
+    version: M.Version | str | None = None,
+) -> Assessment:
+    """What :func:`r1sup.core.planner.plan` reports and the CPU backend's first launch takes: the verdict
+    on ``flags`` as given and the recommended flags (see the plan's doc for each term)."""
+    b = bounds if bounds is not None else B.Bounds()
+    v = M.as_version(version)
+    flags = normalize_flags(flags)
+    stages = M.pipeline_stages(arch)
+    ev = evaluate(arch, device, flags, v, calibration)
+    auto_fit = flags.max_model_len == -1
+    concurrency = max(1, target_concurrency or 1)
+    requested_context = ev.est.batch.max_model_len
+    if target_context and target_context > requested_context and flags.max_model_len in (None, -1):
+        requested_context = min(target_context, arch.max_position_embeddings)
+    min_context = min(b.min_max_model_len, requested_context)
+    if target_context:
+        min_context = max(min_context, min(target_context, requested_context))
+    cap = arch.max_position_embeddings
+
+    notes: list[str] = []
+    note = M.version_note(v)
+    if note:
+        notes.append(note)
+    notes += list(arch.approximations)
+    notes += flag_notes(arch, device, flags, v)
+    notes += list(ev.est.notes)
+    refused = M.tp_refusal(arch, flags.tensor_parallel_size)
+    if refused:
+        notes.append(f"vLLM refuses this configuration: {refused}")
+    if ev.est.startup_problem:
+        notes.append(f"vLLM would stop at start-up: {ev.est.startup_problem}")
+
+    max_context = estimated_max_model_len(ev.num_blocks, ev.block, cap, v)
+    usable = ev.usable_blocks(margin=False)
+    if auto_fit:
+        starts = ev.startup_ok and max_context > 0
+    else:
+        starts = ev.startup_ok and ev.num_blocks > 0 and usable >= cdiv(requested_context, ev.block)
+    model_fits = ev.startup_ok and ev.num_blocks > 0 and usable >= cdiv(min_context, ev.block)
+    above_limit = requested_context > cap
+    if refused or above_limit:
+        starts = False
+    max_for_target = (
+        ev.context_for(concurrency, cap, margin=False) if target_concurrency is not None else None
+    )
+    # The target holds when ``concurrency`` requests of ``each`` tokens fit in the KV cache at once (the
+    # target context; without one, the context vLLM runs with, which auto-fit sizes itself); never when
+    # vLLM would not start with these flags.
+    each = target_context or (max_context if auto_fit else requested_context)
+    meets_target = each > 0 and ev.fits_context(each, concurrency, margin=False) and not refused
+    short_of_target = bool(target_context and not auto_fit and requested_context < target_context)
+    if short_of_target:
+        meets_target = False
+        notes.append(f"max_model_len {requested_context} is shorter than the target context {target_context}")
+    fits = starts and meets_target
+    in_margin = fits and not auto_fit and not ev.holds(requested_context, concurrency, each, margin=True)
+    if in_margin:
+        fits = False
+        notes.append(
+            f"as given it is predicted to fit by less than the {ev.margin / GIB:.2f} GiB kept spare for "
+            "errors of the estimated parts (non-torch, activation, CUDA graphs)"
+        )
+    # what vLLM would do with these flags: the first reason they do not fit as given
+    why = why_not(
+        ev,
+        arch,
+        requested_context=requested_context,
+        auto_fit=auto_fit,
+        refused=refused,
+        starts=starts,
+        short_of_target=short_of_target,
+        meets_target=meets_target,
+        concurrency=concurrency,
+        each=each,
+        in_margin=in_margin,
+    )
+    # changes never go above the model's limit
+    asked_context = requested_context
+    requested_context = min(requested_context, cap)
+    min_context = min(min_context, requested_context)
+
+    def recommend(f: EngineFlags, conc: int) -> Choice | None:
+        return recommend_flags(
+            arch,
+            device,
+            f,
+            concurrency=conc,
+            requested_context=requested_context,
+            min_context=min_context,
+            version=v,
+            calibration=calibration,
+            bounds=b,
+            target_concurrency=target_concurrency,
+            per_request=target_context,
+        )
+
+    tp = flags.tensor_parallel_size
+    found_by = _search_recommendation(
+        arch, device, flags, b, v, calibration, target_concurrency, target_context, len(stages), auto_fit
+    )
+    costs: list[str] = []
+    reduced: Reduction | None = None
+    if found_by is not None:
+        search, searched = found_by
+        if searched.verdict != "does_not_fit":
+            costs, reduced = search.costs(searched.flags), search.reduction(searched.flags)
+        # the search answers "which flags" (the first launch of tune and run, the same code path)
+        recommended = searched.flags if searched.verdict != "does_not_fit" else None
+        choice: Choice | None = None
+        if recommended is not None:
+            context = recommended.max_model_len or requested_context
+            choice = Choice(evaluate(arch, device, recommended, v, calibration), context)
+            if context < requested_context:
+                notes.append(
+                    f"one request of {requested_context} tokens does not fit with "
+                    f"{choice.ev.margin / GIB:.2f} GiB kept spare; recommended --max-model-len {context}"
+                )
+            if recommended.kv_cache_dtype != flags.kv_cache_dtype and recommended.fp8_kv:
+                notes.append(
+                    f"recommended KV cache dtype {recommended.kv_cache_dtype}: half the KV bytes per token"
+                )
+        else:
+            notes.append("nothing within the bounds is predicted to fit; see the ways out")
+        verdict = searched.verdict
+        fits = verdict == "fits"
+        reason = why or searched.reason
+        if verdict == "does_not_fit" and why:
+            reason = f"{why}; {searched.reason}"
+    else:
+        # The own branch (CPU backend, pipeline stages, auto-fit): :func:`recommend_flags`. Levers beyond
+        # the flags themselves: more of the GPUs present, then fp8 weights. A tensor-parallel size vLLM
+        # refuses is replaced by the sizes it accepts up to the same GPU count.
+        tp = flags.tensor_parallel_size
+        variants = [flags] if not refused else []
+        if refused:
+            variants += [flags.replace(tensor_parallel_size=t) for t in reversed(M.valid_tp_sizes(arch, tp))]
+        if b.allow_tensor_parallel and device.source == "probe" and device.count > tp:
+            variants += [
+                flags.replace(tensor_parallel_size=t) for t in M.valid_tp_sizes(arch, device.count) if t > tp
+            ]
+        if b.allow_weight_quantization and weight_method(arch, flags) is None:
+            variants.append(flags.replace(quantization="fp8"))
+
+        # the longest context (the requested one when a variant keeps it), then the fewest changed flags,
+        # then the earlier variant (fewer GPUs)
+        found = [c for c in (recommend(variant, concurrency) for variant in variants) if c is not None]
+        choice = min(
+            found,
+            key=lambda c: (-min(c.context, requested_context), changed_count(c.ev.flags, flags)),
+            default=None,
+        )
+        target_missed = False
+        if choice is None and concurrency > 1:
+            for variant in variants:
+                choice = recommend(variant, 1)
+                if choice is not None:
+                    target_missed = True
+                    each = target_context or choice.context
+                    served = choice.ev.usable_blocks(True) // cdiv(each, choice.ev.block)
+                    notes.append(
+                        f"the target of {concurrency} requests of {each} tokens at once is not met; the "
+                        f"recommended flags hold {served} of them at once"
+                    )
+                    break
+
+        recommended = choice.ev.flags if choice else None
+        if choice is not None:
+            if choice.context < requested_context:
+                notes.append(
+                    f"one request of {requested_context} tokens does not fit"
+                    + ("" if target_context else f" {concurrency} times" if concurrency > 1 else "")
+                    + f" with {choice.ev.margin / GIB:.2f} GiB kept spare; "
+                    f"recommended --max-model-len {choice.context}"
+                )
+            if choice.ev.flags.kv_cache_dtype != flags.kv_cache_dtype and choice.ev.flags.fp8_kv:
+                dtype = choice.ev.flags.kv_cache_dtype
+                notes.append(f"recommended KV cache dtype {dtype}: half the KV bytes per token")
+        else:
+            notes.append("nothing within the bounds is predicted to fit; see the ways out")
+
+        if fits:
+            verdict, reason = "fits", why
+        elif recommended is not None and not target_missed:
+            verdict, reason = "fits_with_changes", why
+        else:
+            verdict = "does_not_fit"
+            reason = why
+            if target_missed and choice is not None:
+                served = choice.ev.usable_blocks(True) // cdiv(
+                    target_context or choice.context, choice.ev.block
+                )
+                reason += (
+                    f"; within the bounds the target is not met (the recommended flags hold {served} of the "
+                    f"{concurrency} requests at once)"
+                )
+
+    return Assessment(
+        v=v,
+        flags=flags,
+        stages=stages,
+        ev=ev,
+        auto_fit=auto_fit,
+        concurrency=concurrency,
+        requested_context=requested_context,
+        asked_context=asked_context,
+        min_context=min_context,
+        notes=notes,
+        note=note,
+        refused=refused,
+        max_context=max_context,
+        starts=starts,
+        model_fits=model_fits,
+        max_for_target=max_for_target,
+        meets_target=meets_target,
+        fits=fits,
+        choice=choice,
+        recommended=recommended,
+        verdict=verdict,
+        reason=reason,
+        costs=costs,
+        reduced=reduced,
+        tp=tp,
+    )

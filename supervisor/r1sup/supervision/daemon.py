@@ -30,6 +30,7 @@ import tenacity
 from r1sup import __version__
 from r1sup.adapters import health, logs, watch
 from r1sup.adapters.notify import Notifier
+from r1sup.adapters.statefiles import utc_now_iso
 from r1sup.core import events as B  # the bus's events (r1sup.core.events; B.X reads: the event X)
 from r1sup.core import failure as F
 from r1sup.core import liveness, policy
@@ -69,7 +70,7 @@ from r1sup.supervision.bus import Bus
 from r1sup.supervision.footing import footing
 from r1sup.supervision.loop import Done, Phase, Stop, StopRequested
 from r1sup.supervision.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
-from r1sup.supervision.session import Session, now_iso, save_profile
+from r1sup.supervision.session import Session, save_profile
 from r1sup.supervision.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
 from r1sup.supervision.tuner import (
     Tuner,
@@ -172,7 +173,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.state = State.PLANNING
         self.status_text = ""  # the last STATUS= line, also in status.json
-        self.since = now_iso()
+        self.since = utc_now_iso(zulu=False)
         self.flags: EngineFlags | None = None
         self.capacity: Capacity | None = None  # what the serving flags' probe proved
         # the saved profile's flags and the service level `tune` proved for them ([slo]), or None
@@ -200,7 +201,7 @@ class Daemon:
         self._retry_flags: EngineFlags | None = None
         self._retry_failure: Failure | None = None
         self._stop_signalled = False
-        self.started_at = now_iso()
+        self.started_at = utc_now_iso(zulu=False)
         self.record: Any = None  # r1sup.state.runrecord.RunLog of this run, for `r1sup report`
         self.clock: Callable[[], float] = lambda: self.runner.clock()
         self.heartbeat = self.clock()  # the loop's last turn, for /livez
@@ -231,7 +232,7 @@ class Daemon:
             raise IllegalTransition(f"{cause.value} in state {self.state.value}")
         old, self.state = self.state, new
         if old is not new:
-            self.since = now_iso()
+            self.since = utc_now_iso(zulu=False)
         if status:
             self.status_text = status
         self.publish(B.StateChanged(old.value, new.value, status))
@@ -272,7 +273,7 @@ class Daemon:
                 else None
             ),
             "since": self.since,
-            "updated_at": now_iso(),
+            "updated_at": utc_now_iso(zulu=False),
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
             "config": os.path.abspath(self.config.source) if self.config.source else None,
             "served_model": self.config.served_name,
@@ -509,7 +510,8 @@ class Daemon:
             yield from self._tuner().refresh_device()
         if self.record is None:
             self.record = runrecord.RunLog(self.config.state.dir, "run", self.config, self.know.device)
-        base = footing(self.config, self.know, self.runner)
+        base = footing(self.config, self.know)
+        self.runner.expected_phases = base.expected_phases
         self.fingerprint = base.fingerprint
         d = self.config.daemon
         self.runner.managed_args = liveness.drain_args(
@@ -616,7 +618,7 @@ class Daemon:
         free = now.free_gib if now is not None else None
         reason = f"the best profile {key} does not fit what is free now ({free} GiB)"
         if spare is not None and profile_fit.fits_now(check, EngineFlags.from_dict(spare.flags)):
-            self.degraded = Degraded(key, reason, now_iso())
+            self.degraded = Degraded(key, reason, utc_now_iso(zulu=False))
             return spare
         return None
 
@@ -635,7 +637,7 @@ class Daemon:
         self.degraded = None
         if why and found is not None:
             found = replace(found, degraded=why)
-            self.degraded = Degraded(key, why, now_iso())
+            self.degraded = Degraded(key, why, utc_now_iso(zulu=False))
             self.publish(B.ProfileDegraded(key, why))
         return found
 

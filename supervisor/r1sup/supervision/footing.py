@@ -8,14 +8,13 @@ as events (written by the log's sink: :func:`r1sup.supervision.subscribers.loggi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from r1sup.core.config import Config
 from r1sup.core.events import DeviceProbeFailed, PlanMade, PlannerCalibrated, PlannerNote, Publish
 from r1sup.core.flags import EngineFlags
 from r1sup.core.knowledge import ModelKnowledge, adopt_versions, first_decision
-from r1sup.supervision.runner import Runner
 from r1sup.supervision.subscribers import logging_bus
 
 
@@ -65,11 +64,13 @@ def plan_first_decision(
 @dataclass(frozen=True)
 class Footing:
     """What a search starts from, the same for ``tune`` and ``run``: this config's fingerprint on this
-    box, its key, and the profile store."""
+    box, its key, the profile store, and the seconds per loading phase of this fingerprint's last launch
+    (the runner's ETA takes them: ``runner.expected_phases``)."""
 
     fingerprint: dict[str, Any]
     key: str
     store: Any  # profiles.ProfileStore
+    expected_phases: dict[str, float] = field(default_factory=dict)
 
     def calibration(self, publish: Publish) -> Any:
         """The planner's calibration from an earlier launch on this box (published), or None."""
@@ -81,13 +82,13 @@ class Footing:
         return measured
 
 
-def footing(config: Config, know: ModelKnowledge, runner: Runner) -> Footing:
-    """The fingerprint (the vLLM version it learned adopted into ``know``), its key and the store; the
-    runner's ETA takes the phase times of this fingerprint's last launch."""
+def footing(config: Config, know: ModelKnowledge) -> Footing:
+    """The fingerprint (the vLLM version it learned adopted into ``know``), its key, the store and the
+    phase times of this fingerprint's last launch (for the runner's ETA)."""
     from r1sup.state import profiles, runrecord
 
     fingerprint = profiles.current_fingerprint(config, device=know.device, versions=know.versions())
     adopt_versions(know, profiles.fingerprint_vllm(fingerprint))
     store = profiles.ProfileStore(config.state.dir)
-    runner.expected_phases = runrecord.expected_phases(store, fingerprint)
-    return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store)
+    phases = runrecord.expected_phases(store, fingerprint)
+    return Footing(fingerprint, profiles.fingerprint_key(fingerprint), store, phases)

@@ -355,19 +355,17 @@ class Runner:
             "progress": None,
         }
         if launch.progress is not None and not launch.progress.ended:
-            from datetime import datetime, timedelta, timezone
+            from datetime import datetime, timezone
+
+            from r1sup.adapters.statefiles import utc_now_iso
 
             snap = launch.progress.snapshot(self.clock())
-            now = datetime.now(timezone.utc)
+            now = datetime.now(timezone.utc)  # one instant for the three stamps
             progress = snap.to_dict()
-            progress["launch_started_at"] = (now - timedelta(seconds=snap.elapsed_s)).isoformat(
-                timespec="seconds"
-            )
-            progress["phase_started_at"] = (now - timedelta(seconds=snap.phase_elapsed_s)).isoformat(
-                timespec="seconds"
-            )
+            progress["launch_started_at"] = utc_now_iso(-snap.elapsed_s, zulu=False, now=now)
+            progress["phase_started_at"] = utc_now_iso(-snap.phase_elapsed_s, zulu=False, now=now)
             if snap.eta_s is not None:
-                progress["eta_at"] = (now + timedelta(seconds=snap.eta_s)).isoformat(timespec="seconds")
+                progress["eta_at"] = utc_now_iso(snap.eta_s, zulu=False, now=now)
             out["progress"] = progress
         return out
 

@@ -6,7 +6,6 @@ import argparse
 import sys
 from collections.abc import Generator
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from typing import Any
 
 from r1sup.adapters import apikey as sec
@@ -102,10 +101,6 @@ def _lock(args: argparse.Namespace, config: Config) -> Any:
 
     what = f"r1sup {args.command}" + (f" --config {args.config}" if getattr(args, "config", None) else "")
     return statefiles.lock_state_dir(config.state.dir, logs.mask(what))
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def capacity_of(config: Any, result: Any) -> Capacity | None:

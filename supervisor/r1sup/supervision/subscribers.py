@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from r1sup.adapters.notify import Notifier
+from r1sup.adapters.statefiles import utc_now_iso
 from r1sup.core import liveness
 from r1sup.core.errors import R1supError
 from r1sup.core.events import (
@@ -97,7 +98,6 @@ from r1sup.core.events import (
 )
 from r1sup.core.figures import Figures
 from r1sup.supervision.bus import Bus
-from r1sup.supervision.session import now_iso
 
 STATUS_FILE = "status.json"
 RECENT_EVENTS = 20
@@ -402,7 +402,7 @@ class StatusFile:
                 self.note("profile_store_hit", key=key)
 
     def note(self, event: str, **fields: Any) -> None:
-        self.recent.append({"ts": now_iso(), "event": event, **fields})
+        self.recent.append({"ts": utc_now_iso(zulu=False), "event": event, **fields})
 
     def write(self) -> None:
         """Write status.json. An entry in its place that is not a regular file (a symlink, a directory)

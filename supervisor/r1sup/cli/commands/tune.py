@@ -114,7 +114,8 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     record = runrecord.RunLog(config.state.dir, "tune", config, None)
     tuner = Tuner(config, session.runner, session.log, know=know, record=record)
     record.device(know.device)
-    base = footing(config, know, session.runner)
+    base = footing(config, know)
+    session.runner.expected_phases = base.expected_phases
     # the fleet's store: a profile tuned for this fingerprint elsewhere is checked with one launch and
     # the probe; without one this replica tunes, holding the key's lease until its profile is published
     shared = (

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from r1sup.core.failure import milestone
 from r1sup.core.logparse.heads import EVIDENCE_CHARS, LogLine
 from r1sup.core.logparse.phase import TRAFFIC_TAILS, traffic
+from r1sup.core.memmodel import CUDA_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def unit_gib(value: float, unit: str) -> float:
     return value * scale.get(unit, 1.0)
 
 
-BLOCK_SIZE = 16  # vLLM's default KV block size, used to round context lengths
+BLOCK_SIZE = CUDA_BLOCK_SIZE  # vLLM's default KV block size (the memory model's), to round context lengths
 
 # (kind, a literal every match contains, pattern): the pattern's named groups are the numbers
 # gpu_worker.py compile_or_warm_up_model's memory breakdown (0.20 on), up to the figures that changed
