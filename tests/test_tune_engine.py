@@ -31,10 +31,9 @@ def run_tune(config: Path, *extra: str, timeout: float = 800) -> tuple[int, dict
 
 
 def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Path, tiny_model: Path):
-    # compiled: the phases below include the compile warm-up ("profiling")
-    body = tiny_engine_config(
-        tmp_path, tiny_model, free_port(), start={"max_model_len": 32768}, compiled=True
-    )
+    # without the compile warm-up, as the other real-engine tests: the compiled start-up's phases are read
+    # in test_systemd.py's test_vllm_serves_under_the_units_system_call_filter, which starts compiled
+    body = tiny_engine_config(tmp_path, tiny_model, free_port(), start={"max_model_len": 32768})
     config = write_config(tmp_path / "c.toml", body)
     try:
         code, result, proc = run_tune(config)
@@ -51,6 +50,8 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         assert "estimated maximum model length" in seen["evidence"]
         assert seen["numbers"]["max_model_len"] == 32768
         assert 0 < seen["numbers"]["estimated_max_model_len"] < 32768
+        started = [e for e in proc.named("engine_progress") if e["launch"] == 1 and e["after"] == "starting"]
+        assert [e.get("max_model_len") for e in started] == [32768], started  # vLLM's configuration line
         # bf16 only (ladder.allow_fp8_kv = false; moved from test_bf16_only_takes_vllms_estimate, which
         # launched these flags again): from this real failure the search goes straight to vLLM's estimate
         bf16 = blind.next_step(
@@ -82,9 +83,10 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         step = proc.named("ladder_step")[0]
         assert step["failure_class"] == "kv_insufficient"
         assert step["new"]["max_model_len"] == result["flags"]["max_model_len"]
-        # the loading phases of the real CPU engine (dummy weights: no shards, a warm-up), in order, once
+        # the loading phases of the real CPU engine (dummy weights: no shards; without the compile warm-up,
+        # no "profiling": the compiled start-up's phases are test_systemd.py's), in order, once
         phases = [e["phase"] for e in proc.named("engine_progress") if e["launch"] == 2]
-        assert phases == ["weights", "profiling", "kv_cache", "api"], phases
+        assert phases == ["weights", "kv_cache", "api"], phases
         assert [e["phase"] for e in proc.named("engine_ready")] == ["probe"]
         timed = second["phase_seconds"]
         assert set(timed) == {"starting", "weights", "profiling", "kv_cache", "graphs", "api", "probe"}
