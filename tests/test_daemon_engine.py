@@ -1,10 +1,9 @@
-"""``r1sup run`` with the real vLLM CPU engine: READY after the probe, crashes and hangs recovered,
+"""``r1sup run`` with the real vLLM CPU engine: READY after the probe, a crash recovered,
 clean SIGTERM, profile reuse, and nothing left behind when r1sup itself is killed."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -85,15 +84,10 @@ def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path)
         st = status(state)
         assert st["launches"] == 2 and st["state"] == "serving"
 
-        # 2. SIGSTOP of the vLLM child: /health stops answering -> a hang -> restarted
-        stopped = st["child_pid"]
-        os.kill(stopped, signal.SIGSTOP)
-        failed = proc.wait_event("serving_failed", 60, count=2)
-        assert failed["failure_class"] == "hang"
-        proc.wait_event("serving", 400, count=3)
-        assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+        # (a SIGSTOP of the vLLM child, a hang, restarted: tests/test_daemon_liveness.py, on the fake
+        # engine; the real engine's stop and restart are proven here by the kill -9 and the SIGTERM)
 
-        # 3. SIGTERM: the child group stops, r1sup exits 0, nothing is left
+        # 2. SIGTERM: the child group stops, r1sup exits 0, nothing is left
         proc.signal(signal.SIGTERM)
         assert proc.wait(120) == 0, proc.tail()
         assert not engine_processes(config)
@@ -104,7 +98,7 @@ def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path)
         notify.close()
         kill_engine_processes(config)
 
-    # 4. a second run reuses the saved profile: exactly one launch; SIGKILL of r1sup leaves no vLLM
+    # 3. a second run reuses the saved profile: exactly one launch; SIGKILL of r1sup leaves no vLLM
     proc = R1sup("run", "--config", str(config))
     try:
         proc.wait_event("serving", 400)

