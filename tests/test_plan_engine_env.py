@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 QWEN2_7B = ROOT / "benchmarks" / "data" / "models" / "qwen2-7b"
 # the A100 80GB / vLLM 0.10.1 start of dennislee22/vLLM-benchmarking that printed 5.01 GiB of KV
@@ -67,3 +69,50 @@ def test_the_plan_says_which_compile_cache_it_assumed(tmp_path: Path) -> None:
     _, filled, _ = plan(tmp_path)
     assert filled["compile_cache"]["assumed"] == "cold"
     assert "not known: sized as cold" in filled["compile_cache"]["note"]
+
+
+def _plan_installed(
+    capsys: Any, monkeypatch: Any, tmp_path: Path, flashinfer: bool, **env: str
+) -> dict[str, Any]:
+    """``plan`` in-process with vLLM 0.10.1.1 installed next to r1sup (no --vllm-version), FlashInfer
+    installed there or not."""
+    from r1sup.cli.app import main
+    from r1sup.cli.commands import plan as plan_cmd
+
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(plan_cmd, "installed_vllm_version", lambda: "0.10.1.1")
+    monkeypatch.setattr(plan_cmd, "installed_flashinfer", lambda: flashinfer)
+    args = [a for a in ARGS if a not in ("--vllm-version", "0.10.1")]
+    main(["--log-level", "error", "plan", "--json", "--model", str(QWEN2_7B), *args])
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert data["vllm_version"] == "0.10.1" and data["vllm_version_from"] == "installed"
+    return data
+
+
+def test_vllm_0_10_installed_with_flashinfer_is_sized_as_its_sampler_runs_without_a_variable(
+    capsys: Any, monkeypatch: Any, tmp_path: Path
+) -> None:
+    with_fi = _plan_installed(capsys, monkeypatch, tmp_path, flashinfer=True)
+    without = _plan_installed(capsys, monkeypatch, tmp_path, flashinfer=False)
+    # the A100 80GB / vLLM 0.10.1.1 log (FlashInfer installed, no variable set) printed 5.01 GiB
+    assert abs(with_fi["breakdown"]["kv_gib"] - 5.01) <= 0.15
+    assert without["breakdown"]["kv_gib"] < with_fi["breakdown"]["kv_gib"] - 0.8
+    # what is installed is known: no note asking for the variable either way
+    assert not any("VLLM_USE_FLASHINFER_SAMPLER" in n for n in with_fi["notes"] + without["notes"])
+    # the variable still wins over what is installed (vLLM: =0 turns FlashInfer's sampler off)
+    off = _plan_installed(capsys, monkeypatch, tmp_path, flashinfer=True, VLLM_USE_FLASHINFER_SAMPLER="0")
+    assert off["breakdown"]["kv_gib"] == without["breakdown"]["kv_gib"]
+
+
+def test_flashinfer_is_found_the_way_vllm_looks_for_it(monkeypatch: Any, tmp_path: Path) -> None:
+    from r1sup.cli.commands import plan as plan_cmd
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if plan_cmd.installed_flashinfer():
+        pytest.skip("a real FlashInfer is installed here: the check can only say yes")
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "__init__.py").write_text("raise ImportError('never imported')\n")
+    assert plan_cmd.installed_flashinfer() is True

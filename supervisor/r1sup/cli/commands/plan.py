@@ -152,6 +152,18 @@ def installed_vllm_version() -> str | None:
     return None
 
 
+def installed_flashinfer() -> bool:
+    """Whether FlashInfer is importable next to r1sup, found the way vLLM looks for it (``find_spec``,
+    without importing it): up to 0.11.0 vLLM's sampler uses it whenever it is there (vLLM's Docker image
+    ships it; a plain ``pip install vllm`` of those releases does not)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("flashinfer") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 # where the version came from when nothing named one: no vLLM installed, no --vllm-version
 ASSUMED = "assumed"
 
@@ -172,10 +184,13 @@ def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Ve
     return memmodel.NEWEST_KNOWN, ASSUMED
 
 
-def _started(args: argparse.Namespace, version: memmodel.Version) -> memmodel.Version:
+def _started(
+    args: argparse.Namespace, version: memmodel.Version, version_from: str | None = None
+) -> memmodel.Version:
     """The version with what the engine's environment says of it (r1sup's own, plus ``server.env`` with
-    --config): FlashInfer's sampler (VLLM_USE_FLASHINFER_SAMPLER) and whether vLLM's compile cache is
-    known to be cold."""
+    --config): FlashInfer's sampler (VLLM_USE_FLASHINFER_SAMPLER; when it is unset and the version is
+    the one installed next to r1sup, whether FlashInfer is installed there too, which is how vLLM decides
+    up to 0.11.0) and whether vLLM's compile cache is known to be cold."""
     env = dict(os.environ)
     if getattr(args, "config", None):
         from r1sup.cli.app import load_config
@@ -187,6 +202,8 @@ def _started(args: argparse.Namespace, version: memmodel.Version) -> memmodel.Ve
         sampler = memmodel.flashinfer_sampler_from_env(env)
     except ValueError as exc:
         raise ConfigError("environment", str(exc)) from None
+    if sampler is None and version_from == "installed" and memmodel.rules(version).flashinfer_warmup_alone:
+        sampler = installed_flashinfer()
     return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
 
 
@@ -220,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
         arch = memmodel.pipelined(arch, pp)
     cal, learned = _calibration(args, device)
     version, version_from = _version(args, learned)
-    version = _started(args, version)
+    version = _started(args, version, version_from)
     if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
         cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
     result = planner.plan(
