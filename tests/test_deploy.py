@@ -12,6 +12,8 @@ import functools
 import json
 import re
 import shlex
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,38 @@ VALUE_SETS = (
     + sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
     + [f"multinode-deepseek-r1{RAY}"]
 )
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    """The JSON schema of a setting's Python type (``X | None`` included: null is allowed anyway)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args and typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = args
+    origin = typing.get_origin(hint) or hint
+    if origin is list:
+        return {"type": "array", "items": _json_type(typing.get_args(hint)[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _json_type(typing.get_args(hint)[1])}
+    return {"type": {str: "string", bool: "boolean", int: "integer", float: "number"}[origin]}
+
+
+def config_schema() -> dict[str, Any]:
+    """The ``config`` part of values.schema.json as r1sup's declarations make it: every section and key of
+    r1sup.toml (no other), each with its type, choices and bounds; null removes a default."""
+    sections: dict[str, Any] = {}
+    for dotted, f, hint in cfg.declarations():
+        section, key = dotted.split(".", 1)
+        body = sections.setdefault(
+            section, {"type": ["object", "null"], "additionalProperties": False, "properties": {}}
+        )
+        one = _json_type(hint)
+        checks = {"choices": "enum", "minimum": "minimum", "maximum": "maximum"}
+        checks["exclusive_minimum"] = "exclusiveMinimum"
+        for name, word in checks.items():
+            if name in f.metadata:
+                one[word] = list(f.metadata[name]) if name == "choices" else f.metadata[name]
+        body["properties"][key] = {"anyOf": [one, {"type": "null"}]}
+    return {"type": "object", "additionalProperties": False, "properties": sections}
 
 
 def example_values(name: str) -> dict[str, Any] | None:
@@ -273,7 +307,11 @@ def test_the_config_table_is_written_as_the_toml_r1sup_reads():
     assert table["ladder"]["allow_weight_quantization"] is False
     import helm_python as helm
 
+    # a table where the chart writes values (server.env, a table of r1sup's, passes the values' schema)
     with pytest.raises(helm.HelmError, match="not a TOML value"):
+        render({"config": {"server": {"env": {"A": "1"}}}})
+    # a key that is no setting is refused before that, by the values' schema
+    with pytest.raises(helm.HelmValuesError, match="'nested' not allowed"):
         render({"config": {"start": {"nested": {"a": 1}}}})
 
 
