@@ -31,6 +31,9 @@ DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 LWS_SCHEMA = ROOT / "tests" / "schemas" / "leaderworkerset-v1.json"
 PODMONITOR_SCHEMA = ROOT / "tests" / "schemas" / "podmonitor-v1.json"
+SERVICEMONITOR_SCHEMA = ROOT / "tests" / "schemas" / "servicemonitor-v1.json"
+SCALEDOBJECT_SCHEMA = ROOT / "tests" / "schemas" / "scaledobject-v1alpha1.json"
+VALUES_SCHEMA = CHART / "values.schema.json"
 # the oldest Kubernetes the chart supports (its kubeVersion: preStop's sleep action, fsGroupChangePolicy,
 # startupProbe...) and the newest whose schemas the package bundles
 KUBE_VERSIONS = ("1.30.0", "latest")
@@ -40,11 +43,33 @@ LWS_ENV = {"LWS_LEADER_ADDRESS": "r1-0.r1.serving", "LWS_GROUP_SIZE": "2", "LWS_
 # the default values, every example values file, and the multi-node example on Ray (its default backend
 # is vLLM's own multi-node mode, mp)
 RAY = "+ray"
+# the autoscalers (off by default): KEDA with a ServiceMonitor on the default values, the plain HPA on the
+# multi-node example (it scales the LeaderWorkerSet's groups)
+KEDA = "+keda"
+HPA = "+hpa"
+OVERLAYS: dict[str, dict[str, Any]] = {
+    RAY: {"multinode": {"backend": "ray"}},
+    KEDA: {
+        "autoscaling": {
+            "enabled": True,
+            "keda": {"serverAddress": "http://prometheus-operated.monitoring.svc:9090"},
+        },
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    },
+    HPA: {"autoscaling": {"enabled": True, "kind": "hpa", "maxReplicas": 2}},
+}
 VALUE_SETS = (
     ["default"]
     + sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
-    + [f"multinode-deepseek-r1{RAY}"]
+    + [f"multinode-deepseek-r1{RAY}", f"default{KEDA}", f"multinode-deepseek-r1{HPA}"]
 )
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
 
 
 def _json_type(hint: Any) -> dict[str, Any]:
@@ -80,13 +105,14 @@ def config_schema() -> dict[str, Any]:
 
 
 def example_values(name: str) -> dict[str, Any] | None:
-    if name == "default":
-        return None
-    base = name.removesuffix(RAY)
-    values = dict(yaml.safe_load((CHART / "examples" / f"{base}.yaml").read_text(encoding="utf-8")))
-    if name.endswith(RAY):
-        values["multinode"]["backend"] = "ray"
-    return values
+    base, plus, overlay = name.partition("+")
+    if base == "default":
+        values: dict[str, Any] = {}
+    else:
+        values = dict(yaml.safe_load((CHART / "examples" / f"{base}.yaml").read_text(encoding="utf-8")))
+    if plus:
+        values = merged(values, OVERLAYS[plus + overlay])
+    return values or None
 
 
 def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -181,6 +207,12 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(values: 
     if doc["kind"] == "PodMonitor":
         validate_custom(doc, PODMONITOR_SCHEMA)
         return
+    if doc["kind"] == "ServiceMonitor":
+        validate_custom(doc, SERVICEMONITOR_SCHEMA)
+        return
+    if doc["kind"] == "ScaledObject":
+        validate_custom(doc, SCALEDOBJECT_SCHEMA)
+        return
     latest = kubernetes_validate.latest_version()
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(doc, latest if version == "latest" else version, strict=True)
@@ -192,6 +224,10 @@ def test_every_value_set_renders_what_it_is_for():
     for name in ("multinode-deepseek-r1", f"multinode-deepseek-r1{RAY}"):
         assert "LeaderWorkerSet" in kinds[name] and "StatefulSet" not in kinds[name]
     assert "PodMonitor" in kinds["shared-cache-monitoring"] and "Job" in kinds["shared-cache-monitoring"]
+    assert {"ScaledObject", "ServiceMonitor"} <= set(kinds[f"default{KEDA}"])
+    assert "HorizontalPodAutoscaler" in kinds[f"multinode-deepseek-r1{HPA}"]
+    off = {"ScaledObject", "HorizontalPodAutoscaler", "ServiceMonitor"}  # off by default
+    assert not off & set(kinds["default"])
 
 
 def test_helm_lint_finds_nothing_above_information():
