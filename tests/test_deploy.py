@@ -878,10 +878,13 @@ def cards_the_values_name() -> list[str]:
     from r1sup.core import catalog
 
     comments = " ".join(
-        line.split("#", 1)[1] for line in (CHART / "values.yaml").read_text(encoding="utf-8").splitlines()
+        line.split("#", 1)[1]
+        for line in (CHART / "values.yaml").read_text(encoding="utf-8").splitlines()
         if "#" in line
     )
-    return [name for name in catalog.gpu_names() if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w])", comments)]
+    return [
+        name for name in catalog.gpu_names() if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w])", comments)
+    ]
 
 
 @pytest.fixture
@@ -1042,7 +1045,11 @@ def test_the_autoscaler_scales_the_workload_on_the_proven_capacity():
     (so,) = by_kind("ScaledObject", f"default{KEDA}")
     (sts,) = by_kind("StatefulSet", f"default{KEDA}")
     ref = so["spec"]["scaleTargetRef"]
-    assert (ref["apiVersion"], ref["kind"], ref["name"]) == ("apps/v1", "StatefulSet", sts["metadata"]["name"])
+    assert (ref["apiVersion"], ref["kind"], ref["name"]) == (
+        "apps/v1",
+        "StatefulSet",
+        sts["metadata"]["name"],
+    )
     assert "replicas" not in sts["spec"]  # the autoscaler owns it: an upgrade does not reset it
     assert "replicas" in by_kind("StatefulSet")[0]["spec"]
     (trigger,) = so["spec"]["triggers"]
