@@ -10,8 +10,12 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import re
 import shlex
+import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,12 @@ DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 COMPOSE = DEPLOY / "compose" / "docker-compose.yml"
 LWS_SCHEMA = ROOT / "tests" / "schemas" / "leaderworkerset-v1.json"
 PODMONITOR_SCHEMA = ROOT / "tests" / "schemas" / "podmonitor-v1.json"
+SERVICEMONITOR_SCHEMA = ROOT / "tests" / "schemas" / "servicemonitor-v1.json"
+SCALEDOBJECT_SCHEMA = ROOT / "tests" / "schemas" / "scaledobject-v1alpha1.json"
+VALUES_SCHEMA = CHART / "values.schema.json"
+VLLM_SCRAPE = ROOT / "tests" / "fixtures" / "metrics" / "vllm-cpu-0.32-busy.txt"
+# the service-level capacity (the slo work): asserted once r1sup registers it
+SLO_CAPACITY = "r1sup_capacity_slo_requests"
 # the oldest Kubernetes the chart supports (its kubeVersion: preStop's sleep action, fsGroupChangePolicy,
 # startupProbe...) and the newest whose schemas the package bundles
 KUBE_VERSIONS = ("1.30.0", "latest")
@@ -38,21 +48,76 @@ LWS_ENV = {"LWS_LEADER_ADDRESS": "r1-0.r1.serving", "LWS_GROUP_SIZE": "2", "LWS_
 # the default values, every example values file, and the multi-node example on Ray (its default backend
 # is vLLM's own multi-node mode, mp)
 RAY = "+ray"
+# the autoscalers (off by default): KEDA with a ServiceMonitor on the default values, the plain HPA on the
+# multi-node example (it scales the LeaderWorkerSet's groups)
+KEDA = "+keda"
+HPA = "+hpa"
+OVERLAYS: dict[str, dict[str, Any]] = {
+    RAY: {"multinode": {"backend": "ray"}},
+    KEDA: {
+        "autoscaling": {
+            "enabled": True,
+            "keda": {"serverAddress": "http://prometheus-operated.monitoring.svc:9090"},
+        },
+        "metrics": {"serviceMonitor": {"enabled": True}},
+    },
+    HPA: {"autoscaling": {"enabled": True, "kind": "hpa", "maxReplicas": 2}},
+}
 VALUE_SETS = (
     ["default"]
     + sorted(p.stem for p in (CHART / "examples").glob("*.yaml"))
-    + [f"multinode-deepseek-r1{RAY}"]
+    + [f"multinode-deepseek-r1{RAY}", f"default{KEDA}", f"multinode-deepseek-r1{HPA}"]
 )
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def _json_type(hint: Any) -> dict[str, Any]:
+    """The JSON schema of a setting's Python type (``X | None`` included: null is allowed anyway)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args and typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = args
+    origin = typing.get_origin(hint) or hint
+    if origin is list:
+        return {"type": "array", "items": _json_type(typing.get_args(hint)[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _json_type(typing.get_args(hint)[1])}
+    return {"type": {str: "string", bool: "boolean", int: "integer", float: "number"}[origin]}
+
+
+def config_schema() -> dict[str, Any]:
+    """The ``config`` part of values.schema.json as r1sup's declarations make it: every section and key of
+    r1sup.toml (no other), each with its type, choices and bounds; null removes a default."""
+    sections: dict[str, Any] = {}
+    for dotted, f, hint in cfg.declarations():
+        section, key = dotted.split(".", 1)
+        body = sections.setdefault(
+            section, {"type": ["object", "null"], "additionalProperties": False, "properties": {}}
+        )
+        one = _json_type(hint)
+        checks = {"choices": "enum", "minimum": "minimum", "maximum": "maximum"}
+        checks["exclusive_minimum"] = "exclusiveMinimum"
+        for name, word in checks.items():
+            if name in f.metadata:
+                one[word] = list(f.metadata[name]) if name == "choices" else f.metadata[name]
+        body["properties"][key] = {"anyOf": [one, {"type": "null"}]}
+    return {"type": "object", "additionalProperties": False, "properties": sections}
+
+
 def example_values(name: str) -> dict[str, Any] | None:
-    if name == "default":
-        return None
-    base = name.removesuffix(RAY)
-    values = dict(yaml.safe_load((CHART / "examples" / f"{base}.yaml").read_text(encoding="utf-8")))
-    if name.endswith(RAY):
-        values["multinode"]["backend"] = "ray"
-    return values
+    base, plus, overlay = name.partition("+")
+    if base == "default":
+        values: dict[str, Any] = {}
+    else:
+        values = dict(yaml.safe_load((CHART / "examples" / f"{base}.yaml").read_text(encoding="utf-8")))
+    if plus:
+        values = merged(values, OVERLAYS[plus + overlay])
+    return values or None
 
 
 def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -147,6 +212,12 @@ def test_every_rendered_object_validates_against_the_kubernetes_schemas(values: 
     if doc["kind"] == "PodMonitor":
         validate_custom(doc, PODMONITOR_SCHEMA)
         return
+    if doc["kind"] == "ServiceMonitor":
+        validate_custom(doc, SERVICEMONITOR_SCHEMA)
+        return
+    if doc["kind"] == "ScaledObject":
+        validate_custom(doc, SCALEDOBJECT_SCHEMA)
+        return
     latest = kubernetes_validate.latest_version()
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(doc, latest if version == "latest" else version, strict=True)
@@ -158,6 +229,10 @@ def test_every_value_set_renders_what_it_is_for():
     for name in ("multinode-deepseek-r1", f"multinode-deepseek-r1{RAY}"):
         assert "LeaderWorkerSet" in kinds[name] and "StatefulSet" not in kinds[name]
     assert "PodMonitor" in kinds["shared-cache-monitoring"] and "Job" in kinds["shared-cache-monitoring"]
+    assert {"ScaledObject", "ServiceMonitor"} <= set(kinds[f"default{KEDA}"])
+    assert "HorizontalPodAutoscaler" in kinds[f"multinode-deepseek-r1{HPA}"]
+    off = {"ScaledObject", "HorizontalPodAutoscaler", "ServiceMonitor"}  # off by default
+    assert not off & set(kinds["default"])
 
 
 def test_helm_lint_finds_nothing_above_information():
@@ -273,7 +348,11 @@ def test_the_config_table_is_written_as_the_toml_r1sup_reads():
     assert table["ladder"]["allow_weight_quantization"] is False
     import helm_python as helm
 
+    # a table where the chart writes values (server.env, a table of r1sup's, passes the values' schema)
     with pytest.raises(helm.HelmError, match="not a TOML value"):
+        render({"config": {"server": {"env": {"A": "1"}}}})
+    # a key that is no setting is refused before that, by the values' schema
+    with pytest.raises(helm.HelmValuesError, match="'nested' not allowed"):
         render({"config": {"start": {"nested": {"a": 1}}}})
 
 
@@ -743,3 +822,259 @@ def test_the_compose_service_what_r1sup_relies_on():
     needed = config.server.stop_timeout_s + config.server.memory_release_timeout_s
     assert seconds(service["stop_grace_period"]) > needed + 30
     assert service["ports"][1].startswith("127.0.0.1:8090:")  # r1sup's endpoint stays on the host
+
+
+# --- the values' schema ------------------------------------------------------------------------------
+
+
+def test_the_values_schema_knows_every_setting_of_r1sup_and_no_other():
+    """The schema's config part is r1sup's declarations: a setting added to r1sup must be added here."""
+    schema = json.loads(VALUES_SCHEMA.read_text(encoding="utf-8"))
+    assert schema["properties"]["config"] == config_schema()
+    assert schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"replica": 3}, "'replica' not allowed"),
+        ({"gpu": {"cuont": 2}}, "at '/gpu': additional properties 'cuont' not allowed"),
+        ({"config": {"start": {"max_model_length": 8192}}}, "'max_model_length' not allowed"),
+        ({"config": {"servr": {"port": 8000}}}, "at '/config': additional properties 'servr' not allowed"),
+        ({"config": {"start": {"kv_cache_dtype": "fp4"}}}, "at '/config/start/kv_cache_dtype'"),
+        ({"autoscaling": {"targetLoad": 0}}, "at '/autoscaling/targetLoad'"),
+    ],
+)
+def test_a_misspelled_or_invalid_key_fails_at_install(values: dict[str, Any], where: str):
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        render(values)
+    report = helm.lint(str(CHART), values, strict=True, kube_version="v1.30.0")
+    assert any(where in e for e in report["errors"]), report
+
+
+def test_tensor_parallel_beyond_the_gpus_a_pod_requests_fails_at_install():
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError, match="/config/start/tensor_parallel_size"):
+        render({"config": {"start": {"tensor_parallel_size": 2}}})  # gpu.count 1
+    with pytest.raises(helm.HelmValuesError, match="/config/start/tensor_parallel_size"):
+        render({"gpu": {"count": 4}, "config": {"start": {"tensor_parallel_size": 8}}})
+    for count in (2, 8):
+        docs = render({"gpu": {"count": count}, "config": {"start": {"tensor_parallel_size": count}}})
+        (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+        assert pod_of(sts)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == str(count)
+    # more GPUs than the schema can compare (gpu.count's bound) is refused too, not let through
+    with pytest.raises(helm.HelmValuesError, match="/gpu/count"):
+        render({"gpu": {"count": 17}})
+
+
+# --- the default config plans as given on the cards its comments name --------------------------------
+
+
+def cards_the_values_name() -> list[str]:
+    """The catalog's GPUs that values.yaml's comments name (e.g. "L4, A10, RTX 4090 class")."""
+    from r1sup.core import catalog
+
+    comments = " ".join(
+        line.split("#", 1)[1]
+        for line in (CHART / "values.yaml").read_text(encoding="utf-8").splitlines()
+        if "#" in line
+    )
+    return [
+        name for name in catalog.gpu_names() if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w])", comments)
+    ]
+
+
+@pytest.fixture
+def no_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Planning only: no NVIDIA driver, an empty HF cache, no R1SUP_* settings from the caller."""
+    nv = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def init() -> None:
+        raise NVMLError("NVML Shared Library Not Found")
+
+    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
+    nv.nvmlInit = init  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
+    for key in list(os.environ):
+        if key.startswith("R1SUP_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("R1SUP_STATE_DIR", str(tmp_path / "state"))
+
+
+def test_the_values_name_the_cards_the_default_config_is_for():
+    assert {"L4", "A10", "RTX 4090"} <= set(cards_the_values_name())
+
+
+@pytest.mark.parametrize("card", cards_the_values_name())
+def test_the_default_config_plans_as_given_on_every_card_its_comments_name(
+    card: str, no_driver: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """`r1sup plan --config <the chart's r1sup.toml> --gpu CARD` says FITS as given (exit 0)."""
+    from r1sup.cli.app import main
+
+    (configmap,) = [d for d in by_kind("ConfigMap") if d["metadata"]["name"] == RELEASE]
+    path = tmp_path / "r1sup.toml"
+    path.write_text(configmap["data"]["r1sup.toml"], encoding="utf-8")
+    code = main(["plan", "--config", str(path), "--gpu", card, "--json"])
+    verdict = json.loads(capsys.readouterr().out)["verdict"]
+    assert code == 0, verdict
+    assert verdict["status"] == "fits"
+
+
+# --- the profile store without ReadWriteMany; the upgrade gate's timeout and model cache ---------------
+
+
+def test_the_http_store_needs_no_claim():
+    url = "https://profiles.example.com/r1sup"
+    docs = render({"profileStore": {"url": url}})
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]  # no ReadWriteMany class needed
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    pod = pod_of(sts)
+    (container,) = pod["containers"]
+    assert "profiles" not in {v["name"] for v in pod["volumes"]}
+    assert "profiles" not in {m["name"] for m in container["volumeMounts"]}
+    env = {**image_env(), **container_env(container)}
+    env["VLLM_API_KEY"] = "k"
+    config = cfg.build(tomllib.loads(configmap["data"]["r1sup.toml"]), env=env)
+    assert config.state.profile_store == url
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmValuesError, match="/profileStore/url"):
+        render({"profileStore": {"url": "nfs://server/profiles"}})
+    with pytest.raises(helm.HelmError, match="the HTTP store is read-only"):
+        render({"profileStore": {"url": url}, "upgradeGate": {"enabled": True}, "models": {"shared": True}})
+
+
+def test_the_gate_asks_for_the_helm_timeout_it_needs_and_reads_the_shared_model_cache():
+    import helm_python as helm
+
+    values = example_values("shared-cache-monitoring")
+    docs = rendered("shared-cache-monitoring")
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    deadline = job["spec"]["activeDeadlineSeconds"]
+    timeout = job["metadata"]["annotations"]["r1sup.io/helm-timeout"]
+    assert timeout.endswith("s") and int(timeout[:-1]) > deadline > 5 * 60  # Helm's default: 5 minutes
+    with helm.Chart.load(str(CHART)) as chart:
+        notes = chart.render(values, name=RELEASE, namespace="serving", is_install=False)
+    assert f"--timeout {timeout}" in notes["r1sup/templates/NOTES.txt"]
+    # the model: the release's shared claim, not an emptyDir filled at each upgrade
+    pod = job["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (sts,) = by_kind("StatefulSet", "shared-cache-monitoring")
+    served_models = {v["name"]: v for v in pod_of(sts)["volumes"]}["models"]
+    assert volumes["models"]["persistentVolumeClaim"] == served_models["persistentVolumeClaim"]
+    with pytest.raises(helm.HelmError, match="upgradeGate needs models.shared"):
+        render({"upgradeGate": {"enabled": True}})
+
+
+# --- the ServiceMonitor and the autoscalers ----------------------------------------------------------
+
+
+def test_the_service_monitor_scrapes_both_endpoints_through_the_pods_service_only():
+    services = {s["metadata"]["name"]: s for s in by_kind("Service", f"default{KEDA}")}
+    (monitor,) = by_kind("ServiceMonitor", f"default{KEDA}")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    chosen = [n for n, s in services.items() if selector.items() <= s["metadata"]["labels"].items()]
+    assert chosen == [f"{RELEASE}-pods"]  # every pod, ready or not; not the clients' Service
+    ports = {p["name"] for p in services[f"{RELEASE}-pods"]["spec"]["ports"]}
+    endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]}
+    assert endpoints == {("r1sup", "/metrics"), ("http", "/metrics")} and {p for p, _ in endpoints} <= ports
+    bad = copy.deepcopy(monitor)
+    bad["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(bad, SERVICEMONITOR_SCHEMA)
+
+
+def autoscaler_queries(values: str) -> list[str]:
+    """The PromQL of the value set's autoscaler: the ScaledObject's trigger, or the prometheus-adapter
+    rule the HPA carries."""
+    out = [t["metadata"]["query"] for d in by_kind("ScaledObject", values) for t in d["spec"]["triggers"]]
+    for hpa in by_kind("HorizontalPodAutoscaler", values):
+        rule = yaml.safe_load(hpa["metadata"]["annotations"]["r1sup.io/prometheus-adapter-rule"])
+        out += [rule["seriesQuery"], rule["metricsQuery"]]
+    return out
+
+
+def selected_series(expr: str) -> set[str]:
+    return set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr))
+
+
+def vllm_metric_names() -> set[str]:
+    """The series the installed vLLM's Prometheus logger declares (vllm/v1/metrics/loggers.py)."""
+    import vllm.v1.metrics.loggers as loggers
+
+    source = Path(loggers.__file__).read_text(encoding="utf-8")
+    return set(re.findall(r'name="(vllm:[a-z_:]+)"', source))
+
+
+@pytest.mark.parametrize("values", [f"default{KEDA}", f"multinode-deepseek-r1{HPA}"])
+def test_every_series_the_autoscaler_queries_is_one_r1sup_and_vllm_export(values: str):
+    from r1sup.adapters.metrics import Metrics
+
+    queries = autoscaler_queries(values)
+    assert queries
+    wanted = set().union(*(selected_series(q) for q in queries))
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "r1sup_capacity_requests"} <= wanted
+    for query in queries:
+        assert query.count("(") == query.count(")") and query.count("{") == query.count("}")
+    vllm_wanted = {s for s in wanted if s.startswith("vllm:")}
+    assert vllm_wanted <= vllm_metric_names()
+    recorded = VLLM_SCRAPE.read_text(encoding="utf-8")  # a real vllm-cpu 0.32 engine's /metrics
+    for name in vllm_wanted:
+        assert re.search(rf"^{re.escape(name)}\{{", recorded, re.M), name
+    registered = {family.name for family in Metrics().registry.collect()}
+    r1sup_wanted = {s for s in wanted if s.startswith("r1sup_")}
+    assert r1sup_wanted <= {"r1sup_capacity_requests", SLO_CAPACITY}
+    # the service-level figure comes from the slo work; until r1sup registers it the query falls back
+    for name in r1sup_wanted:
+        if name != SLO_CAPACITY or SLO_CAPACITY in registered:
+            assert name in registered, name
+        else:
+            assert "or max by (namespace, pod) (r1sup_capacity_requests" in " ".join(queries)
+
+
+def test_the_autoscaler_scales_the_workload_on_the_proven_capacity():
+    (so,) = by_kind("ScaledObject", f"default{KEDA}")
+    (sts,) = by_kind("StatefulSet", f"default{KEDA}")
+    ref = so["spec"]["scaleTargetRef"]
+    assert (ref["apiVersion"], ref["kind"], ref["name"]) == (
+        "apps/v1",
+        "StatefulSet",
+        sts["metadata"]["name"],
+    )
+    assert "replicas" not in sts["spec"]  # the autoscaler owns it: an upgrade does not reset it
+    assert "replicas" in by_kind("StatefulSet")[0]["spec"]
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    # the figure per replica is read at query time (a ratio to the proven capacity): the target is the
+    # fraction of it, 1 by default; no request count typed into the values
+    assert trigger["metadata"]["threshold"] == "1"
+    query = trigger["metadata"]["query"]
+    assert f'namespace="serving",pod=~"{RELEASE}-[0-9]+"' in query
+    assert "/ on (namespace, pod)" in query
+    (lws,) = by_kind("LeaderWorkerSet", f"multinode-deepseek-r1{HPA}")
+    (hpa,) = by_kind("HorizontalPodAutoscaler", f"multinode-deepseek-r1{HPA}")
+    ref = hpa["spec"]["scaleTargetRef"]
+    assert (ref["kind"], ref["name"]) == ("LeaderWorkerSet", lws["metadata"]["name"])
+    (metric,) = hpa["spec"]["metrics"]
+    rule = yaml.safe_load(hpa["metadata"]["annotations"]["r1sup.io/prometheus-adapter-rule"])
+    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"]
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="autoscaling.keda.serverAddress: required"):
+        render({"autoscaling": {"enabled": True}})
+    with pytest.raises(helm.HelmError, match="minReplicas"):
+        render({"autoscaling": {"enabled": True, "kind": "hpa", "minReplicas": 5, "maxReplicas": 2}})
+    without_waiting = render(merged(OVERLAYS[KEDA], {"autoscaling": {"countWaiting": False}}))
+    (so,) = [d for d in without_waiting if d["kind"] == "ScaledObject"]
+    assert "vllm:num_requests_waiting" not in so["spec"]["triggers"][0]["metadata"]["query"]

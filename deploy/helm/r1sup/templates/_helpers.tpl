@@ -212,3 +212,45 @@ capabilities:
 {{- define "r1sup.fetchEnabled" -}}
 {{- if and .Values.modelFetch.enabled (not (hasPrefix "/" .Values.config.model.name)) -}}true{{- end -}}
 {{- end -}}
+
+{{/* The profile store r1sup reads: the HTTP store's URL, else the claim's mount. */}}
+{{- define "r1sup.profileStoreClaimed" -}}
+{{- if and .Values.profileStore.enabled (not .Values.profileStore.url) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The load of each replica as a fraction of the capacity its profile proved, one series per pod:
+vLLM's requests running (and waiting) over r1sup's service-level capacity when the profile proved one,
+else over the requests at once it verified. The argument: (list $ "label matchers"). A replica that has
+proven nothing yet (loading, tuning) has no series. Each vLLM engine's gauge is taken once per pod even
+if two scrape jobs read it. */}}
+{{- define "r1sup.loadPerCapacity" -}}
+{{- $root := index . 0 -}}
+{{- $sel := index . 1 -}}
+(sum by (namespace, pod) (max by (namespace, pod, engine) (vllm:num_requests_running{ {{- $sel -}} }))
+{{- if $root.Values.autoscaling.countWaiting }} + sum by (namespace, pod) (max by (namespace, pod, engine) (vllm:num_requests_waiting{ {{- $sel -}} })){{ end }})
+/ on (namespace, pod)
+(min by (namespace, pod) (r1sup_capacity_slo_requests{ {{- $sel -}} } > 0) or max by (namespace, pod) (r1sup_capacity_requests{ {{- $sel -}} } > 0))
+{{- end -}}
+
+{{/* The release's serving pods as the PodMonitor or ServiceMonitor label their series (a StatefulSet's
+pods, a LeaderWorkerSet's leaders: RELEASE-<index>). */}}
+{{- define "r1sup.podMatchers" -}}
+namespace="{{ .Release.Namespace }}",pod=~"{{ include "r1sup.fullname" . }}-[0-9]+"
+{{- end -}}
+
+{{/* What the autoscaler scales. */}}
+{{- define "r1sup.scaleTargetRef" -}}
+{{- if .Values.multinode.enabled -}}
+apiVersion: leaderworkerset.x-k8s.io/v1
+kind: LeaderWorkerSet
+{{- else -}}
+apiVersion: apps/v1
+kind: StatefulSet
+{{- end }}
+name: {{ include "r1sup.fullname" . }}
+{{- end -}}
+
+{{/* The upgrade gate's Job deadline: every launch the ladder may make, and the probe. */}}
+{{- define "r1sup.gateDeadline" -}}
+{{- add (mul (include "r1sup.setting" (list . "ladder" "max_attempts" 8) | int64) (include "r1sup.setting" (list . "server" "startup_timeout_s" 1800) | int64)) 600 -}}
+{{- end -}}

@@ -56,7 +56,7 @@ containers:
         value: /etc/r1sup/r1sup.toml
       {{- if .Values.profileStore.enabled }}
       - name: R1SUP_STATE_PROFILE_STORE
-        value: {{ .Values.profileStore.mountPath }}
+        value: {{ .Values.profileStore.url | default .Values.profileStore.mountPath | quote }}
       {{- end }}
       - name: VLLM_API_KEY
         valueFrom:
@@ -143,7 +143,7 @@ containers:
         mountPath: /var/lib/r1sup
       - name: models
         mountPath: /var/cache/r1sup
-      {{- if .Values.profileStore.enabled }}
+      {{- if include "r1sup.profileStoreClaimed" . }}
       - name: profiles
         mountPath: {{ .Values.profileStore.mountPath }}
       {{- end }}
@@ -155,7 +155,7 @@ volumes:
   - name: config
     configMap:
       name: {{ include "r1sup.fullname" . }}
-  {{- if .Values.profileStore.enabled }}
+  {{- if include "r1sup.profileStoreClaimed" . }}
   - name: profiles
     persistentVolumeClaim:
       claimName: {{ include "r1sup.profileStoreClaim" . }}
