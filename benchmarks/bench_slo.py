@@ -319,7 +319,13 @@ def run_sweep(
         row.best_goodput_any = max(row.best_goodput_any or 0.0, goodput)
     crashed = "Server process crashed" in (work / f"{name}.log").read_text(encoding="utf-8", errors="replace")
     row.oom_unrecovered = 1 if crashed else 0
-    row.note = f"exit {code}" + ("; the server crashed at start and the sweep stopped" if crashed else "")
+    log = (work / f"{name}.log").read_text(encoding="utf-8", errors="replace")
+    no_pandas = "No module named 'pandas'" in log
+    row.note = (
+        f"exit {code}"
+        + ("; the server crashed at start and the sweep stopped" if crashed else "")
+        + ("; its levels ran, its summary.csv needs pandas (not installed)" if no_pandas else "")
+    )
     return row
 
 
