@@ -4,6 +4,7 @@ clean SIGTERM, profile reuse, and nothing left behind when r1sup itself is kille
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
