@@ -162,9 +162,9 @@ def test_a_terminal_gets_one_updating_progress_line(tmp_path: Path) -> None:
 # --- --help: each command lists the exit codes it can return ---------------------------------------
 
 HELP_EXIT_CODES = {
-    "": {0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 143},
+    "": {0, 1, 2, 3, 4, 5, 6, 7, 8, 129, 130, 143},
     "run": {0, 1, 2, 3, 4, 5},
-    "tune": {0, 1, 2, 3, 4, 130, 143},
+    "tune": {0, 1, 2, 3, 4, 129, 130, 143},
     "plan": {0, 1, 2, 3, 7},
     "diagnose": {0, 1, 2, 6},
     "status": {0, 1, 2},

@@ -35,7 +35,7 @@ from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import Conditions
 from r1sup.core.liveness import Verdict
 from r1sup.core.probing import ProbeResult
-from r1sup.core.slo import SloResult
+from r1sup.core.slo import Level, SloResult
 
 # --- the loop's queue: a child's output, a check's result, a signal
 
@@ -466,6 +466,20 @@ class ProfileMissing:
 
 
 @dataclass(frozen=True)
+class SloLevelMeasured:
+    """One load level of the ``[slo]`` search ran on the serving engine (r1sup.core.slo.Level)."""
+
+    level: Level
+
+
+@dataclass(frozen=True)
+class SloSearched:
+    """The ``[slo]`` search ended: the highest concurrency that met the targets, or why none did."""
+
+    result: SloResult
+
+
+@dataclass(frozen=True)
 class NoFitRemembered:
     """A previous run's "does not fit" verdict for this fingerprint answers again (r1sup.state.nofit)."""
 
@@ -791,6 +805,8 @@ DaemonEvent = (
     | FleetLeaseBreakFailed
     | FleetLeaseLost
     | FleetLeaseReleaseFailed
+    | SloLevelMeasured
+    | SloSearched
 )
 
 # how a part that has no bus of its own hands its events on: the bus's ``publish``, or a log-only one

@@ -88,6 +88,8 @@ from r1sup.core.events import (
     SearchSucceeded,
     Serving,
     ServingFailed,
+    SloLevelMeasured,
+    SloSearched,
     StateChanged,
     StateDirUnusable,
     StatusText,
@@ -226,6 +228,15 @@ class LogSink:
                     log.info("profile_found", key=key, flags=dict(flags), degraded=True)
                 else:
                     log.info("profile_found", key=key, flags=dict(flags), updated_at=updated_at)
+            case SloLevelMeasured(level):
+                log.info("slo_level", **{k: v for k, v in level.to_dict().items() if k != "requests"})
+            case SloSearched(searched):
+                log.info(
+                    "slo_searched",
+                    verdict=searched.verdict,
+                    concurrency=searched.requests,
+                    reason=searched.reason,
+                )
             case ProfileMissing(key):
                 log.info("profile_missing", key=key)
             case NoFitRemembered(key, reason, written_at):

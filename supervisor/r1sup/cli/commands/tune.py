@@ -25,7 +25,7 @@ from r1sup.core.errors import (
     InternalError,
     R1supError,
 )
-from r1sup.core.events import InternalFault, TuneInterrupted
+from r1sup.core.events import InternalFault, SloLevelMeasured, SloSearched, TuneInterrupted
 from r1sup.core.multinode import check_leader
 from r1sup.supervision.loop import Phase, StopRequested
 from r1sup.supervision.session import Session, log_only, open_session, save_profile
@@ -159,12 +159,14 @@ def _service_level(session: Session, result: TuneResult, live: Any) -> Generator
     )
     cap = result.flags.max_num_seqs if result.flags is not None else None
 
+    publish = log_only(session.log)
+
     def tell(level: slo.Level) -> None:
-        session.log.info("slo_level", **{k: v for k, v in level.to_dict().items() if k != "requests"})
+        publish(SloLevelMeasured(level))
 
     def work(cancelled: Any) -> slo.SloResult:
         return loadlevel.search(config.slo, server, flags=flags, cap=cap, check=cancelled, tell=tell)
 
     found: slo.SloResult = yield from session.runner.off_loop("slo", work)
-    session.log.info("slo_searched", verdict=found.verdict, concurrency=found.requests, reason=found.reason)
+    publish(SloSearched(found))
     return found
