@@ -42,6 +42,28 @@ def engine_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def planning_without_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Deterministic planning: no NVIDIA driver (pynvml's init fails as without one), an empty HF cache,
+    no R1SUP_* settings from the caller."""
+    import types
+
+    nv = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def init() -> None:
+        raise NVMLError("NVML Shared Library Not Found")
+
+    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
+    nv.nvmlInit = init  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
+    for key in list(os.environ):
+        if key.startswith("R1SUP_"):
+            monkeypatch.delenv(key)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_structlog():
     """cli.main() configures structlog for the process; each test starts from the defaults."""

@@ -10,10 +10,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import re
 import shlex
-import sys
 import types
 import typing
 from pathlib import Path
@@ -23,7 +21,7 @@ import jsonschema
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, planning_without_a_driver
 from r1sup.core import config as cfg
 from r1sup.core.config import tomllib  # tomli on Python 3.10
 
@@ -890,21 +888,7 @@ def cards_the_values_name() -> list[str]:
 @pytest.fixture
 def no_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Planning only: no NVIDIA driver, an empty HF cache, no R1SUP_* settings from the caller."""
-    nv = types.ModuleType("pynvml")
-
-    class NVMLError(Exception):
-        pass
-
-    def init() -> None:
-        raise NVMLError("NVML Shared Library Not Found")
-
-    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
-    nv.nvmlInit = init  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pynvml", nv)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
-    for key in list(os.environ):
-        if key.startswith("R1SUP_"):
-            monkeypatch.delenv(key)
+    planning_without_a_driver(monkeypatch, tmp_path)
     monkeypatch.setenv("R1SUP_STATE_DIR", str(tmp_path / "state"))
 
 

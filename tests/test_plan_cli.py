@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import planning_without_a_driver
 from r1sup.adapters import modelinfo
 from r1sup.cli.app import main
 from r1sup.core import catalog
@@ -26,21 +24,7 @@ Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 @pytest.fixture(autouse=True)
 def no_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Deterministic: no NVIDIA driver, an empty HF cache, no R1SUP_* settings from the caller."""
-    nv = types.ModuleType("pynvml")
-
-    class NVMLError(Exception):
-        pass
-
-    def init() -> None:
-        raise NVMLError("NVML Shared Library Not Found")
-
-    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
-    nv.nvmlInit = init  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pynvml", nv)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-empty"))
-    for key in list(os.environ):
-        if key.startswith("R1SUP_"):
-            monkeypatch.delenv(key)
+    planning_without_a_driver(monkeypatch, tmp_path)
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
