@@ -349,7 +349,9 @@ def test_new_work_after_a_long_idle_time_gets_the_full_progress_timeout():
 
 def test_without_vllm_figures_completions_decide_and_one_timeout_is_not_a_hang():
     # --disable-log-stats: /metrics answers without vLLM's series
-    none = [lv.MetricsSample(t, None, "/metrics has no vLLM figures") for t in range(0, 200, 10)]
+    none = [
+        lv.MetricsSample(t, None, "/metrics has no vLLM figures", answered=True) for t in range(0, 200, 10)
+    ]
     r = replay(none, ask=[x + 0.5 for x in range(0, 200, 5)], act_on_probes=True)
     assert len(r.probes()) == 1  # the first is still outstanding: one at a time
     hung = r.first(lv.HUNG)
@@ -493,14 +495,27 @@ def test_with_metrics_unanswered_an_engine_whose_stats_lines_stop_moving_is_hung
     assert "/metrics unanswered for" in verdict.reason and "judged on vLLM's stats lines" in verdict.reason
 
 
-def test_without_metrics_or_stats_lines_the_verdict_says_time_decides():
-    # a /metrics that fails from the start and vLLM without stats lines: the stall is judged on time
+def test_without_metrics_answers_or_stats_lines_time_alone_is_no_stall():
+    # issue 34: vLLM's API server too starved to answer /metrics or write a stats line while it works
+    # through a queue (r1sup's own completion waits in it): nothing says the engine stopped, so no hang
     obs = [lv.MetricsSample(t, None, "/metrics timed out after 5s") for t in range(0, 200, 10)]
-    r = replay([lv.ProbeSent(5.0), *obs])
-    hung = r.first(lv.HUNG)
-    assert hung is not None and hung[1].figures["source"] == lv.SOURCE_COMPLETION
-    assert hung[1].figures["metrics_state"] == lv.METRICS_FAILING
+    r = replay([lv.ProbeSent(5.0), *obs], ask=[199.0])
+    assert r.first(lv.HUNG) is None
+    last = r.verdicts[-1][1]
+    assert last.figures["source"] == lv.SOURCE_COMPLETION
+    assert last.figures["metrics_state"] == lv.METRICS_FAILING
     assert (
-        "/metrics failing (/metrics timed out after 5s): judged on r1sup's completion and time"
-        in hung[1].reason
+        "/metrics failing (/metrics timed out after 5s): judged on r1sup's completion and time; "
+        "no stats line since: unknown, not a stall" in last.reason
     )
+    # the same server whose /health fails too: that is the engine's word
+    failing = [
+        *obs,
+        *(lv.HealthResult(t + 1.0, ok=False, detail="/health timed out") for t in range(0, 200, 10)),
+    ]
+    hung = replay([lv.ProbeSent(5.0), *failing]).first(lv.HUNG)
+    assert hung is not None and hung[1].evidence == lv.EVIDENCE_HEALTH
+    # a /metrics that answers without vLLM's series: the server is up, the completion decides
+    answered = [lv.MetricsSample(t, None, "/metrics 500", answered=True) for t in range(0, 200, 10)]
+    stall = replay([lv.ProbeSent(5.0), *answered]).first(lv.HUNG)
+    assert stall is not None and stall[1].evidence == lv.EVIDENCE_STALL

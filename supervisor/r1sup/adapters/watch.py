@@ -25,10 +25,14 @@ def read_metrics(ep: health.Endpoint, timeout: float, at: float | None = None) -
     at = time.monotonic() if at is None else at
     status, text, why = health.fetch_metrics(ep, timeout)
     if status != 200:
-        return liveness.MetricsSample(at, None, f"/metrics {status or why or 'unanswered'}")
+        return liveness.MetricsSample(
+            at, None, f"/metrics {status or why or 'unanswered'}", answered=bool(status)
+        )
     figures = liveness.parse_metrics(text)
     if figures is None:
-        return liveness.MetricsSample(at, None, "/metrics has no vLLM figures (--disable-log-stats?)")
+        return liveness.MetricsSample(
+            at, None, "/metrics has no vLLM figures (--disable-log-stats?)", answered=True
+        )
     return liveness.MetricsSample(at, figures)
 
 

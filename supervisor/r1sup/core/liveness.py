@@ -231,6 +231,9 @@ class MetricsSample:
     at: float
     figures: Figures | None
     error: str = ""
+    # the server answered (an HTTP status, or a page without vLLM's series): it is up, only the figures
+    # are missing; False when the read got no answer (refused, reset, timed out)
+    answered: bool = False
 
 
 @dataclass(frozen=True)
@@ -311,6 +314,7 @@ class Track:
     figures: Figures | None = None  # the latest sample's
     figures_at: float | None = None
     metrics_error: str = ""  # the last /metrics failure, while it fails
+    metrics_answered: bool = False  # that failure was an answer (MetricsSample.answered)
     stats: StatsLine | None = None
     stats_at: float | None = None
     stats_progress_at: float | None = None  # the last stats line that showed throughput
@@ -350,10 +354,10 @@ def observe(track: Track, obs: Observation) -> Track:
     r = dataclasses.replace
     if isinstance(obs, MetricsSample):
         if obs.figures is None:
-            return r(track, metrics_error=obs.error or "no figures")
+            return r(track, metrics_error=obs.error or "no figures", metrics_answered=obs.answered)
         moved = _moved(track.figures, obs.figures)
         t = _pending(
-            r(track, figures=obs.figures, figures_at=obs.at, metrics_error=""),
+            r(track, figures=obs.figures, figures_at=obs.at, metrics_error="", metrics_answered=False),
             obs.figures.pending > 0,
             obs.at,
         )
@@ -543,6 +547,19 @@ def decide(track: Track, now: float, policy: Policy) -> Verdict:
     # sample for two intervals: nothing more is coming to wait for), the stats lines' progress is
     # folded in above and the time since decides.
     seen_until = track.figures_at if not unknown and track.figures_at is not None else now
+    # Without /metrics figures, a stall needs the engine's word: a stats line written since the work began
+    # that shows it not moving, or a /metrics that answers (the server is up: r1sup's completion it does
+    # not answer is the engine's). With neither (vLLM's API server too starved to answer or to log, on a
+    # loaded box), the time that passed is no evidence; a wedged server shows in /health instead.
+    evidence = not unknown or track.metrics_answered or (track.stats_at is not None and track.stats_at > ref)
+    if seen_until - ref >= policy.progress_timeout_s and not evidence:
+        reason = (
+            f"work pending for {now - ref:.0f}s with no evidence either way (progress timeout "
+            f"{policy.progress_timeout_s:g}s); {_last_progress(track, now)}"
+            f"{_basis(track, now, state, source)}; no stats line since: unknown, not a stall"
+        )
+        probe = due and now - ref >= policy.interval_s
+        return Verdict(ALIVE, EVIDENCE_WAITING, reason, probe=probe, figures=figures)
     if seen_until - ref >= policy.progress_timeout_s:
         reason = (
             f"work pending for {now - ref:.0f}s with no progress (progress timeout "
