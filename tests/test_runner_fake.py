@@ -24,12 +24,15 @@ from conftest import wait_until
 from r1sup.adapters.logs import get_logger
 from r1sup.adapters.probe import (
     SHORT_PROMPT_TOKENS,
+    WAVE_LONGER,
+    WAVE_OUTPUT_TOKENS,
     Connection,
     ProbeProcess,
     ProbeResult,
     ProbeSpec,
     Prompt,
     delivers,
+    longer_wave_tokens,
     most_at_once,
     parse_metrics,
     probe_requests,
@@ -557,3 +560,81 @@ def test_the_probe_child_module_reads_its_spec_after_importing_the_client() -> N
     assert proc.returncode != 0 and "TypeError" in err
     openai = re.search(r"^import time:.*\|\s+openai$", err, re.MULTILINE)
     assert openai is not None and openai.start() < err.index("Traceback")
+
+
+# --- a wave too short to show what ran at once: sent again, longer ----------------------------------
+
+
+def test_a_longer_wave_stays_within_the_context() -> None:
+    assert longer_wave_tokens(32, 250, 0) == 32 * WAVE_LONGER  # context unknown: as many as asked
+    assert longer_wave_tokens(32, 250, 2048) == 32 * WAVE_LONGER
+    # a 300-token context leaves 300 - 250 - 8 (the template's margin) for the output
+    assert longer_wave_tokens(32, 250, 300) == 42
+    assert longer_wave_tokens(32, 250, 280) == 32  # no room for more: never fewer than the first
+
+
+def _sent(n: int, *, overlapping: bool, running: int) -> Any:
+    """What a batch of ``n`` answers looked like to the probe: their token spans one after another
+    (each answer in one burst) or all open together, and vLLM's running gauge at its peak."""
+    from r1sup.adapters.probe import _Sent
+
+    spans = [(0.0, 1.0)] * n if overlapping else [(float(i), float(i)) for i in range(n)]
+    return _Sent(
+        succeeded=n, output_tokens_total=n * 32, ttfts=[0.1] * n, spans=spans,
+        peaks={"running": float(running), "waiting": 0.0}, duration_s=1.0,
+    )  # fmt: skip
+
+
+def _wave_with(
+    monkeypatch: pytest.MonkeyPatch, answers: list[Any], context: int = 2048
+) -> tuple[Any, list[int]]:
+    """``probe._wave`` of 8 requests whose batches come back as ``answers`` says, one after another;
+    (its record, the max_tokens each batch asked)."""
+    import asyncio
+
+    from r1sup.adapters import probe
+
+    asked_tokens: list[int] = []
+
+    async def send(http, client, spec, texts, concurrency, timeout_s, what, output_tokens):  # noqa: ANN001
+        asked_tokens.append(output_tokens)
+        return answers[len(asked_tokens) - 1]
+
+    class Prompts:
+        calls = 0
+
+        async def build(self, seed: int, target: int) -> Prompt:
+            return Prompt(prompt_text(seed, 100), 250, 100)
+
+    monkeypatch.setattr(probe, "_send", send)
+    spec = probe.ProbeSpec(
+        base_url="http://127.0.0.1:1", model="m", requests=2, concurrency=2, prompt_tokens=1000,
+        output_tokens=8, request_timeout_s=60, timeout_s=300, wave_requests=8, context=context,
+    )  # fmt: skip
+    main = _sent(2, overlapping=True, running=1)
+    _, record = asyncio.run(probe._wave(None, None, spec, Prompts(), main, probe.time.monotonic()))
+    return record, asked_tokens
+
+
+def test_a_wave_whose_answers_came_one_burst_after_another_is_sent_again_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a starved API server: each answer arrived whole, vLLM's gauge was read when one ran, none waited
+    record, asked_tokens = _wave_with(
+        monkeypatch, [_sent(8, overlapping=False, running=1), _sent(8, overlapping=True, running=8)]
+    )
+    assert asked_tokens == [WAVE_OUTPUT_TOKENS, WAVE_OUTPUT_TOKENS * WAVE_LONGER]
+    assert record.concurrency_proven == 8 and record.output_tokens == WAVE_OUTPUT_TOKENS * WAVE_LONGER
+    assert record.limit == 8 and not record.queued
+
+
+def test_a_wave_that_showed_what_ran_or_what_waited_is_sent_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    record, asked_tokens = _wave_with(monkeypatch, [_sent(8, overlapping=True, running=8)])
+    assert asked_tokens == [WAVE_OUTPUT_TOKENS] and record.concurrency_proven == 8
+    waited = _sent(8, overlapping=False, running=3)
+    waited.peaks["waiting"] = 5.0  # vLLM queued five: what ran is the answer, not a short wave
+    record, asked_tokens = _wave_with(monkeypatch, [waited])
+    assert asked_tokens == [WAVE_OUTPUT_TOKENS] and record.concurrency_proven == 3 and record.limit == 3
+    # no room in the context for longer answers: the first wave stands, and says what it saw
+    record, asked_tokens = _wave_with(monkeypatch, [_sent(8, overlapping=False, running=1)], context=280)
+    assert asked_tokens == [WAVE_OUTPUT_TOKENS] and record.concurrency_proven == 1 and record.limit == 8

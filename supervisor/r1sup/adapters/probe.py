@@ -32,7 +32,10 @@ ordinary requests (``WAVE_PROMPT_TOKENS`` of prompt, at least ``WAVE_OUTPUT_TOKE
 at once, as many as the launch's ``max_num_seqs`` and vLLM's KV figure allow, up to
 ``probe.max_concurrency`` (:func:`wave_size`, computed by the runner), within what is left of the
 probe's timeout. Its result (``wave``) has the same figures as the context requests' (running and
-waiting peaks, streams, proven, tokens/s, TTFT); a failed wave request fails the probe.
+waiting peaks, streams, proven, tokens/s, TTFT); a failed wave request fails the probe. A wave that all
+passed with none waiting, yet showed fewer at once than it sent (answers too fast to overlap, or a starved
+API server writing each in one burst), is sent once more with ``WAVE_LONGER`` times the output tokens
+(:func:`longer_wave_tokens`, within the context), and the longer wave is the record.
 
 A request whose connection failed before any token (:func:`request_fault`: refused, reset, never an
 answer of vLLM's) is sent again after each wait of ``CONNECTION_RETRY_S`` before it counts
@@ -83,6 +86,7 @@ SHORT_PROMPT_TOKENS = 64  # a short probe's prompts once vLLM's KV figure matche
 POLL_S = 0.05  # /metrics is read this often while the requests run
 WAVE_PROMPT_TOKENS = 256  # the prompt of an ordinary request, as the concurrency wave sends it
 WAVE_OUTPUT_TOKENS = 32  # at least this many tokens each, so that the wave's streams overlap in time
+WAVE_LONGER = 4  # a wave too short to show what ran at once is sent again with this many times the tokens
 WAVE_SEED = 100_000  # the wave's prompts are seeded from here (never a context prompt's seed)
 # a request whose connection failed before any token (refused, reset: a listen backlog that overflowed on
 # a loaded box) is sent again after each of these waits, then counts as failed
@@ -105,11 +109,23 @@ class ProbeSpec:
     # context requests passed, with prompts of ``wave_prompt_tokens``; 0: none
     wave_requests: int = 0
     wave_prompt_tokens: int = WAVE_PROMPT_TOKENS
+    context: int = 0  # the launch's max_model_len (0: unknown): the most a longer wave may ask
 
 
 def wave_output_tokens(output_tokens: int) -> int:
     """max_tokens of each of the wave's requests: the probe's, and at least ``WAVE_OUTPUT_TOKENS``."""
     return max(output_tokens, WAVE_OUTPUT_TOKENS)
+
+
+def longer_wave_tokens(output_tokens: int, prompt_tokens: int, context: int) -> int:
+    """max_tokens of a wave sent again because the first was too short to overlap: ``WAVE_LONGER``
+    times as many, within what the context leaves after the prompt and its template margin (0:
+    unknown context, as many as asked); never fewer than the first wave's."""
+    longer = output_tokens * WAVE_LONGER
+    if context > 0:
+        margin = max(PROMPT_MARGIN_TOKENS, int(context * PROMPT_MARGIN_FRACTION))
+        longer = min(longer, context - prompt_tokens - margin)
+    return max(output_tokens, longer)
 
 
 def wave_size(
@@ -632,6 +648,15 @@ async def _wave(
     timeout = min(left, spec.request_timeout_s)
     sent = await _send(http, client, spec, texts, n, timeout, "wave request", output)
     running, waiting, streams, proven = _proven(sent, n)
+    longer = longer_wave_tokens(output, first.tokens, spec.context)
+    left = min(spec.timeout_s - (time.monotonic() - t0), spec.request_timeout_s)
+    if sent.succeeded == n and proven < n and not waiting and longer > output and left >= 1.0:
+        # all passed, none waited, yet fewer were seen at once than were sent: the answers came too
+        # fast (or a starved API server sent each in one burst) for vLLM's gauge or the streams to
+        # show them together. Once more, longer; the record is the longer wave's.
+        output = longer
+        sent = await _send(http, client, spec, texts, n, left, "wave request", output)
+        running, waiting, streams, proven = _proven(sent, n)
     proven = proven if sent.succeeded else 0
     queued = sent.succeeded > 0 and proven < n
     return sent, Wave(

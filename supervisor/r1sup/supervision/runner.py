@@ -607,6 +607,7 @@ class Runner:
             sizing=None if brief else _sizing(proven),
             wave_requests=wave,
             wave_prompt_tokens=wave_prompt,
+            context=context,
         )
         self.log.info(
             "probe_started",
