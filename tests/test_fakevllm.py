@@ -700,13 +700,14 @@ class Fake:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return 0
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
+    # hang guards: a fake engine's start took over 20 s in CI's parallel run beside two real engines
+    def wait_ready(self, timeout: float = 120.0) -> None:
         wait_until(
             lambda: self.health() == 200 or self.proc.poll() is not None, timeout, what="fake engine ready"
         )
         assert self.proc.poll() is None, self.text[-3000:]
 
-    def wait_exit(self, timeout: float = 20.0, drain: float = 5.0) -> int:
+    def wait_exit(self, timeout: float = 120.0, drain: float = 5.0) -> int:
         code = self.proc.wait(timeout=timeout)
         self.reader.join(timeout=drain)
         return code

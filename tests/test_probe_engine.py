@@ -73,9 +73,17 @@ def test_probe_figures_then_engine_core_killed_mid_probe(tmp_path: Path, tiny_mo
             environ={},
             overrides={"probe.prompt_tokens": "200", "probe.output_tokens": "512", "probe.requests": "2"},
         )
-        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        short = launch.probe
-        assert short is not None and short.concurrency_proven == 2 and not short.queued, short
+        # On a machine starved by other work the API server can hold /metrics and write each answer in
+        # one burst, so that neither the gauge nor the streams show the pair together (seen once in CI:
+        # TTFTs of 5.2 and 6.8 s, no /metrics sample while they ran). That is evidence missing, not
+        # evidence of queueing: the pair is sent again (at most three times), and none may have waited.
+        for _ in range(3):
+            assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
+            short = launch.probe
+            assert short is not None and not short.waiting_peak, short
+            if short.concurrency_proven == 2:
+                break
+        assert short.concurrency_proven == 2 and not short.queued, short
 
         # now a long probe, and the engine core killed while it runs
         runner.config = cfg.load(
