@@ -123,7 +123,7 @@ def _json(obj: Any) -> bytes:
 MAX_CONNECTIONS = 64
 REQUEST_TIMEOUT_S = 5.0  # for the whole request head, and again for the whole answer
 MAX_HEAD_BYTES = 8192
-BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
+BACKLOG = 4096  # the kernel caps it at net.core.somaxconn (4096 by default since Linux 5.4)
 ACCEPTS_PER_TURN = 256
 ACCEPT_PAUSE_S = 0.1  # after accept failed for want of file descriptors
 EVICT_GRACE_S = 0.01  # a connection this young is not closed to make room: it may be sending its request
@@ -252,20 +252,55 @@ class _Listener:
                 self.resume_at = self.clock() + ACCEPT_PAUSE_S
                 return
             now = self.clock()
+            conn = self._answer_at_once(sock, now)
+            if conn is None:
+                continue
             try:
                 sock.setblocking(False)
-                conn = _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now)
-                self.selector.register(sock, selectors.EVENT_READ, None)
+                events = selectors.EVENT_WRITE if conn.writing else selectors.EVENT_READ
+                self.selector.register(sock, events, None)
             except (OSError, ValueError):
                 sock.close()
                 continue
             self.conns[sock.fileno()] = conn
-            try:
-                self._read(conn)  # a client's request is usually there already: answered, no slot kept
-            except OSError:
-                self._drop(conn)
             if len(self.conns) > MAX_CONNECTIONS and not self._make_room(now):
                 return
+
+    def _answer_at_once(self, sock: socket.socket, now: float) -> _Conn | None:
+        """Serve a connection just accepted without the selector: a request that is already there (a
+        probe's, a scraper's: the usual case) is answered and the connection closed, one that is gone is
+        closed; None then. Else the connection to keep, reading its head or writing its answer. Under a
+        churn of thousands of connections each one costs a few system calls, so the accept queue, where a
+        probe waits behind them all, drains fast (issue 34)."""
+        conn = _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now)
+        try:
+            data = sock.recv(4096, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return conn  # nothing yet: it waits in the selector, under the cap
+        except OSError:
+            sock.close()
+            return None
+        if not data:
+            sock.close()
+            return None
+        conn.head += data
+        out = self._respond(conn.head)
+        if out is None:
+            return conn
+        try:
+            sent = sock.send(out, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            sock.close()
+            return None
+        if sent < len(out):
+            conn.out, conn.writing = out[sent:], True
+            return conn
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+        sock.close()
+        return None
 
     def _make_room(self, now: float) -> bool:
         """Close the oldest connections still waiting for their request, down to the cap; False (and
@@ -292,25 +327,29 @@ class _Listener:
             self._drop(conn)
             return
         conn.head += data
-        end = max(conn.head.find(b"\r\n\r\n"), conn.head.find(b"\n\n"))
+        out = self._respond(conn.head)
+        if out is not None:
+            self._answer(conn, out)
+
+    def _respond(self, head: bytearray) -> bytes | None:
+        """The answer to a request head received so far; None while it is not whole yet."""
+        end = max(head.find(b"\r\n\r\n"), head.find(b"\n\n"))
         if end < 0:
-            if len(conn.head) > MAX_HEAD_BYTES:
+            if len(head) > MAX_HEAD_BYTES:
                 payload = _json({"error": f"request head over {MAX_HEAD_BYTES} bytes"})
-                self._answer(conn, _response(431, JSON_TYPE, payload, body=True))
-            return
-        status, method, path = parse_request(bytes(conn.head[:end]))
+                return _response(431, JSON_TYPE, payload, body=True)
+            return None
+        status, method, path = parse_request(bytes(head[:end]))
         if status == 405:
             payload = _json({"error": f"method {method[:20]} not allowed"})
-            self._answer(conn, _response(405, JSON_TYPE, payload, body=True, extra="Allow: GET, HEAD\r\n"))
-            return
+            return _response(405, JSON_TYPE, payload, body=True, extra="Allow: GET, HEAD\r\n")
         if status:
-            self._answer(conn, _response(status, JSON_TYPE, _json({"error": "bad request"}), body=True))
-            return
+            return _response(status, JSON_TYPE, _json({"error": "bad request"}), body=True)
         try:
             code, content_type, payload = self.endpoint.answer(path)
         except Exception as exc:  # noqa: BLE001 - a probe gets an answer, never a dropped connection
             code, content_type, payload = 500, JSON_TYPE, _json({"error": f"{type(exc).__name__}: {exc}"})
-        self._answer(conn, _response(code, content_type, payload, body=method == "GET"))
+        return _response(code, content_type, payload, body=method == "GET")
 
     def _answer(self, conn: _Conn, data: bytes) -> None:
         conn.out, conn.writing = data, True
