@@ -529,3 +529,43 @@ def test_a_budget_reads_the_same_wherever_the_plan_prints_it(capsys: pytest.Capt
     grows = re.search(r"budget grows from 0\.9 x 79\.15 = (\d+\.\d\d) GiB", out)
     assert budget and grows, out
     assert grows.group(1) == budget.group(1)
+
+
+# --- a service level (issue 37): plan cannot measure it, so it says so and what tune would prove -------
+
+
+def test_slo_flags_are_echoed_after_an_otherwise_identical_report(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", Q7, "--gpu", "L4"]
+    code = main(base)
+    plain = capsys.readouterr().out
+    code_slo = main([*base, "--slo-ttft-p95", "2", "--slo-itl-p95", "0.05"])
+    with_slo = capsys.readouterr().out
+    assert code_slo == code
+    assert with_slo.startswith(plain)
+    extra = with_slo[len(plain) :].splitlines()
+    assert len(extra) == 1 and extra[0].startswith("service level: TTFT p95 <= 2.00 s, ITL p95 <= 50 ms")
+    assert "not measured" in extra[0] and "r1sup tune" in extra[0]
+
+
+def test_slo_flags_in_json_add_one_key(capsys: pytest.CaptureFixture[str]) -> None:
+    plain = run_json(capsys, "--model", Q7, "--gpu", "L4")
+    d = run_json(capsys, "--model", Q7, "--gpu", "L4", "--slo-e2e-p95", "30")
+    slo = d.pop("slo")
+    assert d == plain
+    assert slo["targets"] == {"ttft_p95_s": None, "itl_p95_s": None, "e2e_p95_s": 30.0}
+    assert slo["measured"] is False and slo["note"].startswith("service level: e2e p95 <= 30.00 s")
+
+
+def test_a_config_slo_is_echoed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "r1sup.toml"
+    config.write_text(f'[model]\nname = "{Q7}"\n[slo]\nitl_p95_s = 0.2\n', encoding="utf-8")
+    main(["plan", "--config", str(config), "--gpu", "L4"])
+    assert "service level: ITL p95 <= 200 ms" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_slo_target_not_above_0_exits_2_naming_it(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    code = main(["plan", "--model", Q7, "--gpu", "L4", "--slo-ttft-p95", value])
+    err = capsys.readouterr().err
+    assert code == 2 and "--slo-ttft-p95" in err
+    assert len(err.strip().splitlines()) == 1, err

@@ -104,3 +104,35 @@ def test_result_round_trips_and_refuses_damage():
     bad["levels"][0]["goodput"] = float("nan")
     with pytest.raises(ValueError, match="goodput"):
         S.SloResult.from_dict(bad)
+
+
+def test_a_relaunch_doubles_max_num_seqs_only_when_the_flag_bounded_every_met_level():
+    capped = S.conclude(T, W, [level(1, True), level(2, True), level(4, True)])
+    step = S.relaunch_step(capped, max_num_seqs=4, max_concurrency=64)
+    assert step is not None and (step.flag, step.old, step.new) == ("max_num_seqs", 4, 8)
+    assert "max_num_seqs 4" in step.why
+    # never past the highest level asked for
+    step = S.relaunch_step(capped, max_num_seqs=4, max_concurrency=6)
+    assert step is not None and step.new == 6
+
+
+@pytest.mark.parametrize(
+    ("levels", "seqs", "top", "budget_ended"),
+    [
+        ([level(1, True), level(2, True), level(4, False), level(3, False)], 8, 64, False),  # a target broke
+        ([level(1, True), level(2, True), level(4, True)], 4, 4, False),  # max_num_seqs is the top asked
+        ([level(1, True), level(2, True), level(4, True)], None, 64, False),  # vLLM's default: unknown
+        ([level(1, True), level(2, True)], 4, 64, True),  # the budget, not the flag, ended it
+        ([level(1, False)], 4, 64, False),  # nothing met
+    ],
+)
+def test_no_relaunch_where_the_evidence_does_not_name_a_flag(levels, seqs, top, budget_ended):
+    found = S.conclude(T, W, levels, budget_ended=budget_ended)
+    assert S.relaunch_step(found, max_num_seqs=seqs, max_concurrency=top) is None
+
+
+def test_the_relaunch_line_round_trips():
+    found = S.conclude(T, W, [level(1, True)])
+    data = {**found.to_dict(), "relaunch": "max_num_seqs 4 -> 8"}
+    assert S.SloResult.from_dict(data).relaunch == "max_num_seqs 4 -> 8"
+    assert S.SloResult.from_dict(found.to_dict()).relaunch == ""

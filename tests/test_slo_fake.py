@@ -90,3 +90,37 @@ def test_run_exports_the_saved_slo_capacity_labelled_with_its_targets(tmp_path: 
         text = metrics_text(port)
         labels = 'e2e_p95_s="",itl_p95_s="0.16",ttft_p95_s=""'
         assert metric(text, "r1sup_capacity_slo_requests", labels) == 2.0, text
+
+
+def test_a_relaunch_lifts_max_num_seqs_when_every_level_up_to_it_met(tmp_path: Path):
+    # max_num_seqs 2 bounds the levels (more would wait behind it) and 2 at once still meet the ITL
+    # target: one relaunch with 4, which proves more requests at once; the better point is kept
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    body = slo_body(tmp_path, itl_p95_s=0.16, max_concurrency=8)
+    body["start"]["max_num_seqs"] = 2
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0, t.explain()
+    slo = t.result["slo"]
+    assert slo["verdict"] == "met" and slo["launches"] == 1, slo
+    assert t.result["launches"] == 2
+    assert slo["concurrency"] > 2 and slo["flags"]["max_num_seqs"] == 4
+    assert slo["relaunch"].startswith("max_num_seqs 2 -> 4") and "kept" in slo["relaunch"]
+    saved = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
+    assert saved["flags"]["max_num_seqs"] == 4 and saved["slo"]["concurrency"] == slo["concurrency"]
+    from r1sup_proc import R1sup
+    from test_tune_fake import fake_env
+
+    proc = R1sup("report", "--config", str(t.config), env=fake_env(scenario))
+    assert proc.wait(60) == 0
+    assert "relaunched: max_num_seqs 2 -> 4" in "".join(proc.lines)
+
+
+def test_no_relaunch_when_a_target_breaks_below_max_num_seqs(tmp_path: Path):
+    scenario = fake_scenario(tmp_path, runtime=LATENCY)
+    body = slo_body(tmp_path, itl_p95_s=0.16, max_concurrency=16)
+    body["start"]["max_num_seqs"] = 16
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0, t.explain()
+    slo = t.result["slo"]
+    assert slo["verdict"] == "met" and 1 < slo["concurrency"] < 16
+    assert slo["launches"] == 0 and slo["relaunch"] == "" and t.result["launches"] == 1

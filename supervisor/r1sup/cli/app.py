@@ -258,25 +258,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set ladder.strategy=...")
-    for name, what in (
-        ("ttft", "time to first token"),
-        ("itl", "inter-token latency"),
-        ("e2e", "end-to-end time"),
-    ):
-        p.add_argument(
-            f"--slo-{name}-p95",
-            type=float,
-            metavar="S",
-            dest=f"slo_{name}_p95_s",
-            help=f"p95 {what} to meet, seconds (same as --set slo.{name}_p95_s=S): tune then proves the "
-            "highest concurrency that meets the [slo] targets",
-        )
+    _add_slo_args(p, "tune then proves the highest concurrency that meets the [slo] targets")
 
     p = add(
         "plan",
         "size a model for a GPU before anything is downloaded or launched",
         epilog=PLAN_EXIT_CODES_HELP,
     )
+    _add_slo_args(p, "plan cannot measure it: it says what tune would prove on the engine")
     p.add_argument("--config", "-c", metavar="FILE", help="take model, flags and target from this config")
     p.add_argument("--model", "-m", help="HF id (catalog or local HF cache) or a local model directory")
     p.add_argument(
@@ -449,6 +438,22 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             overrides[f"slo.{name}_p95_s"] = value
     return overrides
+
+
+def _add_slo_args(p: argparse.ArgumentParser, then: str) -> None:
+    """``--slo-ttft-p95`` / ``--slo-itl-p95`` / ``--slo-e2e-p95`` (tune's and plan's)."""
+    for name, what in (
+        ("ttft", "time to first token"),
+        ("itl", "inter-token latency"),
+        ("e2e", "end-to-end time"),
+    ):
+        p.add_argument(
+            f"--slo-{name}-p95",
+            type=float,
+            metavar="S",
+            dest=f"slo_{name}_p95_s",
+            help=f"p95 {what} to meet, seconds (same as --set slo.{name}_p95_s=S): {then}",
+        )
 
 
 def load_config(args: argparse.Namespace) -> Any:

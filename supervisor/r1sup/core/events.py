@@ -480,6 +480,18 @@ class SloSearched:
 
 
 @dataclass(frozen=True)
+class SloRelaunched:
+    """The ``[slo]`` search relaunched the engine once with a flag changed (r1sup.core.slo.relaunch_step):
+    ``outcome`` says what the relaunch proved, or why its first result was kept."""
+
+    flag: str
+    old: int
+    new: int
+    why: str
+    outcome: str
+
+
+@dataclass(frozen=True)
 class NoFitRemembered:
     """A previous run's "does not fit" verdict for this fingerprint answers again (r1sup.state.nofit)."""
 
@@ -807,6 +819,7 @@ DaemonEvent = (
     | FleetLeaseReleaseFailed
     | SloLevelMeasured
     | SloSearched
+    | SloRelaunched
 )
 
 # how a part that has no bus of its own hands its events on: the bus's ``publish``, or a log-only one

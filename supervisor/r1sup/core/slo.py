@@ -260,6 +260,7 @@ class SloResult:
     launches: int = 0  # relaunches the search itself made (flag changes); 0: load levels only
     seconds: float = 0.0
     flags: dict[str, Any] = field(default_factory=dict)  # the flags the levels ran on
+    relaunch: str = ""  # the search's relaunch with a flag changed and what it proved; "" for none
 
     @property
     def best(self) -> Level | None:
@@ -299,6 +300,7 @@ class SloResult:
             "launches": self.launches,
             "seconds": self.seconds,
             "flags": dict(self.flags),
+            "relaunch": self.relaunch,
         }
 
     @classmethod
@@ -333,7 +335,45 @@ class SloResult:
             launches=_count(data, "launches") if "launches" in data else 0,
             seconds=_num(data, "seconds") if "seconds" in data else 0.0,
             flags=dict(flags),
+            relaunch=str(data.get("relaunch", "")),
         )
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """A flag the evidence says is the lever: relaunch once with ``flag`` at ``new`` instead of ``old``."""
+
+    flag: str
+    old: int
+    new: int
+    why: str
+
+
+def relaunch_step(result: SloResult, max_num_seqs: int | None, max_concurrency: int) -> Relaunch | None:
+    """Whether a flag, not the engine's latency, ended the search, and the one relaunch that would lift it.
+
+    The levels stop at ``max_num_seqs`` (more requests at once would only wait behind it, their TTFT
+    growing with the queue, not with the engine). When the level at ``max_num_seqs`` still met every
+    target, no target broke: the flag is what bounds the proven capacity, and doubling it (up to
+    ``slo.max_concurrency``) is worth one relaunch. When a target broke at or below ``max_num_seqs``, the
+    engine's own step time is the limit and a relaunch would prove nothing more: None. None too when
+    ``max_num_seqs`` is vLLM's default (not known here), when the budget ended the search, or when
+    nothing met."""
+    best = result.best
+    if result.verdict != MET or best is None or result.budget_ended or max_num_seqs is None:
+        return None
+    if max_num_seqs >= max_concurrency or best.concurrency < max_num_seqs:
+        return None
+    if any(not lv.meets for lv in result.levels if lv.concurrency <= max_num_seqs):
+        return None
+    new = min(max_concurrency, 2 * max_num_seqs)
+    return Relaunch(
+        "max_num_seqs",
+        max_num_seqs,
+        new,
+        f"every level up to max_num_seqs {max_num_seqs} met {result.targets.describe()}: the flag, not "
+        f"a target, bounded the search; more requests at once would wait behind it",
+    )
 
 
 def conclude(

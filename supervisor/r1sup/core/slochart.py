@@ -67,6 +67,8 @@ def render_text(result: SloResult) -> str:
         lines.append(f"refused: {result.reason}")
     else:
         lines.append(f"not proven: {result.reason}")
+    if result.relaunch:
+        lines.append(f"relaunched: {result.relaunch}")
     return "\n".join([*lines, ""])
 
 

@@ -89,6 +89,7 @@ from r1sup.core.events import (
     Serving,
     ServingFailed,
     SloLevelMeasured,
+    SloRelaunched,
     SloSearched,
     StateChanged,
     StateDirUnusable,
@@ -237,6 +238,8 @@ class LogSink:
                     concurrency=searched.requests,
                     reason=searched.reason,
                 )
+            case SloRelaunched(flag, old, new, why, outcome):
+                log.info("slo_relaunched", flag=flag, old=old, new=new, why=why, outcome=outcome)
             case ProfileMissing(key):
                 log.info("profile_missing", key=key)
             case NoFitRemembered(key, reason, written_at):

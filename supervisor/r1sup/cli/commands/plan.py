@@ -16,6 +16,7 @@ recommended flags, 3 not within the bounds); 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import replace
@@ -223,6 +224,7 @@ def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, st
 
 def main(args: argparse.Namespace) -> int:
     model, revision, flags, target, bounds, model_field, pp = _inputs(args)
+    targets = _slo_targets(args)
     device = _device(args, flags)
     try:
         arch, source = load_arch(model, revision)
@@ -263,10 +265,41 @@ def main(args: argparse.Namespace) -> int:
             "assumed": version.compile_cache or "cold",
             "note": memmodel.compile_note(version),
         }
+        if targets.any:
+            out["slo"] = {"targets": targets.to_dict(), "measured": False, "note": _slo_line(targets)}
         print_json(out)
         return result.exit_code
     sys.stdout.write(render(result, source, device, version_from, cal, memmodel.compile_note(version)))
+    if targets.any:
+        sys.stdout.write(_slo_line(targets) + "\n")
     return result.exit_code
+
+
+def _slo_targets(args: argparse.Namespace) -> Any:
+    """The service level asked (``--slo-*-p95``, or the config's ``[slo]`` with them applied): plan only
+    checks and echoes it. ConfigError for a target that is not a number above 0."""
+    from r1sup.core.slo import Targets
+
+    if getattr(args, "config", None):
+        from r1sup.cli.app import load_config
+
+        section = load_config(args).slo
+        return Targets(section.ttft_p95_s, section.itl_p95_s, section.e2e_p95_s)
+    values: dict[str, float | None] = {}
+    for name in ("ttft", "itl", "e2e"):
+        value = getattr(args, f"slo_{name}_p95_s", None)
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"--slo-{name}-p95", f"must be a number of seconds above 0, got {value:g}")
+        values[f"{name}_p95_s"] = value
+    return Targets(**values)
+
+
+def _slo_line(targets: Any) -> str:
+    return (
+        f"service level: {targets.describe()} (not measured: plan launches nothing; `r1sup tune` with the "
+        "same targets proves on the engine the most requests at once that meet it, or refuses it with the "
+        "measured floor, exit 3)"
+    )
 
 
 # --- the human report ----------------------------------------------------------------------------

@@ -11,10 +11,12 @@ import json
 import signal
 import sys
 from collections.abc import Generator
+from dataclasses import replace
 from typing import Any
 
 from r1sup.adapters import logs
 from r1sup.cli.app import load_config
+from r1sup.core import failure as F
 from r1sup.core import slo
 from r1sup.core.errors import (
     EXIT_INTERNAL,
@@ -25,7 +27,7 @@ from r1sup.core.errors import (
     InternalError,
     R1supError,
 )
-from r1sup.core.events import InternalFault, SloLevelMeasured, SloSearched, TuneInterrupted
+from r1sup.core.events import InternalFault, SloLevelMeasured, SloRelaunched, SloSearched, TuneInterrupted
 from r1sup.core.multinode import check_leader
 from r1sup.supervision.loop import Phase, StopRequested
 from r1sup.supervision.session import Session, log_only, open_session, save_profile
@@ -131,9 +133,10 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
         if result.ok and result.live is not None:  # [slo]: load levels on the server as it runs
             live, result.live = result.live, None
             try:
-                result.slo = yield from _service_level(session, result, live)
+                result.slo = yield from _service_level(session, result.flags, live, config.slo)
             finally:
                 yield from session.runner.stop(live, reason="tune finished")
+            yield from _relaunch_step(session, result)
             if result.slo.verdict == slo.IMPOSSIBLE:
                 result.exit_code, result.reason = EXIT_NO_WORKING_CONFIG, result.slo.reason
         if result.ok:
@@ -144,20 +147,22 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     return result, record
 
 
-def _service_level(session: Session, result: TuneResult, live: Any) -> Generator[Phase, Any, slo.SloResult]:
+def _service_level(
+    session: Session, flags: Any, live: Any, slo_config: Any
+) -> Generator[Phase, Any, slo.SloResult]:
     """The ``[slo]`` search on the running server (r1sup.adapters.loadlevel), off the loop's thread: the
     highest concurrency that meets the targets, or the floor that one request at a time gets."""
     from r1sup.adapters import loadlevel
 
     config = session.config
-    flags = result.flags.to_dict() if result.flags is not None else {}
     server = loadlevel.Server(
         base_url=session.runner.endpoint.base,
         model=live.spec.served_name,
         api_key=session.runner.api_key,
         request_timeout_s=config.probe.request_timeout_s,
     )
-    cap = result.flags.max_num_seqs if result.flags is not None else None
+    cap = flags.max_num_seqs if flags is not None else None
+    as_dict = flags.to_dict() if flags is not None else {}
 
     publish = log_only(session.log)
 
@@ -165,8 +170,53 @@ def _service_level(session: Session, result: TuneResult, live: Any) -> Generator
         publish(SloLevelMeasured(level))
 
     def work(cancelled: Any) -> slo.SloResult:
-        return loadlevel.search(config.slo, server, flags=flags, cap=cap, check=cancelled, tell=tell)
+        return loadlevel.search(slo_config, server, flags=as_dict, cap=cap, check=cancelled, tell=tell)
 
     found: slo.SloResult = yield from session.runner.off_loop("slo", work)
     publish(SloSearched(found))
     return found
+
+
+def _relaunch_step(session: Session, result: TuneResult) -> Generator[Phase, Any, None]:
+    """One relaunch with a flag changed where the levels say the flag, not the engine, bounded the proven
+    capacity (r1sup.core.slo.relaunch_step); the better proven point is kept. The relaunch is checked
+    as every launch is (the KV cache's room, the probe): one that fails is stopped and the first flags,
+    proven to start, stay; nothing is left running either way. Bounded by what is left of
+    ``slo.budget_s``."""
+    config = session.config
+    first = result.slo
+    if result.flags is None or first is None:
+        return
+    step = slo.relaunch_step(first, result.flags.max_num_seqs, config.slo.max_concurrency)
+    left = config.slo.budget_s - first.seconds
+    if step is None or left <= 0:
+        return
+    publish = log_only(session.log)
+    flags = replace(result.flags, max_num_seqs=step.new)
+    launch = yield from session.runner.launch(flags, attempt=len(result.attempts) + 1)
+    result.launches += 1 if launch.started_engine else 0
+    second: slo.SloResult | None = None
+    try:
+        failure = launch.failure
+        if failure.cls == F.NONE and launch.ready:
+            failure = session.runner.capacity_failure(launch) or F.NO_FAILURE
+            if failure.cls == F.NONE:
+                failure = yield from session.runner.probe(launch)
+        if failure.cls == F.NONE:
+            second = yield from _service_level(session, flags, launch, replace(config.slo, budget_s=left))
+    finally:
+        yield from session.runner.stop(launch, reason="slo relaunch measured")
+    change = f"{step.flag} {step.old} -> {step.new} ({step.why})"
+    if second is None:
+        outcome = f"the relaunch failed ({failure.cls}): the first flags, proven, are kept"
+    elif second.requests > first.requests:
+        outcome = f"proved {second.requests} requests at once (was {first.requests}): kept"
+    else:
+        outcome = f"proved {second.requests} requests at once, no more than {first.requests}: the first kept"
+    publish(SloRelaunched(step.flag, step.old, step.new, step.why, outcome))
+    if second is not None and second.requests > first.requests:
+        result.flags = flags
+        seconds = round(first.seconds + second.seconds, 2)
+        result.slo = replace(second, launches=1, relaunch=f"{change}; {outcome}", seconds=seconds)
+    else:
+        result.slo = replace(first, launches=1, relaunch=f"{change}; {outcome}")
