@@ -46,6 +46,23 @@ def test_goodput_counts_only_requests_that_met_every_target():
     assert (lv.completed, lv.request_rate, lv.goodput) == (8, 4.0, 3.0)
 
 
+@pytest.mark.parametrize(
+    ("gaps", "tokens", "good"),
+    [
+        # four chunks of 16 tokens each, 30 ms apart: 90 ms over 63 tokens after the first, 1.4 ms a token
+        ((0.03, 0.03, 0.03), 64, True),
+        # one token a chunk, 30 ms apart: 30 ms a token, over the 20 ms target
+        ((0.03,) * 63, 64, False),
+        ((), 1, True),  # one token: no time per token (vLLM counts it 0)
+    ],
+)
+def test_goodput_judges_a_request_by_its_time_per_token_not_its_mean_chunk_gap(gaps, tokens, good):
+    targets = S.Targets(itl_p95_s=0.02)
+    request = S.Sample(ok=True, ttft_s=0.1, itl_s=gaps, e2e_s=0.1 + sum(gaps), output_tokens=tokens)
+    assert request.meets(targets) is good
+    assert S.judge(1, [request], 1.0, targets).goodput == (1.0 if good else 0.0)
+
+
 def test_end_to_end_target_is_judged_when_asked():
     targets = S.Targets(e2e_p95_s=0.2)
     assert S.judge(1, [sample(0.3)] * 4, 1.0, targets).broken == ("e2e",)

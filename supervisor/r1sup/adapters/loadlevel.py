@@ -184,12 +184,26 @@ async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
     return [s if s is not None else timed_out for s in samples], duration
 
 
+def stream_sample(start: float, chunks: list[tuple[float, Any]], end: float) -> S.Sample:
+    """A request's sample from its streamed chunks, each with the time it arrived, as vLLM's benchmark
+    (``vllm bench serve``) reads a stream: every chunk with a choice is one step of output, the first
+    the first token (TTFT), the gaps between them the inter-token latencies, even where a chunk's text is
+    empty (vLLM streams a chunk per output step while its detokenizer holds back text that is not yet a
+    whole character); the output tokens from the usage chunk, else one per chunk."""
+    times = [t for t, chunk in chunks if chunk.choices]
+    usage = [chunk.usage.completion_tokens for _, chunk in chunks if getattr(chunk, "usage", None)]
+    if not times:
+        return S.Sample(ok=False, e2e_s=end - start, error="no token streamed")
+    gaps = tuple(b - a for a, b in zip(times, times[1:], strict=False))
+    tokens = usage[-1] if usage else len(times)
+    return S.Sample(ok=True, ttft_s=times[0] - start, itl_s=gaps, e2e_s=end - start, output_tokens=tokens)
+
+
 async def _one(client: Any, model: str, request: Request) -> S.Sample:
-    from r1sup.adapters.probe import delivers, request_error
+    from r1sup.adapters.probe import request_error
 
     start = time.monotonic()
-    chunks: list[float] = []
-    usage: int | None = None
+    chunks: list[tuple[float, Any]] = []
     try:
         stream = await client.chat.completions.create(
             model=model,
@@ -201,20 +215,12 @@ async def _one(client: Any, model: str, request: Request) -> S.Sample:
             extra_body={"ignore_eos": True},  # vLLM's: the asked output length, not the model's whim
         )
         async for chunk in stream:
-            if chunk.choices and delivers(chunk.choices[0]):
-                chunks.append(time.monotonic())
-            if chunk.usage is not None:
-                usage = chunk.usage.completion_tokens
+            chunks.append((time.monotonic(), chunk))
     except Exception as exc:
         if not request_error(exc):
             raise
         return S.Sample(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
-    end = time.monotonic()
-    if not chunks:
-        return S.Sample(ok=False, e2e_s=end - start, error="no token streamed")
-    gaps = tuple(b - a for a, b in zip(chunks, chunks[1:], strict=False))
-    tokens = usage if usage is not None else len(chunks)
-    return S.Sample(ok=True, ttft_s=chunks[0] - start, itl_s=gaps, e2e_s=end - start, output_tokens=tokens)
+    return stream_sample(start, chunks, time.monotonic())
 
 
 # --- the search ------------------------------------------------------------------------------------
