@@ -529,3 +529,23 @@ def test_a_budget_reads_the_same_wherever_the_plan_prints_it(capsys: pytest.Capt
     grows = re.search(r"budget grows from 0\.9 x 79\.15 = (\d+\.\d\d) GiB", out)
     assert budget and grows, out
     assert grows.group(1) == budget.group(1)
+
+
+def test_a_target_context_sets_the_context(capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 36: without --max-model-len, --target-context is the context of the flags, the verdict and
+    # the ways out (not the model's 131,072)
+    argv = ["--model", Q7, "--gpu", "rtx4090", "--target-context", "32768", "--target-concurrency", "8"]
+    code = main(["plan", *argv])
+    out = capsys.readouterr().out
+    assert code == 7, out
+    assert "the model's 131,072" not in out and "131,072 tokens" not in out, out
+    assert re.search(r"^flags   --max-model-len 32768 ", out, re.M), out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict "))
+    assert "of 32,768 tokens" in verdict, verdict
+    ways = out.split("ways out (", 1)[1].split("memory of each GPU", 1)[0]
+    assert "requests of 32,768 tokens at once" in ways and "--max-model-len 32768 " in ways, ways
+    d = run_json(capsys, *argv)
+    assert d["flags"]["max_model_len"] == 32768 and d["recommended"]["max_model_len"] == 32768
+    # a --max-model-len given still rules: the target is then requests of that context's size
+    d = run_json(capsys, *argv, "--max-model-len", "65536")
+    assert d["flags"]["max_model_len"] == 65536
