@@ -315,6 +315,32 @@ def test_cpu_offload_suggestion_makes_room() -> None:
     assert offload.weights_gib == pytest.approx(p.weights_gib - offload.flags.cpu_offload_gb, abs=0.01)
 
 
+@pytest.mark.parametrize(
+    ("model", "gib", "context", "concurrency"),
+    [
+        (Q32, 79.18, 8192, 32),  # H100, 32 x 8k: "offload 61 GiB of weights ... weights 0.06 GiB"
+        (Q32, 23.55, 32768, None),  # RTX 4090: 51 of 61 GiB was offered
+        (Q32, 23.55, 8192, None),  # RTX 4090: 45 of 61 GiB, the GPU keeps a quarter
+        (Q14, 24, None, None),
+    ],
+)
+def test_an_offload_way_out_leaves_the_gpu_doing_the_work(
+    model: str, gib: float, context: int | None, concurrency: int | None
+) -> None:
+    # issue 36: offloading is a way out only where the GPU keeps at least a fifth of the weights
+    target = 8192 if concurrency else None
+    flags = EngineFlags(max_model_len=context)
+    p = planner.plan(arch(model), gpu(gib), flags, target_concurrency=concurrency, target_context=target)
+    offloads = [s for s in p.suggestions if s.kind == "cpu_offload"]
+    for way in offloads:
+        assert way.flags.cpu_offload_gb is not None
+        assert way.weights_gib >= 0.2 * p.weights_gib, way.title
+    if concurrency:
+        assert not offloads and p.suggestions, [s.title for s in p.suggestions]
+    else:
+        assert offloads  # at 32k a shorter context with 44 of 61 GiB; 45 of 61, 13 of 27.5: still offered
+
+
 # --- targets, margins and the levers that keep the context ---------------------------------------
 
 
