@@ -315,6 +315,32 @@ def test_cpu_offload_suggestion_makes_room() -> None:
     assert offload.weights_gib == pytest.approx(p.weights_gib - offload.flags.cpu_offload_gb, abs=0.01)
 
 
+@pytest.mark.parametrize(
+    ("model", "gib", "context", "concurrency"),
+    [
+        (Q32, 79.18, 8192, 32),  # H100, 32 x 8k: "offload 61 GiB of weights ... weights 0.06 GiB"
+        (Q32, 23.55, 32768, None),  # RTX 4090: 51 of 61 GiB was offered
+        (Q32, 23.55, 8192, None),  # RTX 4090: 45 of 61 GiB, the GPU keeps a quarter
+        (Q14, 24, None, None),
+    ],
+)
+def test_an_offload_way_out_leaves_the_gpu_doing_the_work(
+    model: str, gib: float, context: int | None, concurrency: int | None
+) -> None:
+    # issue 36: offloading is a way out only where the GPU keeps at least a fifth of the weights
+    target = 8192 if concurrency else None
+    flags = EngineFlags(max_model_len=context)
+    p = planner.plan(arch(model), gpu(gib), flags, target_concurrency=concurrency, target_context=target)
+    offloads = [s for s in p.suggestions if s.kind == "cpu_offload"]
+    for way in offloads:
+        assert way.flags.cpu_offload_gb is not None
+        assert way.weights_gib >= 0.2 * p.weights_gib, way.title
+    if concurrency:
+        assert not offloads and p.suggestions, [s.title for s in p.suggestions]
+    else:
+        assert offloads  # at 32k a shorter context with 44 of 61 GiB; 45 of 61, 13 of 27.5: still offered
+
+
 # --- targets, margins and the levers that keep the context ---------------------------------------
 
 
@@ -353,13 +379,14 @@ def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
 
 
 def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> None:
-    # Llama-8B on an RTX 3090 (cc 8.6), no max_model_len: one request of the model's 131072 tokens cannot
-    # fit even in fp8 KV, so the context shrinks, but only after utilization 0.95 (the bound), e5m2 KV and
-    # fewer sequences per batch made room (never below 16, and no fewer than give a context within 3% of
-    # the longest); it shrinks to what one request fits, not to a quarter of it.
+    # Llama-8B on an RTX 3090 (cc 8.6), the model's full context asked for (a target context alone would
+    # set the context to it): one request of 131072 tokens cannot fit even in fp8 KV, so the context
+    # shrinks, but only after utilization 0.95 (the bound), e5m2 KV and fewer sequences per batch made
+    # room (never below 16, and no fewer than give a context within 3% of the longest); it shrinks to
+    # what one request fits, not to a quarter of it.
     # Eager mode is not allowed here (next test: it is, and wins when the context is clearly longer)
     device = gpu(23.69, cc=(8, 6))
-    flags = EngineFlags()
+    flags = EngineFlags(max_model_len=131072)
     graphs = Bounds(allow_eager=False)
     p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384, bounds=graphs)
     rec = p.recommended
@@ -400,14 +427,19 @@ def test_eager_only_when_it_clearly_lengthens_the_context(version: str, eager: b
     with_graphs = planner.plan(
         arch(L8),
         device,
-        EngineFlags(),
+        EngineFlags(max_model_len=131072),
         target_concurrency=4,
         target_context=16384,
         bounds=kept,
         version=version,
     ).recommended
     p = planner.plan(
-        arch(L8), device, EngineFlags(), target_concurrency=4, target_context=16384, version=version
+        arch(L8),
+        device,
+        EngineFlags(max_model_len=131072),
+        target_concurrency=4,
+        target_context=16384,
+        version=version,
     )
     rec = p.recommended
     assert rec is not None and with_graphs is not None and rec.max_model_len and with_graphs.max_model_len

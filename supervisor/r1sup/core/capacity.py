@@ -56,6 +56,12 @@ class Reduction:
     wanted_max_num_seqs: int
     ways_out: tuple[str, ...] = ()
 
+    @property
+    def halved(self) -> bool:
+        """Whether more than half the asked context or the wanted sequences at once is given up: what
+        ``r1sup plan`` calls "fits only reduced" (issue 36)."""
+        return 2 * self.context < self.asked_context or 2 * self.max_num_seqs < self.wanted_max_num_seqs
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "reason": self.reason,

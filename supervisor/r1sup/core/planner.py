@@ -915,6 +915,12 @@ def _multi_node(
     return None
 
 
+# The CPU-offload way out is offered only where the GPU still does the work: at most this share of the
+# weights goes to host memory, the GPU keeps at least a fifth of them (issue 36: "offload 61 GiB of
+# weights ... weights 0.06 GiB" is no way out).
+OFFLOAD_MAX_SHARE = 0.8
+
+
 def _offload_gib(
     arch: ModelArch,
     device: DeviceFacts,
@@ -928,7 +934,9 @@ def _offload_gib(
 ) -> int | None:
     """Whole GiB of weights to offload so that exactly ``flags`` plus the offload hold one request of
     ``context`` (else of ``min_context``) and ``concurrency`` requests of ``target_context`` (default: of
-    that context) at once. None: no need, or it would take more than the weights."""
+    that context) at once. None: no need, or it would take more than :data:`OFFLOAD_MAX_SHARE` of the
+    weights (the GPU would no longer do the work: each forward pass would wait on PCIe for nearly all
+    of them)."""
     if device.backend == "cpu" or flags.kv_cache_memory_bytes is not None:
         return None
     for length in dict.fromkeys((context, min_context)):
@@ -944,7 +952,7 @@ def _offload_gib(
             return None
         gib = math.ceil(shortfall / GIB)
         # the estimate's margin follows the flags: step up until exactly these flags hold the context
-        while gib * GIB < ev.weights:
+        while gib * GIB <= OFFLOAD_MAX_SHARE * ev.weights:
             choice = _way_out(
                 arch,
                 device,

@@ -501,10 +501,24 @@ VERDICT_WORDS = {
 
 def _verdict_line(plan: planner.Plan) -> str:
     """The verdict, its exit status and its reason: the plan's own (text and JSON say the same)."""
-    head = f"verdict {VERDICT_WORDS[plan.verdict]} (exit {plan.exit_code})"
+    words = VERDICT_WORDS[plan.verdict]
+    red = plan.reduced
+    halved = plan.verdict == "fits_with_changes" and red is not None and red.halved
+    if halved:
+        words = "FITS only reduced"
+    head = f"verdict {words} (exit {plan.exit_code})"
     if plan.verdict == "fits":
         return f"{head}: {plan.verdict_reason}"
-    return f"{head}: as given, {plan.verdict_reason}"
+    line = f"{head}: as given, {plan.verdict_reason}"
+    if halved and red is not None:
+        gives = []
+        if 2 * red.context < red.asked_context:
+            gives.append(f"context {_tokens(red.context)} of the {_tokens(red.asked_context)} asked")
+        if 2 * red.max_num_seqs < red.wanted_max_num_seqs:
+            gives.append(f"{red.max_num_seqs} requests at once of the {red.wanted_max_num_seqs:,} wanted")
+        line += "; the recommended flags give up more than half: " + " and ".join(gives)
+        line += f"; what keeps it: {red.ways_out[0]}" if red.ways_out else "; no way out keeps it"
+    return line
 
 
 def _gpu_title(plan: planner.Plan, device: DeviceFacts, what: str) -> str:
