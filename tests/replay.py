@@ -519,4 +519,8 @@ class Replay:
         return dict(json.loads(path.read_text(encoding="utf-8")))
 
     def states(self) -> list[str]:
-        return [fields["new"] for fields in self.log.named("state_changed")]
+        """The state after each of the daemon's transitions, a same-state one (the first plan, a relaunch)
+        included; the log's ``state_changed`` events are the transitions that change the state."""
+        changes = [(fields["old"], fields["new"]) for fields in self.log.named("state_changed")]
+        assert changes == [(a.value, b.value) for a, b in self.transitions if a is not b]
+        return [new.value for _, new in self.transitions]

@@ -97,3 +97,32 @@ def test_status_json_shows_the_degraded_profile_served_and_the_planned_retune(tm
     }
     d.degraded = replace(d.degraded, retune_planned=True)
     assert json.loads(json.dumps(d.status_fields([])))["degraded"]["retune_planned"] is True  # as written
+
+
+class Logged:
+    """A logger that keeps each call as (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: self.calls.append((level, event, fields))
+
+
+def test_the_first_plan_is_no_state_change_in_the_log_or_the_status_file(tmp_path: Path):
+    """Issue 36: the text log showed ``state_changed old=planning new=planning`` (the first plan's status
+    line, a transition of the table from a state to the same state, as a relaunch is); only changes are
+    events."""
+    body = {"model": {"name": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"}, "state": {"dir": str(tmp_path)}}
+    config = cfg.load(write_config(tmp_path / "r1sup.toml", body), environ={})
+    events, log, notifier = EventQueue(), Logged(), Recorded()
+    d = Daemon(Session(config, None, log, events, Runner(config, events, log=Quiet()), {}), notifier=notifier)
+    d.advance(Cause.PLANNED, "planning")
+    d.on_search(Launching(1, EngineFlags(max_model_len=8192)))
+    d.on_search(Launching(2, EngineFlags(max_model_len=4096)))  # a relaunch: launching again
+    changes = [fields for _, event, fields in log.calls if event == "state_changed"]
+    assert changes == [{"old": "planning", "new": "launching", "status": "attempt 1: launching vLLM"}]
+    recent = status_json(tmp_path)["recent_events"]
+    changed = [(e["old"], e["new"]) for e in recent if e["event"] == "state_changed"]
+    assert changed == [("planning", "launching")]
+    assert statuses(notifier) == ["planning", "attempt 1: launching vLLM", "attempt 2: launching vLLM"]

@@ -317,7 +317,8 @@ LIGHT_PROBE = """
 import json, sys
 from r1sup.cli.app import main
 code = main(["status", "--state-dir", sys.argv[1]])
-LAZY = ("structlog", "hashlib", "r1sup.core.probing", "r1sup.core.hardware", "r1sup.cli.commands.plan")
+LAZY = ("structlog", "hashlib", "r1sup.core.probing", "r1sup.core.hardware", "r1sup.cli.commands.plan",
+        "shutil", "bz2", "lzma")
 print(json.dumps({"code": code, "loaded": sorted(m for m in LAZY if m in sys.modules)}), file=sys.stderr)
 """
 
@@ -325,7 +326,8 @@ print(json.dumps({"code": code, "loaded": sorted(m for m in LAZY if m in sys.mod
 @pytest.mark.timeout(120)
 def test_status_imports_no_logging_library_until_it_logs(tmp_path: Path) -> None:
     """Issue 36 (``status`` cost 10x a bare interpreter): structlog, the probe's and the device's types
-    and OpenSSL are loaded only where needed; an unusable file is still logged, as before."""
+    and OpenSSL are loaded only where needed, and shutil (with its compression modules: argparse loads it
+    for the terminal's width) not at all; an unusable file is still logged, as before."""
     state = tmp_path / "state"
 
     def probe() -> tuple[dict[str, Any], list[str]]:

@@ -155,6 +155,32 @@ CONFIG_ENV = "R1SUP_CONFIG"  # the config file when --config is not given (conta
 KV_DTYPE_CHOICES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size().columns`` gives it (COLUMNS, else the
+    terminal of stdout, else 80), without importing shutil and the compression modules it loads."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:  # no sys.__stdout__ (None): AttributeError, as in shutil
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+    return columns
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's raw-description help at the width argparse would take (the terminal's, less 2)."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(
+            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
+        )
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one line and exit code 2."""
 
@@ -210,7 +236,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="r1sup",
         description="Start vLLM, recover it from out-of-memory, keep it serving.",
         epilog=EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"r1sup {__version__}")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
@@ -231,7 +257,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             help=help,
             description=help,
             epilog=epilog,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_Formatter,
         )
         return p
 
@@ -377,7 +403,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "export",
         help="write the profile matching this box and config to FILE",
         epilog=PROFILE_EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     _add_config_args(pe)
     pe.add_argument("file", metavar="FILE")
@@ -385,7 +411,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "import",
         help="install a profile from FILE after checking its fingerprint",
         epilog=PROFILE_EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     _add_config_args(pi)
     pi.add_argument("file", metavar="FILE")
@@ -395,7 +421,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="publish this box's tuned profile to the fleet's store if its verified capacity is at least "
         "that of the store's profile for the previous image; else exit 8 with both side by side",
         epilog=PROFILE_GATE_EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     _add_config_args(pg)
     pg.add_argument("--store", metavar="DIR", help="the fleet's store (default: state.profile_store)")

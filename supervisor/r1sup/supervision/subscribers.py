@@ -120,7 +120,8 @@ class LogSink:
         log = self.log
         match event:
             case StateChanged(old, new, status):
-                log.info("state_changed", old=old, new=new, status=status)
+                if old != new:  # the same state with a new status line is no change of state
+                    log.info("state_changed", old=old, new=new, status=status)
             case Serving(flags, source, _, _):
                 log.info("serving", flags=flags.to_dict() if flags else None, source=source)
             case ServingFailed(failure, served_s):
