@@ -435,3 +435,129 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 )
 def test_a_circle_is_named(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     assert circles(graph) == expected
+
+
+# --- one of each: twins that were merged or named apart stay so ---------------------------------------
+
+# each defined once in the package (a class, a function or a module-level name)
+ONCE = (
+    "Facts",  # the search's input (r1sup.core.search); the blind branch's figures are BlindFacts
+    "BlindFacts",
+    "GiveUp",
+    "CUDA_BLOCK_SIZE",  # the KV block sizes, the memory model's
+    "CPU_BLOCK_SIZE",
+    "free_allows",  # "the utilization that what is free allows", the CUDA context an argument
+    "startable_utilization",
+    "margin_bytes",
+    "utc_now_iso",  # the timestamps (r1sup.adapters.statefiles)
+    "utc_name_stamp",
+    "parse_iso",
+    "result_capacity",  # a verified capacity read from a tune result, a run record, a profile
+    "record_capacity",
+    "profile_capacity",
+)
+# defined nowhere: a twin's old name, or dead code that was removed
+GONE = ("capacity_of", "BLOCK_SIZE", "abandon", "device_memory_free", "gpu_platform", "env_overrides")
+STAMP_HOME = "r1sup.adapters.statefiles"  # the only module that writes a timestamp's text
+
+
+def definitions(srcs: list[Source]) -> dict[str, list[str]]:
+    """name -> the modules that define it: classes, functions and methods anywhere, and names assigned
+    at module level."""
+    found: dict[str, list[str]] = {}
+    for src in srcs:
+        tree = parse(src.text, src.path)
+        names = [
+            n.name
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        for node in tree.body:
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+        for name in names:
+            found.setdefault(name, []).append(src.module)
+    return found
+
+
+def twin_problems(srcs: list[Source]) -> list[str]:
+    found = definitions(srcs)
+    problems = [
+        f"{name} is defined {len(where)} times: {', '.join(where) or 'nowhere'}"
+        for name in ONCE
+        if len(where := found.get(name, [])) != 1
+    ]
+    problems += [f"{name} is back in {', '.join(found[name])}" for name in GONE if name in found]
+    return problems
+
+
+def stamp_problems(srcs: list[Source]) -> list[str]:
+    """A module other than the stamps' home that formats a time itself (``strftime``, ``isoformat``) or
+    spells UTC's ``+00:00``."""
+    problems = []
+    for src in srcs:
+        if src.module == STAMP_HOME:
+            continue
+        for node in ast.walk(parse(src.text, src.path)):
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if call and node.func.attr in ("strftime", "isoformat"):  # type: ignore[union-attr]
+                problems.append(f"{src.path}:{node.lineno}: {node.func.attr}: use {STAMP_HOME}'s stamps")  # type: ignore[union-attr]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "+00:00" in node.value:
+                problems.append(f"{src.path}:{node.lineno}: +00:00: use {STAMP_HOME}'s stamps")
+    return problems
+
+
+def test_each_of_the_merged_twins_is_defined_once() -> None:
+    assert twin_problems(sources()) == []
+
+
+def test_only_the_state_files_write_a_timestamp() -> None:
+    assert stamp_problems(sources()) == []
+
+
+def test_the_search_has_no_first() -> None:
+    tree = ast.parse((PACKAGE / "core" / "search.py").read_text(encoding="utf-8"))
+    search = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Search")
+    assert "first" not in {n.name for n in search.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize(
+    ("relative", "code", "expected"),
+    [
+        (
+            "core/bounds.py",
+            "class Facts:\n    pass",
+            "Facts is defined 2 times: r1sup.core.bounds, r1sup.core.search",
+        ),
+        (
+            "cli/report.py",
+            "def capacity_of(record):\n    return None",
+            "capacity_of is back in r1sup.cli.report",
+        ),
+        ("core/logparse/figures.py", "BLOCK_SIZE = 16", "BLOCK_SIZE is back in r1sup.core.logparse.figures"),
+        ("adapters/launcher.py", "class L:\n    def abandon(self):\n        pass", "abandon is back in"),
+    ],
+)
+def test_a_twin_planted_is_named(copy: Path, relative: str, code: str, expected: str) -> None:
+    plant(copy, relative, code)
+    assert [p for p in twin_problems(sources(copy)) if expected in p], twin_problems(sources(copy))
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import datetime\ndef f():\n    return datetime.datetime.now().strftime('%Y-%m-%dT%H:%M:%SZ')",
+        "def f(at):\n    return at.isoformat()",
+        "def f(text):\n    return text + '+00:00'",
+    ],
+)
+def test_a_stamp_written_elsewhere_is_named(copy: Path, code: str) -> None:
+    plant(copy, "cli/commands/status.py", code)
+    problems = stamp_problems(sources(copy))
+    assert len(problems) == 1 and "status.py" in problems[0], problems

@@ -8,18 +8,18 @@ import pytest
 from r1sup.core import blind, catalog, memmodel
 from r1sup.core import failure as F
 from r1sup.core import search as S
-from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.bounds import BlindFacts, Bounds
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 
-TINY_CPU = Facts(
+TINY_CPU = BlindFacts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
 )
 Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
 # DeepSeek-R1-Distill-Qwen-14B on an RTX 4090: 196608 B/token in bf16
-R14_4090 = Facts(
+R14_4090 = BlindFacts(
     backend="cuda",
     total_gib=23.99,
     free_gib=23.5,
@@ -30,7 +30,7 @@ R14_4090 = Facts(
     gpu_name="NVIDIA GeForce RTX 4090",
     arch=Q14,
 )
-R14_3090 = Facts(
+R14_3090 = BlindFacts(
     backend="cuda",
     total_gib=23.69,
     free_gib=23.3,
@@ -53,7 +53,7 @@ def kv_fail(length: int, estimate: int, **numbers: float) -> Failure:
 def step(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds | None = None,
     history: blind.History | None = None,
     obs: dict | None = None,
@@ -74,7 +74,7 @@ def test_pinned_budget_goes_to_longest_fp8_context_in_one_step():
 
 def test_cpu_without_avx512_never_proposes_fp8_kv():
     # vLLM's CPU backend needs AVX-512 or AMX for fp8 KV
-    facts = Facts(**{**TINY_CPU.__dict__, "fp8_kv_supported": False})
+    facts = BlindFacts(**{**TINY_CPU.__dict__, "fp8_kv_supported": False})
     flags = EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000)
     d = step(flags, kv_fail(32768, 3712), facts, Bounds(min_max_model_len=1024))
     assert isinstance(d, blind.Step) and d.flags.max_model_len == 3712 and d.flags.kv_cache_dtype == "auto"
@@ -166,7 +166,7 @@ def test_free_memory_below_utilization_uses_what_is_free():
 
 
 def test_free_memory_too_low_names_holders():
-    facts = Facts(backend="cuda", total_gib=24, free_gib=6, holders=("pid 42 python (17.5 GiB)",))
+    facts = BlindFacts(backend="cuda", total_gib=24, free_gib=6, holders=("pid 42 python (17.5 GiB)",))
     f = Failure(
         F.FREE_MEM_BELOW_UTIL,
         F.PHASE_STARTUP,
@@ -185,7 +185,7 @@ def test_weights_oom_never_walks_blindly():
     assert isinstance(d, blind.GiveUp) and "allow_weight_quantization is off" in d.reason
     d = step(EngineFlags(max_model_len=32768), f, R14_4090, Bounds(allow_weight_quantization=True))
     assert isinstance(d, blind.Step) and d.flags.quantization == "fp8" and d.flags.max_model_len == 32768
-    two = Facts(**{**R14_4090.__dict__, "gpu_count": 2})
+    two = BlindFacts(**{**R14_4090.__dict__, "gpu_count": 2})
     d = step(EngineFlags(max_model_len=32768), f, two)
     assert isinstance(d, blind.Step) and d.flags.tensor_parallel_size == 2
 
@@ -262,7 +262,7 @@ def test_fatal_classes_stop_with_4(cls: str):
     assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_FATAL_FAILURE and "evidence" in d.reason
 
 
-def blind_search(facts: Facts, flags: EngineFlags, **bounds: object) -> S.Search:
+def blind_search(facts: BlindFacts, flags: EngineFlags, **bounds: object) -> S.Search:
     """The search with no architecture: every failure goes through the policy, then the blind branch."""
     device = facts.device()
     return S.Search(
@@ -347,7 +347,7 @@ def test_target_shortfall_skips_levers_that_cannot_cover_it(
 
 
 # DeepSeek-R1-Distill-Llama-70B on 4 x H100: 163840 B/token per GPU at tensor parallel 2
-L70_4H100 = Facts(
+L70_4H100 = BlindFacts(
     backend="cuda",
     total_gib=79.11,
     free_gib=78.6,
@@ -370,7 +370,7 @@ def test_target_capacity_short_after_the_context_fits_takes_more_gpus():
     d = step(flags, kv_fail(32768, estimate), L70_4H100, bounds, obs=obs)
     assert isinstance(d, blind.Step) and d.flags == flags.replace(tensor_parallel_size=4)
     # with no GPUs to spare it gives up, naming the capacity, not the context
-    one = Facts(**{**L70_4H100.__dict__, "gpu_count": 2})
+    one = BlindFacts(**{**L70_4H100.__dict__, "gpu_count": 2})
     d = step(flags, kv_fail(32768, estimate), one, bounds, obs=obs)
     assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
     assert "holds at most" in d.reason and "below" not in d.reason
@@ -379,7 +379,7 @@ def test_target_capacity_short_after_the_context_fits_takes_more_gpus():
 def test_no_kv_memory_beyond_the_top_utilization_skips_to_a_lever_that_covers_it():
     # Llama-70B in bf16 on one H200: no utilization leaves room for 32k of KV; eager mode would free
     # 1.8 GiB, fp8 weights about 65 GiB
-    h200 = Facts(
+    h200 = BlindFacts(
         backend="cuda",
         total_gib=139.72,
         free_gib=139.2,
@@ -400,7 +400,7 @@ def test_no_kv_memory_beyond_the_top_utilization_skips_to_a_lever_that_covers_it
 def test_no_kv_memory_uses_vllms_available_kv_figure():
     # Qwen-7B at utilization 0.55 of 23.99 GiB: "Available KV cache memory: -2.54 GiB"; 8192 tokens need
     # 0.44 GiB more: about 3 GiB, 0.125 of the card, on top of 0.55
-    q7 = Facts(
+    q7 = BlindFacts(
         backend="cuda",
         total_gib=23.99,
         free_gib=23.5,
@@ -450,14 +450,16 @@ def test_kv_allocation_oom_shrinks_a_pinned_cache(pinned, tried, free, expected)
 def test_fewer_sequences_start_from_vllms_default_for_the_gpu_and_version():
     # an H100 runs 1024 sequences by default (vLLM's API server from 70 GiB): halving starts there, not at
     # the 256 of smaller cards; on an A100 (and before 0.9 on any card of 80 GB) 256 / 1024
-    h100 = Facts(backend="cuda", total_gib=79.11, gpu_name="NVIDIA H100 80GB HBM3", vllm_version="0.32.0")
+    h100 = BlindFacts(
+        backend="cuda", total_gib=79.11, gpu_name="NVIDIA H100 80GB HBM3", vllm_version="0.32.0"
+    )
     oom = Failure(F.OOM_RUNTIME, F.PHASE_SERVING, "torch.OutOfMemoryError: CUDA out of memory.")
     d = step(EngineFlags(max_model_len=8192), oom, h100)
     assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 512
-    a100 = Facts(**{**h100.__dict__, "gpu_name": "NVIDIA A100-SXM4-80GB"})
+    a100 = BlindFacts(**{**h100.__dict__, "gpu_name": "NVIDIA A100-SXM4-80GB"})
     d = step(EngineFlags(max_model_len=8192), oom, a100)
     assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 128
-    old = Facts(**{**a100.__dict__, "vllm_version": "0.8.5"})
+    old = BlindFacts(**{**a100.__dict__, "vllm_version": "0.8.5"})
     d = step(EngineFlags(max_model_len=8192), oom, old)
     assert isinstance(d, blind.Step) and d.flags.max_num_seqs == 512
 
@@ -465,15 +467,15 @@ def test_fewer_sequences_start_from_vllms_default_for_the_gpu_and_version():
 def test_more_tensor_parallelism_only_to_a_size_vllm_accepts():
     # Qwen-14B: 40 heads, 8 KV heads. From 4 GPUs the next size is 8 (5 divides the heads, not the KV heads)
     oom = Failure(F.OOM_WEIGHTS, F.PHASE_LOAD_WEIGHTS, "torch.OutOfMemoryError: CUDA out of memory.")
-    eight = Facts(**{**R14_4090.__dict__, "gpu_count": 8})
+    eight = BlindFacts(**{**R14_4090.__dict__, "gpu_count": 8})
     d = step(EngineFlags(tensor_parallel_size=4), oom, eight)
     assert isinstance(d, blind.Step) and d.flags.tensor_parallel_size == 8
     # 6 GPUs and 4 in use: no accepted size above 4 fits in 6
-    six = Facts(**{**R14_4090.__dict__, "gpu_count": 6})
+    six = BlindFacts(**{**R14_4090.__dict__, "gpu_count": 6})
     d = step(EngineFlags(tensor_parallel_size=4), oom, six)
     assert isinstance(d, blind.GiveUp)
     # without the model's config it doubles, as vLLM accepts for most models
-    no_arch = Facts(**{**R14_4090.__dict__, "gpu_count": 8, "arch": None})
+    no_arch = BlindFacts(**{**R14_4090.__dict__, "gpu_count": 8, "arch": None})
     d = step(EngineFlags(tensor_parallel_size=2), oom, no_arch)
     assert isinstance(d, blind.Step) and d.flags.tensor_parallel_size == 4
 
@@ -486,13 +488,13 @@ def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
     estimate = (int(avail // (16 * 196608)) - 1) * 16
     fail = kv_fail(16384, estimate, kv_available_gib=2.5, cudagraph_estimated_gib=0.6)
     bounds = Bounds(allow_fp8_kv=False)
-    new = Facts(**{**R14_4090.__dict__, "vllm_version": "0.32.0"})
+    new = BlindFacts(**{**R14_4090.__dict__, "vllm_version": "0.32.0"})
     d = step(flags, fail, new, bounds)
     assert isinstance(d, blind.Step)
     assert d.flags.enforce_eager and d.flags.max_model_len == 16384
     assert "CUDA-graph estimate" in d.reason
     # 0.19 only printed the estimate: eager would free nothing of the KV budget, the context shrinks instead
-    old = Facts(**{**R14_4090.__dict__, "vllm_version": "0.19.0"})
+    old = BlindFacts(**{**R14_4090.__dict__, "vllm_version": "0.19.0"})
     d = step(flags, fail, old, bounds)
     assert isinstance(d, blind.Step)
     assert not d.flags.enforce_eager and d.flags.max_model_len < 16384
@@ -503,9 +505,9 @@ def test_a_probed_device_is_kept_as_it_is_and_a_logs_figures_make_one() -> None:
     from r1sup.core.hardware import GIB
 
     box = devices.from_catalog("RTX 4090", count=2)
-    facts = Facts.of_device(box)
+    facts = BlindFacts.of_device(box)
     assert facts.device() is box  # no round trip through GiB figures
     assert (facts.total_gib, facts.gpu_count, facts.backend) == (box.total_bytes / GIB, 2, "cuda")
-    printed = Facts(total_gib=24.0, free_gib=20.0, gpu_count=2)  # what a log printed: no device
+    printed = BlindFacts(total_gib=24.0, free_gib=20.0, gpu_count=2)  # what a log printed: no device
     device = printed.device()
     assert (device.count, device.total_bytes, device.free_bytes) == (2, 24 * GIB, 20 * GIB)

@@ -52,14 +52,14 @@ def test_capacity_is_read_from_the_record_else_from_the_probe_and_the_flags():
         "probe": {"ok": True, "concurrency": 4, "output_tokens_per_s": 120.5},
         "flags": {"max_model_len": 8192},
     }
-    assert gate.capacity_of(probed) == C(4, 8192, 120.5)
+    assert gate.profile_capacity(probed) == C(4, 8192, 120.5)
     failed = {"probe": {"ok": False, "concurrency": 4}, "flags": {"max_model_len": 8192}}
-    assert gate.capacity_of(failed) == C(None, 8192, None)
+    assert gate.profile_capacity(failed) == C(None, 8192, None)
     recorded = {
         **probed,
         "capacity": {"requests": 12, "context_tokens": 16384, "output_tokens_per_second": 300.0},
     }
-    assert gate.capacity_of(recorded) == C(12, 16384, 300.0)
+    assert gate.profile_capacity(recorded) == C(12, 16384, 300.0)
 
 
 def test_fingerprints_are_compared_without_what_the_image_changes():
@@ -119,8 +119,8 @@ def test_the_gate_publishes_a_profile_that_holds_and_refuses_one_that_verifies_l
     assert code == EXIT_GATE_FAILED, proc.tail()
     report = proc.stdout_text()
     assert "vLLM 0.31.0" in report and "vLLM 0.32.0" in report and "LOWER" in report
-    assert gate.capacity_of(better).requests == gate.capacity_of(new).requests + 4
-    assert str(gate.capacity_of(better).requests) in report
+    assert gate.profile_capacity(better).requests == gate.profile_capacity(new).requests + 4
+    assert str(gate.profile_capacity(better).requests) in report
     assert "requests at once" in "".join(proc.stderr)
     assert not (fleet / "profiles" / f"{new['key']}.json").exists()
 

@@ -17,7 +17,7 @@ import pytest
 from r1sup.adapters.probe import child_failure, request_error
 from r1sup.core import failure as F
 from r1sup.core import search as S
-from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.bounds import BlindFacts, Bounds
 from r1sup.core.errors import InternalError
 from r1sup.core.flags import EngineFlags
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
@@ -86,7 +86,7 @@ def test_the_search_never_steps_for_an_internal_error(strategy: str) -> None:
         F.INTERNAL_ERROR, evidence="KeyError: 'x'", detail="r1sup.adapters.probe (_run, line 1)"
     )
     flags = EngineFlags(max_model_len=8192)
-    device = Facts(total_gib=24.0).device()
+    device = BlindFacts(total_gib=24.0).device()
     search = S.Search(S.Facts(arch=None, device=device, user=flags, bounds=Bounds(strategy=strategy)))
     decision = search.after(S.Outcome(flags, failure))
     assert isinstance(decision, S.GiveUp) and decision.exit_code == 1

@@ -124,7 +124,7 @@ _NAMES = frozenset({"probe", "capacity"})
 
 def _is_typed(node: ast.expr, bound: set[str]) -> bool:
     """``x.probe`` or ``x.capacity``, ``x.get("probe")``/``x["capacity"]`` (a record's), a call of
-    ``verified``/``capacity_of``, or a name bound to one of these in the same function."""
+    ``verified`` or a ``*_capacity`` reader, or a name bound to one of these in the same function."""
     if isinstance(node, ast.Attribute):
         return node.attr in _NAMES
     if isinstance(node, ast.Name):
@@ -135,7 +135,7 @@ def _is_typed(node: ast.expr, bound: set[str]) -> bool:
     if isinstance(node, ast.Call):
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-        if name in ("verified", "capacity_of"):
+        if name in ("verified", "result_capacity", "record_capacity", "profile_capacity"):
             return True
         return (
             name == "get"
@@ -179,7 +179,7 @@ def keyed_reads(source: str) -> list[int]:
         ('def f(d):\n    return self.capacity["requests"]', [2]),
         ('def f(d):\n    c = d.get("capacity")\n    return c.get("reduced")', [3]),
         ('def f(record):\n    p = record["probe"] or {}\n    return p["wave"]', [3]),
-        ('def f(config, r):\n    c = capacity_of(config, r)\n    return c["requests"]', [3]),
+        ('def f(config, r):\n    c = result_capacity(config, r)\n    return c["requests"]', [3]),
         ("def f(launch):\n    return dict(launch.probe)", [2]),
         ('def f(d):\n    return d.get("capacity").items()', [2]),
         ("def f(launch):\n    p = launch.probe\n    return p.ok, p.wave.sent, launch.capacity.to_dict()", []),

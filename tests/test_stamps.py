@@ -4,11 +4,11 @@ read back by ``parse_iso``."""
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from r1sup.adapters.statefiles import parse_iso, utc_now_iso
+from r1sup.adapters.statefiles import parse_iso, utc_name_stamp, utc_now_iso
 
 AT = datetime(2026, 12, 2, 14, 0, 0, 750000, tzinfo=timezone.utc)
 
@@ -32,3 +32,9 @@ def test_one_stamp_two_spellings(offset_s: float, zulu: bool, expected: str) -> 
 def test_the_clock_by_default() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", utc_now_iso())
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", utc_now_iso(zulu=False))
+
+
+def test_the_name_stamp_is_the_same_instant_without_separators() -> None:
+    local = AT.astimezone(timezone(timedelta(hours=-5)))  # any zone in, UTC out
+    assert utc_name_stamp(local) == "20261202T140000Z"
+    assert utc_name_stamp(local) == re.sub(r"[-:]", "", utc_now_iso(now=local))

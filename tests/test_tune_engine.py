@@ -11,7 +11,7 @@ from conftest import free_port
 from r1sup.adapters import devices
 from r1sup.core import blind
 from r1sup.core import failure as F
-from r1sup.core.bounds import Bounds, Facts
+from r1sup.core.bounds import BlindFacts, Bounds
 from r1sup.core.failure import Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
@@ -61,7 +61,7 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
             ),
             blind.History(),
             Bounds(min_max_model_len=1024, allow_fp8_kv=False),
-            Facts.of_device(devices.probe(), kv_bytes_per_token=1024, model_max_len=32768),
+            BlindFacts.of_device(devices.probe(), kv_bytes_per_token=1024, model_max_len=32768),
             Figures.from_dict(seen["numbers"]),
         )
         assert isinstance(bf16, blind.Step), bf16

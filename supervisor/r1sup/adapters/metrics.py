@@ -52,7 +52,7 @@ class Metrics:
             registry=r,
         )
         # the same count under its name of 0.1.0, for one release (dashboards and alerts move to
-        # r1sup_search_steps_total; the search is no longer a ladder)
+        # r1sup_search_steps_total)
         self.ladder_steps = Counter(
             "r1sup_ladder_steps",
             "deprecated: r1sup_search_steps_total under its old name, removed after 0.2",

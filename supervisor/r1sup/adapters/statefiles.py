@@ -52,6 +52,12 @@ def utc_now_iso(offset_s: float = 0.0, *, zulu: bool = True, now: datetime | Non
     return text[: -len("+00:00")] + "Z" if zulu else text
 
 
+def utc_name_stamp(now: datetime | None = None) -> str:
+    """:func:`utc_now_iso`'s instant without separators (``20261205T183000Z``), for a file name or a
+    run's id, where ``:`` is no good."""
+    return (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
 def parse_iso(text: str) -> datetime:
     """Parse an ISO 8601 timestamp (``Z`` accepted on Python 3.10 too); naive values count as UTC."""
     value = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
@@ -508,7 +514,7 @@ def set_file_aside(path: Path, reason: str, *, kind: str = "profile") -> Path | 
     """
     path = Path(path)
     log = get_logger()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = utc_name_stamp()
     last_error = "no free name"
     for n in range(100):
         dest = path.with_name(f"{path.name}.bad-{stamp}" + (f"-{n}" if n else ""))

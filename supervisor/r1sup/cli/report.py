@@ -77,7 +77,7 @@ def render_text(record: Mapping[str, Any]) -> str:
         probe = result.get("probe")
         if probe:
             lines.append("probe: " + probe_text(ProbeResult.from_dict(probe)))
-        verified = capacity_of(record)
+        verified = record_capacity(record)
         if verified:
             lines.append("capacity: " + verified.text())
         lines += slo_text(result)
@@ -136,7 +136,7 @@ def slo_html(result: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def capacity_of(record: Mapping[str, Any]) -> capacity.Capacity | None:
+def record_capacity(record: Mapping[str, Any]) -> capacity.Capacity | None:
     """What the passed probe of a record's result proved (r1sup.core.capacity), held against what the config
     asked (``asked``; a record written before it was kept: the target)."""
     result = record.get("result") or {}
@@ -438,7 +438,7 @@ def reduced_text(record: Mapping[str, Any]) -> str:
     reduced = result.get("reduced")
     if isinstance(reduced, Mapping) and reduced.get("reason"):
         return str(reduced["reason"])
-    verified = capacity_of(record)
+    verified = record_capacity(record)
     if verified is not None and verified.reduced:
         return "; ".join(verified.reduced_because) or "less than asked"
     return ""
@@ -451,7 +451,7 @@ def _serves_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not result.get("ok"):
         return []
     rows: list[tuple[str, str]] = []
-    verified = capacity_of(record)
+    verified = record_capacity(record)
     if verified is not None:
         rows.append(("capacity", verified.text()))
     reduced = reduced_text(record)

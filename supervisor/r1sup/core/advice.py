@@ -39,7 +39,7 @@ def advise(
     flags = flags_from_log(engine_args or {}, n.figures.max_model_len, n.figures.gpu_memory_utilization)
     total = n.figures.total_gib or n.device_total_gib or n.figures.node_total_gib
     backend = "cpu" if device == "cpu" else "cuda"
-    lf = B.Facts(
+    lf = B.BlindFacts(
         backend=backend,
         total_gib=total,
         free_gib=n.figures.free_gib,

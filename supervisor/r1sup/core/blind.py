@@ -24,8 +24,8 @@ from r1sup.core.bounds import (
     PINNED_RESERVE_FRACTION,
     PINNED_RESERVE_GIB,
     UTIL_STEP,
+    BlindFacts,
     Bounds,
-    Facts,
     ceil_util,
 )
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
@@ -79,7 +79,7 @@ Decision = Step | GiveUp
 # --- KV arithmetic ----------------------------------------------------------------------------------
 
 
-def kv_bpt(flags: EngineFlags, facts: Facts) -> float | None:
+def kv_bpt(flags: EngineFlags, facts: BlindFacts) -> float | None:
     """KV bytes per token per device for these flags, from the model's (memmodel.kv_bytes_per_token_as)."""
     if not facts.kv_bytes_per_token:
         return None
@@ -87,7 +87,7 @@ def kv_bpt(flags: EngineFlags, facts: Facts) -> float | None:
     return memmodel.kv_bytes_per_token_as(facts.kv_bytes_per_token, dtype_bytes, flags.kv_cache_dtype)
 
 
-def max_len_for(kv_bytes: float, bpt: float, block: int, facts: Facts) -> int:
+def max_len_for(kv_bytes: float, bpt: float, block: int, facts: BlindFacts) -> int:
     """vLLM's estimated maximum model length for a KV budget (memmodel: all blocks but the null block)."""
     blocks = memmodel.num_blocks(kv_bytes, bpt, block)
     return memmodel.estimated_max_model_len(blocks, block, 1 << 62, facts.version())
@@ -98,7 +98,7 @@ def bytes_for_len(length: int, bpt: float, block: int) -> float:
     return memmodel.kv_bytes_for_context(length, bpt, block)
 
 
-def kv_bytes_available(flags: EngineFlags, failure: Failure, facts: Facts, obs: Figures) -> float | None:
+def kv_bytes_available(flags: EngineFlags, failure: Failure, facts: BlindFacts, obs: Figures) -> float | None:
     """The KV budget of the failed launch, from the most precise source at hand."""
     if flags.kv_cache_memory_bytes:
         return float(flags.kv_cache_memory_bytes)
@@ -131,7 +131,7 @@ def next_step(
     failure: Failure,
     history: History,
     bounds: Bounds,
-    facts: Facts,
+    facts: BlindFacts,
     obs: Figures = NO_FIGURES,
 ) -> Decision:
     """What to launch next after ``failure`` with ``flags`` (``history`` does not include it yet)."""
@@ -178,7 +178,7 @@ def _within(flags: EngineFlags, bounds: Bounds, history: History) -> bool:
     return not (flags.quantization == "fp8" and "fp8_weights" in history.banned)
 
 
-def _context(flags: EngineFlags, failure: Failure, facts: Facts) -> int | None:
+def _context(flags: EngineFlags, failure: Failure, facts: BlindFacts) -> int | None:
     return flags.max_model_len or facts.model_max_len or _int(failure.numbers.figures.max_model_len)
 
 
@@ -186,7 +186,7 @@ def _int(value: float | None) -> int | None:
     return int(value) if value else None
 
 
-def _fp8_kv_dtype(facts: Facts, history: History) -> str | None:
+def _fp8_kv_dtype(facts: BlindFacts, history: History) -> str | None:
     """The fp8 KV dtype for this hardware: e4m3 from compute capability 8.9, e5m2 below."""
     if "fp8_kv" in history.banned or facts.fp8_kv_supported is False:
         return None
@@ -196,14 +196,14 @@ def _fp8_kv_dtype(facts: Facts, history: History) -> str | None:
     return "fp8_e5m2" if "fp8_e4m3_kv" in history.banned else "fp8"
 
 
-def _max_usable_util(flags: EngineFlags, bounds: Bounds, facts: Facts) -> float:
+def _max_usable_util(flags: EngineFlags, bounds: Bounds, facts: BlindFacts) -> float:
     limit = bounds.max_gpu_memory_utilization
     if facts.free_gib is not None and facts.total_gib:
         limit = min(limit, memmodel.free_allows(facts.free_gib * GIB, facts.total_gib * GIB))
     return limit
 
 
-def _util_for_bytes(flags: EngineFlags, have: float, need: float, facts: Facts) -> float | None:
+def _util_for_bytes(flags: EngineFlags, have: float, need: float, facts: BlindFacts) -> float | None:
     """Utilization that turns a KV budget of ``have`` bytes into ``need`` (plus a margin)."""
     if not facts.total_gib:
         return None
@@ -214,7 +214,7 @@ def _util_for_bytes(flags: EngineFlags, have: float, need: float, facts: Facts) 
 def _kv_options(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -363,7 +363,7 @@ def _kv_options(
 
 
 def _charged_graphs(
-    flags: EngineFlags, failure: Failure, facts: Facts, bounds: Bounds, obs: Figures
+    flags: EngineFlags, failure: Failure, facts: BlindFacts, bounds: Bounds, obs: Figures
 ) -> float:
     """Bytes of CUDA-graph estimate the failed launch's vLLM took out of the KV budget (0: none, or eager
     mode is not a lever here)."""
@@ -375,7 +375,7 @@ def _charged_graphs(
     return float(gib) * GIB if gib else 0.0
 
 
-def _capacity(kv_bytes: float, bpt: float, block: int, facts: Facts) -> int:
+def _capacity(kv_bytes: float, bpt: float, block: int, facts: BlindFacts) -> int:
     return max_len_for(kv_bytes, bpt, block, facts)
 
 
@@ -385,7 +385,7 @@ def _capacity(kv_bytes: float, bpt: float, block: int, facts: Facts) -> int:
 def _kv_insufficient(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -417,7 +417,7 @@ def _capacity_give_up(bounds: Bounds, capacity: int, fp8: str | None, util: floa
 def _target_room(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -451,7 +451,7 @@ def _target_room(
 
 def _room_levers(
     flags: EngineFlags,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     history: History,
     obs: Figures = NO_FIGURES,
@@ -505,7 +505,7 @@ def _room_levers(
 def _no_kv_memory(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -557,7 +557,7 @@ def _no_kv_memory(
 def _free_mem_below_util(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -591,7 +591,7 @@ def _free_mem_below_util(
 def _oom_weights(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -622,7 +622,7 @@ def _oom_weights(
 def _oom_profile(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -659,7 +659,7 @@ def _oom_profile(
 def _oom_cudagraph(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -677,7 +677,7 @@ def _oom_cudagraph(
 def _oom_kv_alloc(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -712,7 +712,7 @@ def _oom_kv_alloc(
 def _oom_runtime(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -741,7 +741,7 @@ def _oom_runtime(
 def _host_oom(
     flags: EngineFlags,
     failure: Failure,
-    facts: Facts,
+    facts: BlindFacts,
     bounds: Bounds,
     obs: Figures,
     history: History,
@@ -764,7 +764,7 @@ def _host_oom(
 
 
 def _fp8_unsupported(
-    flags: EngineFlags, facts: Facts, bounds: Bounds, history: History
+    flags: EngineFlags, facts: BlindFacts, bounds: Bounds, history: History
 ) -> tuple[History, list[Step | GiveUp]]:
     if flags.fp8_kv:
         e4m3 = flags.kv_cache_dtype in ("fp8", "fp8_e4m3")
@@ -787,7 +787,7 @@ def _fp8_unsupported(
     ]
 
 
-def _without_fp8_kv(flags: EngineFlags, facts: Facts, bounds: Bounds, history: History) -> Step | GiveUp:
+def _without_fp8_kv(flags: EngineFlags, facts: BlindFacts, bounds: Bounds, history: History) -> Step | GiveUp:
     """Back to the model's KV dtype; if the context was sized for fp8, to the longest that fits now."""
     new = flags.replace(kv_cache_dtype="auto")
     reason = "fp8 KV is not supported here: model-dtype KV"

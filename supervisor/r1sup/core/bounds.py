@@ -1,7 +1,7 @@
 """What the search may change and what it knows of the box before a launch. Pure.
 
 :class:`Bounds`: the ``[ladder]`` and ``[target]`` limits of the config (what may change, within which
-limits); :class:`Facts`: the box and the model as figures (a probe, or what a log printed), for the
+limits); :class:`BlindFacts`: the box and the model as figures (a probe, or what a log printed), for the
 search's branch without the model's architecture (:mod:`r1sup.core.blind`); and the margins kept from the
 memory measured free.
 """
@@ -79,7 +79,7 @@ class Bounds:
 
 
 @dataclass(frozen=True)
-class Facts:
+class BlindFacts:
     """What is known of the box and the model before the launch (measured, or read from a log)."""
 
     backend: str = "cuda"  # or "cpu"
@@ -110,7 +110,7 @@ class Facts:
         suggestions: tuple[str, ...] = (),
         vllm_version: str | None = None,
         arch: Any = None,
-    ) -> Facts:
+    ) -> BlindFacts:
         """The facts of a probed box (None: not probed, a CUDA box of unknown size) and the model."""
         backend = device.backend if device else "cuda"
         holders: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """The upgrade gate: a profile tuned on a new vLLM image against the fleet's profile of the image it
 replaces, capacity by capacity. Pure: profiles in, a verdict and its table out.
 
-The capacity a profile verified is read by :func:`capacity_of`: the profile's ``capacity`` record when it
+The capacity a profile verified is read by :func:`profile_capacity`: the profile's ``capacity`` record when it
 has one (requests at once, context tokens, output tokens per second, as the load probe verified them),
 else the same three figures from the fields every profile has: the probe's concurrency and throughput
 (when the probe passed) and the context the flags serve.
@@ -34,7 +34,7 @@ class Capacity:
         )
 
 
-def capacity_of(profile: Mapping[str, Any]) -> Capacity:
+def profile_capacity(profile: Mapping[str, Any]) -> Capacity:
     """What a profile (``Profile.to_dict()``) verified."""
     record = profile.get("capacity")
     if isinstance(record, Mapping):

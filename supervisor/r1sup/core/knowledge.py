@@ -45,12 +45,12 @@ class ModelKnowledge:
             return M.NEWEST_KNOWN
 
 
-def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.Facts:
+def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.BlindFacts:
     """The box and the model as the search's branch without the architecture reads them."""
     bpt = None
     if know.arch is not None:
         bpt = M.kv_bytes_per_token(know.arch, "auto", flags.tensor_parallel_size)
-    return B.Facts.of_device(
+    return B.BlindFacts.of_device(
         know.device,
         kv_bytes_per_token=bpt,
         model_max_len=getattr(know.arch, "max_position_embeddings", None) if know.arch is not None else None,

@@ -1641,7 +1641,7 @@ FP8_PER_TENSOR_SPELLING = Version(0, 32, 0)
 
 def startable_utilization(device: DeviceFacts, tp: int, version: Version | str | None = None) -> float:
     """The highest utilization (2 decimals) whose request fits in what is free now, less the CUDA context
-    and :data:`FREE_MARGIN_GIB`: the one figure of "what is free allows" for the search and ``plan``."""
+    and :data:`FREE_MARGIN_GIB`: :func:`free_allows` for a device as probed, for the search and ``plan``."""
     total = device.total_bytes
     if not total:
         return 0.0

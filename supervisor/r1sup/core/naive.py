@@ -9,12 +9,12 @@ tried yet and within the bounds. Nothing is computed from the figures vLLM print
 
 from __future__ import annotations
 
-from r1sup.core.bounds import UTIL_STEP, Bounds, Facts
+from r1sup.core.bounds import UTIL_STEP, BlindFacts, Bounds
 from r1sup.core.flags import EngineFlags
 from r1sup.core.memmodel import floor_util
 
 
-def walk(flags: EngineFlags, facts: Facts, bounds: Bounds) -> list[tuple[EngineFlags, str]]:
+def walk(flags: EngineFlags, facts: BlindFacts, bounds: Bounds) -> list[tuple[EngineFlags, str]]:
     """The hand-made walk from ``flags``, in order: (the next flags, why)."""
     out: list[tuple[EngineFlags, str]] = []
     length = flags.max_model_len or facts.model_max_len

@@ -128,7 +128,7 @@ class Facts:
     bounds: B.Bounds = field(default_factory=B.Bounds)
     version: M.Version = M.NEWEST_KNOWN
     calibration: M.Calibration | None = None  # from an earlier launch on this box (a saved profile)
-    ladder_facts: B.Facts | None = None  # for the branch without an architecture (r1sup.core.blind)
+    ladder_facts: B.BlindFacts | None = None  # for the branch without an architecture (r1sup.core.blind)
     suggestions: tuple[str, ...] = ()  # the planner's ways out, added to a give-up
 
 
@@ -901,7 +901,7 @@ class Search:
     def _fallback(self, ev: Evidence, outcome: Outcome) -> Decision:
         """The blind branch's per-class step (no architecture, the CPU backend, host OOM, naive)."""
         self.evidence = ev
-        lf = self.facts.ladder_facts or B.Facts()
+        lf = self.facts.ladder_facts or B.BlindFacts()
         decision = blind.next_step(
             outcome.flags, outcome.failure, self._history, self.facts.bounds, lf, outcome.figures
         )

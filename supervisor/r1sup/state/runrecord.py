@@ -15,7 +15,6 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from r1sup.adapters.statefiles import (
     ensure_state_dir,
     ensure_subdir,
     inspect_json,
+    utc_name_stamp,
     utc_now_iso,
 )
 from r1sup.core import capacity
@@ -47,8 +47,7 @@ class RunLog:
     directory that cannot be written costs the report, not the run (logged once)."""
 
     def __init__(self, state_dir: str | os.PathLike[str], command: str, config: Any, device: Any) -> None:
-        started = datetime.now(timezone.utc)
-        self.id = f"{started.strftime('%Y%m%dT%H%M%SZ')}-{command}-{os.getpid()}"
+        self.id = f"{utc_name_stamp()}-{command}-{os.getpid()}"
         self.state_dir = Path(state_dir)
         self.path: Path | None = None
         self._failed = False

@@ -694,10 +694,10 @@ class Daemon:
         return self.shared
 
     def _served(self, result: TuneResult) -> None:
-        from r1sup.supervision.session import capacity_of
+        from r1sup.supervision.session import result_capacity
 
         self.flags = result.flags
-        self.capacity = capacity_of(self.config, result)
+        self.capacity = result_capacity(self.config, result)
         ctx = result.flags.max_model_len if result.flags else None
         text = f"serving {self.config.served_name} on port {self.config.server.port}" + (
             f" (context {ctx})" if ctx else ""

@@ -103,7 +103,7 @@ def _lock(args: argparse.Namespace, config: Config) -> Any:
     return statefiles.lock_state_dir(config.state.dir, logs.mask(what))
 
 
-def capacity_of(config: Any, result: Any) -> Capacity | None:
+def result_capacity(config: Any, result: Any) -> Capacity | None:
     """The verified capacity of a passed tune result (r1sup.core.capacity), with the search's own verdict
     on whether it is reduced when the result carries one."""
     from r1sup.core import capacity
@@ -147,7 +147,7 @@ def save_profile(
     stored = stored_conditions(conditions, getattr(result, "reduced", None))
     if stored:
         profile = replace(profile, conditions=stored)
-    verified = capacity_of(session.config, result)
+    verified = result_capacity(session.config, result)
     if verified:
         profile = replace(profile, capacity=verified.to_dict())
     if getattr(result, "slo", None) is not None:

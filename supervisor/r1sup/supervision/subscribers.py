@@ -111,7 +111,7 @@ PROGRESS_WRITE_S = 5.0  # status.json is rewritten with it at phase changes and 
 
 
 class LogSink:
-    """Each fact as one structlog event, named and shaped as before the bus."""
+    """Each fact as one structlog event: the JSON log's event names and fields (README, "Logs")."""
 
     def __init__(self, log: Any) -> None:
         self.log = log

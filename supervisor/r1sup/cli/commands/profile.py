@@ -74,7 +74,9 @@ def _gate(store: profiles.ProfileStore, current: dict[str, object], location: st
 
     fleet_store = fleet.DirectoryStore(location, tell=log_only(get_logger()))
     old = _previous_image(Path(location) / fleet.PROFILES, key, current)
-    verdict = gate.decide(gate.capacity_of(old.to_dict()) if old else None, gate.capacity_of(new.to_dict()))
+    verdict = gate.decide(
+        gate.profile_capacity(old.to_dict()) if old else None, gate.profile_capacity(new.to_dict())
+    )
     old_label = _image(old.fingerprint) if old else "no old profile"
     sys.stdout.write(verdict.table(old_label, _image(new.fingerprint)) + "\n")
     if not verdict.ok:

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from r1sup.adapters.statefiles import SCHEMA_VERSION, inspect_json, parse_iso, pid_alive
+from r1sup.adapters.statefiles import SCHEMA_VERSION, inspect_json, parse_iso, pid_alive, utc_now_iso
 from r1sup.core.capacity import Capacity
 from r1sup.core.flags import EngineFlags
 from r1sup.state.profiles import Profile, ProfileStore
@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: the same screen redrawn
             else:
-                stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                stamp = utc_now_iso()
                 sys.stdout.write(f"--- {stamp}\n")
             _show(state_dir, args.json, verbose)
             sys.stdout.flush()

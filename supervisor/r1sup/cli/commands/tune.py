@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         return done
     result, record = done
     # --json: the result, and what its probe proved (r1sup.core.capacity; null without a passed probe)
-    verified = report.capacity_of(record.data) if result.ok else None
+    verified = report.record_capacity(record.data) if result.ok else None
     doc = {**result.to_dict(), "capacity": verified.to_dict() if verified is not None else None}
     text = json.dumps(doc, indent=2, default=str) + "\n" if args.json else report.render_text(record.data)
     sys.stdout.write(logs.mask(text))

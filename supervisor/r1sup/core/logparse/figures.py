@@ -44,8 +44,6 @@ def unit_gib(value: float, unit: str) -> float:
     return value * scale.get(unit, 1.0)
 
 
-BLOCK_SIZE = CUDA_BLOCK_SIZE  # vLLM's default KV block size (the memory model's), to round context lengths
-
 # (kind, a literal every match contains, pattern): the pattern's named groups are the numbers
 # gpu_worker.py compile_or_warm_up_model's memory breakdown (0.20 on), up to the figures that changed
 _BREAKDOWN_HEAD = (
@@ -416,7 +414,7 @@ class FigureCollector:
         self.ready_text: str | None = None
         self.shutdown_line: int | None = None
         self.blocks_line: int | None = None  # where v0 printed "# GPU blocks"
-        self.block_size = BLOCK_SIZE
+        self.block_size = CUDA_BLOCK_SIZE  # vLLM's default, until the log prints its own
         self.engine_version: str | None = None  # "Initializing a V1 LLM engine (v0.19.0)"
         self.engine_args: dict[str, object] | None = None  # "non-default args: {...}"
         self.config_args: dict[str, object] = {}  # the memory flags of the engine's config line

@@ -44,8 +44,8 @@ from r1sup.core.failure import (
     phase_after,
 )
 from r1sup.core.logparse.families import CONFIG_LIKE, HANG_LIKE, OOM, P_HOST, P_NATIVE
-from r1sup.core.logparse.figures import BLOCK_SIZE
 from r1sup.core.logparse.tracebacks import WEAK_PHASE, Traceback, best_key, best_phase, phase_rank
+from r1sup.core.memmodel import CUDA_BLOCK_SIZE
 
 # Exit statuses of a process that was asked to stop (SIGTERM, SIGINT): after a shutdown line, no failure
 REQUESTED_STOP_EXITS = frozenset({0, -15, 143, -2, 130})
@@ -96,7 +96,7 @@ class Collected:
     shutdown_line: int | None = None
     serving_death_line: int | None = None  # the engine died in its serving loop
     blocks_line: int | None = None  # where v0 printed "# GPU blocks"
-    block_size: int = BLOCK_SIZE
+    block_size: int = CUDA_BLOCK_SIZE
     traffic_line: int | None = None  # the first line of request traffic of the last run (logparse.phase)
 
     @property
