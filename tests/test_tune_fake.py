@@ -776,7 +776,9 @@ def test_sighup_stops_a_tune_cleanly_with_129(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)]
+)
 def test_a_repeated_stop_signal_still_ends_a_tune_with_its_code(
     tmp_path: Path, signum: int, code: int
 ) -> None:
