@@ -271,6 +271,25 @@ def test_a_signal_repeated_until_the_end_of_a_stop_still_ends_run_with_0(
         assert status(tmp_path)["state"] == "stopped"
 
 
+def test_a_probe_answered_5xx_while_health_answers_is_restarted_within_the_budget(tmp_path: Path):
+    # issue 34: a proxy's 503 (not vLLM's EngineDeadError) for every probe request at the first two
+    # launches while vLLM's /health answers was engine_dead, and run exited 4 for good; it is the probe's
+    # transient fault: the same flags again after a backoff, within daemon.restart_budget
+    runtime = {"reset_every": 1, "reset_status": 503, "reset_launches": 2}
+    body = daemon_body(tmp_path, probe={"requests": 1})
+    with running(tmp_path, body, fake_scenario(tmp_path, runtime=runtime)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        failed = proc.named("probe_failed")
+        assert [f["failure_class"] for f in failed] == ["probe_server_error", "probe_server_error"]
+        assert all(f["server_errors"] == 1 and "Error code: 503" in f["evidence"] for f in failed)
+        assert [e["restart"] for e in proc.named("restart_backoff")] == [1]
+        assert not proc.named("daemon_failed") and not proc.named("fatal_failure")
+        launched = proc.named("launch_started")
+        assert len(launched) == 3 and launched[0]["flags"] == launched[2]["flags"]
+        assert served_model(body["server"]["port"]) == 200
+        stop_cleanly(proc, config, tmp_path)
+
+
 # --- (5) metrics, (6) status.json, (7) READY=1 ------------------------------------------------------
 
 
