@@ -123,7 +123,9 @@ def _json(obj: Any) -> bytes:
 MAX_CONNECTIONS = 64
 REQUEST_TIMEOUT_S = 5.0  # for the whole request head, and again for the whole answer
 MAX_HEAD_BYTES = 8192
-BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
+# the kernel caps it at net.core.somaxconn; a burst of connections waits here (a full backlog drops the
+# SYN of a probe, which TCP sends again only after a second)
+BACKLOG = 65535
 ACCEPTS_PER_TURN = 256
 ACCEPT_PAUSE_S = 0.1  # after accept failed for want of file descriptors
 EVICT_GRACE_S = 0.01  # a connection this young is not closed to make room: it may be sending its request
