@@ -4,6 +4,7 @@ SIGHUP that changes no flag are replayed in process (tests/test_replay.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -244,6 +245,49 @@ def test_two_sigterms_in_quick_succession_force_the_stop(tmp_path: Path):
         assert proc.proc.returncode == 0, proc.tail()
         assert time.monotonic() - t0 < stop_timeout / 3
         assert not engine_processes(config)
+
+
+@pytest.mark.parametrize(
+    ("first", "signum"),
+    [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGHUP)],
+)
+def test_a_signal_repeated_until_the_end_of_a_stop_still_ends_run_with_0(
+    tmp_path: Path, first: int, signum: int
+):
+    # issue 34: a stop signal, then ``signum`` every 20 ms across the whole stop, the last ones after
+    # r1sup's loop had ended: run ended by the signal (rc -15, -2, -1) instead of README's 0, as its
+    # handlers were put back to the default action before the process ended
+    body = daemon_body(tmp_path, server={"stop_timeout_s": 30.0})
+    with running(tmp_path, body, fake_scenario(tmp_path, ignore_sigterm=True)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        proc.signal(first)
+        deadline = time.monotonic() + 60
+        while proc.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.signal(signum)
+            time.sleep(0.02)  # the stimulus's pace, not a wait for a condition
+        assert proc.wait(60) == 0, proc.tail()
+        assert proc.named("engine_stopped") and not engine_processes(config)
+        assert status(tmp_path)["state"] == "stopped"
+
+
+def test_a_probe_answered_5xx_while_health_answers_is_restarted_within_the_budget(tmp_path: Path):
+    # issue 34: a proxy's 503 (not vLLM's EngineDeadError) for every probe request at the first two
+    # launches while vLLM's /health answers was engine_dead, and run exited 4 for good; it is the probe's
+    # transient fault: the same flags again after a backoff, within daemon.restart_budget
+    runtime = {"reset_every": 1, "reset_status": 503, "reset_launches": 2}
+    body = daemon_body(tmp_path, probe={"requests": 1})
+    with running(tmp_path, body, fake_scenario(tmp_path, runtime=runtime)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        failed = proc.named("probe_failed")
+        assert [f["failure_class"] for f in failed] == ["probe_server_error", "probe_server_error"]
+        assert all(f["server_errors"] == 1 and "Error code: 503" in f["evidence"] for f in failed)
+        assert [e["restart"] for e in proc.named("restart_backoff")] == [1]
+        assert not proc.named("daemon_failed") and not proc.named("fatal_failure")
+        launched = proc.named("launch_started")
+        assert len(launched) == 3 and launched[0]["flags"] == launched[2]["flags"]
+        assert served_model(body["server"]["port"]) == 200
+        stop_cleanly(proc, config, tmp_path)
 
 
 # --- (5) metrics, (6) status.json, (7) READY=1 ------------------------------------------------------

@@ -599,6 +599,7 @@ def test_optimum_uses_tensor_parallel_when_allowed() -> None:
         ({"gpu": {"name": "H100", "count": 2, "other_process_gib": [1.0]}}, "one per GPU"),
         ({"model": {"name": "my/model"}}, "is not in the catalog"),
         ({"runtime": {"failure": "segfault"}}, "must be one of oom, fp8, die"),
+        ({"runtime": {"reset_status": 404}}, "runtime.reset_status: must be one of [0, 500, 502, 503]"),
         ({"time_scale": "fast"}, "expected a number"),
         ({"fp8_fails_at": "never"}, "must be one of startup, first_request"),
     ],
@@ -1217,6 +1218,27 @@ def test_every_nth_request_has_its_connection_reset_and_the_engine_serves_on(
     )
     again.wait_ready()
     assert [_reset_by_server(again) for _ in range(3)] == [False, False, False]
+
+
+def test_every_nth_request_answered_5xx_leaves_the_engine_serving(launch: Callable[..., Fake]) -> None:
+    # reset_status: those requests are answered instead of reset, never with vLLM's EngineDeadError
+    fake = launch(
+        {"gpu": "RTX 4090", "runtime": {"reset_every": 2, "reset_status": 500}}, "--max-model-len", "8192"
+    )
+    fake.wait_ready()
+    assert fake.chat()[0] == 200
+    status, body = fake.chat()
+    assert status == 500 and body["error"]["message"] == "cannot schedule new futures after shutdown"
+    assert fake.chat()[0] == 200 and fake.health() == 200
+    fake.close()
+    proxied = launch(
+        {"gpu": "RTX 4090", "runtime": {"reset_every": 1, "reset_status": 503}}, "--max-model-len", "8192"
+    )
+    proxied.wait_ready()
+    status, body = proxied.chat()
+    assert status == 503 and body["raw"].startswith("<html>") and "Service Unavailable" in body["raw"]
+    assert proxied.health() == 200
+    assert "EngineDeadError" not in proxied.text
 
 
 def test_fp8_fails_at_the_first_request(launch: Callable[..., Fake]) -> None:

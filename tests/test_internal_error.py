@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from r1sup.adapters.probe import child_failure, request_error
+from r1sup.adapters.probe import child_failure, request_error, request_fault
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import BlindFacts, Bounds
@@ -192,3 +193,33 @@ def test_a_server_that_cuts_a_response_short_is_the_servers_failure_not_r1sups()
         )
         thread.join(timeout=10)
     assert not ok and status == 0 and "unreachable" in detail
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "fault"),
+    [
+        # vLLM's EngineDeadError (V1) and AsyncEngineDeadError (V0): the engine's own word
+        (
+            500,
+            {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause."},
+            "engine",
+        ),
+        (500, {"message": "Background loop has errored already."}, "engine"),
+        # a 5xx without it (issue 34): vLLM shutting down its executor, a proxy's page; /health decides
+        (500, {"message": "cannot schedule new futures after shutdown"}, "server"),
+        (503, "<html><head><title>503 Service Unavailable</title></head></html>", "server"),
+        (502, None, "server"),
+        (400, {"message": "This model's maximum context length is 2048 tokens."}, "rejected"),
+    ],
+)
+def test_a_5xx_is_the_engines_death_only_with_vllms_engine_dead_reply(
+    status: int, body: Any, fault: str
+) -> None:
+    import httpx
+    import openai
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    response = httpx.Response(status, request=request)
+    message = f"Error code: {status} - {body}"
+    exc = openai.APIStatusError(message, response=response, body=body)
+    assert request_fault(exc) == fault

@@ -5,8 +5,10 @@ runs vLLM headless with the leader's flags, and again with the new ones after th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -325,3 +327,29 @@ def test_a_worker_runs_headless_with_the_leaders_flags_and_follows_its_memory_st
         kill_engine_processes(config)
         for proc in marked(worker_mark):
             proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_repeated_until_its_end_still_ends_a_worker_with_0(tmp_path: Path, signum: int):
+    # issue 34: a worker (its leader not up, so it polls) signalled every 20 ms until it exits: the last
+    # signals came after its loop had put the default action back, and it ended by the signal, not 0
+    group = {"nnodes": 2, "backend": "mp", "master_addr": "127.0.0.1", "master_port": free_port()}
+    body = fake_body(tmp_path, model=QWEN_7B, multinode={**group, "leader_poll_s": 0.2})
+    config = write_config(tmp_path / "r1sup.toml", body)
+    env = {**fake_env(fake_scenario(tmp_path)), "R1SUP_MULTINODE_NODE_RANK": "1"}
+    env["R1SUP_MULTINODE_LEADER_PORT"] = str(free_port())  # nothing answers there
+    worker = R1sup("worker", "--config", str(config), env=env)
+    try:
+        worker.wait_event("worker_started", 60)
+        deadline = time.monotonic() + 60
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                worker.signal(signum)
+            time.sleep(0.02)  # the stimulus's pace, not a wait for a condition
+        assert worker.wait(30) == 0, worker.tail()
+        assert worker.named("worker_stopped")
+    finally:
+        worker.kill()
+        kill_engine_processes(config)

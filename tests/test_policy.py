@@ -31,6 +31,10 @@ from r1sup.core.failure import Failure
         # the probe's connection failed while /health answered: transient, the same flags once more
         (F.PROBE_CONNECTION, frozenset(), 1, False, ("retry", None)),
         (F.PROBE_CONNECTION, frozenset({F.ENGINE_DEAD}), 2, False, ("retry", None)),
+        # a 5xx that is not vLLM's engine-dead reply while /health answered: the same, never engine death
+        (F.PROBE_SERVER_ERROR, frozenset(), 1, False, ("retry", None)),
+        (F.PROBE_SERVER_ERROR, frozenset({F.ENGINE_DEAD}), 2, False, ("retry", None)),
+        (F.PROBE_SERVER_ERROR, frozenset({F.PROBE_SERVER_ERROR}), 2, False, ("stop", EXIT_FATAL_FAILURE)),
     ],
 )
 def test_decide(cls: str, retried: frozenset[str], attempts: int, fixable: bool, expected: object) -> None:
@@ -62,3 +66,14 @@ def test_a_rejected_probe_request_names_the_probe_settings_and_vllms_answer() ->
     got = P.decide(failure, retried=frozenset(), attempts=1, max_attempts=8)
     assert isinstance(got, P.Stop)
     assert "probe.output_tokens" in got.reason and said in got.reason and "\n" not in got.reason
+
+
+def test_the_probes_transient_fault_again_says_what_it_was_and_what_it_was_not() -> None:
+    detail = (
+        "1 probe request(s) answered with a 5xx that is not vLLM's engine-dead reply; vLLM's /health answers"
+    )
+    evidence = "request 0: InternalServerError: Error code: 503"
+    failure = Failure(F.PROBE_SERVER_ERROR, F.PHASE_SERVING, evidence, detail=detail)
+    got = P.decide(failure, retried=frozenset({F.PROBE_SERVER_ERROR}), attempts=2, max_attempts=8)
+    assert isinstance(got, P.Stop) and got.exit_code == EXIT_FATAL_FAILURE
+    assert got.reason == f"probe_server_error again after a retry: {detail}: {evidence}"

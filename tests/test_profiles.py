@@ -992,6 +992,13 @@ PAST_BOUNDS = [
     ("observations", "gpu_blocks", 10**18, "observations.gpu_blocks"),
     ("flags", "max_model_len", 1, "flags.max_model_len 1 cannot hold the 900 + 16 tokens"),
     ("flags", "max_model_len", 915, "flags.max_model_len 915 cannot hold"),
+    # a key with a line break or a terminal escape is named quoted, escaped: the reason stays one line
+    (
+        "flags",
+        "max_model_len",
+        {"\n\x1b[31m": 2**63},
+        'flags.max_model_len."\\n\\u001b[31m": 9223372036854775808',
+    ),
 ]
 
 

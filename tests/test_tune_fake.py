@@ -523,6 +523,40 @@ def test_connections_reset_by_a_loaded_box_are_retried_and_the_probe_passes(tmp_
     assert_consistent(t)
 
 
+def test_a_5xx_that_is_not_vllms_engine_dead_reply_is_no_engine_death(tmp_path: Path):
+    # issue 34: a probe request answered 500 "cannot schedule new futures after shutdown" (vLLM's answer
+    # while its executor shuts down, not its EngineDeadError) was engine_dead though /health answered:
+    # it is the probe's transient fault, the same flags are tried again and the second launch passes
+    body = fake_body(tmp_path, model=QWEN_7B)
+    scenario = fake_scenario(tmp_path, runtime={"reset_every": 5, "reset_status": 500, "reset_launches": 1})
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0, t.explain()
+    assert t.classes == ["probe_server_error", "none"]
+    assert t.attempts[0]["flags"] == t.attempts[1]["flags"]
+    (failed,) = t.proc.named("probe_failed")
+    assert failed["server_errors"] >= 1 and not failed.get("connection_errors")
+    assert "cannot schedule new futures after shutdown" in failed["evidence"]
+    assert "/health answers" in failed["detail"] and "not vLLM's engine-dead reply" in failed["detail"]
+    assert len(t.proc.named("retry_backoff")) == 1
+    assert [r["outcome"] for r in t.engine] == ["ready", "ready"]
+    assert_consistent(t)
+
+
+def test_a_proxys_503_on_every_launch_ends_tune_saying_the_engine_was_not_dead(tmp_path: Path):
+    # a proxy's plain 503 page for a probe request at every launch while vLLM's /health answers: one retry
+    # of the same flags, then exit 4 with a line that says what it was, never engine_dead
+    body = fake_body(tmp_path, model=QWEN_7B)
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, runtime={"reset_every": 2, "reset_status": 503}))
+    assert t.code == 4, t.explain()
+    assert t.classes == ["probe_server_error", "probe_server_error"]
+    reason = t.result["reason"]
+    assert reason.startswith("probe_server_error again after a retry: ")
+    assert "not vLLM's engine-dead reply" in reason and "/health answers" in reason
+    assert "Error code: 503" in reason
+    assert [r["outcome"] for r in t.engine] == ["ready", "ready"]
+    assert_consistent(t)
+
+
 def test_a_probe_request_vllm_rejects_is_a_probe_config_error_after_one_launch(tmp_path: Path):
     # issue 34: a 400 "max_tokens ... cannot be greater than max_model_len" was engine_dead (a relaunch,
     # then exit 4); it is r1sup's own request: exit 2, no relaunch
@@ -776,7 +810,9 @@ def test_sighup_stops_a_tune_cleanly_with_129(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)]
+)
 def test_a_repeated_stop_signal_still_ends_a_tune_with_its_code(
     tmp_path: Path, signum: int, code: int
 ) -> None:

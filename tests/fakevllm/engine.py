@@ -45,7 +45,10 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     ``decode_tokens_per_s`` (60) and ``prefill_tokens_per_s`` (8000): simulated request speed;
     ``reset_every`` (0): every n-th generation request (chat or completion, counted per launch) has its
     connection reset unanswered (RST, as an overflowing listen backlog does; nothing logged, the engine
-    unharmed), at the first ``reset_launches`` launches counted in ``state_file`` (0: at every launch).
+    unharmed), at the first ``reset_launches`` launches counted in ``state_file`` (0: at every launch);
+    ``reset_status`` (0): those requests are answered instead, the engine as unharmed: 500 as vLLM 0.32
+    answers while its executor shuts down (``cannot schedule new futures after shutdown``), 502 or 503 a
+    proxy's plain page; never vLLM's EngineDeadError, and /health answers.
 ``fp8_fails_at`` (``"startup"`` | ``"first_request"``): when an fp8 (e4m3) KV cache fails on compute
     capability < 8.9. ``fp8_e5m2`` works from 8.0. ``--quantization fp8`` needs 8.0 (else a config
     error).
@@ -1182,6 +1185,7 @@ class Engine:
             health_while_dead=rt.health_while_dead,
             max_num_seqs=plan.max_num_seqs or 256,
             reset_every=rt.reset_every if resetting else 0,
+            reset_status=rt.reset_status,
         )
         serving = Serving(config, _EngineSide(self), hang=self.hang)
         server = FakeHTTPServer(sock, serving)

@@ -183,6 +183,9 @@ class Gpu:
         return int(round(self.other_process_gib[index] * GIB))
 
 
+RESET_STATUSES = frozenset({0, 500, 502, 503})  # Runtime.reset_status
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Faults while serving and the simulated speed of requests."""
@@ -197,6 +200,9 @@ class Runtime:
     prefill_tokens_per_s: float = 8000.0  # simulated prompt processing speed
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
     reset_launches: int = 0  # resets only at the first n launches counted in state_file (0: every launch)
+    # 0: those requests are reset unanswered; 500: answered as vLLM 0.32 answers while its executor shuts
+    # down ("cannot schedule new futures after shutdown"); 502/503: a proxy's plain page before vLLM
+    reset_status: int = 0
     # the latency model: each step (prefill or decode) takes this much longer per sequence running
     # beside the request's own (a step's time grows with the tokens of its batch); 0: no batch cost
     step_s_per_batch_seq: float = 0.0
@@ -442,6 +448,10 @@ def _load_runtime(value: Any) -> Runtime:
             changes[key] = None if raw is None else _num(where, raw, minimum=0, integer=True)
         elif key in ("exit_code", "reset_every", "reset_launches"):
             changes[key] = _num(where, raw, minimum=0, integer=True)
+        elif key == "reset_status":
+            changes[key] = _num(where, raw, minimum=0, integer=True)
+            if changes[key] not in RESET_STATUSES:
+                raise ScenarioError(f"{where}: must be one of {sorted(RESET_STATUSES)}, got {raw!r}")
         elif key == "health_while_dead":
             changes[key] = _bool(where, raw)
         elif key in ("decode_tokens_per_s", "prefill_tokens_per_s"):

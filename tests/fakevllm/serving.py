@@ -124,6 +124,7 @@ class ServeConfig:
     health_while_dead: bool
     max_num_seqs: int = 256
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
+    reset_status: int = 0  # those requests answered with this status instead (500, 502, 503), not reset
     step_s_per_batch_seq: float = 0.0  # Runtime.step_s_per_batch_seq: a step's cost per other sequence
 
     @property
@@ -551,6 +552,18 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
+    def _proxy_page(self, status: int) -> None:
+        """A proxy's answer for a backend it could not reach in time (nginx's page), closing."""
+        phrase = HTTPStatus(status).phrase
+        page = f"<html><head><title>{status} {phrase}</title></head><body><h1>{phrase}</h1></body></html>"
+        self.close_connection = True
+        self.send_response(status)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(page)))
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.wfile.write(page.encode())
+
     def _reset(self) -> None:
         """Reset the connection unanswered (RST, as a listen backlog that overflowed on a loaded box
         does): the client sees a connection error, vLLM logs nothing."""
@@ -562,7 +575,12 @@ class Handler(BaseHTTPRequestHandler):
     def _generate(self, body: dict[str, Any], chat: bool) -> None:
         serving = self.server.serving
         if serving.resets():
-            self._reset()
+            if serving.config.reset_status == 500:  # vLLM's own answer, its engine unharmed
+                raise ApiError(500, DRAINING, "InternalServerError")
+            if serving.config.reset_status:  # a proxy before vLLM: its own page, not vLLM's JSON
+                self._proxy_page(serving.config.reset_status)
+            else:
+                self._reset()
             return
         model = serving.check_model(body.get("model"))
         if chat:

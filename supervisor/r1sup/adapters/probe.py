@@ -40,8 +40,11 @@ API server writing each in one burst), is sent once more with ``WAVE_LONGER`` ti
 A request whose connection failed before any token (:func:`request_fault`: refused, reset, never an
 answer of vLLM's) is sent again after each wait of ``CONNECTION_RETRY_S`` before it counts
 (``retried``); one that still failed on it (``connection_errors``) has the probe ask ``/health``
-(``health_ok``), the engine's own word. A 4xx answer is counted apart (``rejected``): r1sup's own
-request was wrong. The runner classes the result from these (:mod:`r1sup.supervision.runner`).
+(``health_ok``), the engine's own word. So does a 5xx answer that is not vLLM's engine-dead reply
+(``server_errors``: a proxy's 502/503, vLLM's ``cannot schedule new futures after shutdown``): only the
+engine's evidence (an ``EngineDeadError`` answer, a failing ``/health``, its process gone) is its death.
+A 4xx answer is counted apart (``rejected``): r1sup's own request was wrong. The runner classes the
+result from these (:mod:`r1sup.supervision.runner`).
 
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
@@ -67,6 +70,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from r1sup.core.liveness import engine_dead_reply
 from r1sup.core.probing import ProbeFault, ProbeResult, Wave
 
 if TYPE_CHECKING:
@@ -426,6 +430,7 @@ class _Sent:
     retried: int = 0  # requests sent again after their connection failed (before any token)
     connection_errors: int = 0  # requests that failed on the connection after every retry
     rejected: int = 0  # requests vLLM answered with a 4xx
+    server_errors: int = 0  # requests answered with a 5xx that is not vLLM's engine-dead reply
 
     def tokens_per_s(self) -> float | None:
         return round(self.output_tokens_total / self.duration_s, 2) if self.duration_s > 0 else None
@@ -499,6 +504,8 @@ async def _send(
                 sent.connection_errors += 1
             elif kind == "rejected":
                 sent.rejected += 1
+            elif kind == "server":
+                sent.server_errors += 1
             sent.note(f"{label} {i}: {error_line(exc)}")
             return True
 
@@ -565,7 +572,9 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         if spec.wave_requests:
             wave, record = await _wave(http, client, spec, prompts, main, t0)
         lost = main.connection_errors + (wave.connection_errors if wave is not None else 0)
-        health = await _healthy(http) if lost else None  # the engine's word, not the connection's
+        answered = main.server_errors + (wave.server_errors if wave is not None else 0)
+        # the engine's word, not the connection's nor a 5xx's that is not vLLM's engine-dead reply
+        health = await _healthy(http) if lost or answered else None
         await client.close()
     error_count, errors, timed_out = main.error_count, list(main.errors), main.timed_out
     metrics = main.peaks
@@ -614,6 +623,7 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         retried=main.retried + (wave.retried if wave is not None else 0),
         connection_errors=lost,
         rejected=main.rejected + (wave.rejected if wave is not None else 0),
+        server_errors=answered,
         health_ok=health,
         wave=record,
     )
@@ -710,11 +720,15 @@ def request_fault(exc: BaseException) -> str:
     """What a request's failure (:func:`request_error`) was: ``"connection"`` when it never had
     vLLM's answer (refused, reset, closed: the openai client's connection error, a transport error of
     the stream, an OS error), not a timeout; ``"rejected"`` when vLLM answered with a 4xx (r1sup's
-    own request was wrong); else ``"engine"`` (a 5xx, an engine-dead answer, a timeout)."""
+    own request was wrong); ``"server"`` for a 5xx that is not vLLM's engine-dead reply (a proxy's
+    502/503, a server shutting down: no evidence of the engine's death, /health decides); else
+    ``"engine"`` (vLLM's engine-dead answer, a timeout, an error in the stream)."""
     import openai
 
     if isinstance(exc, openai.APIStatusError):
-        return "rejected" if 400 <= exc.status_code < 500 else "engine"
+        if 400 <= exc.status_code < 500:
+            return "rejected"
+        return "engine" if engine_dead_reply(exc.status_code, answer_text(exc)) else "server"
     if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
         return "engine"
     if isinstance(exc, (openai.APIConnectionError, OSError)):
@@ -725,6 +739,16 @@ def request_fault(exc: BaseException) -> str:
     if names & {"TransportError", "NetworkError", "RemoteProtocolError", "ProtocolError"}:
         return "connection"
     return "engine"
+
+
+def answer_text(exc: Any) -> str:
+    """What an HTTP error answer said: the openai client's message and the body it parsed."""
+    body = exc.body
+    try:
+        said = json.dumps(body) if isinstance(body, (Mapping, list)) else str(body or "")
+    except (TypeError, ValueError):
+        said = str(body)
+    return f"{exc.message} {said}"
 
 
 def error_line(exc: BaseException) -> str:

@@ -110,8 +110,13 @@ class EventQueue:
             self._installed[signum] = signal.signal(signum, self._handler)
 
     def restore_signal_handlers(self) -> None:
+        """Put back the handlers found when these were installed, unless a stop was signalled: then the
+        process is ending with its code (0 for ``run``, 130/143/129 for ``tune``), and one more signal in
+        its last moments (a second Ctrl-C, a supervisor's repeated SIGTERM) is ignored. Neither the
+        default action nor this handler would do: the interpreter puts back the default action of every
+        signal it handles as it finalizes, and a signal then ends the process by the signal instead."""
         for signum, previous in self._installed.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, signal.SIG_IGN if self.signals else previous)
         self._installed.clear()
 
     def pending_signal(self) -> int | None:

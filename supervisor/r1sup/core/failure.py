@@ -35,9 +35,12 @@ HANG = "hang"  # seen by the launcher or the daemon: no output, no progress, no 
 INTERNAL_ERROR = "internal_error"  # r1sup's own machinery failed (the probe child, a bug): never the engine
 # The probe's own faults, seen only by the probe, never read from a log and never the engine's death:
 # vLLM answered a probe request with a 4xx (r1sup's request is wrong: its context, its tokens), or probe
-# requests failed on the connection after their retries while vLLM's /health answered.
+# requests failed on the connection after their retries while vLLM's /health answered, or they were
+# answered with a 5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down)
+# while vLLM's /health answered.
 PROBE_REJECTED = "probe_rejected"
 PROBE_CONNECTION = "probe_connection"
+PROBE_SERVER_ERROR = "probe_server_error"
 NONE = "none"
 
 MEMORY_CLASSES = frozenset(
@@ -65,6 +68,7 @@ NON_MEMORY_CLASSES = frozenset(
         INTERNAL_ERROR,
         PROBE_REJECTED,
         PROBE_CONNECTION,
+        PROBE_SERVER_ERROR,
         NONE,
     }
 )

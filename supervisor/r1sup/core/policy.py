@@ -6,9 +6,10 @@
   once (exit 4); the same flags would fail the same way.
 - ``probe_rejected``: vLLM answered the load probe's own request with a 4xx (a prompt or an output
   longer than the context): the probe's configuration, not the engine's; no relaunch (exit 2).
-- transient classes (``cuda_error``, ``engine_dead``, ``hang``, ``probe_connection``): one retry of the
-  same flags after a backoff; the same class again stops (exit 4). ``run`` takes a
-  ``probe_connection`` stop as a restart within its budget (:data:`PROBE_TRANSIENT`), never as its end.
+- transient classes (``cuda_error``, ``engine_dead``, ``hang``, ``probe_connection``,
+  ``probe_server_error``): one retry of the same flags after a backoff; the same class again stops
+  (exit 4). ``run`` takes a ``probe_connection`` or ``probe_server_error`` stop as a restart within its
+  budget (:data:`PROBE_TRANSIENT`), never as its end.
 - ``ladder.max_attempts`` launches: stop (exit 3).
 
 Everything else is a memory failure, evidence for the search (:mod:`r1sup.core.search`).
@@ -22,10 +23,10 @@ from r1sup.core import failure as F
 from r1sup.core.errors import EXIT_CONFIG, EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 
-TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG, F.PROBE_CONNECTION})
-# transient faults of the probe's path to the engine, not of the engine: ``run`` backs off and tries the
-# same flags again within its restart budget rather than exit
-PROBE_TRANSIENT = frozenset({F.PROBE_CONNECTION})
+TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG, F.PROBE_CONNECTION, F.PROBE_SERVER_ERROR})
+# transient faults of the probe's path to the engine, not of the engine (its /health answered): ``run``
+# backs off and tries the same flags again within its restart budget rather than exit
+PROBE_TRANSIENT = frozenset({F.PROBE_CONNECTION, F.PROBE_SERVER_ERROR})
 FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
 
 
@@ -76,9 +77,10 @@ def decide(
         return Stop(fatal_reason(failure), EXIT_FATAL_FAILURE)
     if failure.cls in TRANSIENT:
         if failure.cls in retried:
-            return Stop(
-                f"{failure.cls} again after a retry: {failure.evidence or failure.detail}", EXIT_FATAL_FAILURE
-            )
+            said = failure.evidence or failure.detail
+            if failure.cls in PROBE_TRANSIENT and failure.detail and failure.evidence:
+                said = f"{failure.detail}: {failure.evidence}"  # what it was not (the engine's death)
+            return Stop(f"{failure.cls} again after a retry: {said}", EXIT_FATAL_FAILURE)
         if attempts >= max_attempts:
             return Stop(f"ladder.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
         return Retry(f"{failure.cls} is often transient: one retry with the same flags")

@@ -138,13 +138,15 @@ class ProbeResult:
     timed_out: bool = False
     # requests that failed on the connection (refused, reset: never an answer of vLLM's) and were sent
     # again, all requests together; those that still failed on it after their retries; those vLLM
-    # answered with a 4xx (r1sup's own request was wrong: its context, its tokens); and vLLM's /health
-    # once requests still failed on the connection (None: not asked). None in a record from before them
-    # (not written then, so old records keep their bytes)
+    # answered with a 4xx (r1sup's own request was wrong: its context, its tokens); those answered with a
+    # 5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down); and vLLM's
+    # /health once requests still failed on the connection or with such a 5xx (None: not asked). None in a
+    # record from before them (not written then, so old records keep their bytes)
     retried: int | None = 0
     connection_errors: int | None = 0
     rejected: int | None = 0
     health_ok: bool | None = None
+    server_errors: int | None = 0
     wave: Wave | None = None  # None when the probe was asked for none
     internal: ProbeFault | None = None
 
@@ -212,6 +214,14 @@ class ProbeResult:
         lost = self.connection_errors or 0
         return lost > 0 and self.error_count == lost and not self.timed_out
 
+    @property
+    def without_engine_evidence(self) -> bool:
+        """Every request that failed, failed on the connection (after its retries) or with a 5xx that is
+        not vLLM's engine-dead reply, and the probe did not time out: nothing of it is the engine's
+        evidence (``health_ok`` says whether /health is)."""
+        failed = (self.connection_errors or 0) + (self.server_errors or 0)
+        return failed > 0 and self.error_count == failed and not self.timed_out
+
     def queued_text(self) -> str:
         """`` (only N ran at once, W waited)`` when requests queued behind others, else nothing."""
         if not self.queued:
@@ -250,5 +260,5 @@ _FLAGS = ("ok", "prompt_tokens_estimated", "sizing_reused", "queued", "timed_out
 _NUMBERS: tuple[str, ...] = tuple(
     n for n in _FIELDS if n not in (*_FLAGS, "errors", "sizing", "wave", "internal", "health_ok")
 )
-_LATER = frozenset({"retried", "connection_errors", "rejected", "health_ok"})  # written only when set
+_LATER = frozenset({"retried", "connection_errors", "rejected", "health_ok", "server_errors"})  # when set
 REJECTED_MARK = "rejected (HTTP 4"  # in the error line of a request vLLM answered with a 4xx

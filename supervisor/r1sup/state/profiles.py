@@ -287,10 +287,20 @@ def _finite(value: Any, where: str, depth: int = 0) -> None:
         raise ValueError(f"{where}: {value} is out of range")
     if isinstance(value, dict):
         for k, v in value.items():
-            _finite(v, f"{where}.{k}", depth + 1)
+            _finite(v, f"{where}.{_key_shown(k)}", depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _finite(v, f"{where}[{i}]", depth + 1)
+
+
+def _key_shown(key: Any) -> str:
+    """A key of a saved file as a reason line may name it: a name as it is, anything else (a line break,
+    a terminal escape, a long text) quoted with its escapes, within 40 characters."""
+    text = str(key)
+    if text.isidentifier() and len(text) <= 40:
+        return text
+    quoted = json.dumps(text)
+    return quoted if len(quoted) <= 40 else quoted[:36] + '..."'
 
 
 def _lenient(name: str, value: Any) -> Any:

@@ -670,11 +670,21 @@ class Runner:
                 "their retries; vLLM's /health answers",
                 evidence=result.first_error,
             )
-        elif result.connection_only:  # and /health failed: the engine's own evidence
+        elif result.without_engine_evidence and result.health_ok:  # a 5xx, not vLLM's engine-dead reply
+            failure = Failure(
+                F.PROBE_SERVER_ERROR,
+                F.PHASE_SERVING,
+                detail=f"{result.server_errors} probe request(s) answered with a 5xx that is not vLLM's "
+                "engine-dead reply (a proxy, a server shutting down); vLLM's /health answers, so the "
+                "engine is not taken for dead",
+                evidence=result.first_error,
+            )
+        elif result.without_engine_evidence:  # and /health failed: the engine's own evidence
+            how = "failed on the connection" if result.connection_only else "failed"
             failure = Failure(
                 F.ENGINE_DEAD,
                 F.PHASE_SERVING,
-                detail="probe requests failed on the connection and vLLM's /health failed",
+                detail=f"probe requests {how} and vLLM's /health failed",
                 evidence=result.first_error,
             )
         elif result.timed_out:
@@ -1098,7 +1108,11 @@ def _probe_fields(result: ProbeResult) -> dict[str, Any]:
     )
     fields = {k: getattr(result, k) for k in keys}
     # requests sent again after their connection failed, still failed on it, answered with a 4xx
-    fields.update((k, v) for k in ("retried", "connection_errors", "rejected") if (v := getattr(result, k)))
+    fields.update(
+        (k, v)
+        for k in ("retried", "connection_errors", "rejected", "server_errors")
+        if (v := getattr(result, k))
+    )
     wave = result.wave
     if wave is not None:  # the concurrency wave: sent, ran at once, its size and tokens/s
         fields["wave"] = {

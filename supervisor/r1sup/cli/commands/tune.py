@@ -50,12 +50,9 @@ def main(args: argparse.Namespace) -> int:
     try:  # the whole tune in one run of the loop
         done: tuple[TuneResult, Any] | int = session.runner.loop.run(_script(session))
     finally:
+        # stopped by a signal, vLLM already stopped: the stop signals are ignored from here (one more while
+        # the process ends must not end it by the signal instead of 129/130/143); else the previous ones
         session.events.restore_signal_handlers()
-        if session.events.signals:
-            # stopped by a signal, vLLM already stopped: one more (a second Ctrl-C, a supervisor's
-            # repeated SIGTERM) while the process ends must not end it by the signal instead of 130/143
-            for signum in stops:
-                signal.signal(signum, signal.SIG_IGN)
     if isinstance(done, int):
         return done
     result, record = done
