@@ -127,8 +127,7 @@ def longer_wave_tokens(output_tokens: int, prompt_tokens: int, context: int) -> 
     unknown context, as many as asked); never fewer than the first wave's."""
     longer = output_tokens * WAVE_LONGER
     if context > 0:
-        margin = max(PROMPT_MARGIN_TOKENS, int(context * PROMPT_MARGIN_FRACTION))
-        longer = min(longer, context - prompt_tokens - margin)
+        longer = min(longer, context - prompt_tokens - prompt_margin(context))
     return max(output_tokens, longer)
 
 
@@ -199,10 +198,14 @@ def short_prompt_tokens(full: int, proven_kv_tokens: float | None, kv_tokens: fl
     return min(full, SHORT_PROMPT_TOKENS)
 
 
+def prompt_margin(context: int) -> int:
+    """Tokens a request leaves free of its ``context`` for the chat template's rounding."""
+    return max(PROMPT_MARGIN_TOKENS, int(context * PROMPT_MARGIN_FRACTION))
+
+
 def default_prompt_tokens(context: int, output_tokens: int) -> int:
     """Near the context limit, leaving room for the output and the chat template's rounding."""
-    margin = max(PROMPT_MARGIN_TOKENS, int(context * PROMPT_MARGIN_FRACTION))
-    return max(1, context - output_tokens - margin)
+    return max(1, context - output_tokens - prompt_margin(context))
 
 
 def percentile(values: list[float], q: float) -> float | None:
