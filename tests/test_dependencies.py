@@ -159,3 +159,52 @@ def test_a_missing_optional_dependency_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("r1sup: error: tiny-model: needs the tokenizers package")
     assert proc.stderr.count("\n") == 1 and "pip install 'r1sup[tiny-model]'" in proc.stderr
+
+
+# The modules tests/ holds, by import name: its files, and its packages' modules (read whole).
+LOCAL = {p.stem: p for p in (ROOT / "tests").glob("*.py")} | {
+    p.parent.name: p.parent for p in (ROOT / "tests").glob("*/__init__.py")
+}
+
+
+def wheel_test_files() -> list[Path]:
+    """The test files make test-wheel runs (WHEEL_TESTS and WHEEL_TESTS_LOWEST in the Makefile), with
+    conftest and the modules of tests/ they import (test modules, helpers, packages such as the fake
+    engine), followed to the end."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
+    named = re.findall(r"^WHEEL_TESTS(?:_LOWEST)? \?= (.*)$", makefile, flags=re.MULTILINE)
+    todo = [ROOT / p for line in named for p in line.split()] + [ROOT / "tests" / "conftest.py"]
+    seen: dict[Path, None] = {}
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        if path.is_dir():
+            todo.extend(path.rglob("*.py"))
+            continue
+        for module, _, _ in imports({str(path): path.read_text(encoding="utf-8")}):
+            if module in LOCAL:
+                todo.append(LOCAL[module])
+    return list(seen)
+
+
+def test_the_wheel_tests_import_only_what_the_wheel_installs() -> None:
+    """make test-wheel installs the wheel, pytest and pytest-timeout in a venv of their own: a module it
+    runs (or one such a module imports) that needs a test extra at module level fails collection there
+    (hypothesis, imported by test_profiles.py, which test_status_cli.py imports, failed CI once)."""
+    files = wheel_test_files()
+    assert len(files) >= 7, files
+    base, _ = declared()
+    allowed = set(base) | {"pytest", "pluggy", "packaging", "pytest-timeout", "iniconfig"}
+    sources = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in files}
+    wrong = sorted(
+        f"{name}: {module}"
+        for module, name, top in imports(sources)
+        if top
+        and module not in sys.stdlib_module_names
+        and module not in {"r1sup", "_pytest"}
+        and module not in LOCAL
+        and not distributions_of(module) & allowed
+    )
+    assert wrong == []
