@@ -281,7 +281,7 @@ def test_a_probe_answered_5xx_while_health_answers_is_restarted_within_the_budge
         proc.wait_event("serving", START_S)
         failed = proc.named("probe_failed")
         assert [f["failure_class"] for f in failed] == ["probe_server_error", "probe_server_error"]
-        assert all(f["server_errors"] == 1 and "Error code: 503" in f["evidence"] for f in failed)
+        assert all(f["server_errors"] == 1 and "(HTTP 503)" in f["evidence"] for f in failed)
         assert [e["restart"] for e in proc.named("restart_backoff")] == [1]
         assert not proc.named("daemon_failed") and not proc.named("fatal_failure")
         launched = proc.named("launch_started")

@@ -552,7 +552,7 @@ def test_a_proxys_503_on_every_launch_ends_tune_saying_the_engine_was_not_dead(t
     reason = t.result["reason"]
     assert reason.startswith("probe_server_error again after a retry: ")
     assert "not vLLM's engine-dead reply" in reason and "/health answers" in reason
-    assert "Error code: 503" in reason
+    assert "(HTTP 503)" in reason
     assert [r["outcome"] for r in t.engine] == ["ready", "ready"]
     assert_consistent(t)
 

@@ -756,7 +756,8 @@ def answer_text(exc: Any) -> str:
 
 def error_line(exc: BaseException) -> str:
     """A failed request's line: vLLM's message for a 4xx (``rejected (HTTP 400): This model's maximum
-    context length is ...``), else the exception."""
+    context length is ...``), the exception with the HTTP status for another error answer, else the
+    exception."""
     import openai
 
     if isinstance(exc, openai.APIStatusError):
@@ -767,6 +768,9 @@ def error_line(exc: BaseException) -> str:
         if 400 <= exc.status_code < 500:
             text = " ".join(str(said or exc.message).split())[:300]
             return f"rejected (HTTP {exc.status_code}): {text}"
+        # the status from the answer itself: the openai client's message names it only in its later
+        # releases ("Error code: 503 - ..."); before, it is the body alone
+        return f"{type(exc).__name__} (HTTP {exc.status_code}): {str(exc)[:300]}"
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
