@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,9 @@ SAMPLE_NAME = "sample"  # slo.prompts_file = "sample": the JSONL shipped with r1
 SAMPLE_FILE = "slo_prompts.jsonl"  # in r1sup/data
 MAX_PROMPTS_BYTES = 16 * 1024 * 1024  # a prompts file is read whole; past this it is not a sample
 CALIBRATION_WORDS = 200  # words of the text /tokenize counts once, to size the generated prompts
+# unmeasured requests before each level: vLLM's bench sends the first request of its workload once as a
+# test before it measures (``vllm bench serve``'s initial single prompt run; its --num-warmups is 0)
+WARMUP_REQUESTS = 1
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,11 @@ class LevelSpec:
     concurrency: int
     requests: tuple[Request, ...]
     request_timeout_s: float
-    timeout_s: float  # the whole level
+    timeout_s: float  # the whole level, its warm-up included
     api_key: str | None = None
+    # sent before the level, one at a time, neither timed nor judged (vLLM's bench sends one test request
+    # of its workload before it measures each level)
+    warmup: tuple[Request, ...] = ()
 
 
 # --- the workload ----------------------------------------------------------------------------------
@@ -148,8 +154,9 @@ def words_per_token(base_url: str, model: str, api_key: str | None, timeout_s: f
 
 
 def run_level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
-    """Send the level's requests, ``concurrency`` in flight at a time, within ``timeout_s``; each
-    request's sample and the level's duration in seconds (first send to last answer)."""
+    """Send the level's warm-up, then its requests, ``concurrency`` in flight at a time, within
+    ``timeout_s``; each measured request's sample and the level's duration in seconds (first measured
+    send to last answer; the warm-up is in neither)."""
     return asyncio.run(_level(spec))
 
 
@@ -162,24 +169,50 @@ async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
         timeout=spec.request_timeout_s,
         max_retries=0,
     )
+
+    async def send(request: Request) -> S.Sample:
+        return await _one(client, spec.model, request)
+
+    try:
+        return await drive(spec, send)
+    finally:
+        await client.close()
+
+
+async def drive(
+    spec: LevelSpec,
+    send: Callable[[Request], Awaitable[S.Sample]],
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[list[S.Sample], float]:
+    """One level through ``send``: the warm-up requests one after the other (their samples dropped, their
+    time not counted), then the level's requests with ``concurrency`` in flight, all within
+    ``spec.timeout_s``; a request the time ran out on is a failed sample."""
     samples: list[S.Sample | None] = [None] * len(spec.requests)
     queue = list(range(len(spec.requests)))
-    t0 = time.monotonic()
+    started = clock()
+    t0 = started
+
+    async def warm() -> None:
+        for request in spec.warmup:
+            await send(request)
 
     async def worker() -> None:
         while queue:
             i = queue.pop(0)
-            samples[i] = await _one(client, spec.model, spec.requests[i])
+            samples[i] = await send(spec.requests[i])
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(spec.concurrency, len(spec.requests)))]
+    workers: list[asyncio.Task[None]] = []
     try:
-        await asyncio.wait_for(asyncio.gather(*workers), timeout=spec.timeout_s)
+        await asyncio.wait_for(warm(), timeout=spec.timeout_s)
+        t0 = clock()
+        left = max(0.0, spec.timeout_s - (t0 - started))
+        workers = [asyncio.create_task(worker()) for _ in range(min(spec.concurrency, len(spec.requests)))]
+        await asyncio.wait_for(asyncio.gather(*workers), timeout=left)
     except asyncio.TimeoutError:
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-    duration = time.monotonic() - t0
-    await client.close()
+    duration = clock() - t0
     timed_out = S.Sample(ok=False, error=f"level timed out after {spec.timeout_s:g} s")
     return [s if s is not None else timed_out for s in samples], duration
 
@@ -247,7 +280,9 @@ def search(
 ) -> S.SloResult:
     """The highest concurrency that meets ``slo``'s targets on the running ``server``: levels from one
     request at a time up (double, then bisect), within ``slo.budget_s`` (a level is given what is left
-    of it, at most ``slo.level_timeout_s``). ``cap``: the most levels may reach (``max_num_seqs``
+    of it, at most ``slo.level_timeout_s``). Measured as vLLM's sweep measures a level: one unmeasured
+    warm-up request first, then ``slo.requests_per_level`` requests (at least the concurrency), the rate
+    over the measured requests' span. ``cap``: the most levels may reach (``max_num_seqs``
     where it is lower than ``slo.max_concurrency``). ``check`` is called between levels (it raises on
     a stop signal)."""
     targets = S.Targets(slo.ttft_p95_s, slo.itl_p95_s, slo.e2e_p95_s)
@@ -272,15 +307,18 @@ def search(
         if left <= 0:
             budget_ended = True
             break
-        count = max(slo.requests_per_level, 2 * concurrency)
+        requests = build_requests(
+            slo, S.level_requests(concurrency, slo.requests_per_level), ratio, file_prompts
+        )
         spec = LevelSpec(
             base_url=server.base_url,
             model=server.model,
             concurrency=concurrency,
-            requests=build_requests(slo, count, ratio, file_prompts),
+            requests=requests,
             request_timeout_s=server.request_timeout_s,
             timeout_s=min(slo.level_timeout_s, left),
             api_key=server.api_key,
+            warmup=requests[:WARMUP_REQUESTS],
         )
         samples, duration = measure(spec)
         level = S.judge(concurrency, samples, duration, targets)

@@ -200,6 +200,13 @@ def judge(concurrency: int, samples: Sequence[Sample], duration_s: float, target
     )
 
 
+def level_requests(concurrency: int, per_level: int) -> int:
+    """Requests measured at a level: ``per_level`` at every level, as vLLM's sweep sends its
+    ``--num-prompts`` at every ``--max-concurrency``; never fewer than ``concurrency``, so that the level
+    fills every slot it names once (a level above ``per_level`` is one wave at its concurrency)."""
+    return max(per_level, concurrency)
+
+
 def next_concurrency(levels: Sequence[Level], cap: int) -> int | None:
     """The next load level to measure, or None when the search is done: 1 first; while every level met
     the targets, double (up to ``cap``); once one broke, bisect between the highest that met and the
