@@ -107,6 +107,18 @@ def test_a_relaunch_lifts_max_num_seqs_when_every_level_up_to_it_met(tmp_path: P
     assert slo["relaunch"].startswith("max_num_seqs 2 -> 4") and "kept" in slo["relaunch"]
     saved = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
     assert saved["flags"]["max_num_seqs"] == 4 and saved["slo"]["concurrency"] == slo["concurrency"]
+    # the relaunch is an attempt of the run record (and of the result), as the search's launches are
+    from r1sup.state import runrecord
+
+    (path,) = runrecord.run_files(tmp_path / "state")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for attempts in (record["attempts"], t.result["attempts"]):
+        assert [a["flags"]["max_num_seqs"] for a in attempts] == [2, 4], attempts
+        relaunch = attempts[-1]
+        assert relaunch["outcome"] == "ok" and relaunch["number"] == 2
+        assert relaunch["why"].startswith("slo relaunch: every level up to max_num_seqs 2 met")
+        assert relaunch["change"].startswith(f"proved {slo['concurrency']} requests at once (was 2)")
+    assert record["attempts"][-1]["launch"] == 2
     from r1sup_proc import R1sup
     from test_tune_fake import fake_env
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
@@ -133,7 +134,7 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
                 result.slo = yield from _service_level(session, result.flags, live, config.slo)
             finally:
                 yield from session.runner.stop(live, reason="tune finished")
-            yield from _relaunch_step(session, result)
+            yield from _relaunch_step(session, tuner, result)
             if result.slo.verdict == slo.IMPOSSIBLE:
                 result.exit_code, result.reason = EXIT_NO_WORKING_CONFIG, result.slo.reason
         if result.ok:
@@ -174,12 +175,13 @@ def _service_level(
     return found
 
 
-def _relaunch_step(session: Session, result: TuneResult) -> Generator[Phase, Any, None]:
+def _relaunch_step(session: Session, tuner: Tuner, result: TuneResult) -> Generator[Phase, Any, None]:
     """One relaunch with a flag changed where the levels say the flag, not the engine, bounded the proven
     capacity (r1sup.core.slo.relaunch_step); the better proven point is kept. The relaunch is checked
     as every launch is (the KV cache's room, the probe): one that fails is stopped and the first flags,
     proven to start, stay; nothing is left running either way. Bounded by what is left of
-    ``slo.budget_s``."""
+    ``slo.budget_s``. It is an attempt of the run record (and of the result) like the search's own, its
+    ``why`` the levels' evidence and its ``change`` what its levels proved."""
     config = session.config
     first = result.slo
     if result.flags is None or first is None:
@@ -190,7 +192,9 @@ def _relaunch_step(session: Session, result: TuneResult) -> Generator[Phase, Any
         return
     publish = log_only(session.log)
     flags = replace(result.flags, max_num_seqs=step.new)
-    launch = yield from session.runner.launch(flags, attempt=len(result.attempts) + 1)
+    number = len(result.attempts) + 1
+    t0 = time.monotonic()
+    launch = yield from session.runner.launch(flags, attempt=number)
     result.launches += 1 if launch.started_engine else 0
     second: slo.SloResult | None = None
     try:
@@ -211,6 +215,11 @@ def _relaunch_step(session: Session, result: TuneResult) -> Generator[Phase, Any
     else:
         outcome = f"proved {second.requests} requests at once, no more than {first.requests}: the first kept"
     publish(SloRelaunched(step.flag, step.old, step.new, step.why, outcome))
+    attempt = tuner.attempt_of(number, flags, launch, failure, t0, f"slo relaunch: {step.why}")
+    attempt.change = outcome
+    result.attempts.append(attempt)
+    if tuner.record is not None:
+        tuner.record.attempt(attempt.to_dict())
     if second is not None and second.requests > first.requests:
         result.flags = flags
         seconds = round(first.seconds + second.seconds, 2)
