@@ -1,4 +1,4 @@
-"""Load levels against a running server: streamed chat completions through the ``openai`` client at a
+"""Load levels against a running server: streamed chat completions over plain HTTP (``httpx``) at a
 fixed concurrency, a bounded count and time, each request's time to first token, chunk times (the
 inter-token latency), end-to-end time, tokens and error recorded (:class:`r1sup.core.slo.Sample`).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,22 +161,19 @@ def run_level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
 
 
 async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
-    import openai
+    import httpx
 
-    client = openai.AsyncOpenAI(
-        base_url=spec.base_url + "/v1",
-        api_key=spec.api_key or "r1sup-no-key",
-        timeout=spec.request_timeout_s,
-        max_retries=0,
-    )
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    # one connection per request in flight, kept between requests (vLLM's bench: one aiohttp session)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(
+        base_url=spec.base_url, headers=headers, timeout=spec.request_timeout_s, limits=limits
+    ) as client:
 
-    async def send(request: Request) -> S.Sample:
-        return await _one(client, spec.model, request)
+        async def send(request: Request) -> S.Sample:
+            return await _one(client, spec.model, request)
 
-    try:
         return await drive(spec, send)
-    finally:
-        await client.close()
 
 
 async def drive(
@@ -217,14 +214,25 @@ async def drive(
     return [s if s is not None else timed_out for s in samples], duration
 
 
-def stream_sample(start: float, chunks: list[tuple[float, Any]], end: float) -> S.Sample:
-    """A request's sample from its streamed chunks, each with the time it arrived, as vLLM's benchmark
-    (``vllm bench serve``) reads a stream: every chunk with a choice is one step of output, the first
-    the first token (TTFT), the gaps between them the inter-token latencies, even where a chunk's text is
-    empty (vLLM streams a chunk per output step while its detokenizer holds back text that is not yet a
-    whole character); the output tokens from the usage chunk, else one per chunk."""
-    times = [t for t, chunk in chunks if chunk.choices]
-    usage = [chunk.usage.completion_tokens for _, chunk in chunks if getattr(chunk, "usage", None)]
+def stream_sample(start: float, chunks: list[tuple[float, Mapping[str, Any]]], end: float) -> S.Sample:
+    """A request's sample from its streamed chunks (each the JSON of one ``data:`` line, with the time
+    it arrived), as vLLM's benchmark (``vllm bench serve``) reads a stream: every chunk with a choice is
+    one step of output, the first the first token (TTFT), the gaps between them the inter-token
+    latencies, even where a chunk's text is empty (vLLM streams a chunk per output step while its
+    detokenizer holds back text that is not yet a whole character); the output tokens from the usage
+    chunk, else one per chunk. A chunk with an ``error`` (vLLM's error in the stream) fails the request."""
+    for _, chunk in chunks:
+        if chunk.get("error"):
+            return S.Sample(
+                ok=False, e2e_s=end - start, error=f"error in the stream: {str(chunk['error'])[:200]}"
+            )
+    times = [t for t, chunk in chunks if chunk.get("choices")]
+    usage = [
+        chunk["usage"]["completion_tokens"]
+        for _, chunk in chunks
+        if isinstance(chunk.get("usage"), Mapping)
+        and isinstance(chunk["usage"].get("completion_tokens"), int)
+    ]
     if not times:
         return S.Sample(ok=False, e2e_s=end - start, error="no token streamed")
     gaps = tuple(b - a for a, b in zip(times, times[1:], strict=False))
@@ -233,26 +241,43 @@ def stream_sample(start: float, chunks: list[tuple[float, Any]], end: float) -> 
 
 
 async def _one(client: Any, model: str, request: Request) -> S.Sample:
-    from r1sup.adapters.probe import request_error
+    """One streamed chat completion, read as vLLM's bench reads it: plain HTTP, each ``data:`` line
+    stamped when it arrives and parsed as JSON, nothing more (a client that builds typed objects per
+    chunk spends the CPU the engine needs where both share the cores)."""
+    import httpx
 
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": request.text}],
+        "max_tokens": request.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,  # vLLM's: the asked output length, not the model's whim
+    }
     start = time.monotonic()
-    chunks: list[tuple[float, Any]] = []
+    chunks: list[tuple[float, Mapping[str, Any]]] = []
     try:
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": request.text}],
-            max_tokens=request.max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},  # vLLM's: the asked output length, not the model's whim
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as reply:
+            if reply.status_code != 200:
+                body = (await reply.aread()).decode("utf-8", "replace")
+                return S.Sample(
+                    ok=False, e2e_s=time.monotonic() - start, error=f"HTTP {reply.status_code}: {body[:200]}"
+                )
+            async for line in reply.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators, SSE comments
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                stamp = time.monotonic()
+                chunk = json.loads(data)
+                if isinstance(chunk, Mapping):
+                    chunks.append((stamp, chunk))
+    except (httpx.HTTPError, OSError, asyncio.TimeoutError, ValueError) as exc:
+        return S.Sample(
+            ok=False, e2e_s=time.monotonic() - start, error=f"{type(exc).__name__}: {str(exc)[:200]}"
         )
-        async for chunk in stream:
-            chunks.append((time.monotonic(), chunk))
-    except Exception as exc:
-        if not request_error(exc):
-            raise
-        return S.Sample(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
     return stream_sample(start, chunks, time.monotonic())
 
 
