@@ -186,12 +186,18 @@ def _relaunch_step(session: Session, tuner: Tuner, result: TuneResult) -> Genera
     first = result.slo
     if result.flags is None or first is None:
         return
-    step = slo.relaunch_step(first, result.flags.max_num_seqs, config.slo.max_concurrency)
+    batched = _batched_tokens(tuner, result)
+    step = slo.relaunch_step(
+        first, result.flags.max_num_seqs, config.slo.max_concurrency, batched_tokens=batched
+    )
     left = config.slo.budget_s - first.seconds
     if step is None or left <= 0:
         return
     publish = log_only(session.log)
-    flags = replace(result.flags, max_num_seqs=step.new)
+    if step.flag == "max_num_seqs":
+        flags = replace(result.flags, max_num_seqs=step.new)
+    else:
+        flags = replace(result.flags, max_num_batched_tokens=step.new)
     number = len(result.attempts) + 1
     t0 = time.monotonic()
     launch = yield from session.runner.launch(flags, attempt=number)
@@ -226,3 +232,25 @@ def _relaunch_step(session: Session, tuner: Tuner, result: TuneResult) -> Genera
         result.slo = replace(second, launches=1, relaunch=f"{change}; {outcome}", seconds=seconds)
     else:
         result.slo = replace(first, launches=1, relaunch=f"{change}; {outcome}")
+
+
+def _batched_tokens(tuner: Tuner, result: TuneResult) -> int | None:
+    """The prefill budget the proven launch ran with: its flag, else what vLLM printed
+    (``Chunked prefill is enabled with max_num_batched_tokens=N``), else vLLM's default for this device
+    and release (r1sup.core.memmodel.resolve_batch); None when none of them is known."""
+    from r1sup.core import memmodel
+
+    flags = result.flags
+    if flags is None:
+        return None
+    if flags.max_num_batched_tokens:
+        return flags.max_num_batched_tokens
+    if result.figures.max_num_batched_tokens:
+        return int(result.figures.max_num_batched_tokens)
+    know = tuner.know
+    if know.arch is None or know.device is None:
+        return None
+    try:
+        return memmodel.resolve_batch(know.arch, know.device, flags, know.version()).max_num_batched_tokens
+    except (ValueError, ZeroDivisionError):
+        return None
