@@ -177,7 +177,7 @@ def run_r1sup(args: argparse.Namespace, work: Path, model: Path, port: int) -> t
         ) from exc
     attempts = list(result.get("attempts") or [])
     slo = result.get("slo") or {}
-    row.launches = int(result.get("launches", len(attempts))) + int(slo.get("launches") or 0)
+    row.launches = int(result.get("launches", len(attempts)))  # the [slo] relaunch included
     row.oom_unrecovered = 0 if result.get("ok") else 1
     levels = list(slo.get("levels") or [])
     row.levels = len(levels)

@@ -143,10 +143,10 @@ def sweep_point(args: argparse.Namespace, work: Path, seqs: int) -> tuple[bool, 
             output_tokens_max=None,
         )
         ratio = loadlevel.words_per_token(base, "r1", None, 30)
-        count = max(REQUESTS, 2 * seqs)
-        spec = loadlevel.LevelSpec(
-            base, "r1", seqs, loadlevel.build_requests(slo, count, ratio, None), 30, 120
-        )
+        # measured as r1sup's levels are: the same request count a level, one warm-up request first
+        requests = loadlevel.build_requests(slo, S.level_requests(seqs, REQUESTS), ratio, None)
+        warmup = requests[: loadlevel.WARMUP_REQUESTS]
+        spec = loadlevel.LevelSpec(base, "r1", seqs, requests, 30, 120, warmup=warmup)
         samples, duration = loadlevel.run_level(spec)
         return True, S.judge(seqs, samples, duration, S.Targets(itl_p95_s=args.itl_ms / 1000))
     finally:

@@ -1,9 +1,9 @@
 """How a load level reads one streamed request (r1sup.adapters.loadlevel.stream_sample): the chunk
-timeline as vLLM's benchmark reads it, on recorded shapes of vLLM's chat stream."""
+timeline as vLLM's benchmark reads it, on recorded shapes of vLLM's chat stream (each ``data:`` line's
+JSON)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,11 +11,12 @@ import pytest
 from r1sup.adapters.loadlevel import stream_sample
 
 
-def chunk(content: str | None = "x", *, role: str | None = None, tokens: int | None = None) -> Any:
+def chunk(content: str | None = "x", *, role: str | None = None, tokens: int | None = None) -> dict[str, Any]:
+    """One ``data:`` line of vLLM's chat stream, parsed."""
     if tokens is not None:  # the usage chunk: no choice
-        return SimpleNamespace(choices=[], usage=SimpleNamespace(completion_tokens=tokens))
-    delta = SimpleNamespace(content=content, role=role, reasoning_content=None, reasoning=None)
-    return SimpleNamespace(choices=[SimpleNamespace(delta=delta, finish_reason=None)], usage=None)
+        return {"id": "c", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": tokens}}
+    delta = {"role": role, "content": content} if role else {"content": content}
+    return {"id": "c", "choices": [{"index": 0, "delta": delta, "finish_reason": None}], "usage": None}
 
 
 def test_a_chunk_whose_text_the_detokenizer_held_back_is_still_a_step_of_output():
@@ -45,3 +46,10 @@ def test_a_burst_of_chunks_reads_as_gaps_near_zero_and_the_usage_gives_the_token
 def test_a_stream_without_a_choice_is_a_failed_request():
     s = stream_sample(0.0, [(0.5, chunk(tokens=0))], 0.6)
     assert not s.ok and s.error == "no token streamed"
+
+
+def test_an_error_in_the_stream_fails_the_request_even_after_tokens():
+    # vLLM reports a failure that happens after the 200 status as a data line holding an error object
+    error = {"error": {"message": "engine dead", "type": "InternalServerError", "code": 500}}
+    s = stream_sample(0.0, [(0.1, chunk("a")), (0.2, error)], 0.3)
+    assert not s.ok and s.error.startswith("error in the stream: ") and "engine dead" in s.error

@@ -153,3 +153,48 @@ def test_the_relaunch_line_round_trips():
     data = {**found.to_dict(), "relaunch": "max_num_seqs 4 -> 8"}
     assert S.SloResult.from_dict(data).relaunch == "max_num_seqs 4 -> 8"
     assert S.SloResult.from_dict(found.to_dict()).relaunch == ""
+
+
+def broke(concurrency: int, *kinds: str, itl: float = 0.01) -> S.Level:
+    return S.Level(concurrency, 8, 8, 0, 1.0, 0.9, itl, 1.0, 8.0, 0.0, 10.0, kinds)
+
+
+MET_TO_4 = [level(1, True), level(2, True), level(4, True)]
+
+
+@pytest.mark.parametrize(("budget", "steps"), [(512, 2), (256, 4), (1000, 2)])
+def test_a_ttft_break_whose_prompts_outgrow_one_prefill_step_relaunches_with_a_larger_budget(budget, steps):
+    # 8 at once broke the TTFT target alone; their 8 x 128 prompt tokens need more than one step of the
+    # budget: the budget doubled
+    found = S.conclude(T, W, [*MET_TO_4, broke(8, "ttft")])
+    step = S.relaunch_step(found, None, 64, batched_tokens=budget)
+    assert step is not None and (step.flag, step.old, step.new) == (
+        "max_num_batched_tokens",
+        budget,
+        2 * budget,
+    )
+    assert "8 x 128 = 1024 tokens at least" in step.why
+    assert f"take {steps} or more prefill steps of max_num_batched_tokens {budget}" in step.why
+
+
+@pytest.mark.parametrize(
+    ("last", "workload", "budget"),
+    [
+        (broke(8, "ttft"), W, 1024),  # one step held every prompt of the level: the budget did not wait
+        (broke(8, "ttft"), W, None),  # the budget is not known
+        (broke(8, "ttft", "itl"), W, 512),  # the steps were slow too: the engine, not the budget
+        (broke(8, "errors"), W, 512),
+        (broke(8, "ttft", itl=0.04), W, 512),  # no room in the ITL target for longer steps
+        (broke(8, "ttft"), S.Workload((128, 128), (16, 16), "prompts.jsonl"), 512),  # lengths not known
+        (level(8, True), W, 512),  # nothing broke
+    ],
+)
+def test_no_prefill_budget_relaunch_where_the_evidence_does_not_point_at_it(last, workload, budget):
+    found = S.conclude(T, workload, [*MET_TO_4, last])
+    assert S.relaunch_step(found, None, 64, batched_tokens=budget) is None
+
+
+def test_a_flag_that_bounded_every_met_level_is_lifted_before_the_prefill_budget():
+    found = S.conclude(T, W, [*MET_TO_4, broke(8, "ttft")])
+    step = S.relaunch_step(found, 4, 64, batched_tokens=512)
+    assert step is not None and step.flag == "max_num_seqs"

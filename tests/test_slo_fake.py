@@ -107,6 +107,18 @@ def test_a_relaunch_lifts_max_num_seqs_when_every_level_up_to_it_met(tmp_path: P
     assert slo["relaunch"].startswith("max_num_seqs 2 -> 4") and "kept" in slo["relaunch"]
     saved = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
     assert saved["flags"]["max_num_seqs"] == 4 and saved["slo"]["concurrency"] == slo["concurrency"]
+    # the relaunch is an attempt of the run record (and of the result), as the search's launches are
+    from r1sup.state import runrecord
+
+    (path,) = runrecord.run_files(tmp_path / "state")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    for attempts in (record["attempts"], t.result["attempts"]):
+        assert [a["flags"]["max_num_seqs"] for a in attempts] == [2, 4], attempts
+        relaunch = attempts[-1]
+        assert relaunch["outcome"] == "ok" and relaunch["number"] == 2
+        assert relaunch["why"].startswith("slo relaunch: every level up to max_num_seqs 2 met")
+        assert relaunch["change"].startswith(f"proved {slo['concurrency']} requests at once (was 2)")
+    assert record["attempts"][-1]["launch"] == 2
     from r1sup_proc import R1sup
     from test_tune_fake import fake_env
 
@@ -124,3 +136,26 @@ def test_no_relaunch_when_a_target_breaks_below_max_num_seqs(tmp_path: Path):
     slo = t.result["slo"]
     assert slo["verdict"] == "met" and 1 < slo["concurrency"] < 16
     assert slo["launches"] == 0 and slo["relaunch"] == "" and t.result["launches"] == 1
+
+
+def test_a_ttft_break_that_waited_for_prefill_steps_relaunches_with_a_larger_budget(tmp_path: Path):
+    # the latency model's prefill budget: a prefill step takes 200 ms, and a prompt waits for as many as
+    # the prompt tokens in prefill with it (about 22 a request here) take at max_num_batched_tokens 64;
+    # decode is fast. Up to 5 at once the first wave takes at most 2 steps (TTFT <= 0.4 s, within 0.5 s),
+    # 6 take 3: the TTFT target breaks alone, 6 x 16 prompt tokens > 64, one relaunch with 128, where 8
+    # at once take 2 steps
+    runtime = {"decode_tokens_per_s": 5.0, "prefill_step_s": 100.0}
+    scenario = fake_scenario(tmp_path, runtime=runtime)
+    body = slo_body(tmp_path, ttft_p95_s=0.5, max_concurrency=8)
+    body["start"].update(max_num_seqs=16, max_num_batched_tokens=64)
+    body["probe"]["prompt_tokens"] = 32  # not near the context: its prefill would take 100 steps here
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0, t.explain()
+    slo = t.result["slo"]
+    assert slo["verdict"] == "met" and slo["launches"] == 1, slo
+    assert slo["relaunch"].startswith("max_num_batched_tokens 64 -> 128"), slo["relaunch"]
+    assert "broke the TTFT target alone" in slo["relaunch"] and "kept" in slo["relaunch"]
+    assert slo["flags"]["max_num_batched_tokens"] == 128 and slo["concurrency"] == 8
+    assert [a["flags"]["max_num_batched_tokens"] for a in t.result["attempts"]] == [64, 128]
+    saved = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
+    assert saved["flags"]["max_num_batched_tokens"] == 128

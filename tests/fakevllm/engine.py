@@ -1181,6 +1181,8 @@ class Engine:
             prefill_tokens_per_s=rt.prefill_tokens_per_s,
             decode_tokens_per_s=rt.decode_tokens_per_s,
             step_s_per_batch_seq=rt.step_s_per_batch_seq,
+            prefill_step_s=rt.prefill_step_s,
+            max_num_batched_tokens=plan.max_num_batched_tokens or 2048,
             reasoning=bool(self.args.reasoning_parser),
             health_while_dead=rt.health_while_dead,
             max_num_seqs=plan.max_num_seqs or 256,

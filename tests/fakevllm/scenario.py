@@ -206,6 +206,11 @@ class Runtime:
     # the latency model: each step (prefill or decode) takes this much longer per sequence running
     # beside the request's own (a step's time grows with the tokens of its batch); 0: no batch cost
     step_s_per_batch_seq: float = 0.0
+    # the prefill budget: a prefill step takes this long (simulated seconds), and a request's prompt is
+    # prefilled after ceil(prompt tokens being prefilled, its own and those that came before it still
+    # in prefill, / max_num_batched_tokens) such steps (vLLM's chunked prefill, first come first
+    # served); 0: no prefill steps
+    prefill_step_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,8 @@ class ServeConfig:
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
     reset_status: int = 0  # those requests answered with this status instead (500, 502, 503), not reset
     step_s_per_batch_seq: float = 0.0  # Runtime.step_s_per_batch_seq: a step's cost per other sequence
+    prefill_step_s: float = 0.0  # Runtime.prefill_step_s: one prefill step of max_num_batched_tokens
+    max_num_batched_tokens: int = 2048
 
     @property
     def usable_blocks(self) -> int:
@@ -164,6 +166,7 @@ class Serving:
         self.slots = threading.Condition(self.lock)  # a sequence slot freed
         self.draining = False  # set on a draining shutdown: new requests are refused
         self.generations = 0  # generation requests received (their connection reset or not)
+        self.prefilling = 0  # prompt tokens waiting for their prefill (the prefill budget's model)
         self._published: tuple[int, int, float, tuple[int, int, int, int]] | None = None
 
     def resets(self) -> bool:
@@ -353,8 +356,12 @@ class Serving:
             return False
         ok = False
         try:
-            if not self.engine.sleep(prompt / self.config.prefill_tokens_per_s + self._batch_cost()):
-                return False
+            prefill = prompt / self.config.prefill_tokens_per_s + self._batch_cost()
+            try:
+                if not self.engine.sleep(prefill + self._prefill_steps(prompt)):
+                    return False
+            finally:
+                self._prefill_done(prompt)
             step = 1.0 / self.config.decode_tokens_per_s
             batch = max(1, max_tokens // 64)  # at most ~64 sleeps per request
             done = 0
@@ -373,6 +380,22 @@ class Serving:
             return ok
         finally:
             self.release(request_id, ok)
+
+    def _prefill_steps(self, prompt: int) -> float:
+        """Simulated seconds this prompt waits for its prefill steps: the prompt tokens in prefill when it
+        came, its own included, over the budget of a step (0 without the latency model's prefill budget).
+        The caller counts the prompt out again when its prefill ends (:meth:`_prefill_done`)."""
+        if not self.config.prefill_step_s:
+            return 0.0
+        with self.lock:
+            self.prefilling += prompt
+            pending = self.prefilling
+        return math.ceil(pending / max(1, self.config.max_num_batched_tokens)) * self.config.prefill_step_s
+
+    def _prefill_done(self, prompt: int) -> None:
+        if self.config.prefill_step_s:
+            with self.lock:
+                self.prefilling -= prompt
 
     def _batch_cost(self) -> float:
         """What the sequences running beside this one add to a step (the latency model)."""

@@ -1,4 +1,4 @@
-"""Load levels against a running server: streamed chat completions through the ``openai`` client at a
+"""Load levels against a running server: streamed chat completions over plain HTTP (``httpx``) at a
 fixed concurrency, a bounded count and time, each request's time to first token, chunk times (the
 inter-token latency), end-to-end time, tokens and error recorded (:class:`r1sup.core.slo.Sample`).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,9 @@ SAMPLE_NAME = "sample"  # slo.prompts_file = "sample": the JSONL shipped with r1
 SAMPLE_FILE = "slo_prompts.jsonl"  # in r1sup/data
 MAX_PROMPTS_BYTES = 16 * 1024 * 1024  # a prompts file is read whole; past this it is not a sample
 CALIBRATION_WORDS = 200  # words of the text /tokenize counts once, to size the generated prompts
+# unmeasured requests before each level: vLLM's bench sends the first request of its workload once as a
+# test before it measures (``vllm bench serve``'s initial single prompt run; its --num-warmups is 0)
+WARMUP_REQUESTS = 1
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,11 @@ class LevelSpec:
     concurrency: int
     requests: tuple[Request, ...]
     request_timeout_s: float
-    timeout_s: float  # the whole level
+    timeout_s: float  # the whole level, its warm-up included
     api_key: str | None = None
+    # sent before the level, one at a time, neither timed nor judged (vLLM's bench sends one test request
+    # of its workload before it measures each level)
+    warmup: tuple[Request, ...] = ()
 
 
 # --- the workload ----------------------------------------------------------------------------------
@@ -148,50 +154,85 @@ def words_per_token(base_url: str, model: str, api_key: str | None, timeout_s: f
 
 
 def run_level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
-    """Send the level's requests, ``concurrency`` in flight at a time, within ``timeout_s``; each
-    request's sample and the level's duration in seconds (first send to last answer)."""
+    """Send the level's warm-up, then its requests, ``concurrency`` in flight at a time, within
+    ``timeout_s``; each measured request's sample and the level's duration in seconds (first measured
+    send to last answer; the warm-up is in neither)."""
     return asyncio.run(_level(spec))
 
 
 async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
-    import openai
+    import httpx
 
-    client = openai.AsyncOpenAI(
-        base_url=spec.base_url + "/v1",
-        api_key=spec.api_key or "r1sup-no-key",
-        timeout=spec.request_timeout_s,
-        max_retries=0,
-    )
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    # one connection per request in flight, kept between requests (vLLM's bench: one aiohttp session)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(
+        base_url=spec.base_url, headers=headers, timeout=spec.request_timeout_s, limits=limits
+    ) as client:
+
+        async def send(request: Request) -> S.Sample:
+            return await _one(client, spec.model, request)
+
+        return await drive(spec, send)
+
+
+async def drive(
+    spec: LevelSpec,
+    send: Callable[[Request], Awaitable[S.Sample]],
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[list[S.Sample], float]:
+    """One level through ``send``: the warm-up requests one after the other (their samples dropped, their
+    time not counted), then the level's requests with ``concurrency`` in flight, all within
+    ``spec.timeout_s``; a request the time ran out on is a failed sample."""
     samples: list[S.Sample | None] = [None] * len(spec.requests)
     queue = list(range(len(spec.requests)))
-    t0 = time.monotonic()
+    started = clock()
+    t0 = started
+
+    async def warm() -> None:
+        for request in spec.warmup:
+            await send(request)
 
     async def worker() -> None:
         while queue:
             i = queue.pop(0)
-            samples[i] = await _one(client, spec.model, spec.requests[i])
+            samples[i] = await send(spec.requests[i])
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(spec.concurrency, len(spec.requests)))]
+    workers: list[asyncio.Task[None]] = []
     try:
-        await asyncio.wait_for(asyncio.gather(*workers), timeout=spec.timeout_s)
+        await asyncio.wait_for(warm(), timeout=spec.timeout_s)
+        t0 = clock()
+        left = max(0.0, spec.timeout_s - (t0 - started))
+        workers = [asyncio.create_task(worker()) for _ in range(min(spec.concurrency, len(spec.requests)))]
+        await asyncio.wait_for(asyncio.gather(*workers), timeout=left)
     except asyncio.TimeoutError:
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-    duration = time.monotonic() - t0
-    await client.close()
+    duration = clock() - t0
     timed_out = S.Sample(ok=False, error=f"level timed out after {spec.timeout_s:g} s")
     return [s if s is not None else timed_out for s in samples], duration
 
 
-def stream_sample(start: float, chunks: list[tuple[float, Any]], end: float) -> S.Sample:
-    """A request's sample from its streamed chunks, each with the time it arrived, as vLLM's benchmark
-    (``vllm bench serve``) reads a stream: every chunk with a choice is one step of output, the first
-    the first token (TTFT), the gaps between them the inter-token latencies, even where a chunk's text is
-    empty (vLLM streams a chunk per output step while its detokenizer holds back text that is not yet a
-    whole character); the output tokens from the usage chunk, else one per chunk."""
-    times = [t for t, chunk in chunks if chunk.choices]
-    usage = [chunk.usage.completion_tokens for _, chunk in chunks if getattr(chunk, "usage", None)]
+def stream_sample(start: float, chunks: list[tuple[float, Mapping[str, Any]]], end: float) -> S.Sample:
+    """A request's sample from its streamed chunks (each the JSON of one ``data:`` line, with the time
+    it arrived), as vLLM's benchmark (``vllm bench serve``) reads a stream: every chunk with a choice is
+    one step of output, the first the first token (TTFT), the gaps between them the inter-token
+    latencies, even where a chunk's text is empty (vLLM streams a chunk per output step while its
+    detokenizer holds back text that is not yet a whole character); the output tokens from the usage
+    chunk, else one per chunk. A chunk with an ``error`` (vLLM's error in the stream) fails the request."""
+    for _, chunk in chunks:
+        if chunk.get("error"):
+            return S.Sample(
+                ok=False, e2e_s=end - start, error=f"error in the stream: {str(chunk['error'])[:200]}"
+            )
+    times = [t for t, chunk in chunks if chunk.get("choices")]
+    usage = [
+        chunk["usage"]["completion_tokens"]
+        for _, chunk in chunks
+        if isinstance(chunk.get("usage"), Mapping)
+        and isinstance(chunk["usage"].get("completion_tokens"), int)
+    ]
     if not times:
         return S.Sample(ok=False, e2e_s=end - start, error="no token streamed")
     gaps = tuple(b - a for a, b in zip(times, times[1:], strict=False))
@@ -200,26 +241,43 @@ def stream_sample(start: float, chunks: list[tuple[float, Any]], end: float) -> 
 
 
 async def _one(client: Any, model: str, request: Request) -> S.Sample:
-    from r1sup.adapters.probe import request_error
+    """One streamed chat completion, read as vLLM's bench reads it: plain HTTP, each ``data:`` line
+    stamped when it arrives and parsed as JSON, nothing more (a client that builds typed objects per
+    chunk spends the CPU the engine needs where both share the cores)."""
+    import httpx
 
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": request.text}],
+        "max_tokens": request.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,  # vLLM's: the asked output length, not the model's whim
+    }
     start = time.monotonic()
-    chunks: list[tuple[float, Any]] = []
+    chunks: list[tuple[float, Mapping[str, Any]]] = []
     try:
-        stream = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": request.text}],
-            max_tokens=request.max_tokens,
-            temperature=0.0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},  # vLLM's: the asked output length, not the model's whim
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as reply:
+            if reply.status_code != 200:
+                body = (await reply.aread()).decode("utf-8", "replace")
+                return S.Sample(
+                    ok=False, e2e_s=time.monotonic() - start, error=f"HTTP {reply.status_code}: {body[:200]}"
+                )
+            async for line in reply.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # blank separators, SSE comments
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                stamp = time.monotonic()
+                chunk = json.loads(data)
+                if isinstance(chunk, Mapping):
+                    chunks.append((stamp, chunk))
+    except (httpx.HTTPError, OSError, asyncio.TimeoutError, ValueError) as exc:
+        return S.Sample(
+            ok=False, e2e_s=time.monotonic() - start, error=f"{type(exc).__name__}: {str(exc)[:200]}"
         )
-        async for chunk in stream:
-            chunks.append((time.monotonic(), chunk))
-    except Exception as exc:
-        if not request_error(exc):
-            raise
-        return S.Sample(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
     return stream_sample(start, chunks, time.monotonic())
 
 
@@ -247,7 +305,9 @@ def search(
 ) -> S.SloResult:
     """The highest concurrency that meets ``slo``'s targets on the running ``server``: levels from one
     request at a time up (double, then bisect), within ``slo.budget_s`` (a level is given what is left
-    of it, at most ``slo.level_timeout_s``). ``cap``: the most levels may reach (``max_num_seqs``
+    of it, at most ``slo.level_timeout_s``). Measured as vLLM's sweep measures a level: one unmeasured
+    warm-up request first, then ``slo.requests_per_level`` requests (at least the concurrency), the rate
+    over the measured requests' span. ``cap``: the most levels may reach (``max_num_seqs``
     where it is lower than ``slo.max_concurrency``). ``check`` is called between levels (it raises on
     a stop signal)."""
     targets = S.Targets(slo.ttft_p95_s, slo.itl_p95_s, slo.e2e_p95_s)
@@ -272,15 +332,18 @@ def search(
         if left <= 0:
             budget_ended = True
             break
-        count = max(slo.requests_per_level, 2 * concurrency)
+        requests = build_requests(
+            slo, S.level_requests(concurrency, slo.requests_per_level), ratio, file_prompts
+        )
         spec = LevelSpec(
             base_url=server.base_url,
             model=server.model,
             concurrency=concurrency,
-            requests=build_requests(slo, count, ratio, file_prompts),
+            requests=requests,
             request_timeout_s=server.request_timeout_s,
             timeout_s=min(slo.level_timeout_s, left),
             api_key=server.api_key,
+            warmup=requests[:WARMUP_REQUESTS],
         )
         samples, duration = measure(spec)
         level = S.judge(concurrency, samples, duration, targets)

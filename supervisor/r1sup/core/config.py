@@ -440,7 +440,8 @@ class SloSection:
     )
     requests_per_level: int = setting(
         24,
-        "requests sent at each load level (at least 2 x its concurrency are sent)",
+        "requests measured at each load level, as vLLM's sweep's --num-prompts (at least its concurrency "
+        "are sent; one unmeasured warm-up request goes first)",
         minimum=4,
         maximum=4096,
     )

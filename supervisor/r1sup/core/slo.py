@@ -200,6 +200,13 @@ def judge(concurrency: int, samples: Sequence[Sample], duration_s: float, target
     )
 
 
+def level_requests(concurrency: int, per_level: int) -> int:
+    """Requests measured at a level: ``per_level`` at every level, as vLLM's sweep sends its
+    ``--num-prompts`` at every ``--max-concurrency``; never fewer than ``concurrency``, so that the level
+    fills every slot it names once (a level above ``per_level`` is one wave at its concurrency)."""
+    return max(per_level, concurrency)
+
+
 def next_concurrency(levels: Sequence[Level], cap: int) -> int | None:
     """The next load level to measure, or None when the search is done: 1 first; while every level met
     the targets, double (up to ``cap``); once one broke, bisect between the highest that met and the
@@ -358,30 +365,82 @@ class Relaunch:
     why: str
 
 
-def relaunch_step(result: SloResult, max_num_seqs: int | None, max_concurrency: int) -> Relaunch | None:
+def relaunch_step(
+    result: SloResult,
+    max_num_seqs: int | None,
+    max_concurrency: int,
+    *,
+    batched_tokens: int | None = None,
+) -> Relaunch | None:
     """Whether a flag, not the engine's latency, ended the search, and the one relaunch that would lift it.
 
-    The levels stop at ``max_num_seqs`` (more requests at once would only wait behind it, their TTFT
+    ``max_num_seqs``: the levels stop at it (more requests at once would only wait behind it, their TTFT
     growing with the queue, not with the engine). When the level at ``max_num_seqs`` still met every
     target, no target broke: the flag is what bounds the proven capacity, and doubling it (up to
-    ``slo.max_concurrency``) is worth one relaunch. When a target broke at or below ``max_num_seqs``, the
-    engine's own step time is the limit and a relaunch would prove nothing more: None. None too when
-    ``max_num_seqs`` is vLLM's default (not known here), when the budget ended the search, or when
-    nothing met."""
+    ``slo.max_concurrency``) is worth one relaunch. None for it when ``max_num_seqs`` is vLLM's default
+    (not known here).
+
+    ``max_num_batched_tokens`` (``batched_tokens``: the budget the engine ran with): when the level that
+    broke broke the TTFT target alone, its ITL within half its target, and its prompts arriving together
+    (its concurrency x the workload's shortest prompt) need more than one step of that budget to be
+    prefilled, the requests waited for their prefill's turn: :func:`prefill_step`.
+
+    None when the budget ended the search, when nothing met, or when a target broke for another reason
+    (the engine's own step time is the limit, and a relaunch would prove nothing more)."""
     best = result.best
-    if result.verdict != MET or best is None or result.budget_ended or max_num_seqs is None:
+    if result.verdict != MET or best is None or result.budget_ended:
         return None
-    if max_num_seqs >= max_concurrency or best.concurrency < max_num_seqs:
-        return None
-    if any(not lv.meets for lv in result.levels if lv.concurrency <= max_num_seqs):
-        return None
-    new = min(max_concurrency, 2 * max_num_seqs)
+    bounded = (
+        max_num_seqs is not None
+        and max_num_seqs < max_concurrency
+        and best.concurrency >= max_num_seqs
+        and all(lv.meets for lv in result.levels if lv.concurrency <= max_num_seqs)
+    )
+    if not bounded or max_num_seqs is None:
+        return prefill_step(result, batched_tokens)
     return Relaunch(
         "max_num_seqs",
         max_num_seqs,
-        new,
-        f"every level up to max_num_seqs {max_num_seqs} met {result.targets.describe()}: the flag, not "
-        f"a target, bounded the search; more requests at once would wait behind it",
+        min(max_concurrency, 2 * max_num_seqs),
+        f"every level up to max_num_seqs {max_num_seqs} met {result.targets.describe()}: the flag, "
+        f"not a target, bounded the search; more requests at once would wait behind it",
+    )
+
+
+def prefill_step(result: SloResult, batched_tokens: int | None) -> Relaunch | None:
+    """The ``max_num_batched_tokens`` relaunch (see :func:`relaunch_step`): the budget doubled (the
+    prompts' template tokens are not counted in the wave, so it is no ceiling). None where the evidence
+    does not point at the prefill budget: no budget known, no level broke above the best, the break was
+    not the TTFT's alone, its ITL had no room for longer steps (a larger budget makes the steps that
+    carry prefill longer), the workload's prompts are a file's (their lengths are not known here), or
+    one step already held every prompt of the level."""
+    best = result.best
+    broke = [
+        lv for lv in result.levels if not lv.meets and best is not None and lv.concurrency > best.concurrency
+    ]
+    if batched_tokens is None or batched_tokens < 1 or not broke or result.workload.source:
+        return None
+    level = min(broke, key=lambda lv: lv.concurrency)
+    itl_target = result.targets.itl_p95_s
+    if level.broken != ("ttft",):
+        return None
+    if itl_target is not None and (level.itl_p95_s is None or level.itl_p95_s > itl_target / 2):
+        return None
+    wave = level.concurrency * result.workload.prompt_tokens[0]
+    if wave <= batched_tokens:
+        return None
+    steps = math.ceil(wave / batched_tokens)
+    ttft = _ms(level.ttft_p95_s) if level.ttft_p95_s is not None else "?"
+    target = _ms(result.targets.ttft_p95_s) if result.targets.ttft_p95_s is not None else "?"
+    return Relaunch(
+        "max_num_batched_tokens",
+        batched_tokens,
+        2 * batched_tokens,
+        f"{level.concurrency} requests at once broke the TTFT target alone ({ttft} > {target}, ITL within "
+        f"half its target) and their prompts ({level.concurrency} x {result.workload.prompt_tokens[0]} = "
+        f"{wave} tokens at least) take {steps} or more prefill steps of max_num_batched_tokens "
+        f"{batched_tokens}: the "
+        f"budget, not the engine, made them wait for their first token",
     )
 
 

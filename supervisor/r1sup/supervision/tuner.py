@@ -204,19 +204,7 @@ class Tuner:
                     failure = yield from self.runner.probe(launch)
             figures = launch.figures
             calibration = launch_calibration(self.know, flags, figures) or calibration
-            record = Attempt(
-                number=attempt,
-                flags=flags.to_dict(),
-                outcome="ok" if failure.cls == F.NONE else "failed",
-                failure_class=failure.cls,
-                phase=failure.phase,
-                evidence=(failure.evidence or failure.detail)[:300],
-                seconds=round(time.monotonic() - t0, 1),
-                where=failure.detail[:200] if failure.cls != F.NONE else "",
-                why=why or "as given",
-                phase_seconds=launch.progress.durations(time.monotonic()) if launch.progress else {},
-                memory=self._memory(flags, figures),
-            )
+            record = self.attempt_of(attempt, flags, launch, failure, t0, why)
             result.attempts.append(record)
             better = search.refine(flags, figures) if failure.cls == F.NONE and good is None else None
             if better is not None:
@@ -305,6 +293,24 @@ class Tuner:
                 self.publish(Retrying(attempt + 1, delay, failure.cls))
                 yield from self.runner.sleep(delay)
             flags = decision.flags
+
+    def attempt_of(
+        self, number: int, flags: EngineFlags, launch: Launch, failure: Failure, t0: float, why: str
+    ) -> Attempt:
+        """The run record's attempt for one launch (``t0``: when it began, monotonic)."""
+        return Attempt(
+            number=number,
+            flags=flags.to_dict(),
+            outcome="ok" if failure.cls == F.NONE else "failed",
+            failure_class=failure.cls,
+            phase=failure.phase,
+            evidence=(failure.evidence or failure.detail)[:300],
+            seconds=round(time.monotonic() - t0, 1),
+            where=failure.detail[:200] if failure.cls != F.NONE else "",
+            why=why or "as given",
+            phase_seconds=launch.progress.durations(time.monotonic()) if launch.progress else {},
+            memory=self._memory(flags, launch.figures),
+        )
 
     def _proven_warm(self, flags: EngineFlags) -> bool:
         proven = getattr(self.runner, "proven", None)

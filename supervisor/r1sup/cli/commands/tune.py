@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
@@ -133,7 +134,7 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
                 result.slo = yield from _service_level(session, result.flags, live, config.slo)
             finally:
                 yield from session.runner.stop(live, reason="tune finished")
-            yield from _relaunch_step(session, result)
+            yield from _relaunch_step(session, tuner, result)
             if result.slo.verdict == slo.IMPOSSIBLE:
                 result.exit_code, result.reason = EXIT_NO_WORKING_CONFIG, result.slo.reason
         if result.ok:
@@ -174,23 +175,32 @@ def _service_level(
     return found
 
 
-def _relaunch_step(session: Session, result: TuneResult) -> Generator[Phase, Any, None]:
+def _relaunch_step(session: Session, tuner: Tuner, result: TuneResult) -> Generator[Phase, Any, None]:
     """One relaunch with a flag changed where the levels say the flag, not the engine, bounded the proven
     capacity (r1sup.core.slo.relaunch_step); the better proven point is kept. The relaunch is checked
     as every launch is (the KV cache's room, the probe): one that fails is stopped and the first flags,
     proven to start, stay; nothing is left running either way. Bounded by what is left of
-    ``slo.budget_s``."""
+    ``slo.budget_s``. It is an attempt of the run record (and of the result) like the search's own, its
+    ``why`` the levels' evidence and its ``change`` what its levels proved."""
     config = session.config
     first = result.slo
     if result.flags is None or first is None:
         return
-    step = slo.relaunch_step(first, result.flags.max_num_seqs, config.slo.max_concurrency)
+    batched = _batched_tokens(tuner, result)
+    step = slo.relaunch_step(
+        first, result.flags.max_num_seqs, config.slo.max_concurrency, batched_tokens=batched
+    )
     left = config.slo.budget_s - first.seconds
     if step is None or left <= 0:
         return
     publish = log_only(session.log)
-    flags = replace(result.flags, max_num_seqs=step.new)
-    launch = yield from session.runner.launch(flags, attempt=len(result.attempts) + 1)
+    if step.flag == "max_num_seqs":
+        flags = replace(result.flags, max_num_seqs=step.new)
+    else:
+        flags = replace(result.flags, max_num_batched_tokens=step.new)
+    number = len(result.attempts) + 1
+    t0 = time.monotonic()
+    launch = yield from session.runner.launch(flags, attempt=number)
     result.launches += 1 if launch.started_engine else 0
     second: slo.SloResult | None = None
     try:
@@ -211,9 +221,36 @@ def _relaunch_step(session: Session, result: TuneResult) -> Generator[Phase, Any
     else:
         outcome = f"proved {second.requests} requests at once, no more than {first.requests}: the first kept"
     publish(SloRelaunched(step.flag, step.old, step.new, step.why, outcome))
+    attempt = tuner.attempt_of(number, flags, launch, failure, t0, f"slo relaunch: {step.why}")
+    attempt.change = outcome
+    result.attempts.append(attempt)
+    if tuner.record is not None:
+        tuner.record.attempt(attempt.to_dict())
     if second is not None and second.requests > first.requests:
         result.flags = flags
         seconds = round(first.seconds + second.seconds, 2)
         result.slo = replace(second, launches=1, relaunch=f"{change}; {outcome}", seconds=seconds)
     else:
         result.slo = replace(first, launches=1, relaunch=f"{change}; {outcome}")
+
+
+def _batched_tokens(tuner: Tuner, result: TuneResult) -> int | None:
+    """The prefill budget the proven launch ran with: its flag, else what vLLM printed
+    (``Chunked prefill is enabled with max_num_batched_tokens=N``), else vLLM's default for this device
+    and release (r1sup.core.memmodel.resolve_batch); None when none of them is known."""
+    from r1sup.core import memmodel
+
+    flags = result.flags
+    if flags is None:
+        return None
+    if flags.max_num_batched_tokens:
+        return flags.max_num_batched_tokens
+    if result.figures.max_num_batched_tokens:
+        return int(result.figures.max_num_batched_tokens)
+    know = tuner.know
+    if know.arch is None or know.device is None:
+        return None
+    try:
+        return memmodel.resolve_batch(know.arch, know.device, flags, know.version()).max_num_batched_tokens
+    except (ValueError, ZeroDivisionError):
+        return None
