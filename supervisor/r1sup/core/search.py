@@ -342,7 +342,10 @@ class Search:
         arch = self.facts.arch
         assert arch is not None
         asked = self.facts.user.max_model_len
-        if asked in (None, -1):
+        if asked is None:
+            # a target context sets the context (issue 36); without one, the model's own limit
+            asked = self.facts.bounds.target_context or arch.max_position_embeddings
+        elif asked == -1:
             asked = arch.max_position_embeddings
             target = self.facts.bounds.target_context
             if target and target > asked:
@@ -1516,6 +1519,9 @@ def assess(
     b = bounds if bounds is not None else B.Bounds()
     v = M.as_version(version)
     flags = normalize_flags(flags)
+    if flags.max_model_len is None and target_context:
+        # a target context sets the context (issue 36), as the search's asked context
+        flags = flags.replace(max_model_len=min(target_context, arch.max_position_embeddings))
     stages = M.pipeline_stages(arch)
     ev = evaluate(arch, device, flags, v, calibration)
     auto_fit = flags.max_model_len == -1
