@@ -25,7 +25,9 @@ launch. Definitions:
   concurrency; ``MISS``: not met; ``infeas``: ``r1sup tune`` gave up (exit 3 or 4); ``fail``: auto-fit did
   not start;
 - the optimum's ``ctx`` is the longest context (up to the user's ``max_model_len``) one request fits
-  while the target is met;
+  while the target is met; with a target context and no ``max_model_len``, the target context is the
+  context asked (issue 36: ``tune`` launches at it), so the optimum is the longest feasible context not
+  above the target;
 - ``sim s``: the simulated seconds of all launches (start-up, or start-up until the failure plus teardown);
   the probe's serving time is not counted (its simulated clock runs with real time).
 
@@ -472,6 +474,10 @@ def find_optimum(bs: BenchScenario, min_seqs: int = 0) -> dict[str, Any] | None:
     if bs.others_schedule:  # the box as it stays once the other tenant settled
         scenario = scenario.with_others(bs.others_schedule[-1])
     bounds = OptBounds.from_any(ladder_bounds(bs))
+    if bs.context and bs.start.get("max_model_len") is None:
+        # a target context without max_model_len is the context asked (issue 36): more is not what was asked
+        cap = min(bounds.max_max_model_len or bs.context, bs.context)
+        bounds = dataclasses.replace(bounds, max_max_model_len=cap)
     return optimum(
         scenario,
         bs.concurrency or None,

@@ -572,6 +572,26 @@ def test_a_slo_target_not_above_0_exits_2_naming_it(capsys: pytest.CaptureFixtur
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_a_target_context_sets_the_context(capsys: pytest.CaptureFixture[str]) -> None:
+    # issue 36: without --max-model-len, --target-context is the context of the flags, the verdict and
+    # the ways out (not the model's 131,072)
+    argv = ["--model", Q7, "--gpu", "rtx4090", "--target-context", "32768", "--target-concurrency", "8"]
+    code = main(["plan", *argv])
+    out = capsys.readouterr().out
+    assert code == 7, out
+    assert "the model's 131,072" not in out and "131,072 tokens" not in out, out
+    assert re.search(r"^flags   --max-model-len 32768 ", out, re.M), out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict "))
+    assert "of 32,768 tokens" in verdict, verdict
+    ways = out.split("ways out (", 1)[1].split("memory of each GPU", 1)[0]
+    assert "requests of 32,768 tokens at once" in ways and "--max-model-len 32768 " in ways, ways
+    d = run_json(capsys, *argv)
+    assert d["flags"]["max_model_len"] == 32768 and d["recommended"]["max_model_len"] == 32768
+    # a --max-model-len given still rules: the target is then requests of that context's size
+    d = run_json(capsys, *argv, "--max-model-len", "65536")
+    assert d["flags"]["max_model_len"] == 65536
+
+
 def test_giving_up_more_than_half_is_fits_only_reduced(capsys: pytest.CaptureFixture[str]) -> None:
     # issue 36: 70B on one H200 gets a 4,096-token context of the 131,072 asked: the verdict line says
     # "fits only reduced" (exit 7, as any fit that needs the recommended flags), what it gives up, and

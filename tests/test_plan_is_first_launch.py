@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from r1sup.adapters.logs import get_logger
 from r1sup.core import catalog, config, memmodel, planner
 from r1sup.core.bounds import Bounds
+from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo, ProcessUse
 from r1sup.supervision import footing, tuner
@@ -51,7 +52,37 @@ def box(gpu: str, count: int, busy_gib: float) -> DeviceFacts:
     return DeviceFacts(backend="cuda", gpus=gpus, processes=held, source="probe")
 
 
-def both(model: str, device: DeviceFacts, version: str, start: dict[str, Any], target: dict[str, Any]):
+def measured(model: str, device: DeviceFacts, version: str, flags: EngineFlags, worse: float) -> Any:
+    """A calibration as a launch of ``flags`` prints it when vLLM's profile run peaked ``worse`` times the
+    memory model's activation (the KV cache losing the difference), or None when that launch fails."""
+    arch = memmodel.arch_from_config(catalog.MODELS[model])
+    v = memmodel.as_version(version)
+    est = memmodel.evaluate(arch, device, flags, v)
+    activation = int(est.activation.bytes * worse)
+    kv = est.kv.bytes - (activation - est.activation.bytes)
+    blocks = kv // (est.kv_bytes_per_token * est.block_size) if kv > 0 else 0
+    if est.startup_problem or blocks <= 0:
+        return None
+    figures = Figures(
+        weights_gib=round(est.weights.bytes / GIB, 2),
+        non_torch_gib=round(est.non_torch.bytes / GIB, 2),
+        peak_activation_gib=round(activation / GIB, 2),
+        cudagraph_gib=round(est.cudagraph.bytes / GIB, 2),
+        requested_gib=round(est.budget / GIB, 2),
+        kv_cache_gib=round(kv / GIB, 2),
+        kv_cache_tokens=int(blocks * est.block_size),
+    )
+    return memmodel.Calibration(flags=flags, figures=figures, version=v)
+
+
+def both(
+    model: str,
+    device: DeviceFacts,
+    version: str,
+    start: dict[str, Any],
+    target: dict[str, Any],
+    calibration: Any = None,
+):
     cfg = config.build({"model": {"name": model}, "start": start, "target": target}, env={})
     arch = memmodel.arch_from_config(catalog.MODELS[model])
     v = memmodel.as_version(version)
@@ -64,10 +95,11 @@ def both(model: str, device: DeviceFacts, version: str, start: dict[str, Any], t
         target_context=cfg.target.context,
         bounds=Bounds.from_config(cfg),
         version=v,
+        calibration=calibration,
     )
     # r1sup tune: the tuner's first decision
     know = tuner.ModelKnowledge(device=device, arch=arch, vllm_version=version)
-    search = tuner.new_search(cfg, know)
+    search = tuner.new_search(cfg, know, calibration)
     first, why, give_up = footing.plan_first_decision(cfg, know, search, get_logger())
     return plan, first, give_up, EngineFlags.from_start(cfg.start)
 
@@ -102,6 +134,39 @@ def test_plan_recommends_the_first_launch_of_tune(
     start = {**start, "tensor_parallel_size": count} if count > 1 else start
     plan, first, give_up, user = both(model, box(gpu, count, busy * total), version, start, target)
     check(plan, first, give_up, user)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    model=st.sampled_from(MODELS),
+    gpu=st.sampled_from(GPUS),
+    version=st.sampled_from(VERSIONS),
+    start=st.sampled_from(STARTS),
+    target=st.sampled_from(TARGETS),
+    busy=st.sampled_from([0.0, 0.3]),
+    worse=st.sampled_from([1.0, 1.5, 3.0]),
+)
+def test_calibrated_plan_is_the_first_launch_and_never_above_what_vllm_measured(
+    model: str,
+    gpu: str,
+    version: str,
+    start: dict[str, Any],
+    target: dict[str, Any],
+    busy: float,
+    worse: float,
+) -> None:
+    # issue 36: once a launch on this box calibrated the memory model (a saved profile of this model, for
+    # this or another target), plan --config recommends what run launches now, and never more KV for the
+    # measured flags than vLLM measured with them
+    device = box(gpu, 1, busy * catalog.GPUS[gpu].total_gib)
+    plan, first, _, _ = both(model, device, version, start, target)
+    cal = measured(model, device, version, plan.recommended, worse) if plan.recommended else None
+    if cal is None:
+        return
+    plan, first, give_up, user = both(model, device, version, start, target, cal)
+    check(plan, first, give_up, user)
+    if plan.recommended == cal.flags:
+        assert (plan.recommended_kv_capacity_tokens or 0) <= cal.figures.kv_cache_tokens
 
 
 @pytest.mark.parametrize(
@@ -171,3 +236,87 @@ def test_plan_config_is_the_first_launch_on_the_fake_engine(
     assert t.attempts, t.explain()
     assert plan["recommended"] == t.attempts[0]["flags"], t.explain()
     assert code == plan["verdict"]["exit_code"] and code in (0, 7)
+
+
+H200_BUSY = {"name": "H200", "total_gib": 141, "compute_capability": [9, 0], "other_process_gib": 0.6}
+
+
+def _plan(path: Path, scenario: dict[str, Any], *extra: str) -> tuple[int, str]:
+    from r1sup_proc import R1sup
+    from test_tune_fake import fake_env
+
+    planned = R1sup("plan", "--config", str(path), *extra, "--vllm-version", "0.32.0", env=fake_env(scenario))
+    try:
+        code = planned.wait(60)
+    finally:
+        planned.kill()
+    return code, "".join(planned.lines)
+
+
+AFTER_TUNE_CASES = [
+    # 70B on an H200 beside 0.6 GiB of another process: the first launch is refined to a longer context
+    (L70, H200_BUSY, {"max_model_len": 32768}, {}, {}),
+    # 32B on an A100 whose profile run peaks at 8 GiB (the model predicts far less), CUDA graphs kept:
+    # the first launch holds less KV than predicted and tune settles far below it (100,336 -> 39,968)
+    (
+        Q32,
+        {"name": "A100 80GB"},
+        {"max_model_len": 131072},
+        {"allow_eager": False},
+        {"compile_activation_gib": {"cold": 8.0, "warm": 8.0}},
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("model", "gpu", "start", "ladder", "fake"), AFTER_TUNE_CASES)
+def test_plan_after_a_tune_is_what_run_launches_with_the_kv_vllm_measured(
+    tmp_path: Path,
+    model: str,
+    gpu: dict[str, Any],
+    start: dict[str, Any],
+    ladder: dict[str, Any],
+    fake: dict[str, Any],
+) -> None:
+    # issue 36: after a tune that settled away from the first guess, plan --config recommends the saved
+    # profile's flags (what run launches now), its KV figure the tokens vLLM measured, and says so. With
+    # the profile of another target only (the same model and box), plan is the first launch of that
+    # target's tune, calibrated by the saved launch.
+    from r1sup_proc import write_config
+    from test_tune_fake import fake_body, fake_scenario, run_tune
+
+    body = fake_body(tmp_path, model=model, start=start, ladder={"first_launch": "planned", **ladder})
+    scenario = fake_scenario(tmp_path, gpu=gpu, **fake)
+    path = write_config(tmp_path / "plan.toml", body)
+    code, out = _plan(path, scenario, "--json")
+    fresh = json.loads(out)
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0 and t.result["profile_path"], t.explain()
+    settled, measured = t.result["flags"], t.result["observations"]["kv_cache_tokens"]
+    first = fresh["recommended"]["max_model_len"]
+    assert settled["max_model_len"] != first, t.explain()  # the tune moved away from the first guess
+    if "compile_activation_gib" in fake:  # vLLM measured less KV than the model predicted
+        assert settled["max_model_len"] < first, t.explain()
+    code, out = _plan(path, scenario, "--json")
+    after = json.loads(out)
+    assert code == 7 and after["recommended"] == settled, out
+    assert after["recommended_prediction"]["kv_capacity_tokens"] == measured, out
+    assert after["recommended_from"]["source"] == "saved_profile", out
+    assert after["recommended"]["max_model_len"] <= measured
+    code, text = _plan(path, scenario)
+    line = next(x for x in text.splitlines() if x.startswith("recommended first flags"))
+    assert "from the saved profile" in line and after["recommended_from"]["updated_at"][:10] in line, line
+    assert f"= {measured:,} tokens" in text, text
+
+    # another target: no profile of its own, the memory model calibrated by the saved launch
+    other = {**body, "target": {"concurrency": 1, "context": 4096}}
+    path = write_config(tmp_path / "plan.toml", other)
+    code, out = _plan(path, scenario, "--json")
+    calibrated = json.loads(out)
+    assert calibrated["recommended_from"]["source"] == "calibrated", out
+    code, text = _plan(path, scenario)
+    assert "calibrated by 1 launch" in text, text
+    (tmp_path / "engine.jsonl").unlink(missing_ok=True)
+    t = run_tune(tmp_path, other, scenario)
+    assert t.attempts and calibrated["recommended"] == t.attempts[0]["flags"], t.explain()

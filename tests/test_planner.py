@@ -379,13 +379,14 @@ def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
 
 
 def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> None:
-    # Llama-8B on an RTX 3090 (cc 8.6), no max_model_len: one request of the model's 131072 tokens cannot
-    # fit even in fp8 KV, so the context shrinks, but only after utilization 0.95 (the bound), e5m2 KV and
-    # fewer sequences per batch made room (never below 16, and no fewer than give a context within 3% of
-    # the longest); it shrinks to what one request fits, not to a quarter of it.
+    # Llama-8B on an RTX 3090 (cc 8.6), the model's full context asked for (a target context alone would
+    # set the context to it): one request of 131072 tokens cannot fit even in fp8 KV, so the context
+    # shrinks, but only after utilization 0.95 (the bound), e5m2 KV and fewer sequences per batch made
+    # room (never below 16, and no fewer than give a context within 3% of the longest); it shrinks to
+    # what one request fits, not to a quarter of it.
     # Eager mode is not allowed here (next test: it is, and wins when the context is clearly longer)
     device = gpu(23.69, cc=(8, 6))
-    flags = EngineFlags()
+    flags = EngineFlags(max_model_len=131072)
     graphs = Bounds(allow_eager=False)
     p = planner.plan(arch(L8), device, flags, target_concurrency=4, target_context=16384, bounds=graphs)
     rec = p.recommended
@@ -426,14 +427,19 @@ def test_eager_only_when_it_clearly_lengthens_the_context(version: str, eager: b
     with_graphs = planner.plan(
         arch(L8),
         device,
-        EngineFlags(),
+        EngineFlags(max_model_len=131072),
         target_concurrency=4,
         target_context=16384,
         bounds=kept,
         version=version,
     ).recommended
     p = planner.plan(
-        arch(L8), device, EngineFlags(), target_concurrency=4, target_context=16384, version=version
+        arch(L8),
+        device,
+        EngineFlags(max_model_len=131072),
+        target_concurrency=4,
+        target_context=16384,
+        version=version,
     )
     rec = p.recommended
     assert rec is not None and with_graphs is not None and rec.max_model_len and with_graphs.max_model_len

@@ -470,6 +470,7 @@ def plan(
     bounds: Bounds | None = None,
     version: Version | str | None = None,
     gpus_per_node: int | None = None,
+    proven: EngineFlags | None = None,
 ) -> Plan:
     """Predict the memory of ``flags`` on ``device`` and recommend first flags (see the module doc).
 
@@ -487,7 +488,9 @@ def plan(
     None when nothing does. ``max_context_for_target`` is for information only: the longest context at
     which ``target_concurrency`` requests of the full context would fit at once.
     ``version``: the vLLM release to size for (default: the newest the memory model knows);
-    ``calibration``: what a launch on this box printed (its terms replace the estimates).
+    ``calibration``: what a launch on this box printed (its terms replace the estimates);
+    ``proven``: the flags of the saved profile ``run`` launches now (issue 36: the recommendation, with
+    the figures of ``calibration``, that profile's launch).
     A tensor-parallel size vLLM refuses (heads not divisible) is never recommended nor proposed.
     A model split over pipeline stages (:func:`r1sup.core.memmodel.pipelined`) is sized per GPU of its
     fullest stage; ``gpus_per_node`` (default 8, or more GPUs when tensor parallel asks for more) sizes
@@ -504,6 +507,7 @@ def plan(
         calibration=calibration,
         bounds=bounds,
         version=version,
+        proven=proven,
     )
     v = a.v
     flags = a.flags
@@ -548,6 +552,10 @@ def plan(
         if needs_way_out
         else []
     )
+    rec_blocks = choice.ev.num_blocks if choice else 0
+    seen = calibration.figures.kv_cache_tokens if calibration is not None else None
+    if choice and seen and calibration is not None and calibration.flags == recommended:
+        rec_blocks = seen // choice.ev.block  # the flags of the launch that calibrated: the KV it measured
     return Plan(
         fits=fits,
         model_fits=model_fits,
@@ -569,9 +577,9 @@ def plan(
         target_concurrency=target_concurrency,
         target_context=target_context,
         recommended_breakdown=_breakdown(choice.ev.est, device) if choice else None,
-        recommended_kv_capacity_tokens=choice.ev.num_blocks * choice.ev.block if choice else None,
+        recommended_kv_capacity_tokens=rec_blocks * choice.ev.block if choice else None,
         recommended_concurrency=(
-            round(choice.ev.num_blocks / cdiv(choice.context, choice.ev.block), 2) if choice else None
+            round(rec_blocks / cdiv(choice.context, choice.ev.block), 2) if choice else None
         ),
         recommended_margin_gib=round(choice.ev.margin / GIB, 3) if choice else None,
         model=arch,

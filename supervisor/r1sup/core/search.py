@@ -342,7 +342,10 @@ class Search:
         arch = self.facts.arch
         assert arch is not None
         asked = self.facts.user.max_model_len
-        if asked in (None, -1):
+        if asked is None:
+            # a target context sets the context (issue 36); without one, the model's own limit
+            asked = self.facts.bounds.target_context or arch.max_position_embeddings
+        elif asked == -1:
             asked = arch.max_position_embeddings
             target = self.facts.bounds.target_context
             if target and target > asked:
@@ -1510,12 +1513,18 @@ def assess(
     calibration: M.Calibration | None = None,
     bounds: B.Bounds | None = None,
     version: M.Version | str | None = None,
+    proven: EngineFlags | None = None,
 ) -> Assessment:
     """What :func:`r1sup.core.planner.plan` reports and the CPU backend's first launch takes: the verdict
-    on ``flags`` as given and the recommended flags (see the plan's doc for each term)."""
+    on ``flags`` as given and the recommended flags (see the plan's doc for each term). ``proven``: a
+    saved profile's flags that fit what is free now, which ``run`` launches instead of searching: they
+    are the recommendation (issue 36)."""
     b = bounds if bounds is not None else B.Bounds()
     v = M.as_version(version)
     flags = normalize_flags(flags)
+    if flags.max_model_len is None and target_context:
+        # a target context sets the context (issue 36), as the search's asked context
+        flags = flags.replace(max_model_len=min(target_context, arch.max_position_embeddings))
     stages = M.pipeline_stages(arch)
     ev = evaluate(arch, device, flags, v, calibration)
     auto_fit = flags.max_model_len == -1
@@ -1613,6 +1622,8 @@ def assess(
     reduced: Reduction | None = None
     if found_by is not None:
         search, searched = found_by
+        if proven is not None:  # run launches the saved profile's flags, not the search's
+            searched = Recommendation(proven, "fits" if proven == flags else "fits_with_changes", why)
         if searched.verdict != "does_not_fit":
             costs, reduced = search.costs(searched.flags), search.reduction(searched.flags)
         # the search answers "which flags" (the first launch of tune and run, the same code path)
@@ -1621,7 +1632,7 @@ def assess(
         if recommended is not None:
             context = recommended.max_model_len or requested_context
             choice = Choice(evaluate(arch, device, recommended, v, calibration), context)
-            if context < requested_context:
+            if context < requested_context and proven is None:
                 notes.append(
                     f"one request of {requested_context} tokens does not fit with "
                     f"{choice.ev.margin / GIB:.2f} GiB kept spare; recommended --max-model-len {context}"
@@ -1696,7 +1707,7 @@ def assess(
         else:
             verdict = "does_not_fit"
             reason = why
-            if target_missed and choice is not None:
+            if target_missed and choice is not None and proven is None:
                 served = choice.ev.usable_blocks(True) // cdiv(
                     target_context or choice.context, choice.ev.block
                 )
@@ -1705,6 +1716,13 @@ def assess(
                     f"{concurrency} requests at once)"
                 )
 
+    if proven is not None and found_by is None:  # the own branch: the saved profile's flags all the same
+        recommended = proven
+        choice = Choice(
+            evaluate(arch, device, proven, v, calibration), proven.max_model_len or requested_context
+        )
+        verdict, reason = ("fits" if proven == flags else "fits_with_changes"), why
+        fits = verdict == "fits"
     return Assessment(
         v=v,
         flags=flags,

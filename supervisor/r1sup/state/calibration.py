@@ -16,6 +16,14 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> memmodel.Calibration
     """The memory model's calibration from the newest profile of the same model on the same box and
     vLLM version (this fingerprint's, or one for another target or bounds): what that launch printed,
     with its flags (memmodel.Calibration), or None. The model moves each figure to other flags itself."""
+    found = calibration_source(store, fingerprint)
+    return found[0] if found is not None else None
+
+
+def calibration_source(
+    store: Any, fingerprint: dict[str, Any]
+) -> tuple[memmodel.Calibration, profiles.Profile] | None:
+    """:func:`calibration` with the profile it comes from (``r1sup plan`` says which), or None."""
     found = store.load(profiles.fingerprint_key(fingerprint))
     same = [found] if found is not None else []
     same += [
@@ -32,5 +40,5 @@ def calibration(store: Any, fingerprint: dict[str, Any]) -> memmodel.Calibration
             version = memmodel.as_version(profiles.fingerprint_vllm(profile.fingerprint))
         except (TypeError, ValueError):
             continue
-        return memmodel.Calibration(flags=flags, figures=figures, version=version)
+        return memmodel.Calibration(flags=flags, figures=figures, version=version), profile
     return None

@@ -19,7 +19,7 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from r1sup.adapters import devices
@@ -208,18 +208,61 @@ def _started(
     return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
 
 
-def _calibration(args: argparse.Namespace, device: DeviceFacts) -> tuple[Any, str | None]:
-    """(calibration from a saved profile, server.python's vLLM version) for a config on the probed box."""
+@dataclass(frozen=True)
+class Known:
+    """What the profile store tells ``plan --config`` on the probed box (read only): the memory model's
+    calibration and the profile it comes from, this fingerprint's saved profiles (the best one, then the
+    degraded one kept beside it) and server.python's vLLM version."""
+
+    calibration: memmodel.Calibration | None = None
+    calibrated_by: Any = None  # profiles.Profile
+    saved: tuple[Any, ...] = ()  # profiles.Profile
+    learned: str | None = None
+
+
+def _known(args: argparse.Namespace, device: DeviceFacts) -> Known:
+    """:class:`Known` for a config on the probed box; nothing otherwise."""
     if not getattr(args, "config", None) or device.source != "probe":
-        return None, None
+        return Known()
     from r1sup.cli.app import load_config
     from r1sup.state import profiles
-    from r1sup.state.calibration import calibration
+    from r1sup.state.calibration import calibration_source
 
     config = load_config(args)
     fingerprint = profiles.current_fingerprint(config, device=device)
-    learned = profiles.fingerprint_vllm(fingerprint)
-    return calibration(profiles.ProfileStore(config.state.dir, repair=False), fingerprint), learned
+    store = profiles.ProfileStore(config.state.dir, repair=False)
+    found = calibration_source(store, fingerprint)
+    saved = (
+        store.load(profiles.fingerprint_key(fp))
+        for fp in (fingerprint, profiles.degraded_fingerprint(fingerprint))
+    )
+    return Known(
+        found[0] if found else None,
+        found[1] if found else None,
+        tuple(p for p in saved if p is not None),
+        profiles.fingerprint_vllm(fingerprint),
+    )
+
+
+def _launched(known: Known, args: argparse.Namespace, arch: Any, device: DeviceFacts, version: Any) -> Any:
+    """The saved profile ``run`` launches now, picked as the daemon picks it: the best one when it is
+    predicted to start on the box as it is (:func:`r1sup.core.profile_fit.fits_now`), else the degraded
+    one when that does; None when neither does (``run`` then searches, and so does the plan)."""
+    if not known.saved:
+        return None
+    from r1sup.cli.app import load_config
+    from r1sup.core import profile_fit
+    from r1sup.core import search as S
+
+    config = load_config(args)
+    user = EngineFlags.from_start(config.start)
+    check = S.Search(
+        S.Facts(arch=arch, device=device, user=user, bounds=Bounds.from_config(config), version=version)
+    )
+    for profile in known.saved:
+        if profile_fit.fits_now(check, EngineFlags.from_dict(profile.flags)):
+            return profile
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -237,11 +280,18 @@ def main(args: argparse.Namespace) -> int:
         if problem:
             raise ConfigError("--pipeline-parallel-size", problem)
         arch = memmodel.pipelined(arch, pp)
-    cal, learned = _calibration(args, device)
-    version, version_from = _version(args, learned)
+    known = _known(args, device)
+    version, version_from = _version(args, known.learned)
     version = _started(args, version, version_from)
+    cal, launched = known.calibration, None
     if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
         cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
+    if pp == 1 and (known.learned is None or memmodel.as_version(known.learned) == version):
+        # what run launches now: this fingerprint's saved profile when it fits, its figures those measured
+        launched = _launched(known, args, arch, device, version)
+        if launched is not None and launched is not known.calibrated_by:
+            cal = _measured_by(launched) or cal
+    proven = EngineFlags.from_dict(launched.flags) if launched is not None else None
     result = planner.plan(
         arch,
         device,
@@ -252,7 +302,9 @@ def main(args: argparse.Namespace) -> int:
         version=version,
         calibration=cal,
         gpus_per_node=args.gpus_per_node,
+        proven=proven,
     )
+    origin = _origin(launched, known.calibrated_by if cal is known.calibration else None, cal)
     if args.json:
         from r1sup.cli.app import print_json
 
@@ -267,12 +319,59 @@ def main(args: argparse.Namespace) -> int:
         }
         if targets.any:
             out["slo"] = {"targets": targets.to_dict(), "measured": False, "note": _slo_line(targets)}
+        out["recommended_from"] = origin
         print_json(out)
         return result.exit_code
-    sys.stdout.write(render(result, source, device, version_from, cal, memmodel.compile_note(version)))
+    sys.stdout.write(
+        render(result, source, device, version_from, cal, memmodel.compile_note(version), origin["text"])
+    )
     if targets.any:
         sys.stdout.write(_slo_line(targets) + "\n")
     return result.exit_code
+
+
+def _measured_by(profile: Any) -> memmodel.Calibration | None:
+    """The calibration of one saved profile's own launch (its flags and what vLLM printed), or None."""
+    from r1sup.state import profiles
+
+    if not profile.observations:
+        return None
+    try:
+        version = memmodel.as_version(profiles.fingerprint_vllm(profile.fingerprint))
+        return memmodel.Calibration(EngineFlags.from_dict(profile.flags), profile.observations, version)
+    except (TypeError, ValueError):
+        return None
+
+
+def _origin(launched: Any, calibrated_by: Any, cal: memmodel.Calibration | None) -> dict[str, Any]:
+    """Where the recommendation and its figures come from (``--json``: ``recommended_from``): the saved
+    profile ``run`` launches now, the memory model calibrated by a saved profile's launch, or estimates."""
+    if launched is not None:
+        when = _when(launched.updated_at)
+        return {
+            "source": "saved_profile",
+            "profile": launched.key,
+            "updated_at": launched.updated_at,
+            "launches": 1,
+            "text": f"the saved profile {launched.key} of {when}, which run launches now; its KV as vLLM "
+            "measured it",
+        }
+    if cal is not None and calibrated_by is not None:
+        when = _when(calibrated_by.updated_at)
+        return {
+            "source": "calibrated",
+            "profile": calibrated_by.key,
+            "updated_at": calibrated_by.updated_at,
+            "launches": 1,
+            "text": f"the memory model calibrated by 1 launch on this box (the saved profile "
+            f"{calibrated_by.key} of {when})",
+        }
+    return {"source": "estimate", "profile": None, "updated_at": None, "launches": 0, "text": ""}
+
+
+def _when(stamp: str) -> str:
+    """A profile's ISO 8601 UTC time as ``2026-12-06 00:24 UTC``."""
+    return stamp[:16].replace("T", " ") + " UTC" if len(stamp) >= 16 else stamp or "an unknown date"
 
 
 def _slo_targets(args: argparse.Namespace) -> Any:
@@ -328,6 +427,7 @@ def render(
     version_from: str = "",
     calibration: memmodel.Calibration | None = None,
     compile_note: str = "",
+    figures_from: str = "",
 ) -> str:
     m, d, b = plan.model, plan.device, plan.breakdown
     lines: list[str] = []
@@ -437,9 +537,14 @@ def render(
     if plan.recommended is not None:
         spare = f"{plan.recommended_margin_gib or 0.0:.2f} GiB"
         same = ", as given" if plan.recommended == plan.flags else ""
-        lines.append(
-            f"recommended first flags{same} (predicted to fit with {spare} kept spare for estimate errors):"
-        )
+        if figures_from.startswith("the saved profile"):
+            lines.append(f"recommended first flags{same}: from {figures_from}:")
+        else:
+            lines.append(
+                f"recommended first flags{same} (predicted to fit with {spare} kept spare for estimate errors"
+                + (f"; figures from {figures_from}" if figures_from else "")
+                + "):"
+            )
         lines.append("  " + " ".join(plan.recommended.to_argv()))
         if plan.recommended_breakdown is not None and plan.recommended_kv_capacity_tokens is not None:
             rb = plan.recommended_breakdown
