@@ -116,6 +116,13 @@ def test_every_way_out_fits_as_its_own_command_says(case: tuple[Any, ...]) -> No
             changed -= {"gpu_memory_utilization"}
         if way.kind == "pipeline_parallel":  # the layout: pipeline stages, a node's GPUs for tensor parallel
             assert way.pipeline_parallel_size > 1 and changed <= CHANGES[way.kind], (way.title, changed)
+        elif way.kind == "four_bit" and changed != CHANGES[way.kind]:
+            # a 4-bit checkpoint that alone does not hold the context: the search's first flags for it,
+            # each other change named in its title as its vLLM argument
+            assert CHANGES[way.kind] < changed and way.pipeline_parallel_size == 1, (way.title, changed)
+            for name in changed - CHANGES[way.kind]:
+                arg = "--" + name.replace("_", "-")
+                assert arg in way.title.split(", with ", 1)[1], (way.title, name)
         else:
             assert changed == CHANGES[way.kind] and way.pipeline_parallel_size == 1, (way.title, changed)
         # planned again exactly as given, the same target and the model split the same way: it fits,
@@ -190,6 +197,23 @@ def test_the_issues_offload_example_keeps_the_context_asked() -> None:
     assert all(s.flags.kv_cache_dtype == flags.kv_cache_dtype for s in eager)
     # not listed: the levers that cannot rescue weights larger than the budget
     assert not {"fp8_kv", "enforce_eager", "fewer_seqs"} & {s.kind for s in p.suggestions}
+
+
+def test_the_issues_32b_on_a_4090_names_a_4_bit_checkpoint() -> None:
+    # issue 36: 32B on an RTX 4090 at 8,192 tokens listed only tensor parallel and an offload; with a
+    # 4-bit checkpoint the weights leave room for the context (with the search's first flags for it)
+    _, _, _, p = _plan(CASES[2])
+    kinds = [s.kind for s in p.suggestions]
+    assert "four_bit" in kinds, kinds
+    # the ways out stay mildest first: a checkpoint on this GPU before more GPUs and the offload
+    assert kinds.index("four_bit") < kinds.index("tensor_parallel") < kinds.index("cpu_offload")
+    four = p.suggestions[kinds.index("four_bit")]
+    assert four.title.startswith("a 4-bit checkpoint (AWQ or GPTQ)")
+    assert four.flags.quantization == "awq" and four.context == 8192
+    assert four.kv_capacity_tokens >= 2 * 8192
+    # 4-bit linear layers, 16-bit embeddings and LM head: about 30% of the bf16 weights
+    assert 0.25 * p.weights_gib < four.weights_gib < 0.32 * p.weights_gib
+    assert four.requires is not None and "--quantization awq or gptq" in four.requires
 
 
 def test_above_the_models_limit_is_refused_and_never_proposed() -> None:

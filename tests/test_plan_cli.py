@@ -613,3 +613,15 @@ def test_giving_up_more_than_half_is_fits_only_reduced(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert code == 7 and "verdict FITS only with the recommended flags (exit 7)" in out, out
     assert "only reduced" not in out
+
+
+@pytest.mark.parametrize("gpu", ["h200", "A100 80GB"])
+def test_a_model_user_is_told_how_to_allow_fp8_weights(capsys: pytest.CaptureFixture[str], gpu: str) -> None:
+    # issue 36: a --model user who never wrote a config read "blocked by ladder.allow_weight_quantization"
+    # (the A100, nothing fits) or "ladder.allow_weight_quantization = true" (the H200, fits reduced): the
+    # verdict names the key and both ways to set it (tune's and run's --set, a config file's [ladder])
+    main(["plan", "--model", L70, "--gpu", gpu])
+    verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict "))
+    assert "--set ladder.allow_weight_quantization=true on tune and run" in verdict, verdict
+    assert "allow_weight_quantization = true under [ladder] in a config file" in verdict, verdict
+    assert "plan --quantization fp8" in verdict, verdict

@@ -27,6 +27,7 @@ from r1sup.core.bounds import (
     BlindFacts,
     Bounds,
     ceil_util,
+    how_to_allow,
 )
 from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
@@ -615,7 +616,13 @@ def _oom_weights(
         )
     yield GiveUp(
         "the weights alone do not fit the device"
-        + ("" if bounds.allow_weight_quantization else "; ladder.allow_weight_quantization is off")
+        + (
+            ""
+            if bounds.allow_weight_quantization
+            else "; ladder.allow_weight_quantization is off ("
+            + how_to_allow("ladder.allow_weight_quantization")
+            + ")"
+        )
     )
 
 

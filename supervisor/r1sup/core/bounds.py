@@ -174,3 +174,21 @@ class BlindFacts:
 def ceil_util(value: float) -> float:
     """A utilization rounded up to the hundredth."""
     return math.ceil(value * 100 - 1e-9) / 100
+
+
+# How a person allows what a ``[ladder]`` bound forbids, for one who never wrote a config file as well
+# as for one who did (issue 36: "blocked by ladder.allow_weight_quantization" told a ``--model`` user
+# nothing): ``tune`` and ``run`` take ``--set``, a config file the ``[ladder]`` key; ``plan`` sizes the
+# flag itself.
+HOW_TO_ALLOW = {
+    "ladder.allow_weight_quantization": (
+        "r1sup quantizes weights only when allowed: allow it with --set "
+        "ladder.allow_weight_quantization=true on tune and run, or with allow_weight_quantization = true "
+        "under [ladder] in a config file; plan --quantization fp8 sizes it"
+    ),
+}
+
+
+def how_to_allow(bound: str) -> str:
+    """One phrase saying how to allow what the bound ``bound`` forbids; "" for one that allows nothing."""
+    return HOW_TO_ALLOW.get(bound, "")

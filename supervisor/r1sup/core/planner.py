@@ -548,6 +548,8 @@ def plan(
             calibration,
             target_context=target_context,
             gpus_per_node=gpus_per_node or max(MAX_TP_SUGGESTED, tp),
+            target_concurrency=target_concurrency,
+            bounds=bounds,
         )
         if needs_way_out
         else []
@@ -750,6 +752,8 @@ def _suggestions(
     calibration: Calibration | None,
     target_context: int | None = None,
     gpus_per_node: int = MAX_TP_SUGGESTED,
+    target_concurrency: int | None = None,
+    bounds: Bounds | None = None,
 ) -> list[Suggestion]:
     """Ways out that fit, each one change to ``flags`` that its title names, with the figures of exactly
     its command (:func:`_way_out`). They ignore the ladder's allow_* bounds (a person decides);
@@ -758,6 +762,11 @@ def _suggestions(
 
     On a device with less free memory than ``flags`` ask for, every way out runs at the highest
     utilization that can start (the first way out, when that alone fits), and its title says so.
+
+    The 4-bit checkpoint is a different checkpoint, not a flag r1sup can change for the user: when it
+    alone does not hold the context (its weights still fill the card), its way out is what the search
+    recommends for that checkpoint within ``bounds`` (:func:`_four_bit`), the other changes named in
+    its title.
     """
     out: list[Suggestion] = []
     pinned = flags.kv_cache_memory_bytes is not None
@@ -823,12 +832,23 @@ def _suggestions(
             note=fp8_note,
         )
     if method is None or method in FP8_WEIGHT_METHODS:
-        add(
-            "four_bit",
-            "a 4-bit AWQ/GPTQ checkpoint",
-            flags.replace(quantization="awq"),
-            requires="a 4-bit AWQ (or GPTQ) checkpoint of this model",
-        )
+        four = flags.replace(quantization="awq")
+        choice = fit(four)
+        title = FOUR_BIT_TITLE
+        if choice is None:
+            choice = _four_bit(
+                arch, device, four, version, calibration, target_concurrency, target_context, bounds
+            )
+            if choice is not None and choice.ev.flags.replace(max_model_len=None) != four.replace(
+                max_model_len=None
+            ):
+                title += ", with " + _extra_changes(four, choice.ev.flags)
+        if choice is not None:
+            out.append(
+                _suggestion(
+                    "four_bit", title + at_util, choice, arch, context, FOUR_BIT_REQUIRES, FOUR_BIT_NOTE
+                )
+            )
     single_node_fits = False
     if device.backend != "cpu":
         have = device.count if device.source == "probe" else None
@@ -879,6 +899,61 @@ def _suggestions(
         if multi is not None:
             out.append(multi)
     return out
+
+
+# The 4-bit way out (issue 36): AWQ or GPTQ, 4-bit linear layers with an fp16 scale and a packed zero point
+# per group of 128 (vLLM's AWQ/GPTQ linear methods; about 4.16 bits a parameter), the embeddings and the
+# LM head kept in the model's dtype (vLLM quantizes only the linear layers of such a checkpoint), the KV
+# cache in the model's dtype: :func:`r1sup.core.memmodel.weight_bytes_per_param`.
+FOUR_BIT_TITLE = "a 4-bit checkpoint (AWQ or GPTQ)"
+FOUR_BIT_REQUIRES = (
+    "a 4-bit AWQ or GPTQ checkpoint of this model in place of this one (--model pointing at it; "
+    "vLLM reads its method from the checkpoint, --quantization awq or gptq only names it)"
+)
+FOUR_BIT_NOTE = "4-bit weights: a small loss of accuracy"
+
+
+def _four_bit(
+    arch: ModelArch,
+    device: DeviceFacts,
+    flags: EngineFlags,
+    version: Version,
+    calibration: Calibration | None,
+    target_concurrency: int | None,
+    target_context: int | None,
+    bounds: Bounds | None,
+) -> Choice | None:
+    """What the search recommends for ``flags`` (a 4-bit checkpoint) within ``bounds`` (None: the
+    ladder's defaults): the first flags r1sup would launch with that checkpoint."""
+    found = S.assess(
+        arch,
+        device,
+        flags,
+        target_concurrency=target_concurrency,
+        target_context=target_context,
+        calibration=calibration,
+        bounds=bounds,
+        version=version,
+    )
+    return found.choice
+
+
+def _extra_changes(base: EngineFlags, new: EngineFlags) -> str:
+    """The vLLM arguments ``new`` adds to ``base`` beside the context (``--enforce-eager
+    --gpu-memory-utilization 0.95``)."""
+    before = set(_argv_items(base.replace(max_model_len=new.max_model_len).to_argv()))
+    return " ".join(item for item in _argv_items(new.to_argv()) if item not in before)
+
+
+def _argv_items(argv: list[str]) -> list[str]:
+    """``["--a", "1", "--b"]`` -> ``["--a 1", "--b"]``: each option with its value."""
+    items: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") or not items:
+            items.append(arg)
+        else:
+            items[-1] += f" {arg}"
+    return items
 
 
 def _multi_node(

@@ -891,6 +891,7 @@ class Search:
         reason = (
             f"{after}no configuration within the bounds is predicted to fit "
             f"(calibrated by {self.evidence.calibrated} launch(es)); blocked by {bound}"
+            + (f" ({B.how_to_allow(bound)})" if B.how_to_allow(bound) else "")
         )
         return GiveUp(reason, tuple(dict.fromkeys(ways)), EXIT_NO_WORKING_CONFIG, bound)
 
@@ -1021,7 +1022,7 @@ class Search:
         if unquantized and gives(replace(self.facts, bounds=replace(b, allow_weight_quantization=True))):
             ways.append(
                 f"fp8 weights (--quantization {fp8_weights_flag(self.facts.version)}; "
-                "ladder.allow_weight_quantization = true)"
+                f"{B.how_to_allow('ladder.allow_weight_quantization')})"
             )
         bigger = [t for t in M.valid_tp_sizes(arch, 8) if t > max(device.count, user.tensor_parallel_size)]
         for tp in bigger:

@@ -564,7 +564,10 @@ def render(
 
     if plan.suggestions:
         lines.append("")
-        lines.append("ways out (each one change, its figures those of its command):")
+        lines.append(
+            "ways out (each one change, and what else it needs named in its title; its figures those of "
+            "its command):"
+        )
         for way in plan.suggestions:
             lines.append(f"  + {way.title}: {way.figures}")
             lines.append(f"      {' '.join(way.argv)}")
