@@ -499,7 +499,8 @@ def test_probes_are_answered_under_three_thousand_churning_connections():
     """Issue 34: 3,000 connections churning (closed at once, half a request, a whole one, idle holders;
     127.0.0.1, 4 s, the churn of benchmarks/bench_endpoint_churn.py) filled a listen backlog of 1024, so
     the kernel dropped probes' SYNs and /readyz took 1-3.5 s (a SYN is sent again after 1 s, then 3 s).
-    Every probe now connects at once and gets its answer, right, well within 2 s."""
+    Every probe now connects at once and gets its answer, right, well within 2 s, and half of them
+    within 100 ms (they waited 0.15-0.3 s in the accept queue behind the churn before issue 34's fix)."""
     import socket
     import subprocess
     import sys
@@ -548,4 +549,9 @@ def test_probes_are_answered_under_three_thousand_churning_connections():
         assert json.loads(body)["ready" if path == "/readyz" else "live"] is True
         assert connected < 0.5, (path, connected)  # no SYN dropped: a dropped one is sent again after 1 s
         assert took < 2.0, (path, took)
-    print(f"{len(probes)} probes, slowest {max(p[2] for p in probes):.3f} s, churn {counts}")
+    # The half of the probes that waited least: behind a first-come queue of the churn's connections
+    # that was 0.15-0.3 s; with silent connections kept out and the rest answered at once, well under a
+    # millisecond on an idle machine, a few on a loaded one.
+    median = sorted(p[2] for p in probes)[len(probes) // 2]
+    print(f"{len(probes)} probes, median {median:.4f} s, slowest {max(p[2] for p in probes):.3f} s, {counts}")
+    assert median < 0.1, median
