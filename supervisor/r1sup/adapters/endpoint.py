@@ -144,7 +144,7 @@ ACCEPT_PAUSE_S = 0.1  # after accept failed for want of file descriptors
 # thread, and what it accepts is mostly a whole request, answered at once. Under a churn of thousands of
 # connections that halved what waits in the accept queue ahead of a probe (issue 34).
 DEFER_ACCEPT_S = 5
-EVICT_GRACE_S = 0.01  # a connection this young is not closed to make room: it may be sending its request
+EVICT_GRACE_S = 0.01  # one this young that sent nothing yet is not closed to make room: it may be sending
 WARN_EVERY_S = 60.0
 
 
