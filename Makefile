@@ -104,7 +104,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_diagnose.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_scenarios.py
 	PYTHONPATH=tests/fakenvml:tests $(BIN)/python benchmarks/bench_daemon_idle.py
-	-$(BIN)/python benchmarks/bench_endpoint_churn.py  # exits 1 while the 100 ms target is missed; the rest still run
+	-$(BIN)/python benchmarks/bench_endpoint_churn.py  # exits 1 when its max reaches 100 ms, as on a shared, loaded machine (README); the rest still run
 	$(BIN)/python benchmarks/bench_soak.py
 	$(BIN)/python benchmarks/bench_time_to_serve.py $(TTS_ARGS)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import selectors
 import socket
@@ -77,21 +78,25 @@ def route(
         content_type, text = metrics()
         return 200, content_type, text
     if view is None or path not in ("/livez", "/readyz", "/status"):
-        return 404, JSON_TYPE, _json({"error": f"not found: {path}"})
+        return 404, JSON_TYPE, _small_json("error", f"not found: {path}")
     if path == "/livez":
         ok = live(view)
-        said = {
-            "live": ok,
-            "state": view.state,
-            "loop_age_s": round(view.loop_age_s, 3),
-            "loop_limit_s": view.loop_limit_s,
-        }
-        return (200 if ok else 503), JSON_TYPE, _json(said)
+        said = _small_json(
+            "live",
+            ok,
+            "state",
+            view.state,
+            "loop_age_s",
+            round(view.loop_age_s, 3),
+            "loop_limit_s",
+            view.loop_limit_s,
+        )
+        return (200 if ok else 503), JSON_TYPE, said
     if path == "/readyz":
         ok = ready(view)
-        return (200 if ok else 503), JSON_TYPE, _json({"ready": ok, "state": view.state})
+        return (200 if ok else 503), JSON_TYPE, _small_json("ready", ok, "state", view.state)
     if view.status is None:
-        return 503, JSON_TYPE, _json({"error": "no status yet", "state": view.state})
+        return 503, JSON_TYPE, _small_json("error", "no status yet", "state", view.state)
     return 200, JSON_TYPE, _json(view.status)
 
 
@@ -110,6 +115,14 @@ def _json(obj: Any) -> bytes:
     return (json.dumps(obj, indent=1, default=str) + "\n").encode("utf-8")
 
 
+@functools.lru_cache(maxsize=256, typed=True)  # typed: True, 1 and 1.0 are told apart
+def _small_json(*pairs: Any) -> bytes:
+    """:func:`_json` of the flat object of ``pairs`` (key, value, key, value, ...), remembered: the
+    answers of probes and errors repeat, and under a churn of thousands of connections a second the
+    encoder (pure Python, for the indent) was a third of what each connection cost (issue 34)."""
+    return _json(dict(zip(pairs[::2], pairs[1::2], strict=True)))
+
+
 # --- the listener: one thread, one selector, bounded in every way -----------------------------------
 #
 # Probes and scrapers send one small GET and read one small answer; nothing else needs serving. So the
@@ -126,7 +139,12 @@ MAX_HEAD_BYTES = 8192
 BACKLOG = 4096  # the kernel caps it at net.core.somaxconn (4096 by default since Linux 5.4)
 ACCEPTS_PER_TURN = 256
 ACCEPT_PAUSE_S = 0.1  # after accept failed for want of file descriptors
-EVICT_GRACE_S = 0.01  # a connection this young is not closed to make room: it may be sending its request
+# Linux: the kernel queues a connection for accept only once its first bytes arrived (or after about
+# this many seconds), so connections that send nothing (closed at once, held idle) never reach this
+# thread, and what it accepts is mostly a whole request, answered at once. Under a churn of thousands of
+# connections that halved what waits in the accept queue ahead of a probe (issue 34).
+DEFER_ACCEPT_S = 5
+EVICT_GRACE_S = 0.01  # one this young that sent nothing yet is not closed to make room: it may be sending
 WARN_EVERY_S = 60.0
 
 
@@ -149,10 +167,20 @@ def _response(code: int, content_type: str, payload: bytes, *, body: bool, extra
     return head + payload if body else head
 
 
+# The whole answer to a small payload (a probe's, an error's), remembered like its body: see _small_json.
+_small_response = functools.lru_cache(maxsize=256)(_response)
+SMALL_PAYLOAD_BYTES = 1024
+
+
 def parse_request(head: bytes) -> tuple[int, str, str]:
     """(status, method, path) of a request head: status 0 when it can be answered from ``path``, else
     the error to answer with (400 not HTTP, 405 not GET/HEAD)."""
-    line = head.split(b"\n", 1)[0].strip()
+    return _parse_line(head.split(b"\n", 1)[0])
+
+
+@functools.lru_cache(maxsize=256)  # a probe's request line repeats (a path and its query)
+def _parse_line(first: bytes) -> tuple[int, str, str]:
+    line = first.strip()
     try:
         method, target, version = line.decode("ascii").split(" ")
     except (UnicodeDecodeError, ValueError):
@@ -177,6 +205,8 @@ class _Listener:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind(address)
             self.sock.listen(BACKLOG)
+            if hasattr(socket, "TCP_DEFER_ACCEPT"):
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT_S)
             self.sock.setblocking(False)
         except OSError:
             self.sock.close()
@@ -272,21 +302,19 @@ class _Listener:
         closed; None then. Else the connection to keep, reading its head or writing its answer. Under a
         churn of thousands of connections each one costs a few system calls, so the accept queue, where a
         probe waits behind them all, drains fast (issue 34)."""
-        conn = _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now)
         try:
             data = sock.recv(4096, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            return conn  # nothing yet: it waits in the selector, under the cap
+            return _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now)  # nothing yet: it waits, under the cap
         except OSError:
             sock.close()
             return None
         if not data:
             sock.close()
             return None
-        conn.head += data
-        out = self._respond(conn.head)
+        out = self._respond(data)
         if out is None:
-            return conn
+            return _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now, head=bytearray(data))
         try:
             sent = sock.send(out, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -295,8 +323,7 @@ class _Listener:
             sock.close()
             return None
         if sent < len(out):
-            conn.out, conn.writing = out[sent:], True
-            return conn
+            return _Conn(sock, now + REQUEST_TIMEOUT_S, accepted=now, out=out[sent:], writing=True)
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_WR)
         sock.close()
@@ -304,11 +331,15 @@ class _Listener:
 
     def _make_room(self, now: float) -> bool:
         """Close the oldest connections still waiting for their request, down to the cap; False (and
-        accepting paused until the oldest is old enough) when they all arrived within EVICT_GRACE_S:
-        a burst of real clients gets the time to send, a flood of idle ones does not keep the cap."""
+        accepting paused until the oldest is old enough) when the oldest arrived within EVICT_GRACE_S
+        and has sent nothing yet: a burst of real clients gets the time to send, a flood of idle ones
+        does not keep the cap. One that sent part of a head and no more gets no grace: with deferred
+        accepts (Linux) a client's request is there whole when its connection is accepted, and a pause
+        here makes every connection behind it in the accept queue wait, a probe's included (a churn of
+        half-sent heads paused accepting a dozen times in a burst, about 10 ms each: issue 34)."""
         while len(self.conns) > MAX_CONNECTIONS:
             oldest = next(iter(self.conns.values()))
-            if now - oldest.accepted < EVICT_GRACE_S:
+            if not oldest.head and not oldest.writing and now - oldest.accepted < EVICT_GRACE_S:
                 self.selector.unregister(self.sock)
                 self.accepting = False
                 self.resume_at = oldest.accepted + EVICT_GRACE_S
@@ -331,7 +362,7 @@ class _Listener:
         if out is not None:
             self._answer(conn, out)
 
-    def _respond(self, head: bytearray) -> bytes | None:
+    def _respond(self, head: bytes | bytearray) -> bytes | None:
         """The answer to a request head received so far; None while it is not whole yet."""
         end = max(head.find(b"\r\n\r\n"), head.find(b"\n\n"))
         if end < 0:
@@ -349,6 +380,8 @@ class _Listener:
             code, content_type, payload = self.endpoint.answer(path)
         except Exception as exc:  # noqa: BLE001 - a probe gets an answer, never a dropped connection
             code, content_type, payload = 500, JSON_TYPE, _json({"error": f"{type(exc).__name__}: {exc}"})
+        if len(payload) <= SMALL_PAYLOAD_BYTES:
+            return _small_response(code, content_type, payload, body=method == "GET")
         return _response(code, content_type, payload, body=method == "GET")
 
     def _answer(self, conn: _Conn, data: bytes) -> None:
