@@ -8,6 +8,7 @@ kill the group at the end.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import math
 import os
@@ -600,6 +601,10 @@ def test_optimum_uses_tensor_parallel_when_allowed() -> None:
         ({"model": {"name": "my/model"}}, "is not in the catalog"),
         ({"runtime": {"failure": "segfault"}}, "must be one of oom, fp8, die"),
         ({"runtime": {"reset_status": 404}}, "runtime.reset_status: must be one of [0, 500, 502, 503]"),
+        (
+            {"runtime": {"reset_every": 1, "reset_status": 503, "reset_after_tokens": 2}},
+            "a dropped connection (reset_status 0) or vLLM's error event (500), not 503",
+        ),
         ({"time_scale": "fast"}, "expected a number"),
         ({"fp8_fails_at": "never"}, "must be one of startup, first_request"),
     ],
@@ -1239,6 +1244,55 @@ def test_every_nth_request_answered_5xx_leaves_the_engine_serving(launch: Callab
     assert status == 503 and body["raw"].startswith("<html>") and "Service Unavailable" in body["raw"]
     assert proxied.health() == 200
     assert "EngineDeadError" not in proxied.text
+
+
+def _stream_chat(fake: Fake, max_tokens: int) -> tuple[int, str]:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "stream": True}
+    return fake.request("/v1/chat/completions", body)
+
+
+def test_a_stream_can_fail_in_its_middle_and_the_engine_serves_on(launch: Callable[..., Fake]) -> None:
+    # reset_after_tokens: the chosen streamed requests first stream that many tokens, then vLLM's error
+    # event (500) or a dropped connection (0); the engine is unharmed
+    fake = launch(
+        {"gpu": "RTX 4090", "runtime": {"reset_every": 2, "reset_status": 500, "reset_after_tokens": 2}},
+        "--max-model-len",
+        "8192",
+    )
+    fake.wait_ready()
+    assert _stream_chat(fake, 4)[0] == 200
+    status, stream = _stream_chat(fake, 4)
+    events = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+    words = [e["choices"][0]["delta"].get("content") for e in events[:-1]]
+    assert status == 200 and words == ["", "The", " quick"]  # the role, then two tokens
+    assert events[-1]["error"] == {
+        "message": "Internal server error",
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
+    assert stream.rstrip().endswith("data: [DONE]")
+    assert fake.chat()[0] == 200  # not streamed: answered, the fault is a stream's
+    assert _stream_chat(fake, 1)[0] == 200  # fewer tokens than the fault's: it passes
+    assert fake.health() == 200 and "EngineDeadError" not in fake.text
+    assert "failed with an internal error during generation" in fake.text
+    fake.close()
+    dropped = launch(
+        {"gpu": "RTX 4090", "runtime": {"reset_every": 1, "reset_after_tokens": 3}}, "--max-model-len", "8192"
+    )
+    dropped.wait_ready()
+    conn = http.client.HTTPConnection("127.0.0.1", dropped.port, timeout=10)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    got: list[bytes] = []
+    with pytest.raises((ConnectionResetError, http.client.IncompleteRead)):
+        while line := resp.readline():  # read as it comes, until the connection is cut
+            got.append(line)
+    conn.close()
+    assert resp.status == 200 and b"".join(got).count(b'"content"') == 4  # the role's, three tokens
+    assert b"[DONE]" not in b"".join(got)
+    assert dropped.health() == 200 and "ERROR" not in dropped.text
 
 
 def test_fp8_fails_at_the_first_request(launch: Callable[..., Fake]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from r1sup.adapters.probe import child_failure, request_error, request_fault
+from r1sup.adapters.probe import child_failure, error_line, request_error, request_fault
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import BlindFacts, Bounds
@@ -23,6 +23,9 @@ from r1sup.core.errors import InternalError
 from r1sup.core.flags import EngineFlags
 from r1sup_proc import R1sup, engine_processes, kill_engine_processes, write_config
 from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
+
+# vLLM V1's EngineDeadError, as it answers a request or ends a stream once its engine core died
+ENGINE_DEAD_TEXT = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 MISSING = "r1sup_test_missing_dependency"
 
@@ -223,3 +226,42 @@ def test_a_5xx_is_the_engines_death_only_with_vllms_engine_dead_reply(
     message = f"Error code: {status} - {body}"
     exc = openai.APIStatusError(message, response=response, body=body)
     assert request_fault(exc) == fault
+
+
+@pytest.mark.parametrize(
+    ("body", "fault", "line"),
+    [
+        # what vLLM 0.32 sends after the 200 when the engine died during the request: its EngineDeadError
+        (
+            {"message": ENGINE_DEAD_TEXT, "type": "InternalServerError", "param": None, "code": 500},
+            "engine",
+            f"error in the stream (500 InternalServerError): {ENGINE_DEAD_TEXT}",
+        ),
+        # a request that failed in generation (its GenerationError): no evidence, sent again
+        (
+            {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500},
+            "server",
+            "error in the stream (500 InternalServerError): Internal server error",
+        ),
+        # an error of the request's own (a ValueError in generation is vLLM's 400)
+        (
+            {"message": "bad logits processor", "type": "BadRequestError", "param": None, "code": 400},
+            "rejected",
+            "rejected (HTTP 400, in the stream): bad logits processor",
+        ),
+        # another server's event without a code, or a code as text: the server's fault (a 5xx)
+        ({"message": "upstream went away"}, "server", "error in the stream (500): upstream went away"),
+        ({"message": "overloaded", "code": "503"}, "server", "error in the stream (503): overloaded"),
+    ],
+)
+def test_an_error_event_in_the_middle_of_a_stream_is_classed_by_what_it_says(
+    body: dict[str, Any], fault: str, line: str
+) -> None:
+    # issue 34: the openai client raises the event as a bare APIError, which was "engine" whatever it said
+    import httpx
+    import openai
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    exc = openai.APIError(str(body["message"]), request, body=body)
+    assert request_fault(exc) == fault
+    assert error_line(exc) == line

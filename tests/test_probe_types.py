@@ -107,6 +107,18 @@ def test_a_skipped_wave_writes_only_what_it_knew() -> None:
     ]
 
 
+def test_requests_sent_again_after_a_5xx_are_counted_beside_those_after_a_lost_connection() -> None:
+    result = ProbeResult(ok=True, requests=4, succeeded=4, concurrency=1, retried=1, server_retried=2)
+    record = result.to_dict()
+    assert (record["retried"], record["server_retried"], record["server_errors"]) == (1, 2, 0)
+    assert ProbeResult.from_dict(json.loads(json.dumps(record))) == result
+    assert result.summary().endswith(
+        "; 1 request retried after its connection failed; 2 requests retried after a 5xx answer"
+    )
+    failed = ProbeResult(ok=False, requests=4, error_count=1, errors=("request 0: 503",), server_retried=1)
+    assert failed.summary() == "1/4 requests failed: request 0: 503; 1 request retried after a 5xx answer"
+
+
 def test_the_asked_record_keeps_its_keys() -> None:
     asked = Asked(requests=4, context=8192, concurrent=16)
     assert asked.to_dict() == {"requests": 4, "context": 8192, "concurrent": 16}

@@ -451,6 +451,9 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
         failure = runner.loop.run(runner.probe(launch))
         assert launch.probe is not None and launch.probe.requests == 1
         assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure
+        # vLLM's EngineDeadError answer is the engine's death: never sent again as a 5xx without it is
+        assert launch.probe.server_retried == 0 and launch.probe.retried == 0
+        assert launch.probe.error_count == 1 and launch.probe.server_errors == 0
     finally:
         cleanup(runner, launch, path)
 

@@ -48,7 +48,10 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     unharmed), at the first ``reset_launches`` launches counted in ``state_file`` (0: at every launch);
     ``reset_status`` (0): those requests are answered instead, the engine as unharmed: 500 as vLLM 0.32
     answers while its executor shuts down (``cannot schedule new futures after shutdown``), 502 or 503 a
-    proxy's plain page; never vLLM's EngineDeadError, and /health answers.
+    proxy's plain page; never vLLM's EngineDeadError, and /health answers; ``reset_after_tokens`` (0):
+    a streamed request among them first streams that many output tokens, then its connection drops
+    (``reset_status`` 0) or vLLM's error event comes after them (500: ``Internal server error``, as
+    vLLM 0.32 sends a request that failed in generation, its ERROR line logged), then ``[DONE]``.
 ``fp8_fails_at`` (``"startup"`` | ``"first_request"``): when an fp8 (e4m3) KV cache fails on compute
     capability < 8.9. ``fp8_e5m2`` works from 8.0. ``--quantization fp8`` needs 8.0 (else a config
     error).
@@ -1188,6 +1191,7 @@ class Engine:
             max_num_seqs=plan.max_num_seqs or 256,
             reset_every=rt.reset_every if resetting else 0,
             reset_status=rt.reset_status,
+            reset_after_tokens=rt.reset_after_tokens,
         )
         serving = Serving(config, _EngineSide(self), hang=self.hang)
         server = FakeHTTPServer(sock, serving)

@@ -184,6 +184,7 @@ class Gpu:
 
 
 RESET_STATUSES = frozenset({0, 500, 502, 503})  # Runtime.reset_status
+MIDSTREAM_STATUSES = frozenset({0, 500})  # Runtime.reset_status with reset_after_tokens
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,11 @@ class Runtime:
     # 0: those requests are reset unanswered; 500: answered as vLLM 0.32 answers while its executor shuts
     # down ("cannot schedule new futures after shutdown"); 502/503: a proxy's plain page before vLLM
     reset_status: int = 0
+    # those requests, when streamed, first stream this many output tokens, then their fault comes in the
+    # middle of the stream: the connection dropped (reset_status 0), or the error event vLLM 0.32 sends
+    # after a 200 when a request fails in generation (500: its GenerationError, ``Internal server error``);
+    # a request asking for fewer tokens passes. 0: the fault comes before any answer
+    reset_after_tokens: int = 0
     # the latency model: each step (prefill or decode) takes this much longer per sequence running
     # beside the request's own (a step's time grows with the tokens of its batch); 0: no batch cost
     step_s_per_batch_seq: float = 0.0
@@ -451,7 +457,7 @@ def _load_runtime(value: Any) -> Runtime:
             changes[key] = _str(where, raw, RUNTIME_FAILURES, optional=True)
         elif key == "fail_after_requests":
             changes[key] = None if raw is None else _num(where, raw, minimum=0, integer=True)
-        elif key in ("exit_code", "reset_every", "reset_launches"):
+        elif key in ("exit_code", "reset_every", "reset_launches", "reset_after_tokens"):
             changes[key] = _num(where, raw, minimum=0, integer=True)
         elif key == "reset_status":
             changes[key] = _num(where, raw, minimum=0, integer=True)
@@ -463,7 +469,13 @@ def _load_runtime(value: Any) -> Runtime:
             changes[key] = _num(where, raw, minimum=1e-6)
         else:
             changes[key] = _num(where, raw, minimum=0.0)
-    return Runtime(**changes)
+    runtime = Runtime(**changes)
+    if runtime.reset_after_tokens and runtime.reset_status not in MIDSTREAM_STATUSES:
+        raise ScenarioError(
+            "runtime.reset_after_tokens: a fault in the middle of a stream is a dropped connection "
+            f"(reset_status 0) or vLLM's error event (500), not {runtime.reset_status}"
+        )
+    return runtime
 
 
 _TOP_KEYS = {f for f in Scenario.__dataclass_fields__}

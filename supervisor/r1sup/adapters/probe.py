@@ -37,14 +37,16 @@ passed with none waiting, yet showed fewer at once than it sent (answers too fas
 API server writing each in one burst), is sent once more with ``WAVE_LONGER`` times the output tokens
 (:func:`longer_wave_tokens`, within the context), and the longer wave is the record.
 
-A request whose connection failed before any token (:func:`request_fault`: refused, reset, never an
-answer of vLLM's) is sent again after each wait of ``CONNECTION_RETRY_S`` before it counts
-(``retried``); one that still failed on it (``connection_errors``) has the probe ask ``/health``
-(``health_ok``), the engine's own word. So does a 5xx answer that is not vLLM's engine-dead reply
-(``server_errors``: a proxy's 502/503, vLLM's ``cannot schedule new futures after shutdown``): only the
-engine's evidence (an ``EngineDeadError`` answer, a failing ``/health``, its process gone) is its death.
-A 4xx answer is counted apart (``rejected``): r1sup's own request was wrong. The runner classes the
-result from these (:mod:`r1sup.supervision.runner`).
+A request whose connection failed (:func:`request_fault`: refused, reset, never an answer of vLLM's,
+before its first token or in the middle of its stream) is sent again after each wait of ``RETRY_S``
+before it counts (``retried``); so is one answered with a 5xx that is not vLLM's engine-dead reply,
+before its stream or in it (``server_retried``: a proxy's 502/503, vLLM's ``cannot schedule new futures
+after shutdown``, the ``Internal server error`` event of a request that failed in generation). One that
+still failed so after its retries (``connection_errors``, ``server_errors``) has the probe ask
+``/health`` (``health_ok``), the engine's own word: only the engine's evidence (an ``EngineDeadError``
+answer or error event, never retried; a failing ``/health``; its process gone) is its death. A 4xx
+answer is counted apart (``rejected``): r1sup's own request was wrong. The runner classes the result
+from these (:mod:`r1sup.supervision.runner`).
 
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
@@ -92,9 +94,11 @@ WAVE_PROMPT_TOKENS = 256  # the prompt of an ordinary request, as the concurrenc
 WAVE_OUTPUT_TOKENS = 32  # at least this many tokens each, so that the wave's streams overlap in time
 WAVE_LONGER = 4  # a wave too short to show what ran at once is sent again with this many times the tokens
 WAVE_SEED = 100_000  # the wave's prompts are seeded from here (never a context prompt's seed)
-# a request whose connection failed before any token (refused, reset: a listen backlog that overflowed on
-# a loaded box) is sent again after each of these waits, then counts as failed
-CONNECTION_RETRY_S = (0.25, 0.5, 1.0)
+# a request whose connection failed (refused, reset: a listen backlog that overflowed on a loaded box), or
+# that was answered with a 5xx that is not vLLM's engine-dead reply, is sent again after each of these
+# waits, then counts as failed
+RETRY_S = (0.25, 0.5, 1.0)
+RETRIED_FAULTS = frozenset({"connection", "server"})  # the faults of request_fault that are sent again
 
 
 @dataclass(frozen=True)
@@ -430,10 +434,11 @@ class _Sent:
     final: dict[str, float] = field(default_factory=dict)  # /metrics just after
     duration_s: float = 0.0
     timed_out: bool = False
-    retried: int = 0  # requests sent again after their connection failed (before any token)
+    retried: int = 0  # requests sent again after their connection failed
     connection_errors: int = 0  # requests that failed on the connection after every retry
     rejected: int = 0  # requests vLLM answered with a 4xx
-    server_errors: int = 0  # requests answered with a 5xx that is not vLLM's engine-dead reply
+    server_retried: int = 0  # requests sent again after a 5xx that is not vLLM's engine-dead reply
+    server_errors: int = 0  # requests answered with such a 5xx after every retry
 
     def tokens_per_s(self) -> float | None:
         return round(self.output_tokens_total / self.duration_s, 2) if self.duration_s > 0 else None
@@ -460,13 +465,13 @@ async def _send(
     stop = asyncio.Event()
     poller = asyncio.create_task(_poll_metrics(http, sent.peaks, stop))
     sem = asyncio.Semaphore(concurrency)
-    last_error: dict[int, BaseException] = {}
     t0 = time.monotonic()
 
-    async def attempt(i: int) -> bool:
-        """Request ``i`` once: True when it passed; False when it failed on the connection before
-        any token came (nothing of it reached vLLM's answer: it may be sent again). Any other
-        failure is recorded here."""
+    async def attempt(i: int) -> tuple[str, BaseException] | None:
+        """Request ``i`` once: None when it passed or failed for good (recorded here); (fault, error)
+        when it failed in a way that may be sent again (:data:`RETRIED_FAULTS`): on the connection, or
+        with a 5xx that is not vLLM's engine-dead reply, before its stream or in its middle (what
+        came of it is dropped: only a request that passed counts its tokens)."""
         start = time.monotonic()
         first: float | None = None
         tokens = 0
@@ -494,36 +499,41 @@ async def _send(
                 sent.ttfts.append(first)
                 sent.spans.append((start + first, last))
             sent.succeeded += 1
-            return True
+            return None
         except Exception as exc:
             if not request_error(exc):
                 raise  # r1sup's own bug: the child fails and the parent says so
             kind = request_fault(exc)
-            if kind == "connection" and first is None:
-                last_error[i] = exc
-                return False
+            if kind in RETRIED_FAULTS:
+                return kind, exc
             sent.error_count += 1
-            if kind == "connection":
-                sent.connection_errors += 1
-            elif kind == "rejected":
+            if kind == "rejected":
                 sent.rejected += 1
-            elif kind == "server":
-                sent.server_errors += 1
             sent.note(f"{label} {i}: {error_line(exc)}")
-            return True
+            return None
 
     async def one(i: int) -> None:
         async with sem:
-            for n, delay in enumerate((*CONNECTION_RETRY_S, None)):
-                if await attempt(i):
+            again: set[str] = set()  # the faults request i was sent again after
+            for n, delay in enumerate((*RETRY_S, None)):
+                failed = await attempt(i)
+                if failed is None:
                     return
-                if delay is None:  # failed on the connection every time
+                kind, exc = failed
+                if delay is None:  # failed so every time: it counts, the last fault's way
                     sent.error_count += 1
-                    sent.connection_errors += 1
-                    sent.note(f"{label} {i}: {error_line(last_error[i])} (sent {n + 1} times)")
+                    if kind == "connection":
+                        sent.connection_errors += 1
+                    else:
+                        sent.server_errors += 1
+                    sent.note(f"{label} {i}: {error_line(exc)} (sent {n + 1} times)")
                     return
-                if n == 0:
-                    sent.retried += 1
+                if kind not in again:
+                    again.add(kind)
+                    if kind == "connection":
+                        sent.retried += 1
+                    else:
+                        sent.server_retried += 1
                 await asyncio.sleep(delay)
 
     tasks = [asyncio.create_task(one(i)) for i in range(len(texts))]
@@ -626,6 +636,7 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         retried=main.retried + (wave.retried if wave is not None else 0),
         connection_errors=lost,
         rejected=main.rejected + (wave.rejected if wave is not None else 0),
+        server_retried=main.server_retried + (wave.server_retried if wave is not None else 0),
         server_errors=answered,
         health_ok=health,
         wave=record,
@@ -720,12 +731,18 @@ def request_error(exc: BaseException) -> bool:
 
 
 def request_fault(exc: BaseException) -> str:
-    """What a request's failure (:func:`request_error`) was: ``"connection"`` when it never had
-    vLLM's answer (refused, reset, closed: the openai client's connection error, a transport error of
-    the stream, an OS error), not a timeout; ``"rejected"`` when vLLM answered with a 4xx (r1sup's
-    own request was wrong); ``"server"`` for a 5xx that is not vLLM's engine-dead reply (a proxy's
-    502/503, a server shutting down: no evidence of the engine's death, /health decides); else
-    ``"engine"`` (vLLM's engine-dead answer, a timeout, an error in the stream)."""
+    """What a request's failure (:func:`request_error`) was: ``"connection"`` when its connection
+    failed (refused, reset, closed before vLLM's answer or in the middle of its stream: the openai
+    client's connection error, a transport error of the stream, an OS error), not a timeout;
+    ``"rejected"`` when vLLM answered with a 4xx (r1sup's own request was wrong); ``"server"`` for a
+    5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down, the error event
+    of a request that failed in generation: no evidence of the engine's death, /health decides); else
+    ``"engine"`` (vLLM's engine-dead answer or error event, a timeout).
+
+    An error in the middle of a stream comes after the 200, as an event (vLLM's
+    ``create_streaming_error_response``: ``{"error": {"message", "type", "code"}}``, then ``[DONE]``),
+    which the openai client raises as a bare ``APIError`` with that error as its body: its ``code``
+    stands for the status (none: a 500) and its message says whether the engine died."""
     import openai
 
     if isinstance(exc, openai.APIStatusError):
@@ -734,6 +751,10 @@ def request_fault(exc: BaseException) -> str:
         return "engine" if engine_dead_reply(exc.status_code, answer_text(exc)) else "server"
     if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
         return "engine"
+    if (code := stream_error_code(exc)) is not None:
+        if 400 <= code < 500:
+            return "rejected"
+        return "engine" if engine_dead_reply(code, answer_text(exc)) else "server"
     if isinstance(exc, (openai.APIConnectionError, OSError)):
         return "connection"
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -742,6 +763,26 @@ def request_fault(exc: BaseException) -> str:
     if names & {"TransportError", "NetworkError", "RemoteProtocolError", "ProtocolError"}:
         return "connection"
     return "engine"
+
+
+def stream_error_code(exc: BaseException) -> int | None:
+    """The status an error event in the middle of a stream stands for (its ``code``; 500 when it gives
+    none, a 5xx it gives as text), or None when ``exc`` is not such an event (the openai client raises
+    it as a bare ``APIError``: no HTTP status of its own, no connection error)."""
+    import openai
+
+    bare = isinstance(exc, openai.APIError) and not isinstance(
+        exc, (openai.APIStatusError, openai.APIConnectionError, openai.APIResponseValidationError)
+    )
+    if not bare:
+        return None
+    body = getattr(exc, "body", None)
+    code = body.get("code") if isinstance(body, Mapping) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
+        return code
+    return 500
 
 
 def answer_text(exc: Any) -> str:
@@ -756,10 +797,18 @@ def answer_text(exc: Any) -> str:
 
 def error_line(exc: BaseException) -> str:
     """A failed request's line: vLLM's message for a 4xx (``rejected (HTTP 400): This model's maximum
-    context length is ...``), the exception with the HTTP status for another error answer, else the
-    exception."""
+    context length is ...``), an error event in the stream's (``error in the stream (500
+    InternalServerError): Internal server error``), the exception with the HTTP status for another error
+    answer, else the exception."""
     import openai
 
+    if (code := stream_error_code(exc)) is not None:
+        body = getattr(exc, "body", None)
+        kind = body.get("type") if isinstance(body, Mapping) else None
+        text = " ".join(str(getattr(exc, "message", "") or exc).split())[:300]
+        if 400 <= code < 500:
+            return f"rejected (HTTP {code}, in the stream): {text}"
+        return f"error in the stream ({code}{f' {kind}' if kind else ''}): {text}"
     if isinstance(exc, openai.APIStatusError):
         body = exc.body
         said = body.get("message") if isinstance(body, Mapping) else None
@@ -794,7 +843,7 @@ async def _healthy(http: httpx.AsyncClient) -> bool:
     were sent (the same retries on the connection)."""
     import httpx
 
-    for delay in (*CONNECTION_RETRY_S, None):
+    for delay in (*RETRY_S, None):
         try:
             resp = await http.get("/health", timeout=10.0)
         except httpx.TimeoutException:

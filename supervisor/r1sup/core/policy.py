@@ -8,8 +8,10 @@
   longer than the context): the probe's configuration, not the engine's; no relaunch (exit 2).
 - transient classes (``cuda_error``, ``engine_dead``, ``hang``, ``probe_connection``,
   ``probe_server_error``): one retry of the same flags after a backoff; the same class again stops
-  (exit 4). ``run`` takes a ``probe_connection`` or ``probe_server_error`` stop as a restart within its
-  budget (:data:`PROBE_TRANSIENT`), never as its end.
+  (exit 4). The probe's two (its connection lost, or a 5xx that is not vLLM's engine-dead reply, while
+  vLLM's ``/health`` answered) come only after each failed request was sent again
+  (:mod:`r1sup.adapters.probe`); ``run`` takes a ``probe_connection`` or ``probe_server_error`` stop as
+  a restart within its budget (:data:`PROBE_TRANSIENT`, exit 5 once spent), never as its end.
 - ``ladder.max_attempts`` launches: stop (exit 3).
 
 Everything else is a memory failure, evidence for the search (:mod:`r1sup.core.search`).

@@ -136,17 +136,19 @@ class ProbeResult:
     concurrency_proven: int | None = None
     queued: bool = False  # fewer requests ran at once than were sent at once
     timed_out: bool = False
-    # requests that failed on the connection (refused, reset: never an answer of vLLM's) and were sent
-    # again, all requests together; those that still failed on it after their retries; those vLLM
-    # answered with a 4xx (r1sup's own request was wrong: its context, its tokens); those answered with a
-    # 5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down); and vLLM's
-    # /health once requests still failed on the connection or with such a 5xx (None: not asked). None in a
-    # record from before them (not written then, so old records keep their bytes)
+    # requests that failed on the connection (refused, reset, before vLLM's answer or in its stream) and
+    # were sent again, all requests together; those that still failed on it after their retries; those
+    # vLLM answered with a 4xx (r1sup's own request was wrong: its context, its tokens); those answered
+    # with a 5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down, an error
+    # event in the stream) after their retries; vLLM's /health once requests still failed on the
+    # connection or with such a 5xx (None: not asked); and the requests sent again after such a 5xx. None
+    # in a record from before them (not written then, so old records keep their bytes)
     retried: int | None = 0
     connection_errors: int | None = 0
     rejected: int | None = 0
     health_ok: bool | None = None
     server_errors: int | None = 0
+    server_retried: int | None = 0
     wave: Wave | None = None  # None when the probe was asked for none
     internal: ProbeFault | None = None
 
@@ -246,13 +248,18 @@ class ProbeResult:
         )
 
     def retried_text(self) -> str:
-        """``; 1 request retried after its connection failed`` when any was, else nothing."""
-        n = self.retried or 0
-        if not n:
-            return ""
-        if n == 1:
-            return "; 1 request retried after its connection failed"
-        return f"; {n} requests retried after their connection failed"
+        """``; 1 request retried after its connection failed`` when any was, and ``; 2 requests retried
+        after a 5xx answer`` when any was (vLLM's engine-dead reply is never retried), else nothing."""
+        said = ""
+        if n := self.retried or 0:
+            said += f"; {_requests(n)} retried after {'its' if n == 1 else 'their'} connection failed"
+        if n := self.server_retried or 0:
+            said += f"; {_requests(n)} retried after a 5xx answer"
+        return said
+
+
+def _requests(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests"
 
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ProbeResult))
@@ -260,5 +267,8 @@ _FLAGS = ("ok", "prompt_tokens_estimated", "sizing_reused", "queued", "timed_out
 _NUMBERS: tuple[str, ...] = tuple(
     n for n in _FIELDS if n not in (*_FLAGS, "errors", "sizing", "wave", "internal", "health_ok")
 )
-_LATER = frozenset({"retried", "connection_errors", "rejected", "health_ok", "server_errors"})  # when set
+# written only when set
+_LATER = frozenset(
+    {"retried", "connection_errors", "rejected", "health_ok", "server_errors", "server_retried"}
+)
 REJECTED_MARK = "rejected (HTTP 4"  # in the error line of a request vLLM answered with a 4xx

@@ -675,8 +675,8 @@ class Runner:
                 F.PROBE_SERVER_ERROR,
                 F.PHASE_SERVING,
                 detail=f"{result.server_errors} probe request(s) answered with a 5xx that is not vLLM's "
-                "engine-dead reply (a proxy, a server shutting down); vLLM's /health answers, so the "
-                "engine is not taken for dead",
+                "engine-dead reply (a proxy, a server shutting down, an error in the stream) after their "
+                "retries; vLLM's /health answers, so the engine is not taken for dead",
                 evidence=result.first_error,
             )
         elif result.without_engine_evidence:  # and /health failed: the engine's own evidence
@@ -1107,10 +1107,11 @@ def _probe_fields(result: ProbeResult) -> dict[str, Any]:
         "tokenize_calls",
     )
     fields = {k: getattr(result, k) for k in keys}
-    # requests sent again after their connection failed, still failed on it, answered with a 4xx
+    # requests sent again after their connection failed, still failed on it, answered with a 4xx, sent
+    # again after a 5xx that is not vLLM's engine-dead reply, still answered so
     fields.update(
         (k, v)
-        for k in ("retried", "connection_errors", "rejected", "server_errors")
+        for k in ("retried", "connection_errors", "rejected", "server_retried", "server_errors")
         if (v := getattr(result, k))
     )
     wave = result.wave
