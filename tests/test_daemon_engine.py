@@ -78,7 +78,7 @@ def cpu_burner(seconds: float) -> Iterator[list[subprocess.Popen[bytes]]]:
 # One config for both runs of the test below: the second run reuses the profile the first saved. One
 # sequence slot (the flood's queue) and a progress timeout far below the flood's queue; the drain's
 # budget covers the three 1,200-token requests one after another on the engine without its compile
-# warm-up (about 17 s each here; with 2,400 tokens each and a 60 s budget vLLM was still draining 3 at
+# warm-up (10 to 17 s each here; with 2,400 tokens each and a 60 s budget vLLM was still draining 3 at
 # the budget's end and they were cut with a 500).
 FLOOD_DAEMON = {
     **FAST_DAEMON,
@@ -86,7 +86,9 @@ FLOOD_DAEMON = {
     "progress_timeout_s": 20.0,
     "drain_timeout_s": 240.0,
 }
-FLOOD_REQUESTS, FLOOD_TOKENS, DRAIN_TOKENS = 8, 300, 1200
+# 600 tokens: the last of the 8 waits for the 4,200 tokens before it, about 36 s at the 115 tokens/s seen
+# here beside the burner (at 300 tokens it waited 18 s, under the 20 s progress timeout, and proved nothing)
+FLOOD_REQUESTS, FLOOD_TOKENS, DRAIN_TOKENS = 8, 600, 1200
 
 
 def test_run_serves_recovers_stops_and_reuses_its_profile_through_a_one_slot_flood(
@@ -94,7 +96,7 @@ def test_run_serves_recovers_stops_and_reuses_its_profile_through_a_one_slot_flo
 ):
     """Three real starts. The first run: READY after the probe, a killed engine core restarted with the
     same flags, a SIGTERM that leaves nothing. The second run reuses the saved profile (one launch) and
-    serves the issue-34 flood: 8 requests of 300 tokens through max_num_seqs 1 queue longer than the
+    serves the issue-34 flood: 8 requests of 600 tokens through max_num_seqs 1 queue longer than the
     progress timeout, with a CPU burner spinning on every core beside them (issue 34: on a loaded machine
     a /metrics read can stay out for a minute); r1sup must neither restart nor fail a request, and a
     SIGTERM with requests in flight lets them finish. (The flood was a test of its own, with a start of
