@@ -68,7 +68,7 @@ def fake_body(
         },
         "start": {"max_model_len": 8192, **(start or {})},
         "ladder": {"first_launch": "as_configured"},
-        "probe": {"requests": 4, "output_tokens": 8, "request_timeout_s": 60, "timeout_s": 120},
+        "probe": {"requests": 4, "output_tokens": 8, "request_timeout_s": 30, "timeout_s": 60},
         "daemon": {"backoff_initial_s": 0.1, "backoff_max_s": 0.5},
         "state": {"dir": str(tmp_path / "state")},
     }
