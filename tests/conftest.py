@@ -120,16 +120,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # xdist worker, so that two engines start side by side, each on a core of its own
 # (_engine_core_of_this_worker), while the fake-engine tests fill the workers around them. xdist hands the
 # largest groups out first, one to each worker, then every other test one at a time to whichever worker
-# runs low. Balance the lanes by the seconds `--durations` records in CI: lane a, the daemon's
-# serve-recover-stop and its second run's one-slot flood (three starts and the flood, the longest test);
-# lane b, the rest (the KV budget's two launches, the compiled start under the system-call filter, the
-# probe, the planner's auto-fit: five starts). A real-engine test not named here joins lane b. The
-# `serial` ones run after, alone, in make test's second run.
+# runs low. Balance the lanes by the seconds `--durations` records in CI (one run here, 2 cores shared
+# with other work: the daemon's serve-recover-stop 375 s, the one-slot flood 194 s, the compiled start
+# under the system-call filter 96 s, the KV budget's two launches 92 s, the probe 52 s, the planner's
+# auto-fit 41 s): lane a, the flood, the KV budget and the filter; lane b, the rest. A real-engine test
+# not named here joins lane b. The `serial` ones run after, alone, in make test's second run.
 ENGINE_LANE_A = {
     (
         "test_daemon_engine.py",
-        "test_run_serves_recovers_stops_and_reuses_its_profile_through_a_one_slot_flood",
+        "test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_restart",
     ),
+    ("test_tune_engine.py", "test_context_larger_than_the_kv_budget_recovers_in_two_launches"),
+    ("test_systemd.py", "test_vllm_serves_under_the_units_system_call_filter"),
 }
 
 

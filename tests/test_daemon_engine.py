@@ -1,6 +1,5 @@
-"""``r1sup run`` with the real vLLM CPU engine: READY after the probe, a crash recovered, clean SIGTERM,
-then profile reuse through a one-slot flood and a drain (a SIGKILL of r1sup that leaves nothing behind:
-test_rollout_engine.py)."""
+"""``r1sup run`` with the real vLLM CPU engine: READY after the probe, a crash recovered,
+clean SIGTERM, profile reuse, and nothing left behind when r1sup itself is killed."""
 
 from __future__ import annotations
 
@@ -60,53 +59,8 @@ def engine_core(child_pid: int) -> psutil.Process | None:
     return kids[0] if kids else None
 
 
-@contextmanager
-def cpu_burner(seconds: float) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """A process per core spinning beside the test (a loaded machine, as in issue 34: load average ~8
-    on 2 cores), each ending by itself after ``seconds`` and killed when the block ends."""
-    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 2)]
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait(10)
-
-
-# One config for both runs of the test below: the second run reuses the profile the first saved. One
-# sequence slot (the flood's queue) and a progress timeout far below the flood's queue; the drain's
-# budget covers the three 1,200-token requests one after another on the engine without its compile
-# warm-up (10 to 17 s each here; with 2,400 tokens each and a 60 s budget vLLM was still draining 3 at
-# the budget's end and they were cut with a 500).
-FLOOD_DAEMON = {
-    **FAST_DAEMON,
-    "liveness_interval_s": 2.0,
-    "progress_timeout_s": 20.0,
-    "drain_timeout_s": 240.0,
-}
-# 600 tokens: the last of the 8 waits for the 4,200 tokens before it, about 36 s at the 115 tokens/s seen
-# here beside the burner (at 300 tokens it waited 18 s, under the 20 s progress timeout, and proved nothing)
-FLOOD_REQUESTS, FLOOD_TOKENS, DRAIN_TOKENS = 8, 600, 1200
-
-
-def test_run_serves_recovers_stops_and_reuses_its_profile_through_a_one_slot_flood(
-    tmp_path: Path, tiny_model: Path
-):
-    """Three real starts. The first run: READY after the probe, a killed engine core restarted with the
-    same flags, a SIGTERM that leaves nothing. The second run reuses the saved profile (one launch) and
-    serves the issue-34 flood: 8 requests of 600 tokens through max_num_seqs 1 queue longer than the
-    progress timeout, with a CPU burner spinning on every core beside them (issue 34: on a loaded machine
-    a /metrics read can stay out for a minute); r1sup must neither restart nor fail a request, and a
-    SIGTERM with requests in flight lets them finish. (The flood was a test of its own, with a start of
-    its own; a SIGKILL of r1sup leaving no vLLM, once this test's third start, is now the end of
-    test_rollout_engine.py's replica B.)"""
-    port = free_port()
-    body = tiny_engine_config(
-        tmp_path, tiny_model, port, start={"max_model_len": 3712, "max_num_seqs": 1}, daemon=FLOOD_DAEMON
-    )
-    body["server"]["stop_timeout_s"] = 240
+def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path):
+    body = tiny_engine_config(tmp_path, tiny_model, free_port(), daemon=FAST_DAEMON)
     config = write_config(tmp_path / "c.toml", body)
     state = tmp_path / "state"
     notify = NotifySocket(tmp_path / "notify.sock")
@@ -130,8 +84,6 @@ def test_run_serves_recovers_stops_and_reuses_its_profile_through_a_one_slot_flo
         proc.wait_event("serving", 400, count=2)
         st = status(state)
         assert st["launches"] == 2 and st["state"] == "serving"
-        first, again = (e["flags"] for e in proc.named("launch_started"))
-        assert again == first, (first, again)
 
         # (a SIGSTOP of the vLLM child, a hang, restarted: tests/test_daemon_liveness.py, on the fake
         # engine; the real engine's stop and restart are proven here by the kill -9 and the SIGTERM)
@@ -147,34 +99,64 @@ def test_run_serves_recovers_stops_and_reuses_its_profile_through_a_one_slot_flo
         notify.close()
         kill_engine_processes(config)
 
-    # 3. a second run reuses the saved profile: exactly one launch, all through the flood and its drain
-    proc = R1sup("--log-level", "debug", "run", "--config", str(config))  # every liveness verdict
+    # 3. a second run reuses the saved profile: exactly one launch; SIGKILL of r1sup leaves no vLLM
+    proc = R1sup("run", "--config", str(config))
     try:
         proc.wait_event("serving", 400)
         st = status(state)
         assert st["launches"] == 1 and st["profile_source"] == "persisted"
         assert proc.named("profile_found")
         assert len(engine_processes(config)) >= 2
-        _flood_then_drain(proc, config, port)
-        assert len(proc.named("launch_started")) == 1
+        proc.proc.kill()
+        proc.wait(30)
+        wait_until(lambda: not engine_processes(config), 60, interval=0.5, what="no vLLM process left")
     finally:
         proc.kill()
         kill_engine_processes(config)
 
 
-def _flood_then_drain(proc: R1sup, config: Path, port: int) -> None:
-    """The one-slot flood beside the CPU burner, then a SIGTERM with one request running and one waiting
-    (the daemon ``proc`` serves ``config``'s engine on ``port``)."""
-    import time
+@contextmanager
+def cpu_burner(seconds: float) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A process per core spinning beside the test (a loaded machine, as in issue 34: load average ~8
+    on 2 cores), each ending by itself after ``seconds`` and killed when the block ends."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait(10)
+
+
+def test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_restart(
+    tmp_path: Path, tiny_model: Path
+):
+    """The issue's case, short: 8 requests of 600 tokens through max_num_seqs 1 queue for a minute or more,
+    longer than the progress timeout and any check's timeout, with a CPU burner spinning on every core
+    beside them (issue 34: on a loaded machine a /metrics read can stay out for a minute); r1sup must
+    neither restart nor fail a request, and a SIGTERM with requests in flight lets them finish. (At
+    1,500 tokens each the queue outlasted the client's 300 s timeout on a machine running another
+    engine test beside it.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
 
+    daemon = {**FAST_DAEMON, "liveness_interval_s": 2.0, "progress_timeout_s": 20.0, "drain_timeout_s": 240.0}
+    port = free_port()
+    # the drain's budget covers the three 2,400-token requests one after another on the engine without
+    # its compile warm-up (about 35 s each here; at 60 s vLLM was still draining 3 at the budget's end
+    # and they were cut with a 500)
+    body = tiny_engine_config(
+        tmp_path, tiny_model, port, start={"max_model_len": 3712, "max_num_seqs": 1}, daemon=daemon
+    )
+    body["server"]["stop_timeout_s"] = 240
+    config = write_config(tmp_path / "c.toml", body)
+    proc = R1sup("--log-level", "debug", "run", "--config", str(config))  # every liveness verdict
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=300, max_retries=0)
 
-    answered_at: list[float] = []  # when each answer came (monotonic)
-
-    def chat(_: int, max_tokens: int = FLOOD_TOKENS) -> str:
+    def chat(_: int, max_tokens: int = 600) -> str:
         try:
             reply = client.chat.completions.create(
                 model="tiny",
@@ -183,63 +165,61 @@ def _flood_then_drain(proc: R1sup, config: Path, port: int) -> None:
                 temperature=0,
                 extra_body={"ignore_eos": True},
             )
-            answered_at.append(time.monotonic())
             return str(reply.choices[0].finish_reason)
         except openai.OpenAIError as exc:
             return f"{type(exc).__name__}: {exc}"
 
-    t0 = time.monotonic()
-    with cpu_burner(400) as burner, ThreadPoolExecutor(FLOOD_REQUESTS) as pool:
-        answers = list(pool.map(chat, range(FLOOD_REQUESTS)))
-        assert all(p.poll() is None for p in burner), "the burner ran the whole flood"
-    assert answers == ["length"] * FLOOD_REQUESTS
-    # what the flood is for: through one slot, the last request runs only once the one before it has
-    # answered, so it waited that long in vLLM's queue: longer than the progress timeout
-    waited = sorted(answered_at)[-2] - t0
-    took = time.monotonic() - t0
-    print(
-        f"the flood: {FLOOD_REQUESTS} x {FLOOD_TOKENS} tokens in {took:.0f} s, the last waited {waited:.0f} s"
-    )
-    assert waited > FLOOD_DAEMON["progress_timeout_s"], waited
-    assert not proc.named("serving_failed"), proc.named("serving_failed")
-    # the verdicts given while work was pending: requests waiting by /metrics, by the stats lines while
-    # a starved API server leaves /metrics unanswered, or a stall clock running (r1sup's own completion
-    # queued behind the flood): every one of them says alive
-    busy = [
-        e
-        for e in proc.named("liveness")
-        if (e.get("waiting") or 0) > 0
-        or (e["source"] == "stats_line" and (e.get("stats_waiting") or 0) > 0)
-        or "stalled_s" in e
-    ]
-    assert busy and {e["verdict"] for e in busy} == {"alive"}, [
-        (e["verdict"], e["source"], e.get("metrics_error")) for e in busy
-    ]
+    try:
+        proc.wait_event("serving", 400)
+        with cpu_burner(400) as burner, ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(chat, range(8)))
+            assert all(p.poll() is None for p in burner), "the burner ran the whole flood"
+        assert answers == ["length"] * 8
+        assert not proc.named("serving_failed"), proc.named("serving_failed")
+        assert len(proc.named("launch_started")) == 1
+        # the verdicts given while work was pending: requests waiting by /metrics, by the stats lines while
+        # a starved API server leaves /metrics unanswered, or a stall clock running (r1sup's own completion
+        # queued behind the flood): every one of them says alive
+        busy = [
+            e
+            for e in proc.named("liveness")
+            if (e.get("waiting") or 0) > 0
+            or (e["source"] == "stats_line" and (e.get("stats_waiting") or 0) > 0)
+            or "stalled_s" in e
+        ]
+        assert busy and {e["verdict"] for e in busy} == {"alive"}, [
+            (e["verdict"], e["source"], e.get("metrics_error")) for e in busy
+        ]
 
-    # The drain: SIGTERM once one request runs and another waits behind it. That state lasts while
-    # two of the three are in vLLM (two requests' generation), and is caught by sampling /metrics:
-    # longer requests widen it beyond a slow read, and the wait ends (with what was seen) as soon as
-    # it can no longer come, instead of sampling an idle server until the timeout.
-    samples: list[str] = []
-    with ThreadPoolExecutor(3) as pool:
-        pending = [pool.submit(chat, i, DRAIN_TOKENS) for i in range(3)]
+        # The drain: SIGTERM once one request runs and another waits behind it. That state lasts while
+        # two of the three are in vLLM (two requests' generation), and is caught by sampling /metrics:
+        # longer requests widen it beyond a slow read, and the wait ends (with what was seen) as soon as
+        # it can no longer come, instead of sampling an idle server until the timeout.
+        samples: list[str] = []
+        with ThreadPoolExecutor(3) as pool:
+            pending = [pool.submit(chat, i, 2400) for i in range(3)]
 
-        def queued() -> bool:
-            if _queued(port, samples):
-                return True
-            done = [f.result() for f in pending if f.done()]
-            assert len(done) < 2, f"{len(done)} of 3 answered before one was seen waiting: {done}; {samples}"
-            return False
+            def queued() -> bool:
+                if _queued(port, samples):
+                    return True
+                done = [f.result() for f in pending if f.done()]
+                assert len(done) < 2, (
+                    f"{len(done)} of 3 answered before one was seen waiting: {done}; {samples}"
+                )
+                return False
 
-        wait_until(queued, 120, interval=0.2, what="a request running, one waiting")
-        proc.signal(signal.SIGTERM)
-        proc.wait_event("state_changed", 30, where=lambda e: e["new"] == "draining")
-        assert [f.result(timeout=180) for f in pending] == ["length"] * 3
-    started = proc.named("drain_started")[0]
-    assert started["running"] >= 1, started  # the SIGTERM came with a request in flight
-    assert proc.wait(120) == 0, proc.tail()
-    assert proc.named("drain_finished")[0]["complete"] is True
-    assert not engine_processes(config)
+            wait_until(queued, 120, interval=0.2, what="a request running, one waiting")
+            proc.signal(signal.SIGTERM)
+            proc.wait_event("state_changed", 30, where=lambda e: e["new"] == "draining")
+            assert [f.result(timeout=180) for f in pending] == ["length"] * 3
+        started = proc.named("drain_started")[0]
+        assert started["running"] >= 1, started  # the SIGTERM came with a request in flight
+        assert proc.wait(120) == 0, proc.tail()
+        assert proc.named("drain_finished")[0]["complete"] is True
+        assert not engine_processes(config)
+    finally:
+        proc.kill()
+        kill_engine_processes(config)
 
 
 def _queued(port: int, samples: list[str]) -> bool:

@@ -253,12 +253,6 @@ def test_a_rolling_restart_under_a_flood_loses_no_accepted_request(tmp_path: Pat
         # B carried the flood after A left, alone
         assert [r for _, r in accepted[-AFTER_ROLL:]] == ["b"] * AFTER_ROLL
         assert len(proc_b.named("launch_started")) == 1 and not proc_b.named("serving_failed")
-        # a SIGKILL of r1sup leaves no vLLM behind (moved from test_daemon_engine.py, where it took a
-        # real start of its own)
-        assert len(engine_processes(config_b)) >= 2
-        proc_b.proc.kill()
-        proc_b.wait(30)
-        wait_until(lambda: not engine_processes(config_b), 60, interval=0.5, what="no vLLM process left")
     finally:
         stop.set()
         service.close()

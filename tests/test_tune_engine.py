@@ -114,9 +114,7 @@ def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path
     del body["start"]["kv_cache_memory_bytes"]
     config = write_config(tmp_path / "c.toml", body)
     try:
-        # the probe's concurrency wave at 2 (as in test_rollout_engine.py), not 16: what this test proves is
-        # the lowered utilization; the wave is test_probe_engine.py's
-        code, result, proc = run_tune(config, "--set", "probe.requests=2", "--set", "probe.max_concurrency=2")
+        code, result, proc = run_tune(config, "--set", "probe.requests=2")
         assert code == 0, proc.tail()
         assert result["launches"] == 2
         assert result["attempts"][0]["failure_class"] == "free_mem_below_util"
