@@ -66,11 +66,18 @@ def planning_without_a_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 @pytest.fixture(autouse=True)
 def _fresh_structlog():
-    """cli.main() configures structlog for the process; each test starts from the defaults."""
+    """cli.main() configures structlog for the process; each test starts from the defaults. A command
+    that did not log leaves its configuration pending (``logs.configure`` defers structlog's import until
+    the first logger), and the next ``get_logger`` would apply it: to an output captured by an earlier
+    test, closed since. That is dropped too."""
     import structlog
 
+    from r1sup.adapters import logs
+
+    logs._active.pop("pending", None)
     structlog.reset_defaults()
     yield
+    logs._active.pop("pending", None)
     structlog.reset_defaults()
 
 
