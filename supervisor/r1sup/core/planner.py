@@ -765,8 +765,8 @@ def _suggestions(
 
     The 4-bit checkpoint is a different checkpoint, not a flag r1sup can change for the user: when it
     alone does not hold the context (its weights still fill the card), its way out is what the search
-    recommends for that checkpoint within ``bounds`` (:func:`_four_bit`), the other changes named in
-    its title.
+    recommends for that checkpoint within ``bounds`` (:func:`r1sup.core.search.assess`), the other
+    changes named in its title.
     """
     out: list[Suggestion] = []
     pinned = flags.kv_cache_memory_bytes is not None
@@ -836,9 +836,17 @@ def _suggestions(
         choice = fit(four)
         title = FOUR_BIT_TITLE
         if choice is None:
-            choice = _four_bit(
-                arch, device, four, version, calibration, target_concurrency, target_context, bounds
-            )
+            # the search's first flags for that checkpoint within the bounds, as plan() assesses flags
+            choice = S.assess(
+                arch,
+                device,
+                four,
+                target_concurrency=target_concurrency,
+                target_context=target_context,
+                calibration=calibration,
+                bounds=bounds,
+                version=version,
+            ).choice
             if choice is not None and choice.ev.flags.replace(max_model_len=None) != four.replace(
                 max_model_len=None
             ):
@@ -911,31 +919,6 @@ FOUR_BIT_REQUIRES = (
     "vLLM reads its method from the checkpoint, --quantization awq or gptq only names it)"
 )
 FOUR_BIT_NOTE = "4-bit weights: a small loss of accuracy"
-
-
-def _four_bit(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    version: Version,
-    calibration: Calibration | None,
-    target_concurrency: int | None,
-    target_context: int | None,
-    bounds: Bounds | None,
-) -> Choice | None:
-    """What the search recommends for ``flags`` (a 4-bit checkpoint) within ``bounds`` (None: the
-    ladder's defaults): the first flags r1sup would launch with that checkpoint."""
-    found = S.assess(
-        arch,
-        device,
-        flags,
-        target_concurrency=target_concurrency,
-        target_context=target_context,
-        calibration=calibration,
-        bounds=bounds,
-        version=version,
-    )
-    return found.choice
 
 
 def _extra_changes(base: EngineFlags, new: EngineFlags) -> str:
