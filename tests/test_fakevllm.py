@@ -874,9 +874,11 @@ def test_requests_beyond_the_context_are_rejected_and_serving_goes_on(launch: Ca
 
 def test_concurrent_requests_beyond_the_cache_count_preemptions(launch: Callable[..., Fake]) -> None:
     # KV pinned to 20 blocks of 16 tokens (19 usable); each request holds 13 blocks, so two at once overflow.
+    # At 1 token/s a request decodes for 1.5 s of real time: the two overlap even when the second
+    # thread starts late on a loaded machine (at 10 tokens/s, 0.15 s, a clean-clone run missed it).
     block = 57_344 * 16
     fake = launch(
-        {"gpu": "RTX 4090", "time_scale": 0.01, "runtime": {"decode_tokens_per_s": 10}},
+        {"gpu": "RTX 4090", "time_scale": 0.01, "runtime": {"decode_tokens_per_s": 1}},
         "--max-model-len",
         "256",
         "--kv-cache-memory-bytes",
