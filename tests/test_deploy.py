@@ -992,10 +992,15 @@ def selected_series(expr: str) -> set[str]:
 
 
 def vllm_metric_names() -> set[str]:
-    """The series the installed vLLM's Prometheus logger declares (vllm/v1/metrics/loggers.py)."""
-    import vllm.v1.metrics.loggers as loggers
+    """The series the installed vLLM's Prometheus logger declares (vllm/v1/metrics/loggers.py), read from
+    its source file: importing it imports torch and vLLM, a minute of a loaded core."""
+    import importlib.util
 
-    source = Path(loggers.__file__).read_text(encoding="utf-8")
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vLLM is not installed"
+    source = (Path(spec.submodule_search_locations[0]) / "v1" / "metrics" / "loggers.py").read_text(
+        encoding="utf-8"
+    )
     return set(re.findall(r'name="(vllm:[a-z_:]+)"', source))
 
 
