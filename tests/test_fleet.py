@@ -724,9 +724,28 @@ def published_profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, di
     return published.name, json.loads(published.read_text())
 
 
+@pytest.mark.parametrize(("section", "name", "value"), BAD_STORE_VALUES, ids=lambda v: str(v)[:24])
+def test_every_bad_store_value_is_refused_where_the_replica_reads_the_store(
+    tmp_path: Path, published_profile: tuple[str, dict[str, Any]], section: str, name: str, value: Any
+):
+    # the store's lookup, which tune's bring-up calls (the process test below shows one value end to end:
+    # the event, no launch with it, the replica's own search and its profile published over it)
+    file_name, good = published_profile
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / file_name).write_text(_tampered(good, section, name, value))
+    heard: list[Any] = []
+    store = DirectoryStore(tmp_path, tell=heard.append, here=HERE)
+    assert store.lookup(Path(file_name).stem) is None, (section, name, value)
+    [invalid] = heard
+    assert isinstance(invalid, E.FleetFileInvalid) and name in invalid.reason, invalid
+    # the good one, in the same place, is read
+    (tmp_path / "profiles" / file_name).write_text(json.dumps(good))
+    assert store.lookup(Path(file_name).stem) is not None and len(heard) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("section", "name", "value"), BAD_STORE_VALUES, ids=lambda v: str(v)[:24])
+@pytest.mark.parametrize(("section", "name", "value"), [BAD_STORE_VALUES[1]], ids=lambda v: str(v)[:24])
 def test_a_bad_store_profile_is_refused_and_the_replica_tunes_on_its_own(
     tmp_path: Path, published_profile: tuple[str, dict[str, Any]], section: str, name: str, value: Any
 ):
