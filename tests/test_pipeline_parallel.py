@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,11 +44,33 @@ def gpus(name: str, count: int) -> DeviceFacts:
 SPLITS = [(61, 2), (61, 3), (61, 4), (80, 3), (64, 8), (28, 3), (48, 5), (10, 4), (5, 5), (7, 1)]
 
 
+def vllms_get_pp_indices() -> Any:
+    """``get_pp_indices`` of the installed vLLM (vllm/distributed/utils.py), its own source compiled alone
+    with ``VLLM_PP_LAYER_PARTITION`` unset: importing its module imports torch, a minute of a loaded core
+    in each test process."""
+    import ast
+    import importlib.util
+    import logging
+    import types
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vLLM is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "distributed" / "utils.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    [func] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_pp_indices"]
+    scope: dict[str, Any] = {
+        "envs": types.SimpleNamespace(VLLM_PP_LAYER_PARTITION=None),
+        "logger": logging.getLogger("vllm.distributed.utils"),
+    }
+    exec(compile(ast.Module([func], type_ignores=[]), str(path), "exec"), scope)  # noqa: S102 - vLLM's code
+    return scope["get_pp_indices"]
+
+
 @pytest.mark.parametrize(("layers", "pp"), SPLITS)
-def test_the_layer_split_is_vllms(monkeypatch: pytest.MonkeyPatch, layers: int, pp: int) -> None:
-    utils = pytest.importorskip("vllm.distributed.utils")
-    monkeypatch.delenv("VLLM_PP_LAYER_PARTITION", raising=False)
-    ranges = [utils.get_pp_indices(layers, rank, pp) for rank in range(pp)]
+def test_the_layer_split_is_vllms(layers: int, pp: int) -> None:
+    get_pp_indices = vllms_get_pp_indices()
+    ranges = [get_pp_indices(layers, rank, pp) for rank in range(pp)]
     assert M.pp_partition(layers, pp) == tuple(end - start for start, end in ranges)
     assert [r[0] for r in ranges] == [sum(M.pp_partition(layers, pp)[:i]) for i in range(pp)]
 
