@@ -260,7 +260,7 @@ def test_an_oom_while_serving_steps_down_saves_the_profile_and_serves_again(tmp_
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
     assert failed["failure_class"] == F.OOM_RUNTIME
-    step = r.log.named("ladder_step")[0]
+    step = r.log.named("search_step")[0]
     assert step["old"] != step["new"]
     doc = r.status_json()
     assert (
@@ -333,7 +333,7 @@ def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path) -> None:
     failures = r.log.named("serving_failed")
     assert len(failures) == 3 and {f["failure_class"] for f in failures} == {F.ENGINE_DEAD}
     # a crash is not a memory problem: the same flags each time
-    assert not r.log.named("ladder_step") and len({tuple(e.spec.argv) for e in r.engines}) == 1
+    assert not r.log.named("search_step") and len({tuple(e.spec.argv) for e in r.engines}) == 1
     doc = r.status_json()
     assert doc["state"] == "failed" and doc["launches"] == 3 and doc["child_pid"] is None
 

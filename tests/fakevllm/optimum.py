@@ -48,7 +48,7 @@ SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 @dataclasses.dataclass(frozen=True)
 class Bounds:
-    """The ladder's limits (the same names as r1sup's ``[ladder]`` section, plus the search grid)."""
+    """The ladder's limits (the same names as r1sup's ``[search]`` section, plus the search grid)."""
 
     min_max_model_len: int = 2048
     max_max_model_len: int | None = None  # default: the user's max_model_len, else the model's maximum
