@@ -447,6 +447,16 @@ def test_values_that_name_the_search_section_ladder_render_the_same_config_and_b
     assert [(r.old, r.new) for r in old.renamed] == [("[ladder]", "[search]")] and not new.renamed
     _, default, default_budget = made({})
     assert old_budget == new_budget < default_budget and default.search.max_attempts == 4
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:  # the install's notes say it too
+        notes = [
+            chart.render({"config": {section: mine}}, name=RELEASE, namespace="serving", is_install=True)[
+                "r1sup/templates/NOTES.txt"
+            ]
+            for section in ("ladder", "search")
+        ]
+    assert "config.ladder is now config.search" in notes[0] and "ladder" not in notes[1]
 
 
 def test_the_statefulset_keeps_its_state_on_a_claim_and_shares_the_fleets_store():
