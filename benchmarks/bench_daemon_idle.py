@@ -56,7 +56,7 @@ memory_release_timeout_s = 10
 [start]
 max_model_len = 8192
 
-[ladder]
+[search]
 first_launch = "as_configured"
 
 [probe]

@@ -4,13 +4,13 @@ For every scenario of :mod:`scenarios` (GPU x DeepSeek-R1 distill x target) this
 GPU engine (``tests/fakevllm``) and the fake NVML (``tests/fakenvml``):
 
 - ``smart`` and ``naive``: the real CLI, ``python -m r1sup.cli.app --log-format json tune --config F --json
-  --strategy S``. ``smart`` runs with ``ladder.first_launch = "planned"`` (the planner predicts the first
-  launch; ``--first-launch as_configured`` starts it from the user's ``[start]`` to measure the ladder
+  --strategy S``. ``smart`` runs with ``search.first_launch = "planned"`` (the planner predicts the first
+  launch; ``--first-launch as_configured`` starts it from the user's ``[start]`` to measure the search
   alone). ``naive`` is the seed's walk done by hand (``r1sup.core.naive``, the baseline kept for this
   benchmark): it always starts from the user's ``[start]``;
 - ``auto-fit``: the engine alone with vLLM's ``--max-model-len -1`` and the user's other flags;
 - ``optimum``: ``fakevllm.optimum.optimum``, the best feasible configuration by exhaustive search over the
-  fake engine's own accounting, within the same ladder bounds.
+  fake engine's own accounting, within the same [search] bounds.
 
 Every figure comes from the runs: launches and simulated seconds from the engine's state file (one line
 per launch), the final flags from ``tune --json``, the KV capacity from the engine's line of the final
@@ -38,7 +38,7 @@ the auto-fit launch), the context and sequences r1sup serves, whether ``tune`` g
 first launch, and the optimum that keeps at least 32 sequences (or the user's value); "fits w/ vLLM
 seqs": the optimum's search finds the asked context while serving vLLM's default (or the user's).
 
-Targets (issues 15 and 29), smart with ``ladder.first_launch = "planned"``: at least 97% of the
+Targets (issues 15 and 29), smart with ``search.first_launch = "planned"``: at least 97% of the
 scenarios that have a feasible configuration end within 95% of the optimum's context with the target
 met; none of them is declared infeasible (exit 3 or 4); median launches 1, at most 2; ``plan --config``
 recommends the first launch in every scenario (its exit 3: ``tune`` launches nothing); ``max_num_seqs``
@@ -95,7 +95,7 @@ BLOCK = 16
 TARGET_MEDIAN_LAUNCHES = 1
 TARGET_MAX_LAUNCHES = 2  # from the plan (issue 29)
 SERVING_MIN_SEQS = 32  # the serving scenarios' optimum keeps at least this many sequences (or the user's)
-MIN_SEQS = 16  # ladder.min_max_num_seqs: r1sup never sets fewer
+MIN_SEQS = 16  # search.min_max_num_seqs: r1sup never sets fewer
 TARGET_CONTEXT_RATIO = 0.95
 TARGET_WITHIN_SHARE = 0.97
 TARGET_CONTEXT_RATIO_AS_CONFIGURED = 0.90
@@ -171,7 +171,7 @@ class Result:
             "model": s.model_id,
             "target": {"concurrency": s.concurrency, "context": s.context},
             "start": dict(s.start),
-            "ladder": dict(s.ladder),
+            "search": dict(s.search),
             "why": s.why,
             "smart": {**asdict(self.smart), "context_ratio": self.context_ratio(self.smart)},
             "naive": {**asdict(self.naive), "context_ratio": self.context_ratio(self.naive)},
@@ -268,8 +268,8 @@ def user_flags(bs: BenchScenario) -> EngineFlags:
     return EngineFlags(**dict(bs.start))
 
 
-def ladder_bounds(bs: BenchScenario) -> Bounds:
-    return dataclasses.replace(Bounds(), **dict(bs.ladder))
+def search_bounds(bs: BenchScenario) -> Bounds:
+    return dataclasses.replace(Bounds(), **dict(bs.search))
 
 
 # --- the three ways ---------------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def run_tune(
                 "memory_release_timeout_s": 10.0,
             },
             "start": dict(bs.start),
-            "ladder": {"first_launch": first_launch, **dict(bs.ladder)},
+            "search": {"first_launch": first_launch, **dict(bs.search)},
             "target": {"concurrency": bs.concurrency, "context": bs.context} if bs.has_target else {},
             "probe": {"requests": 2, "output_tokens": 4, "request_timeout_s": 60.0, "timeout_s": 120.0},
             "state": {"dir": str(d / "state")},
@@ -473,7 +473,7 @@ def find_optimum(bs: BenchScenario, min_seqs: int = 0) -> dict[str, Any] | None:
     scenario = load_scenario(bs.scenario())
     if bs.others_schedule:  # the box as it stays once the other tenant settled
         scenario = scenario.with_others(bs.others_schedule[-1])
-    bounds = OptBounds.from_any(ladder_bounds(bs))
+    bounds = OptBounds.from_any(search_bounds(bs))
     if bs.context and bs.start.get("max_model_len") is None:
         # a target context without max_model_len is the context asked (issue 36): more is not what was asked
         cap = min(bounds.max_max_model_len or bs.context, bs.context)
@@ -867,7 +867,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         "--first-launch",
         choices=("planned", "as_configured"),
         default="planned",
-        help="ladder.first_launch of the smart runs: the planner's flags (default) or the user's [start]",
+        help="search.first_launch of the smart runs: the planner's flags (default) or the user's [start]",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.only:
@@ -905,7 +905,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     print(text)
     print(
         f"\n{len(results)} scenarios in {time.monotonic() - t0:.0f}s (time_scale {args.time_scale:g}, "
-        f"smart: ladder.first_launch {args.first_launch}; naive: as_configured)"
+        f"smart: search.first_launch {args.first_launch}; naive: as_configured)"
     )
     if args.json:
         payload = {

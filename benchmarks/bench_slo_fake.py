@@ -71,7 +71,7 @@ def run_r1sup(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "model": {"name": MODEL, "served_name": "r1"},
         "server": {"launch": ["-m", "fakevllm"], "port": free_port(), "startup_timeout_s": 90},
         "start": {"max_model_len": 8192, "max_num_seqs": 2},
-        "ladder": {"first_launch": "as_configured"},
+        "search": {"first_launch": "as_configured"},
         "probe": {"requests": 2, "output_tokens": 2, "max_concurrency": 1, "request_timeout_s": 30},
         "slo": {
             "itl_p95_s": args.itl_ms / 1000,

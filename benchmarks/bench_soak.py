@@ -103,7 +103,7 @@ def write_config(work: Path, model: Path, port: int, daemon: dict[str, Any], kno
             "kv_cache_memory_bytes": 4_000_000,  # pinned, as in configs/demo-cpu.toml
             "max_num_seqs": 1,
         },
-        "ladder": {"first_launch": "as_configured"},
+        "search": {"first_launch": "as_configured"},
         "probe": {"requests": 2, "output_tokens": 16, "request_timeout_s": 120, "timeout_s": 300},
         "daemon": daemon,
         "state": {"dir": str(work / "state")},

@@ -1,13 +1,13 @@
 """The benchmark matrix: GPUs x DeepSeek-R1 distills x targets, with what a typical user writes.
 
 Each :class:`BenchScenario` is one box (GPU model, count, memory other processes hold), one model and
-one target (``concurrency`` requests of ``context`` tokens at once), plus the ``[start]`` and ``[ladder]``
+one target (``concurrency`` requests of ``context`` tokens at once), plus the ``[start]`` and ``[search]``
 a user would plausibly write:
 
 - ``[start]``: a round context (``max_model_len = 32768`` or ``16384``) or nothing at all (vLLM then uses
   the model's 131072), ``gpu_memory_utilization`` left at vLLM's 0.9, ``tensor_parallel_size`` set only
   where a user of a multi-GPU box would set it (the 70B models); no fp8 flags.
-- ``[ladder]``: the defaults (fp8 KV, eager mode and tensor parallel allowed; weight quantization NOT
+- ``[search]``: the defaults (fp8 KV, eager mode and tensor parallel allowed; weight quantization NOT
   allowed), except where the scenario says ``allow_weight_quantization``: boxes where the bf16 weights
   cannot fit and a user who accepts fp8 weights says so. Without that permission such a box has no
   feasible configuration, which is what the "cannot fit" scenarios check.
@@ -48,7 +48,7 @@ class BenchScenario:
     count: int = 1
     others_gib: float = 0.0  # memory other processes hold on every GPU
     start: Mapping[str, Any] = field(default_factory=dict)  # the user's [start]
-    ladder: Mapping[str, Any] = field(default_factory=dict)  # [ladder] beyond the defaults
+    search: Mapping[str, Any] = field(default_factory=dict)  # [search] beyond the defaults
     why: str = ""
     graph_estimate_ratio: float = GRAPH_ESTIMATE_RATIOS[0]  # set per scenario below
     family: str = "matrix"  # the adversarial family (issue 15) or "matrix" (GPU x model x target)
@@ -126,7 +126,7 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         2,
         8192,
         start=CTX16,
-        ladder=FP8_WEIGHTS,
+        search=FP8_WEIGHTS,
         why="bf16 weights do not fit; fp8 weights allowed",
     ),
     _s(
@@ -188,7 +188,7 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         1,
         4096,
         start=CTX32,
-        ladder=FP8_WEIGHTS,
+        search=FP8_WEIGHTS,
         why="cannot fit at all: 70B even in fp8 is 3x the card",
     ),
     # L40S (cc 8.9, 44 GB)
@@ -200,7 +200,7 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         2,
         16384,
         start=CTX32,
-        ladder=FP8_WEIGHTS,
+        search=FP8_WEIGHTS,
         why="bf16 weights do not fit; fp8 weights allowed",
     ),
     _s(
@@ -229,7 +229,7 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         1,
         8192,
         start=CTX16,
-        ladder=FP8_WEIGHTS,
+        search=FP8_WEIGHTS,
         why="bf16 weights do not fit; fp8 weights allowed",
     ),
     _s("a100-80-q32", "A100 80GB", "Qwen-32B", 4, 8192, start=CTX32, why="tight: 61 GiB of weights"),
@@ -290,7 +290,7 @@ SCENARIOS: tuple[BenchScenario, ...] = (
         4,
         8192,
         start=CTX32,
-        ladder=FP8_WEIGHTS,
+        search=FP8_WEIGHTS,
         why="bf16 70B leaves no KV room; fp8 weights allowed",
     ),
     _s("h200-q32", "H200", "Qwen-32B", 8, 32768, why="no max_model_len; the model's 131072"),
@@ -323,7 +323,7 @@ ADVERSARIAL: tuple[BenchScenario, ...] = (
        compute_capability=(8, 0), start=CTX32, why="61 GiB of weights on 66 GiB (92%)"),
     _a("weights-fill", "wf-h200-l70", "H200", "Llama-70B", 1, 2048, start=CTX32,
        why="131 GiB of bf16 weights on 139.7 GiB (94%), no weight quantization: nothing fits"),
-    _a("weights-fill", "wf-h200-l70-fp8w", "H200", "Llama-70B", 2, 16384, start=CTX32, ladder=FP8_WEIGHTS,
+    _a("weights-fill", "wf-h200-l70-fp8w", "H200", "Llama-70B", 2, 16384, start=CTX32, search=FP8_WEIGHTS,
        why="131 GiB of bf16 weights on 139.7 GiB (94%); fp8 weights allowed"),
     _a("weights-fill", "wf-q14-30g", "L40S", "Qwen-14B", 1, 4096, total_gib=30.5,
        compute_capability=(8, 9), start=CTX32, why="27.5 GiB of weights on 30.5 GiB (90%)"),

@@ -86,7 +86,7 @@ def tiny_engine_config(
             "kv_cache_memory_bytes": 4_000_000,
             **(start or {}),
         },
-        "ladder": {"min_max_model_len": 1024, "first_launch": "as_configured"},
+        "search": {"min_max_model_len": 1024, "first_launch": "as_configured"},
         "probe": {"requests": 4, "output_tokens": 8, "request_timeout_s": 120, "timeout_s": 300},
         "state": {"dir": str(tmp_path / "state")},
     }

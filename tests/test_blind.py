@@ -139,7 +139,7 @@ def test_shorten_only_when_levers_cannot_reach_and_respect_min():
     assert 4000 < d.flags.max_model_len <= 2 * 4016 + 16 and d.flags.max_model_len % 16 == 0
     d = step(flags, kv_fail(131072, 4000), R14_4090, Bounds(min_max_model_len=16384))
     assert isinstance(d, blind.GiveUp) and d.exit_code == EXIT_NO_WORKING_CONFIG
-    assert "below ladder.min_max_model_len 16384" in d.reason
+    assert "below search.min_max_model_len 16384" in d.reason
 
 
 def test_target_context_is_a_floor():

@@ -143,7 +143,7 @@ def f(self, level):
     self.s.notifier.status("x")
     self.metrics.child_up.set(1)
     self.write_status()
-    self.note("ladder_step")
+    self.note("search_step")
     statefiles.atomic_write_json(path, {})
     Tuner(self.config, self.runner, self.log)   # handing the logger on is no write
     self.publish(E.Stopping())
@@ -319,12 +319,12 @@ def test_log_lines_keep_their_documented_names_and_fields():
     assert [(e["log_level"], e["event"]) for e in logs] == [
         ("info", "state_changed"),
         ("error", "serving_failed"),
-        ("info", "ladder_step"),
+        ("info", "search_step"),
         ("error", "liveness"),
         ("debug", "liveness"),
         ("info", "restart_backoff"),
         ("info", "profile_found"),
-        ("info", "ladder_step"),
+        ("info", "search_step"),
         ("info", "retry_backoff"),
     ]
     assert logs[0] == {
@@ -345,7 +345,7 @@ def test_log_lines_keep_their_documented_names_and_fields():
     assert logs[5]["seconds"] == 4.46 and logs[5]["restart"] == 2 and logs[5]["budget"] == 5
     assert logs[6]["degraded"] is True and "updated_at" not in logs[6]
     assert logs[7] == {
-        "event": "ladder_step",
+        "event": "search_step",
         "log_level": "info",
         "attempt": 2,  # the launch that failed; the new flags go to launch 3
         "failure_class": "oom_runtime",
@@ -407,7 +407,7 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
         },
         {"event": "tune_succeeded", "log_level": "info", "launches": 3, "flags": flags},
         {
-            "event": "ladder_exhausted",
+            "event": "search_exhausted",
             "log_level": "error",
             "failure_class": F.NONE,
             "reason": "does not fit",
@@ -416,7 +416,7 @@ def test_the_searchs_own_lines_keep_their_names_levels_and_fields():
             "launches": 0,
         },
         {
-            "event": "ladder_exhausted",
+            "event": "search_exhausted",
             "log_level": "error",
             "failure_class": OOM.cls,
             "reason": "no flags left",
@@ -597,7 +597,7 @@ def test_a_tuner_without_a_bus_logs_the_searchs_events_through_the_log_sink(tmp_
         log = structlog.get_logger()
         tuner = Tuner(config, Runner(config, EventQueue(), log=log), log, know=ModelKnowledge())
         tuner.publish(SearchStepped(2, FIRST, SECOND, OOM.cls, OOM.evidence, "halved"))
-    assert [(e["event"], e["attempt"], e["reason"]) for e in logs] == [("ladder_step", 1, "halved")]
+    assert [(e["event"], e["attempt"], e["reason"]) for e in logs] == [("search_step", 1, "halved")]
 
 
 class Source:
@@ -641,7 +641,7 @@ def test_status_file_notes_recent_events_and_writes_at_the_changes(tmp_path: Pat
     sink(E.StatusText("x"))
     assert on_disk(tmp_path)["recent_events"][-1] == {
         **sink.recent[-1],
-        "event": "ladder_step",
+        "event": "search_step",
         "status": "attempt 2: context 8192 -> 4096 (oom_runtime)",
     }
 

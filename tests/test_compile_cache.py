@@ -156,7 +156,7 @@ def test_a_profile_proven_warm_relaunches_after_a_cold_start_without_a_ladder_st
         assert len(check) == 1 and check[0]["context_fits"] is not None
         relaunch = proc.named("compile_cache_cold_relaunch")
         assert len(relaunch) == 1, proc.tail(40)
-        assert not proc.named("ladder_step"), proc.tail(40)
+        assert not proc.named("search_step"), proc.tail(40)
         stop_cleanly(proc, config, tmp_path)
     launches = engine_records(tmp_path)[first:]
     assert [r["outcome"] for r in launches][-1] == "ready" and len(launches) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,13 @@ def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
         ('[server]\nenv = { VLLM_API_KEY = "k" }\n', "server.env", "api_key_file"),
         ("[server]\nenv = { A = 1 }\n", "server.env", "expected a table of strings"),
         ('[server]\nhost = "0.0.0.0"\n', "server.host", "not a loopback address"),
-        ('[ladder]\nstrategy = "random"\n', "ladder.strategy", "must be one of smart, naive"),
+        ('[search]\nstrategy = "random"\n', "search.strategy", "must be one of smart, naive"),
         (
-            "[ladder]\nmin_gpu_memory_utilization = 0.9\nmax_gpu_memory_utilization = 0.8\n",
-            "ladder.min_gpu_memory_utilization",
+            "[search]\nmin_gpu_memory_utilization = 0.9\nmax_gpu_memory_utilization = 0.8\n",
+            "search.min_gpu_memory_utilization",
             "must be <=",
         ),
-        ("[ladder]\nmax_attempts = 0\n", "ladder.max_attempts", "must be >= 1"),
+        ("[search]\nmax_attempts = 0\n", "search.max_attempts", "must be >= 1"),
         ("[target]\nconcurrency = -1\n", "target.concurrency", "must be >= 1"),
         (
             "[start]\nmax_model_len = 1024\n[target]\nconcurrency = 1\ncontext = 4096\n",
@@ -66,12 +67,12 @@ def run_check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str,
         (
             "[start]\nmax_model_len = 1024\n",
             "start.max_model_len",
-            "(1024) is shorter than ladder.min_max_model_len (2048)",
+            "(1024) is shorter than search.min_max_model_len (2048)",
         ),
         (
-            "[start]\nmax_model_len = 4096\n[ladder]\nmin_max_model_len = 8192\n",
+            "[start]\nmax_model_len = 4096\n[search]\nmin_max_model_len = 8192\n",
             "start.max_model_len",
-            "shorter than ladder.min_max_model_len (8192)",
+            "shorter than search.min_max_model_len (8192)",
         ),
         (
             "[start]\nmax_model_len = 4096\n[probe]\nprompt_tokens = 4090\noutput_tokens = 16\n",
@@ -464,8 +465,8 @@ def test_a_value_at_the_bound_loads_and_one_past_it_is_refused(dotted: str, f: A
     past = bound + 1 if isinstance(bound, int) else bound * 2
     data: dict[str, Any] = {"model": {"name": "org/model"}, section: {key: bound}}
     relaxed = {  # what must hold beside it for the other cross-checks
-        "start.max_model_len": {"ladder": {"min_max_model_len": 16}},
-        "ladder.min_gpu_memory_utilization": {"ladder": {"max_gpu_memory_utilization": bound}},
+        "start.max_model_len": {"search": {"min_max_model_len": 16}},
+        "search.min_gpu_memory_utilization": {"search": {"max_gpu_memory_utilization": bound}},
         "target.concurrency": {"target": {"concurrency": bound, "context": 4096}},
         "target.context": {"target": {"concurrency": 1, "context": bound}},
         "daemon.backoff_initial_s": {"daemon": {"backoff_initial_s": bound, "backoff_max_s": bound}},
@@ -523,3 +524,67 @@ def test_fuzzed_environment_is_used_within_the_bounds_or_refused_with_one_line(e
             assert value <= f.metadata["maximum"], dotted
             if dotted.endswith("_s"):
                 assert threading.Lock().acquire(timeout=value)
+
+
+# --- [ladder], the old name of [search], read for one release -----------------------------------------
+
+OLD_SEARCH = '[ladder]\nstrategy = "naive"\nmax_attempts = 3\nallow_weight_quantization = true\n'
+
+
+def test_the_old_section_name_loads_as_search_with_one_warning_naming_the_new_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path = write(tmp_path, MINIMAL + OLD_SEARCH)
+    old = cfg.load(path, environ={})
+    code, old_out, err = run_check(capsys, "--config", str(path), "--json", "--no-preflight")
+    path.write_text(MINIMAL + OLD_SEARCH.replace("[ladder]", "[search]"), encoding="utf-8")
+    new = cfg.load(path, environ={})
+    assert old == new and new.search.strategy == "naive" and new.search.max_attempts == 3
+    assert old.renamed == (cfg.Renamed("[ladder]", "[search]", str(path)),) and new.renamed == ()
+    assert code == 0 and run_check(capsys, "--config", str(path), "--json", "--no-preflight")[1] == old_out
+    warned = [json.loads(line) for line in err.splitlines() if "config_renamed" in line]
+    assert len(err.strip().splitlines()) == 1 and len(warned) == 1, err
+    assert warned[0]["level"] == "warning"
+    assert warned[0]["message"] == f"{path}: [ladder] is now [search]; [ladder] is read for this release"
+
+
+def test_both_the_old_and_the_new_section_is_a_one_line_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path = write(tmp_path, MINIMAL + OLD_SEARCH + "[search]\nmax_attempts = 4\n")
+    code, out, err = run_check(capsys, "--config", str(path), "--no-preflight")
+    assert code == 2 and out == ""
+    assert err == (
+        "r1sup: error: [ladder]: [search] is given too; [ladder] is the old name of [search]: "
+        "keep [search] only\n"
+    )
+
+
+def test_a_key_under_the_old_section_is_named_by_its_new_name(tmp_path: Path):
+    with pytest.raises(ConfigError) as info:
+        cfg.load(write(tmp_path, MINIMAL + "[ladder]\nmax_attempt = 3\n"), environ={})
+    assert str(info.value) == "search.max_attempt: unknown setting; did you mean search.max_attempts?"
+
+
+def test_old_names_in_the_environment_and_on_the_command_line_are_read_with_a_warning(tmp_path: Path):
+    path = write(tmp_path, MINIMAL)
+    env = {"R1SUP_LADDER_MAX_ATTEMPTS": "3"}
+    c = cfg.load(path, environ=env, overrides={"ladder.strategy": "naive"})
+    assert c.search.max_attempts == 3 and c.search.strategy == "naive"
+    assert c.renamed == (
+        cfg.Renamed(
+            "ladder.max_attempts", "search.max_attempts", "the environment variable R1SUP_LADDER_MAX_ATTEMPTS"
+        ),
+        cfg.Renamed("ladder.strategy", "search.strategy", "the command line"),
+    )
+    with pytest.raises(ConfigError) as info:  # a bad value names the new key and where it came from
+        cfg.load(path, environ={"R1SUP_LADDER_MAX_ATTEMPTS": "0"})
+    assert str(info.value) == (
+        "search.max_attempts: must be >= 1; got 0 (from the environment variable R1SUP_LADDER_MAX_ATTEMPTS)"
+    )
+    with pytest.raises(ConfigError) as info:  # both names in one layer
+        cfg.load(path, environ={**env, "R1SUP_SEARCH_MAX_ATTEMPTS": "4"})
+    assert str(info.value) == (
+        "ladder.max_attempts: search.max_attempts is given too (from the environment variable "
+        "R1SUP_SEARCH_MAX_ATTEMPTS); keep search.max_attempts only"
+    )

@@ -44,7 +44,7 @@ def render(fmt: str, event: str, **fields: Any) -> str:
 
 def test_console_shows_the_change_only_and_integers_as_integers() -> None:
     line = render(
-        "console", "ladder_step", attempt=1, old=OLD, new=NEW, reason="fp8 KV fits", evidence="x" * 50
+        "console", "search_step", attempt=1, old=OLD, new=NEW, reason="fp8 KV fits", evidence="x" * 50
     )
     assert "kv_cache_dtype auto -> fp8" in line
     assert "131072" not in line and "old=" not in line and "new=" not in line and "xxxx" not in line
@@ -59,7 +59,7 @@ def test_console_shows_the_change_only_and_integers_as_integers() -> None:
 
 def test_json_keeps_every_field_as_logged() -> None:
     data = json.loads(
-        render("json", "ladder_step", attempt=1, old=OLD, new=NEW, numbers={"max_model_len": 1.0})
+        render("json", "search_step", attempt=1, old=OLD, new=NEW, numbers={"max_model_len": 1.0})
     )
     assert data["old"] == OLD and data["new"] == NEW and data["numbers"] == {"max_model_len": 1.0}
 
@@ -120,7 +120,7 @@ def test_a_recovered_failure_reads_as_one_verdict(tmp_path: Path) -> None:
     assert re.search(r"detail='EngineCore\S* pid \d+, line \d+'", verdict), verdict  # where it was
     assert "vllm_error_lines=" in verdict
     assert sum("error" in line.split("]")[0] for line in lines) == 1  # the verdict, and nothing else
-    step = next(line for line in lines if "ladder_step" in line)
+    step = next(line for line in lines if "search_step" in line)
     # the change as one readable text (which lever depends on the search), never the old/new dicts
     assert re.search(r"change='[a-z_]+ \S+ -> \S+", step) and "old=" not in step, step
     assert not re.search(r"=\d+\.0\b", err), re.search(r".{60}=\d+\.0\b.{20}", err)

@@ -64,7 +64,7 @@ def test_a_search_with_a_step_moves_the_daemon_through_its_states_with_one_statu
     doc = status_json(tmp_path)
     assert doc["state"] == "probing" and doc["last_failure"]["class"] == "oom_cudagraph"
     recent = [e["event"] for e in doc["recent_events"] if e["event"] != "state_changed"]
-    assert recent == ["launch_started", "failure_classified", "ladder_step", "launch_started"]
+    assert recent == ["launch_started", "failure_classified", "search_step", "launch_started"]
 
 
 def test_an_event_the_state_table_forbids_is_refused(tmp_path: Path):

@@ -120,7 +120,7 @@ def test_runtime_oom_steps_down_saves_the_profile_and_serves_again(tmp_path: Pat
         failed = proc.wait_event("serving_failed", 30)
         assert failed["failure_class"] == "oom_runtime" and failed["phase"] == "serving"
         assert "CUDA out of memory" in failed["evidence"]
-        step = proc.wait_event("ladder_step", 30)
+        step = proc.wait_event("search_step", 30)
         assert step["failure_class"] == "oom_runtime"
         # a 64 MiB allocation, within what the sampler takes for vLLM's 256 sequences: fewer sequences
         # (more than the KV cache holds at once, so free) are tried first
@@ -429,7 +429,7 @@ def test_a_profile_degraded_by_another_tenant_is_kept_beside_and_the_best_return
     body = daemon_body(
         tmp_path,
         start={"max_model_len": 32768},
-        ladder={"first_launch": "planned"},
+        search={"first_launch": "planned"},
         target={"concurrency": 2, "context": 8192},
         daemon={"memory_check_s": 0.5},
     )

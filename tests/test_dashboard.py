@@ -127,7 +127,7 @@ def test_every_r1sup_series_the_dashboard_queries_is_in_a_real_runs_metrics(tmp_
     port = free_port()
     body = fake_body(
         tmp_path,
-        ladder={"allow_weight_quantization": True},  # one memory step: failures and ladder steps counted
+        search={"allow_weight_quantization": True},  # one memory step: failures and ladder steps counted
         daemon={"metrics_port": port, "health_interval_s": 0.5, "liveness_interval_s": 3600.0},
     )
     config = write_config(tmp_path / "r1sup.toml", body)

@@ -104,6 +104,11 @@ def config_schema() -> dict[str, Any]:
             if name in f.metadata:
                 one[word] = list(f.metadata[name]) if name == "choices" else f.metadata[name]
         body["properties"][key] = {"anyOf": [one, {"type": "null"}]}
+    for old, new in cfg.RENAMED_SECTIONS.items():  # read under its old name for one release
+        sections[old] = {
+            "description": f"the old name of {new}, read for this release (r1sup warns)",
+            **sections[new],
+        }
     return {"type": "object", "additionalProperties": False, "properties": sections}
 
 
@@ -333,7 +338,7 @@ def test_the_config_table_is_written_as_the_toml_r1sup_reads():
             "model": {"name": 'org/m "q" \\ é', "served_name": "m"},
             "server": {"extra_args": ["--max-num-seqs", "8"], "stop_timeout_s": 12.5},
             "start": {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "quantization": None},
-            "ladder": {"allow_weight_quantization": False},
+            "search": {"allow_weight_quantization": False},
         }
     }
     (configmap,) = [d for d in render(values) if d["kind"] == "ConfigMap"]
@@ -343,7 +348,7 @@ def test_the_config_table_is_written_as_the_toml_r1sup_reads():
     assert table["server"]["stop_timeout_s"] == 12.5 and table["server"]["port"] == 8000
     assert table["start"]["max_model_len"] == 4096 and isinstance(table["start"]["max_model_len"], int)
     assert table["start"]["gpu_memory_utilization"] == 0.9 and "quantization" not in table["start"]
-    assert table["ladder"]["allow_weight_quantization"] is False
+    assert table["search"]["allow_weight_quantization"] is False
     import helm_python as helm
 
     # a table where the chart writes values (server.env, a table of r1sup's, passes the values' schema)
@@ -367,14 +372,14 @@ def test_probes_grace_period_gpu_and_volumes(values: str):
     assert probes["readinessProbe"] == {"path": "/readyz", "port": "r1sup"}
     assert probes["livenessProbe"] == {"path": "/livez", "port": "r1sup"}
     # the startup budget: a wait for another replica's tune (for a group: for its Ray cluster), then
-    # every launch the ladder may make
+    # every launch the search may make
     startup = container["startupProbe"]
     budget = startup["periodSeconds"] * startup["failureThreshold"]
     env = container_env(container)
     wait = config.state.profile_wait_s if "R1SUP_STATE_PROFILE_STORE" in env else 0
     ray = re.search(r"--ray_init_timeout=(\d+)", " ".join(container.get("args", [])))
     wait += int(ray.group(1)) if ray else 0
-    assert budget >= wait + config.ladder.max_attempts * config.server.startup_timeout_s, budget
+    assert budget >= wait + config.search.max_attempts * config.server.startup_timeout_s, budget
     # SIGTERM comes after the preStop pause; then r1sup drains (at most server.stop_timeout_s), stops
     # vLLM (grace) and waits for the memory and the port, all before Kubernetes' SIGKILL
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
@@ -397,7 +402,7 @@ def test_the_derived_budgets_follow_the_config_and_r1sups_defaults():
     values = {
         "config": {
             "server": {"startup_timeout_s": None, "stop_timeout_s": None, "memory_release_timeout_s": None},
-            "ladder": {"max_attempts": None},
+            "search": {"max_attempts": None},
             "state": None,
         }
     }
@@ -410,12 +415,48 @@ def test_the_derived_budgets_follow_the_config_and_r1sups_defaults():
     assert "startup_timeout_s" not in configmap["data"]["r1sup.toml"]
     startup = pod["containers"][0]["startupProbe"]
     budget = startup["periodSeconds"] * startup["failureThreshold"]
-    needed = config.state.profile_wait_s + config.ladder.max_attempts * config.server.startup_timeout_s
+    needed = config.state.profile_wait_s + config.search.max_attempts * config.server.startup_timeout_s
     assert needed <= budget < needed + startup["periodSeconds"]
     drain = min(config.daemon.drain_timeout_s, config.server.stop_timeout_s)
     pause = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
     whole_stop = pause + config.server.stop_timeout_s + config.server.memory_release_timeout_s + drain
     assert whole_stop < pod["terminationGracePeriodSeconds"] <= whole_stop + 60
+
+
+def test_values_that_name_the_search_section_ladder_render_the_same_config_and_budget():
+    """Values written before the rename (config.ladder) keep working for this release: r1sup.toml gets
+    them under [ladder], which r1sup reads as [search] with a warning, over the chart's [search]
+    defaults (a key they set to null stays removed), and the startup budget counts their max_attempts."""
+
+    def made(values: dict[str, Any]) -> tuple[dict[str, Any], cfg.Config, int]:
+        docs = render(values)
+        (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+        (configmap,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        table = tomllib.loads(configmap["data"]["r1sup.toml"])
+        container = pod_of(sts)["containers"][0]
+        config = cfg.build(table, env={**image_env(), **container_env(container)})
+        startup = container["startupProbe"]
+        return table, config, startup["periodSeconds"] * startup["failureThreshold"]
+
+    mine = {"max_attempts": 2, "allow_weight_quantization": None}
+    old_table, old, old_budget = made({"config": {"ladder": mine}})
+    new_table, new, new_budget = made({"config": {"search": mine}})
+    assert "search" not in old_table and old_table["ladder"] == {"min_max_model_len": 8192, "max_attempts": 2}
+    assert "ladder" not in new_table and new_table["search"] == old_table["ladder"]
+    assert old == new and old.search.max_attempts == 2 and not old.search.allow_weight_quantization
+    assert [(r.old, r.new) for r in old.renamed] == [("[ladder]", "[search]")] and not new.renamed
+    _, default, default_budget = made({})
+    assert old_budget == new_budget < default_budget and default.search.max_attempts == 4
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:  # the install's notes say it too
+        notes = [
+            chart.render({"config": {section: mine}}, name=RELEASE, namespace="serving", is_install=True)[
+                "r1sup/templates/NOTES.txt"
+            ]
+            for section in ("ladder", "search")
+        ]
+    assert "config.ladder is now config.search" in notes[0] and "ladder" not in notes[1]
 
 
 def test_the_statefulset_keeps_its_state_on_a_claim_and_shares_the_fleets_store():
@@ -571,7 +612,7 @@ def test_the_upgrade_gate_tunes_the_new_image_then_gates_against_the_fleets_stor
     assert env["R1SUP_SERVER_HOST"] == "127.0.0.1" and "VLLM_API_KEY" not in env
     config = cfg.build(tomllib.loads(gate_config["data"]["r1sup.toml"]), env={**image_env(), **env})
     assert (
-        job["spec"]["activeDeadlineSeconds"] >= config.ladder.max_attempts * config.server.startup_timeout_s
+        job["spec"]["activeDeadlineSeconds"] >= config.search.max_attempts * config.server.startup_timeout_s
     )
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     import helm_python as helm
@@ -671,7 +712,7 @@ def test_the_multinode_default_is_vllms_own_mode_a_leader_node_0_and_headless_wo
     # the leader's start-up budget has no Ray wait in it
     assert "--ray_init_timeout" not in leader["args"][0]
     assert container_env(worker)["NCCL_DEBUG"] == container_env(leader)["NCCL_DEBUG"] == "WARN"
-    assert config.ladder.first_launch == "as_configured" and not config.ladder.allow_tensor_parallel
+    assert config.search.first_launch == "as_configured" and not config.search.allow_tensor_parallel
 
 
 def test_the_multinode_leader_on_ray_runs_r1sup_after_the_ray_cluster_is_complete():

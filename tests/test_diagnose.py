@@ -112,7 +112,7 @@ def test_advice_for_every_class_without_figures(cls: str) -> None:
 
 
 def test_advice_never_promises_a_change_the_ladder_gives_up_on() -> None:
-    # a context below [ladder] min_max_model_len: the ladder stops, so the advice says so (the old text
+    # a context below [search] min_max_model_len: the ladder stops, so the advice says so (the old text
     # promised "set --max-model-len to 1024")
     failure = fl.Failure(
         fl.KV_INSUFFICIENT,

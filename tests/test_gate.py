@@ -90,7 +90,7 @@ def test_the_gate_publishes_a_profile_that_holds_and_refuses_one_that_verifies_l
     scenario = fake_scenario(tmp_path)
     env = fake_env(scenario)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "supervisor"), env["PYTHONPATH"]])  # this checkout's
-    body = fake_body(tmp_path, ladder={"allow_weight_quantization": True})
+    body = fake_body(tmp_path, search={"allow_weight_quantization": True})
     config = write_config(tmp_path / "r1sup.toml", body)
     tune = R1sup("tune", "--config", str(config), env=env)
     try:

@@ -163,7 +163,7 @@ def volumes(tmp_path: Path) -> dict[str, Path]:
                 "gpu_memory_utilization": 0.5,
                 "kv_cache_memory_bytes": 4000000,
             },
-            "ladder": {"min_max_model_len": 1024, "first_launch": "as_configured"},
+            "search": {"min_max_model_len": 1024, "first_launch": "as_configured"},
             "probe": {"requests": 4, "output_tokens": 8},
         },
     )

@@ -156,7 +156,7 @@ def test_a_probe_that_cannot_import_is_r1sups_failure_not_the_engines(tmp_path: 
     assert [r["reason"] for r in engine_records(tmp_path, "stop")] == ["signal"]  # r1sup's SIGTERM
     (stopped,) = proc.named("engine_stopped")
     assert stopped["reason"] == "internal error" and not stopped["escalated"]
-    assert not proc.named("ladder_step") and not proc.named("retry_backoff")
+    assert not proc.named("search_step") and not proc.named("retry_backoff")
     classified = [e["failure_class"] for e in proc.named("failure_classified")]
     assert classified == ["internal_error"]
     assert proc.named("engine_stopped") and proc.named("internal_error")

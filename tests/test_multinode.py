@@ -302,7 +302,7 @@ def test_a_worker_runs_headless_with_the_leaders_flags_and_follows_its_memory_st
         for _ in range(12):
             if served_model(body["server"]["port"]) != 200:
                 break
-        step = leader.wait_event("ladder_step", 60)
+        step = leader.wait_event("search_step", 60)
         second = worker.wait_event("worker_vllm_started", START_S, count=2)
         assert second["leader_launch"] == 2
         stopped = worker.named("worker_vllm_stopped")

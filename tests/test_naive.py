@@ -1,5 +1,5 @@
 """The naive strategy (r1sup.core.naive): the hand walk kept as the benchmarks' baseline, reached through the
-search with ``ladder.strategy = "naive"``, with or without the model's architecture."""
+search with ``search.strategy = "naive"``, with or without the model's architecture."""
 
 from __future__ import annotations
 

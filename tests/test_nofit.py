@@ -128,7 +128,7 @@ def test_a_restart_after_does_not_fit_gives_the_verdict_again_without_a_search(t
 
     assert not second.named("no_fit_recorded")  # the verdict is not written again
 
-    changed = fake_body(tmp_path, daemon=FAST_DAEMON, ladder={"allow_weight_quantization": True})
+    changed = fake_body(tmp_path, daemon=FAST_DAEMON, search={"allow_weight_quantization": True})
     config = write_config(tmp_path / "r1sup.toml", changed)
     proc = R1sup("run", "--config", str(config), env=env)
     try:

@@ -165,7 +165,7 @@ def test_config_file_supplies_model_flags_and_target(
     cfg.write_text(
         f'[model]\nname = "{Q7}"\n\n[start]\nmax_model_len = 16384\nkv_cache_dtype = "fp8"\n'
         "gpu_memory_utilization = 0.85\n\n[target]\nconcurrency = 4\ncontext = 8192\n\n"
-        "[ladder]\nmin_max_model_len = 4096\n"
+        "[search]\nmin_max_model_len = 4096\n"
     )
     d = run_json(capsys, "--config", str(cfg), "--gpu", "RTX 4090")
     assert d["model"]["name"] == Q7
@@ -617,11 +617,11 @@ def test_giving_up_more_than_half_is_fits_only_reduced(capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize("gpu", ["h200", "A100 80GB"])
 def test_a_model_user_is_told_how_to_allow_fp8_weights(capsys: pytest.CaptureFixture[str], gpu: str) -> None:
-    # issue 36: a --model user who never wrote a config read "blocked by ladder.allow_weight_quantization"
-    # (the A100, nothing fits) or "ladder.allow_weight_quantization = true" (the H200, fits reduced): the
-    # verdict names the key and both ways to set it (tune's and run's --set, a config file's [ladder])
+    # issue 36: a --model user who never wrote a config read "blocked by search.allow_weight_quantization"
+    # (the A100, nothing fits) or "search.allow_weight_quantization = true" (the H200, fits reduced): the
+    # verdict names the key and both ways to set it (tune's and run's --set, a config file's [search])
     main(["plan", "--model", L70, "--gpu", gpu])
     verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict "))
-    assert "--set ladder.allow_weight_quantization=true on tune and run" in verdict, verdict
-    assert "allow_weight_quantization = true under [ladder] in a config file" in verdict, verdict
+    assert "--set search.allow_weight_quantization=true on tune and run" in verdict, verdict
+    assert "allow_weight_quantization = true under [search] in a config file" in verdict, verdict
     assert "plan --quantization fp8" in verdict, verdict

@@ -86,7 +86,7 @@ def both(
     cfg = config.build({"model": {"name": model}, "start": start, "target": target}, env={})
     arch = memmodel.arch_from_config(catalog.MODELS[model])
     v = memmodel.as_version(version)
-    # r1sup plan --config: the config's [start], [target] and [ladder], the box, the version
+    # r1sup plan --config: the config's [start], [target] and [search], the box, the version
     plan = planner.plan(
         arch,
         device,
@@ -217,7 +217,7 @@ def test_plan_config_is_the_first_launch_on_the_fake_engine(
     from r1sup_proc import R1sup, write_config
     from test_tune_fake import fake_body, fake_env, fake_scenario, run_tune
 
-    body = fake_body(tmp_path, model=model, start=start, ladder={"first_launch": "planned"})
+    body = fake_body(tmp_path, model=model, start=start, search={"first_launch": "planned"})
     scenario = fake_scenario(tmp_path, gpu=gpu)
     path = write_config(tmp_path / "plan.toml", body)
     planned = R1sup(
@@ -286,7 +286,7 @@ def test_plan_after_a_tune_is_what_run_launches_with_the_kv_vllm_measured(
     from r1sup_proc import write_config
     from test_tune_fake import fake_body, fake_scenario, run_tune
 
-    body = fake_body(tmp_path, model=model, start=start, ladder={"first_launch": "planned", **ladder})
+    body = fake_body(tmp_path, model=model, start=start, search={"first_launch": "planned", **ladder})
     scenario = fake_scenario(tmp_path, gpu=gpu, **fake)
     path = write_config(tmp_path / "plan.toml", body)
     code, out = _plan(path, scenario, "--json")

@@ -693,7 +693,7 @@ def test_current_fingerprint_wires_devices_model_and_versions(
     config = cfg.build(
         {"model": {"name": str(model_dir)}, "target": {"concurrency": 8, "context": 4096}}, env={}
     )
-    request = {"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.ladder)}
+    request = {"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.search)}
     expected = fp_with(
         model=str(model_dir), model_config_hash=modelinfo.config_hash(model_config), request=request
     )
@@ -1059,3 +1059,40 @@ def test_every_flag_a_profile_may_hold_is_one_the_memory_model_computes_with() -
     }
     flags = Profile.from_dict(_with(flags=at_bounds)).engine_flags
     assert memmodel.weights_bytes(arch, flags) >= 0
+
+
+def test_a_profile_written_when_search_was_called_ladder_is_found_for_either_spelling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile saved by r1sup 0.1, whose fingerprint names the config's [search] by its old name
+    ("ladder"), is still the one found for the same wishes, written [search] or [ladder]: the fingerprint
+    keeps that name, so renaming the section moves no key (and no fleet's shared profile)."""
+    from r1sup.adapters import modelinfo
+    from r1sup.core import config as cfg
+
+    written = Path(__file__).parent / "fixtures" / "profiles" / "written-by-0.1-with-ladder.json"
+    old_key = json.loads(written.read_text(encoding="utf-8"))["key"]
+    store_dir = tmp_path / "state" / "profiles"
+    store_dir.mkdir(parents=True, mode=0o700)
+    (store_dir / f"{old_key}.json").write_bytes(written.read_bytes())
+    (store_dir / f"{old_key}.json").chmod(0o600)
+    model_config = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28}
+    monkeypatch.setattr(modelinfo, "load_model_config", lambda name, revision=None: model_config)
+    monkeypatch.setattr(preflight, "engine_versions", lambda config: {"vllm": "0.33.0", "torch": "2.9.0"})
+    store = ProfileStore(tmp_path / "state")
+    wishes = {"max_attempts": 4, "allow_weight_quantization": True}
+    for section in ("search", "ladder"):
+        body = {
+            "model": {"name": "Qwen/Qwen2.5-7B-Instruct"},
+            "target": {"concurrency": 8, "context": 4096},
+            section: wishes,
+        }
+        fp = profiles.current_fingerprint(cfg.build(body, env={}), device=GPU_BOX)
+        found = store.load(fingerprint_key(fp))
+        assert found is not None and found.key == old_key, section
+        assert (found.flags["max_model_len"], found.flags["kv_cache_dtype"]) == (4096, "fp8")
+    other = {"model": {"name": "Qwen/Qwen2.5-7B-Instruct"}, "target": {"concurrency": 8, "context": 4096}}
+    assert (
+        store.load(fingerprint_key(profiles.current_fingerprint(cfg.build(other, env={}), device=GPU_BOX)))
+        is None
+    )

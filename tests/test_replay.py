@@ -260,7 +260,7 @@ def test_an_oom_while_serving_steps_down_saves_the_profile_and_serves_again(tmp_
     assert r.run() == errors.EXIT_OK
     failed = r.log.named("serving_failed")[0]
     assert failed["failure_class"] == F.OOM_RUNTIME
-    step = r.log.named("ladder_step")[0]
+    step = r.log.named("search_step")[0]
     assert step["old"] != step["new"]
     doc = r.status_json()
     assert (
@@ -333,7 +333,7 @@ def test_crashes_beyond_the_restart_budget_exit_5(tmp_path: Path) -> None:
     failures = r.log.named("serving_failed")
     assert len(failures) == 3 and {f["failure_class"] for f in failures} == {F.ENGINE_DEAD}
     # a crash is not a memory problem: the same flags each time
-    assert not r.log.named("ladder_step") and len({tuple(e.spec.argv) for e in r.engines}) == 1
+    assert not r.log.named("search_step") and len({tuple(e.spec.argv) for e in r.engines}) == 1
     doc = r.status_json()
     assert doc["state"] == "failed" and doc["launches"] == 3 and doc["child_pid"] is None
 
@@ -800,3 +800,27 @@ def test_every_transition_of_the_state_table_has_a_replay() -> None:
     assert not missing, f"transitions of daemon.LEGAL without a replay test: {missing}"
     unknown = sorted(f"{a.value} -> {b.value}" for a, b in set(COVERS) - table)
     assert not unknown, f"replays of transitions the table forbids: {unknown}"
+
+
+def test_a_reload_of_a_file_that_names_search_by_its_old_name_warns_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    r = replay(tmp_path, search={"max_attempts": 5})
+
+    def rename_and_hup() -> None:
+        import tomllib
+
+        from r1sup_proc import write_config
+
+        body = tomllib.loads(r.config_path.read_text(encoding="utf-8"))
+        body["ladder"] = body.pop("search")
+        write_config(r.config_path, body)
+        r.signal(5.0, signal.SIGHUP)
+
+    r.at_serving(1, rename_and_hup)
+    stop_after_serving(r, seconds=20)
+    assert r.run() == errors.EXIT_OK
+    (warned,) = r.log.named("config_renamed")
+    assert (warned["old"], warned["new"], warned["where"]) == ("[ladder]", "[search]", str(r.config_path))
+    assert [e["changed"] for e in r.log.named("config_reloaded")] == [False] and len(r.engines) == 1
+    assert r.daemon.config.search.max_attempts == 5

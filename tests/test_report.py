@@ -44,7 +44,7 @@ def cli(
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("report")
-    body = fake_body(tmp, ladder={"allow_weight_quantization": True})
+    body = fake_body(tmp, search={"allow_weight_quantization": True})
     config = write_config(tmp / "r1sup.toml", body)
     env = fake_env(fake_scenario(tmp))
     try:

@@ -72,7 +72,7 @@ def test_first_combines_levers_when_weights_nearly_fill_the_card() -> None:
     assert first.gpu_memory_utilization == s.utilization_cap(1) > user.gpu_memory_utilization
     assert first.fp8_kv and first.enforce_eager
     assert 4096 <= (first.max_model_len or 0) <= 16384
-    assert first.max_num_seqs is not None and first.max_num_seqs >= 16  # ladder.min_max_num_seqs
+    assert first.max_num_seqs is not None and first.max_num_seqs >= 16  # search.min_max_num_seqs
 
 
 def test_first_lowers_a_users_max_num_seqs_far_beyond_what_the_kv_cache_holds() -> None:
@@ -189,7 +189,7 @@ def test_gives_up_only_when_nothing_fits_and_names_the_bound() -> None:
     d = s.after(S.Outcome(user, failure, Figures(), device))
     assert isinstance(d, S.GiveUp)
     assert d.exit_code == EXIT_NO_WORKING_CONFIG
-    assert d.bound == "ladder.allow_weight_quantization"
+    assert d.bound == "search.allow_weight_quantization"
     assert any("allow_weight_quantization" in w for w in d.ways_out)
     allowed = search(
         Q14, device, user, target_concurrency=1, target_context=8192, allow_weight_quantization=True
@@ -375,7 +375,7 @@ def test_a_users_4096_sequences_are_lowered_only_to_the_most_that_fit() -> None:
 @pytest.mark.parametrize("floor", [16, 64])
 def test_max_num_seqs_never_goes_below_the_ladders_floor(floor: int) -> None:
     # 70B on an H200 beside 0.6 GiB of another process: nothing gives 32768 tokens; the longest context
-    # comes with the fewest sequences, and those stay at ladder.min_max_num_seqs or more
+    # comes with the fewest sequences, and those stay at search.min_max_num_seqs or more
     user = EngineFlags(max_model_len=32768)
     s = search(L70, card("H200 141GB", others_gib=0.6), user, min_max_num_seqs=floor)
     for c in s.ranked(margin=False):

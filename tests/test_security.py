@@ -155,7 +155,9 @@ def test_config_loader_survives_any_bytes(tmp_path: Path, capsys: pytest.Capture
 @settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["model", "server", "start", "ladder", "target", "probe", "daemon", "state", "x"]),
+        st.sampled_from(
+            ["model", "server", "start", "search", "ladder", "target", "probe", "daemon", "state", "x"]
+        ),
         st.dictionaries(
             st.text(min_size=1, max_size=25),
             st.one_of(

@@ -52,7 +52,7 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         assert 0 < seen["numbers"]["estimated_max_model_len"] < 32768
         started = [e for e in proc.named("engine_progress") if e["launch"] == 1 and e["after"] == "starting"]
         assert [e.get("max_model_len") for e in started] == [32768], started  # vLLM's configuration line
-        # bf16 only (ladder.allow_fp8_kv = false; moved from test_bf16_only_takes_vllms_estimate, which
+        # bf16 only (search.allow_fp8_kv = false; moved from test_bf16_only_takes_vllms_estimate, which
         # launched these flags again): from this real failure the search goes straight to vLLM's estimate
         bf16 = blind.next_step(
             EngineFlags(max_model_len=32768, gpu_memory_utilization=0.5, kv_cache_memory_bytes=4_000_000),
@@ -80,7 +80,7 @@ def test_context_larger_than_the_kv_budget_recovers_in_two_launches(tmp_path: Pa
         saved = json.loads(Path(result["profile_path"]).read_text())
         assert saved["flags"] == result["flags"] and saved["probe"]["ok"]
         assert str(result["flags"]["max_model_len"]) in saved["command"]
-        step = proc.named("ladder_step")[0]
+        step = proc.named("search_step")[0]
         assert step["failure_class"] == "kv_insufficient"
         assert step["new"]["max_model_len"] == result["flags"]["max_model_len"]
         # the loading phases of the real CPU engine (dummy weights: no shards; without the compile warm-up,
@@ -109,7 +109,7 @@ def test_utilization_above_free_memory_is_lowered_to_what_is_free(tmp_path: Path
         tiny_model,
         free_port(),
         start={"gpu_memory_utilization": 0.99, "kv_cache_memory_bytes": None, "max_model_len": 2048},
-        ladder={"min_gpu_memory_utilization": 0.05},
+        search={"min_gpu_memory_utilization": 0.05},
     )
     del body["start"]["kv_cache_memory_bytes"]
     config = write_config(tmp_path / "c.toml", body)

@@ -4,7 +4,7 @@ Each test runs the real CLI (``python -m r1sup.cli.app tune --json``) as a subpr
 ``python -m fakevllm`` (tests/fakevllm), which applies vLLM V1's memory accounting to the scenario's
 simulated GPU and prints vLLM's real messages; tests/fakenvml makes r1sup's device probe see the same
 GPU. The fake engine appends one JSON line per launch to the scenario's ``state_file``, so every test
-checks r1sup's account of the walk (its JSON result and ``ladder_step`` events) against what the engine
+checks r1sup's account of the walk (its JSON result and ``search_step`` events) against what the engine
 really did, and that no engine process is left behind.
 """
 
@@ -67,7 +67,7 @@ def fake_body(
             "memory_release_timeout_s": 10,
         },
         "start": {"max_model_len": 8192, **(start or {})},
-        "ladder": {"first_launch": "as_configured"},
+        "search": {"first_launch": "as_configured"},
         "probe": {"requests": 4, "output_tokens": 8, "request_timeout_s": 30, "timeout_s": 60},
         "daemon": {"backoff_initial_s": 0.1, "backoff_max_s": 0.5},
         "state": {"dir": str(tmp_path / "state")},
@@ -110,7 +110,7 @@ class Tune:
 
     @property
     def steps(self) -> list[dict[str, Any]]:
-        return self.proc.named("ladder_step")
+        return self.proc.named("search_step")
 
     def step_changes(self) -> list[dict[str, tuple[Any, Any]]]:
         """Each step's changes, without max_num_seqs set to 16 or more where the user left vLLM's default
@@ -175,7 +175,7 @@ ENGINE_DEFAULTS = {"enforce_eager": False, "tensor_parallel_size": 1}
 
 
 def assert_consistent(t: Tune) -> None:
-    """r1sup's attempts, its ladder_step events and the engine's own records tell the same story."""
+    """r1sup's attempts, its search_step events and the engine's own records tell the same story."""
     attempts, steps = t.attempts, t.steps
     assert t.result["launches"] == len(attempts)
     assert len(steps) == len(attempts) - 1, t.explain()
@@ -204,7 +204,7 @@ def assert_consistent(t: Tune) -> None:
 
 
 def test_weights_that_do_not_fit_are_quantized_to_fp8_when_allowed(tmp_path: Path):
-    body = fake_body(tmp_path, ladder={"allow_weight_quantization": True})
+    body = fake_body(tmp_path, search={"allow_weight_quantization": True})
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 0, t.explain()
     assert t.classes == ["oom_weights", "none"]
@@ -223,14 +223,14 @@ def test_weights_that_do_not_fit_are_quantized_to_fp8_when_allowed(tmp_path: Pat
 
 
 def test_weights_that_do_not_fit_without_quantization_exit_3_with_the_ways_out(tmp_path: Path):
-    body = fake_body(tmp_path)  # ladder.allow_weight_quantization defaults to false
+    body = fake_body(tmp_path)  # search.allow_weight_quantization defaults to false
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 3, t.explain()
     assert t.classes == ["oom_weights"] and t.result["launches"] == 1
     assert "allow_weight_quantization" in t.result["reason"]
     ways = " | ".join(t.result["suggestions"])
     assert "fp8 weights" in ways and "tensor parallel" in ways and "AWQ" in ways, ways
-    exhausted = t.proc.named("ladder_exhausted")
+    exhausted = t.proc.named("search_exhausted")
     assert exhausted and exhausted[0]["suggestions"] == t.result["suggestions"]
     assert [r["outcome"] for r in t.engine] == ["oom_weights"]
     assert_consistent(t)
@@ -302,7 +302,7 @@ CAPTURE_OOM = {"max_model_len": 8192, "gpu_memory_utilization": 0.98, "quantizat
 def test_graph_capture_out_of_memory_leaves_the_pool_room_outside_the_budget(tmp_path: Path):
     # what the capture missed must be free outside vLLM's budget: less utilization (cost 1) keeps the
     # context and the graphs, so eager mode (cost 4, decode speed) is not needed
-    body = fake_body(tmp_path, start=CAPTURE_OOM, ladder={"max_gpu_memory_utilization": 0.98})
+    body = fake_body(tmp_path, start=CAPTURE_OOM, search={"max_gpu_memory_utilization": 0.98})
     t = run_tune(tmp_path, body, fake_scenario(tmp_path, cudagraph_estimate_factor=0.2))
     assert t.code == 0, t.explain()
     assert t.classes == ["oom_cudagraph", "none"]
@@ -316,7 +316,7 @@ def test_graph_capture_out_of_memory_leaves_the_pool_room_outside_the_budget(tmp
 
 def test_graph_capture_out_of_memory_without_eager_leaves_room_for_the_pool(tmp_path: Path):
     ladder = {"max_gpu_memory_utilization": 0.98, "allow_eager": False}
-    body = fake_body(tmp_path, start=CAPTURE_OOM, ladder=ladder)
+    body = fake_body(tmp_path, start=CAPTURE_OOM, search=ladder)
     t = run_tune(tmp_path, body, fake_scenario(tmp_path, cudagraph_estimate_factor=0.2))
     assert t.code == 0, t.explain()
     assert t.classes == ["oom_cudagraph", "none"]
@@ -369,7 +369,7 @@ def test_context_that_cannot_fit_goes_straight_to_the_longest_that_does(tmp_path
     body = fake_body(
         tmp_path,
         start={"max_model_len": 131072, "quantization": "fp8"},
-        ladder={"allow_eager": False, "allow_fp8_kv": False},
+        search={"allow_eager": False, "allow_fp8_kv": False},
     )
     t = run_tune(tmp_path, body, fake_scenario(tmp_path))
     assert t.code == 0, t.explain()
@@ -740,12 +740,12 @@ def test_planned_first_launch_avoids_the_failure(
     # as configured, the first launch fails with the class ...
     first = run_tune(
         as_configured,
-        fake_body(as_configured, model=model, start=start, ladder=ladder),
+        fake_body(as_configured, model=model, start=start, search=ladder),
         fake_scenario(as_configured),
     )
     assert first.classes[0] == failure, first.explain()
     # ... planned, the planner changes [start] before launching and the first launch serves
-    body = fake_body(planned, model=model, start=start, ladder={**ladder, "first_launch": "planned"})
+    body = fake_body(planned, model=model, start=start, search={**ladder, "first_launch": "planned"})
     t = run_tune(planned, body, fake_scenario(planned))
     assert t.code == 0, t.explain()
     assert t.classes == ["none"] and t.result["launches"] == 1
@@ -763,7 +763,7 @@ LLAMA_70B = "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"
 
 
 def planned_tune(tmp_path: Path, model: str, gpu: dict[str, Any], start: dict[str, Any]) -> Tune:
-    body = fake_body(tmp_path, model=model, start=start, ladder={"first_launch": "planned"})
+    body = fake_body(tmp_path, model=model, start=start, search={"first_launch": "planned"})
     return run_tune(tmp_path, body, fake_scenario(tmp_path, gpu=gpu))
 
 

@@ -96,7 +96,7 @@ def test_status_line_reads_like_an_operator_would_write_it():
 def test_ways_out_after_an_exhausted_ladder_respect_the_configured_shortest_context(tmp_path: Path):
     # 14B in bf16 does not fit a 24 GiB card; the user will not serve less than 40000 tokens
     model = "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"
-    body = {"model": {"name": model}, "ladder": {"min_max_model_len": 40000}}
+    body = {"model": {"name": model}, "search": {"min_max_model_len": 40000}}
     config = cfg.load(write_config(tmp_path / "c.toml", body), environ={})
     found = catalog.find_model(model)
     assert found is not None
@@ -162,7 +162,7 @@ class ScriptedRunner:
 def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Path, monkeypatch: Any):
     from r1sup.supervision import tuner as T
 
-    body = {"model": {"name": Q7}, "probe": {"enabled": False}, "ladder": {"first_launch": "as_configured"}}
+    body = {"model": {"name": Q7}, "probe": {"enabled": False}, "search": {"first_launch": "as_configured"}}
     config = cfg.load(write_config(tmp_path / "c.toml", body), environ={})
     know = ModelKnowledge(device=BOX, arch=planner.arch_from_config(catalog.MODELS[Q7]))
     runner = ScriptedRunner(["oom_cudagraph", "ok"])
@@ -185,7 +185,7 @@ def test_the_search_publishes_typed_events_in_the_order_they_happen(tmp_path: Pa
     assert isinstance(launching, E.Launching) and launching.attempt == 1 and launching.flags == start
     assert isinstance(failed, E.AttemptFailed) and failed.failure.cls == "oom_cudagraph"
     assert isinstance(step, E.SearchStepped) and step.old == start and step.new == runner.launched[1]
-    assert step.evidence == failed.failure.evidence and step.reason  # what the ladder_step line says
+    assert step.evidence == failed.failure.evidence and step.reason  # what the search_step line says
     # the STATUS= line of the step, computed where the step is
     assert step.status.startswith("attempt 2: context 8192 -> ") and step.status.endswith(" (oom_cudagraph)")
     assert "gpu_memory_utilization 0.9 -> " in step.status, step.status

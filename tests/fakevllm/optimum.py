@@ -48,7 +48,7 @@ SEQS_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 @dataclasses.dataclass(frozen=True)
 class Bounds:
-    """The ladder's limits (the same names as r1sup's ``[ladder]`` section, plus the search grid)."""
+    """The search's limits (the same names as r1sup's ``[search]`` section, plus the search grid)."""
 
     min_max_model_len: int = 2048
     max_max_model_len: int | None = None  # default: the user's max_model_len, else the model's maximum
@@ -194,7 +194,7 @@ def optimum(
     cli_model: str | None = None,
     min_seqs: int = 0,
 ) -> dict[str, Any] | None:
-    """The best feasible configuration r1sup's ladder could reach, by exhaustive search; None if none fits.
+    """The best feasible configuration r1sup's search could reach, by exhaustive search; None if none fits.
 
     ``min_seqs``: the fewest sequences a configuration may run at once (the user's ``max_num_seqs`` or
     vLLM's default when lower); issue 29's optimum keeps at least 32 or the user's value.

@@ -1,6 +1,6 @@
 """Structured logging: JSON lines when not on a terminal, a console renderer on one.
 
-Event names are snake_case (``launch_started``, ``failure_classified``, ``ladder_step``: the search's
+Event names are snake_case (``launch_started``, ``failure_classified``, ``search_step``: the search's
 step, under its documented name, ...). vLLM's own lines are relayed as ``vllm`` events with
 ``source="vllm"``. Secrets registered with :class:`Redactor` are masked in every value before rendering.
 """
@@ -238,7 +238,7 @@ def console_view(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[s
         ev.setdefault("change", describe_dict_change(old, new))
     if ev.get("event") in ("engine_progress", "engine_ready"):
         ev = _progress_view(ev)
-    elif ev.get("event") == "ladder_step":
+    elif ev.get("event") == "search_step":
         ev.pop("evidence", None)  # the verdict just above showed it
     out: dict[str, Any] = {}
     for key, value in ev.items():

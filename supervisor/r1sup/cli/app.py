@@ -22,7 +22,7 @@ EXIT_CODE_LINES: dict[int, str] = {
     0: "ok",
     1: "a file could not be written, or an internal error of r1sup (one line naming where)",
     2: "usage or configuration error (one line on stderr naming the field)",
-    3: "no working configuration within the ladder's bounds (plan: does not fit within them)",
+    3: "no working configuration within the search's bounds (plan: does not fit within them)",
     4: "fatal non-memory failure (model not found, no vLLM in server.python, port taken, bad engine\n"
     "       arguments)",
     5: "run gave up: more crashes than daemon.restart_budget allows",
@@ -55,7 +55,7 @@ RUN_EXIT_CODES_HELP = exit_codes_help(
         0: "stopped cleanly (SIGTERM or SIGINT: vLLM drained and stopped first)",
         1: None,
         2: _STATE_DIR_BUSY,
-        3: "no working configuration within the ladder's bounds",
+        3: "no working configuration within the search's bounds",
         4: None,
         5: "gave up serving: more crashes than daemon.restart_budget allows",
     }
@@ -65,7 +65,7 @@ TUNE_EXIT_CODES_HELP = exit_codes_help(
         0: "a configuration started and passed the probe (saved, the report printed)",
         1: "the profile could not be saved, or an internal error of r1sup (one line naming where)",
         2: _STATE_DIR_BUSY,
-        3: "no working configuration within the ladder's bounds, or an [slo] that one request at a "
+        3: "no working configuration within the search's bounds, or an [slo] that one request at a "
         "time already misses (the measured floor named)",
         4: None,
         129: "stopped by SIGHUP, the terminal closed (vLLM stopped first; not under nohup)",
@@ -94,7 +94,7 @@ PLAN_EXIT_CODES_HELP = exit_codes_help(
     {
         0: "fits as given: vLLM starts with these flags and holds the target",
         7: "fits only with the recommended flags (printed; r1sup run launches them first)",
-        3: "does not fit within the ladder's bounds (the ways out say what would)",
+        3: "does not fit within the search's bounds (the ways out say what would)",
         1: _INTERNAL_ONLY,
         2: "usage or configuration error (one line on stderr naming the field; an unknown or ambiguous\n"
         "       --gpu name lists the close ones)",
@@ -283,7 +283,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     _add_config_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
-    p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set ladder.strategy=...")
+    p.add_argument("--strategy", choices=("smart", "naive"), help="same as --set search.strategy=...")
     _add_slo_args(p, "tune then proves the highest concurrency that meets the [slo] targets")
 
     p = add(
@@ -458,7 +458,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "state_dir", None):
         overrides["state.dir"] = args.state_dir
     if getattr(args, "strategy", None):
-        overrides["ladder.strategy"] = args.strategy
+        overrides["search.strategy"] = args.strategy
     for name in ("ttft", "itl", "e2e"):
         value = getattr(args, f"slo_{name}_p95_s", None)
         if value is not None:
@@ -496,7 +496,16 @@ def load_config(args: argparse.Namespace) -> Any:
             "--config",
             f"required (or {CONFIG_ENV}=FILE, or the settings as R1SUP_* variables: R1SUP_MODEL_NAME...)",
         )
-    return cfg.load(path, overrides=overrides)
+    config = cfg.load(path, overrides=overrides)
+    if config.renamed:  # one warning each, naming the new key
+        from r1sup.adapters import logs
+        from r1sup.core.events import ConfigRenamed
+        from r1sup.supervision.subscribers import logging_bus
+
+        publish = logging_bus(logs.get_logger(command=args.command)).publish
+        for renamed in config.renamed:
+            publish(ConfigRenamed(renamed.old, renamed.new, renamed.where))
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

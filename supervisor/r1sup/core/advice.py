@@ -28,7 +28,7 @@ def advise(
 ) -> str:
     """What r1sup's search does next after this failure, from what the log shows.
 
-    The search decides with the default ``[ladder]`` bounds, the box as the log printed it (one GPU of its
+    The search decides with the default ``[search]`` bounds, the box as the log printed it (one GPU of its
     total and free memory) and the model when the log names one r1sup's catalog knows; without the model
     it takes the blind branch's per-class steps. The advice is the change r1sup would make, or its reason
     to stop, never another one.

@@ -5,7 +5,7 @@ backend there is nothing to score candidates with, so :class:`r1sup.core.search.
 takes the step for the class that failed, from the figures vLLM printed (and the model's KV bytes per
 token when known): it keeps what the user asked for when the figures say a lever suffices (more
 utilization, then fp8 KV) and shortens the context only when those cannot reach it, straight to the
-longest that fits. ``ladder.strategy = "naive"`` takes the hand walk instead (:mod:`r1sup.core.naive`).
+longest that fits. ``search.strategy = "naive"`` takes the hand walk instead (:mod:`r1sup.core.naive`).
 
 A configuration that failed is never proposed again. What no flag fixes (fatal, transient, internal, the
 attempt budget) is the policy's (:mod:`r1sup.core.policy`), which the search applies before it comes here; a
@@ -61,7 +61,7 @@ class Step:
 @dataclass(frozen=True)
 class GiveUp:
     """Nothing more to launch, the one give-up of the search (its model branch and this one): why, the
-    ways out (one line each), the exit code, and the bound that blocks (a ``[ladder]`` or ``[target]``
+    ways out (one line each), the exit code, and the bound that blocks (a ``[search]`` or ``[target]``
     setting) when one does."""
 
     reason: str
@@ -163,7 +163,7 @@ def next_step(
             fallback_reason = fallback_reason or candidate.reason
             continue
         return replace(candidate, history=history)
-    why = f"every change the ladder may make for {failure.cls} was tried or is out of bounds"
+    why = f"every change the search may make for {failure.cls} was tried or is out of bounds"
     if fallback_reason:
         why += f" (last idea: {fallback_reason})"
     return GiveUp(why, facts.suggestions, EXIT_NO_WORKING_CONFIG if failure.memory else EXIT_FATAL_FAILURE)
@@ -333,7 +333,7 @@ def _kv_options(
                 bound = (
                     f"target.context {bounds.target_context}"
                     if bounds.target_context and bounds.target_context >= bounds.min_max_model_len
-                    else f"ladder.min_max_model_len {bounds.min_max_model_len}"
+                    else f"search.min_max_model_len {bounds.min_max_model_len}"
                 )
                 yield GiveUp(
                     f"the longest context that fits is {longest} tokens"
@@ -401,7 +401,7 @@ def _kv_insufficient(
 
 
 def _tokens_bytes(tokens: int, bpt: float, block: int) -> float:
-    """KV bytes ``tokens`` tokens at once need (whole blocks, the null block, the ladder's margin)."""
+    """KV bytes ``tokens`` tokens at once need (whole blocks, the null block, the search's margin)."""
     return bytes_for_len(tokens, bpt, block) * (1 + KV_MARGIN)
 
 
@@ -579,7 +579,7 @@ def _free_mem_below_util(
     if util < bounds.min_gpu_memory_utilization:
         yield GiveUp(
             f"only {free:.2f} of {total:.2f} GiB is free: utilization {util:g} would be below "
-            f"ladder.min_gpu_memory_utilization {bounds.min_gpu_memory_utilization:g}{holders}"
+            f"search.min_gpu_memory_utilization {bounds.min_gpu_memory_utilization:g}{holders}"
         )
         return
     yield Step(
@@ -619,8 +619,8 @@ def _oom_weights(
         + (
             ""
             if bounds.allow_weight_quantization
-            else "; ladder.allow_weight_quantization is off ("
-            + how_to_allow("ladder.allow_weight_quantization")
+            else "; search.allow_weight_quantization is off ("
+            + how_to_allow("search.allow_weight_quantization")
             + ")"
         )
     )

@@ -1,6 +1,6 @@
 """What the search may change and what it knows of the box before a launch. Pure.
 
-:class:`Bounds`: the ``[ladder]`` and ``[target]`` limits of the config (what may change, within which
+:class:`Bounds`: the ``[search]`` and ``[target]`` limits of the config (what may change, within which
 limits); :class:`BlindFacts`: the box and the model as figures (a probe, or what a log printed), for the
 search's branch without the model's architecture (:mod:`r1sup.core.blind`); and the margins kept from the
 memory measured free.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from r1sup.core import memmodel
-from r1sup.core.config import Config, LadderSection
+from r1sup.core.config import Config, SearchSection
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import DeviceFacts, GpuInfo
 
@@ -23,31 +23,31 @@ PINNED_RESERVE_FRACTION = 0.2
 UTIL_STEP = 0.05  # blind utilization step, when no figure says better
 
 
-_LADDER = LadderSection()  # the defaults of [ladder], declared once in the config
+_SEARCH = SearchSection()  # the defaults of [search], declared once in the config
 
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the search and the planner may change and within which limits ([ladder] and [target] of the
+    """What the search and the planner may change and within which limits ([search] and [target] of the
     config): the one shape of the bounds, from :meth:`from_config` or the defaults."""
 
-    strategy: str = _LADDER.strategy
-    min_max_model_len: int = _LADDER.min_max_model_len
-    min_max_num_seqs: int = _LADDER.min_max_num_seqs
-    min_gpu_memory_utilization: float = _LADDER.min_gpu_memory_utilization
-    max_gpu_memory_utilization: float = _LADDER.max_gpu_memory_utilization
-    allow_fp8_kv: bool = _LADDER.allow_fp8_kv
-    allow_eager: bool = _LADDER.allow_eager
-    allow_weight_quantization: bool = _LADDER.allow_weight_quantization
-    allow_tensor_parallel: bool = _LADDER.allow_tensor_parallel
-    max_attempts: int = _LADDER.max_attempts
+    strategy: str = _SEARCH.strategy
+    min_max_model_len: int = _SEARCH.min_max_model_len
+    min_max_num_seqs: int = _SEARCH.min_max_num_seqs
+    min_gpu_memory_utilization: float = _SEARCH.min_gpu_memory_utilization
+    max_gpu_memory_utilization: float = _SEARCH.max_gpu_memory_utilization
+    allow_fp8_kv: bool = _SEARCH.allow_fp8_kv
+    allow_eager: bool = _SEARCH.allow_eager
+    allow_weight_quantization: bool = _SEARCH.allow_weight_quantization
+    allow_tensor_parallel: bool = _SEARCH.allow_tensor_parallel
+    max_attempts: int = _SEARCH.max_attempts
     target_concurrency: int | None = None
     target_context: int | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> Bounds:
-        """The config's ``[ladder]`` and ``[target]``: the one place they become bounds."""
-        lad, tgt = config.ladder, config.target
+        """The config's ``[search]`` and ``[target]``: the one place they become bounds."""
+        lad, tgt = config.search, config.target
         return cls(
             strategy=lad.strategy,
             min_max_model_len=lad.min_max_model_len,
@@ -176,15 +176,15 @@ def ceil_util(value: float) -> float:
     return math.ceil(value * 100 - 1e-9) / 100
 
 
-# How a person allows what a ``[ladder]`` bound forbids, for one who never wrote a config file as well
-# as for one who did (issue 36: "blocked by ladder.allow_weight_quantization" told a ``--model`` user
-# nothing): ``tune`` and ``run`` take ``--set``, a config file the ``[ladder]`` key; ``plan`` sizes the
+# How a person allows what a ``[search]`` bound forbids, for one who never wrote a config file as well
+# as for one who did (issue 36: "blocked by search.allow_weight_quantization" told a ``--model`` user
+# nothing): ``tune`` and ``run`` take ``--set``, a config file the ``[search]`` key; ``plan`` sizes the
 # flag itself.
 HOW_TO_ALLOW = {
-    "ladder.allow_weight_quantization": (
+    "search.allow_weight_quantization": (
         "r1sup quantizes weights only when allowed: allow it with --set "
-        "ladder.allow_weight_quantization=true on tune and run, or with allow_weight_quantization = true "
-        "under [ladder] in a config file; plan --quantization fp8 sizes it"
+        "search.allow_weight_quantization=true on tune and run, or with allow_weight_quantization = true "
+        "under [search] in a config file; plan --quantization fp8 sizes it"
     ),
 }
 

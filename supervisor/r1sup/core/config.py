@@ -177,7 +177,7 @@ class StartSection:
 
 
 @dataclass(frozen=True)
-class LadderSection:
+class SearchSection:
     strategy: str = setting("smart", "how to search: smart or naive", choices=STRATEGIES)
     first_launch: str = setting(
         "planned",
@@ -466,11 +466,20 @@ def _check_slo(slo: SloSection) -> None:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """A setting or section given under its old name (:data:`RENAMED_SECTIONS`), and where."""
+
+    old: str  # "[ladder]" or "ladder.max_attempts"
+    new: str  # "[search]" or "search.max_attempts"
+    where: str  # the file, "the environment variable R1SUP_LADDER_...", "the command line"
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelSection
     server: ServerSection = field(default_factory=ServerSection)
     start: StartSection = field(default_factory=StartSection)
-    ladder: LadderSection = field(default_factory=LadderSection)
+    search: SearchSection = field(default_factory=SearchSection)
     target: TargetSection = field(default_factory=TargetSection)
     probe: ProbeSection = field(default_factory=ProbeSection)
     daemon: DaemonSection = field(default_factory=DaemonSection)
@@ -478,6 +487,8 @@ class Config:
     multinode: MultinodeSection = field(default_factory=MultinodeSection)
     slo: SloSection = field(default_factory=SloSection)
     source: str | None = None  # the file it came from, for messages
+    # the old names it used (:data:`RENAMED_SECTIONS`), each for one warning; not part of what it asks
+    renamed: tuple[Renamed, ...] = field(default=(), compare=False)
 
     @property
     def served_name(self) -> str:
@@ -488,14 +499,14 @@ class Config:
 
 
 def _sections() -> list[dataclasses.Field[Any]]:
-    return [f for f in dataclasses.fields(Config) if f.name != "source"]
+    return [f for f in dataclasses.fields(Config) if f.name in SECTIONS]
 
 
 SECTIONS: dict[str, type] = {
     "model": ModelSection,
     "server": ServerSection,
     "start": StartSection,
-    "ladder": LadderSection,
+    "search": SearchSection,
     "target": TargetSection,
     "probe": ProbeSection,
     "daemon": DaemonSection,
@@ -503,6 +514,11 @@ SECTIONS: dict[str, type] = {
     "multinode": MultinodeSection,
     "slo": SloSection,
 }
+
+# Sections read under an old name for one release: old -> new. The old name of a file's section, of an
+# R1SUP_* variable or of a --set key is read as the new one, with a warning naming the new key
+# (:class:`Renamed`); the old and the new section in one file is a config error.
+RENAMED_SECTIONS: dict[str, str] = {"ladder": "search"}
 
 
 def declarations() -> Iterable[tuple[str, dataclasses.Field[Any], Any]]:
@@ -730,7 +746,7 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
             continue
         rest = name[len(ENV_PREFIX) :].lower()
         section, _, key = rest.partition("_")
-        if section not in SECTIONS or not key:
+        if (section not in SECTIONS and section not in RENAMED_SECTIONS) or not key:
             continue  # not a setting (R1SUP_LOG_LEVEL, R1SUP_CONFIG, ...)
         out[f"{section}.{key}"] = (name, value)
     return out
@@ -757,6 +773,7 @@ def build(
     """Combine the layers and validate. ``overrides`` values may be text or typed values."""
     if not isinstance(data, Mapping):
         raise ConfigError("", "the config must be a TOML table")
+    data, renamed = _read_renamed_sections(data, source)
     for section, body in data.items():
         if section not in SECTIONS:
             raise ConfigError(_printable(section), f"unknown section (known: {', '.join(SECTIONS)})")
@@ -779,6 +796,7 @@ def build(
         )
     if overrides:
         text_layers.append((overrides, dict.fromkeys(overrides, "the command line")))
+    text_layers = [_read_renamed_settings(layer, where, renamed) for layer, where in text_layers]
     decls = {dotted: (f, tp) for dotted, f, tp in declarations()}
     for layer, where in text_layers:
         for dotted in layer:
@@ -820,13 +838,56 @@ def build(
             sections[section] = cls(**values)
         if not sections["state"].dir:
             sections["state"] = dataclasses.replace(sections["state"], dir=default_state_dir(source))
-        config = Config(**sections, source=source)
+        config = Config(**sections, source=source, renamed=tuple(renamed))
         _cross_check(config, env or {})
     except ConfigError as exc:
         if exc.field in came_from:  # say where a value that is not in the file came from
             raise ConfigError(exc.field, f"{exc.message} (from {came_from[exc.field]})") from None
         raise
     return config
+
+
+def _read_renamed_sections(
+    data: Mapping[str, Any], source: str | None
+) -> tuple[Mapping[str, Any], list[Renamed]]:
+    """The file's sections with each old name (:data:`RENAMED_SECTIONS`) read as the new one; a file
+    that has both is a config error."""
+    renamed: list[Renamed] = []
+    out = dict(data)
+    for old, new in RENAMED_SECTIONS.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ConfigError(
+                f"[{old}]", f"[{new}] is given too; [{old}] is the old name of [{new}]: keep [{new}] only"
+            )
+        out[new] = out.pop(old)
+        renamed.append(Renamed(f"[{old}]", f"[{new}]", source or "the config"))
+    return out, renamed
+
+
+def _read_renamed_settings(
+    layer: Mapping[str, Any], where: dict[str, str], renamed: list[Renamed]
+) -> tuple[Mapping[str, Any], dict[str, str]]:
+    """A text layer (environment, command line) with each ``old.key`` read as ``new.key``; one that
+    gives both is a config error. Each one read so is added to ``renamed``."""
+    out: dict[str, Any] = {}
+    out_where: dict[str, str] = {}
+    for dotted, value in layer.items():
+        section, _, key = dotted.partition(".")
+        new = RENAMED_SECTIONS.get(section)
+        if new is None:
+            name = dotted
+        else:
+            name = f"{new}.{key}"
+            if name in layer:
+                raise ConfigError(
+                    _printable(dotted), f"{name} is given too (from {where[name]}); keep {name} only"
+                )
+            renamed.append(Renamed(dotted, name, where[dotted]))
+        out[name] = value
+        out_where[name] = where[dotted]
+    return out, out_where
 
 
 def _printable(name: str) -> str:
@@ -843,11 +904,11 @@ def _unknown_key_message(section: str, key: str, known: set[str]) -> str:
 
 
 def _cross_check(config: Config, env: Mapping[str, str]) -> None:
-    lad = config.ladder
+    lad = config.search
     if lad.min_gpu_memory_utilization > lad.max_gpu_memory_utilization:
         raise ConfigError(
-            "ladder.min_gpu_memory_utilization",
-            f"must be <= ladder.max_gpu_memory_utilization ({lad.max_gpu_memory_utilization})",
+            "search.min_gpu_memory_utilization",
+            f"must be <= search.max_gpu_memory_utilization ({lad.max_gpu_memory_utilization})",
         )
     if config.daemon.backoff_initial_s > config.daemon.backoff_max_s:
         raise ConfigError("daemon.backoff_initial_s", "must be <= daemon.backoff_max_s")
@@ -870,8 +931,8 @@ def _cross_check(config: Config, env: Mapping[str, str]) -> None:
     if start.max_model_len is not None and start.max_model_len < lad.min_max_model_len:
         raise ConfigError(
             "start.max_model_len",
-            f"({start.max_model_len}) is shorter than ladder.min_max_model_len ({lad.min_max_model_len}), "
-            "the shortest context the ladder may use; lower ladder.min_max_model_len or raise the context",
+            f"({start.max_model_len}) is shorter than search.min_max_model_len ({lad.min_max_model_len}), "
+            "the shortest context the search may use; lower search.min_max_model_len or raise the context",
         )
     probe = config.probe
     longest = start.max_model_len

@@ -148,7 +148,7 @@ class AttemptFailed:
 @dataclass(frozen=True)
 class SearchStepped:
     """After a failure the search chose the next launch's flags: ``attempt`` is the number of the launch
-    they go to; ``evidence`` the failure's, ``reason`` the search's. Logged as ``ladder_step`` (the event
+    they go to; ``evidence`` the failure's, ``reason`` the search's. Logged as ``search_step`` (the event
     name the README documents)."""
 
     attempt: int
@@ -635,6 +635,17 @@ class FilePermissions:
 
 
 @dataclass(frozen=True)
+class ConfigRenamed:
+    """A section or setting given under its old name (r1sup.core.config.RENAMED_SECTIONS): read as the new
+    one for this release. ``old``/``new`` as ``[ladder]``/``[search]`` or dotted; ``where`` the file, the
+    variable or the command line."""
+
+    old: str
+    new: str
+    where: str
+
+
+@dataclass(frozen=True)
 class TuneInterrupted:
     """``r1sup tune`` stopped by a signal (vLLM stopped)."""
 
@@ -807,6 +818,7 @@ DaemonEvent = (
     | PreflightCacheUnusable
     | PreflightCacheNotSaved
     | FilePermissions
+    | ConfigRenamed
     | TuneInterrupted
     | FleetHit
     | FleetMiss

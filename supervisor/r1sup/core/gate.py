@@ -119,7 +119,7 @@ IMAGE_PARTS = ("versions", "r1sup_major")
 
 def same_but_image(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two fingerprints differ in what the image holds at most (the same GPUs, driver branch,
-    model, target, [start] and [ladder])."""
+    model, target, [start] and [search])."""
 
     def rest(fp: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in fp.items() if k not in IMAGE_PARTS}

@@ -144,12 +144,12 @@ def adopt_versions(know: ModelKnowledge, vllm: str | None) -> None:
 def first_decision(
     config: Config, know: ModelKnowledge, search: S.Search
 ) -> tuple[EngineFlags, str, S.GiveUp | None, S.Recommendation | None]:
-    """The first launch's flags and why: the user's (``ladder.first_launch = "as_configured"``), or the
+    """The first launch's flags and why: the user's (``search.first_launch = "as_configured"``), or the
     search's recommendation (:meth:`r1sup.core.search.Search.recommend`, the flags ``r1sup plan``
     recommends); with the search's GiveUp when nothing within the bounds is predicted to fit (``r1sup
     plan``'s exit 3: then nothing is launched), and the recommendation itself when the search was asked."""
     flags = EngineFlags.from_start(config.start)
-    if config.ladder.first_launch != "planned" or know.arch is None or know.device is None:
+    if config.search.first_launch != "planned" or know.arch is None or know.device is None:
         return flags, "as configured", None, None
     rec = search.recommend()
     if rec.verdict == "does_not_fit":

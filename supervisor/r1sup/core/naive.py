@@ -1,5 +1,5 @@
 """The naive strategy: the fixed walk people do by hand, kept as the baseline the benchmarks compare
-against (``ladder.strategy = "naive"``, ``r1sup tune --strategy naive``; ``benchmarks/bench_scenarios.py``
+against (``search.strategy = "naive"``, ``r1sup tune --strategy naive``; ``benchmarks/bench_scenarios.py``
 runs it beside the search). Pure.
 
 After any memory failure: halve the context, then fp8 KV, then eager mode, then lower the utilization by

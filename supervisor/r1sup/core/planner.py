@@ -455,7 +455,7 @@ MAX_TP_SUGGESTED = 8  # the largest tensor-parallel size the ways out propose (o
 
 # The plan's verdicts and ``r1sup plan``'s exit status for each: 0 as given, 7 only with the
 # recommended flags (scripts: ``r1sup plan ... && deploy`` deploys only what fits as written), 3 nothing
-# within the ladder's bounds (r1sup's code for "no working configuration").
+# within the search's bounds (r1sup's code for "no working configuration").
 VERDICTS = {"fits": 0, "fits_with_changes": 7, "does_not_fit": 3}
 
 
@@ -756,7 +756,7 @@ def _suggestions(
     bounds: Bounds | None = None,
 ) -> list[Suggestion]:
     """Ways out that fit, each one change to ``flags`` that its title names, with the figures of exactly
-    its command (:func:`_way_out`). They ignore the ladder's allow_* bounds (a person decides);
+    its command (:func:`_way_out`). They ignore the search's allow_* bounds (a person decides);
     tensor-parallel sizes are only those vLLM accepts for this model (:func:`r1sup.core.memmodel.tp_refusal`),
     at most ``gpus_per_node``; beyond one node, pipeline stages over several nodes of that many GPUs.
 

@@ -12,7 +12,7 @@
   vLLM's ``/health`` answered) come only after each failed request was sent again
   (:mod:`r1sup.adapters.probe`); ``run`` takes a ``probe_connection`` or ``probe_server_error`` stop as
   a restart within its budget (:data:`PROBE_TRANSIENT`, exit 5 once spent), never as its end.
-- ``ladder.max_attempts`` launches: stop (exit 3).
+- ``search.max_attempts`` launches: stop (exit 3).
 
 Everything else is a memory failure, evidence for the search (:mod:`r1sup.core.search`).
 """
@@ -84,8 +84,8 @@ def decide(
                 said = f"{failure.detail}: {failure.evidence}"  # what it was not (the engine's death)
             return Stop(f"{failure.cls} again after a retry: {said}", EXIT_FATAL_FAILURE)
         if attempts >= max_attempts:
-            return Stop(f"ladder.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
+            return Stop(f"search.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
         return Retry(f"{failure.cls} is often transient: one retry with the same flags")
     if attempts >= max_attempts:
-        return Stop(f"ladder.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
+        return Stop(f"search.max_attempts ({max_attempts}) reached", EXIT_NO_WORKING_CONFIG)
     return None

@@ -7,12 +7,12 @@ failure, or :class:`GiveUp` with the bound that blocks and the ways out; ``Searc
 launch a passed launch's own KV figure allows. Every candidate is a set of flags over all the levers at
 once (utilization, KV dtype, eager, ``max_num_batched_tokens``, tensor parallel, a pinned KV size, fp8
 weights; for each, ``max_num_seqs`` from the sequences the user gets without r1sup down to
-``ladder.min_max_num_seqs``; the context is then the longest that fits), evaluated by
+``search.min_max_num_seqs``; the context is then the longest that fits), evaluated by
 :mod:`r1sup.core.memmodel` calibrated with every figure vLLM printed so far on this box, and ranked by one
 objective (the README's "The search"):
 
 1. it meets ``[target]`` (concurrency x context in the KV cache at once); never below ``target.context``
-   nor ``ladder.min_max_model_len`` (a hard bound);
+   nor ``search.min_max_model_len`` (a hard bound);
 2. the context asked for; when nothing gives it, those within CONTEXT_SLACK of the longest that fits;
 3. the cheapest set of changes against the user's flags, each costing what it takes from the user
    (:data:`COSTS`; fewer sequences and a shorter context in proportion to what is given up), then the
@@ -102,7 +102,7 @@ COSTS: dict[str, float] = {
     "kv_cache_dtype": 2,  # fp8 KV: small accuracy cost
     "enforce_eager": 4,  # no CUDA graphs: slower decoding
     "tensor_parallel_size": 5,  # more GPUs
-    "quantization": 8,  # fp8 weights, only where ladder.allow_weight_quantization
+    "quantization": 8,  # fp8 weights, only where search.allow_weight_quantization
 }
 SEQS_COST = COSTS["max_num_seqs"]
 CONTEXT_COST = 10  # x the fraction of the asked context given up
@@ -286,7 +286,7 @@ class Search:
             return Next(flags, ruled.reason, retry=True)
         if isinstance(ruled, P.Stop):
             ways = self.facts.suggestions if ruled.exit_code == EXIT_NO_WORKING_CONFIG else ()
-            bound = "ladder.max_attempts" if "max_attempts" in ruled.reason else ""
+            bound = "search.max_attempts" if "max_attempts" in ruled.reason else ""
             return self._stop(ev, GiveUp(ruled.reason, ways, ruled.exit_code, bound))
         if b.strategy == "naive" or not self.usable or failure.cls == F.HOST_OOM:
             return self._fallback(ev, outcome)
@@ -448,7 +448,7 @@ class Search:
         return M.resolve_batch(arch, self.facts.device, user, self.facts.version).max_num_seqs
 
     def min_seqs(self) -> int:
-        """The fewest sequences the search sets: ``ladder.min_max_num_seqs`` and the target's concurrency,
+        """The fewest sequences the search sets: ``search.min_max_num_seqs`` and the target's concurrency,
         never more than the user gets without the search."""
         b = self.facts.bounds
         return min(self.wanted_seqs(), max(b.min_max_num_seqs, b.target_concurrency or 1))
@@ -830,14 +830,14 @@ class Search:
             free, total = (found.free_gib, found.total_gib) if found is not None else (None, None)
             ways.append(
                 f"free GPU memory: {free} of {total} GiB (held: {held}); "
-                f"utilization {cap:g} would be below ladder.min_gpu_memory_utilization "
+                f"utilization {cap:g} would be below search.min_gpu_memory_utilization "
                 f"{b.min_gpu_memory_utilization:g}"
             )
             reason = (
                 f"{after}what is free allows utilization {cap:g}, below "
-                f"ladder.min_gpu_memory_utilization {b.min_gpu_memory_utilization:g} (held: {held})"
+                f"search.min_gpu_memory_utilization {b.min_gpu_memory_utilization:g} (held: {held})"
             )
-            bound = "ladder.min_gpu_memory_utilization"
+            bound = "search.min_gpu_memory_utilization"
             return GiveUp(reason, tuple(ways + list(self.facts.suggestions)), EXIT_NO_WORKING_CONFIG, bound)
         relaxed = Search(
             replace(
@@ -851,7 +851,7 @@ class Search:
             bound = (
                 "target.context"
                 if b.target_context and best.context < b.target_context
-                else "ladder.min_max_model_len"
+                else "search.min_max_model_len"
             )
             if b.target_concurrency and best.context >= b.min_context:
                 bound = "target.concurrency"
@@ -863,12 +863,12 @@ class Search:
         else:
             wider_bounds: tuple[tuple[str, bool, dict[str, Any]], ...] = (
                 (
-                    "ladder.allow_weight_quantization",
+                    "search.allow_weight_quantization",
                     b.allow_weight_quantization,
                     {"allow_weight_quantization": True},
                 ),
                 (
-                    "ladder.max_gpu_memory_utilization",
+                    "search.max_gpu_memory_utilization",
                     b.max_gpu_memory_utilization >= 0.98,
                     {"max_gpu_memory_utilization": 0.98},
                 ),
@@ -1022,7 +1022,7 @@ class Search:
         if unquantized and gives(replace(self.facts, bounds=replace(b, allow_weight_quantization=True))):
             ways.append(
                 f"fp8 weights (--quantization {fp8_weights_flag(self.facts.version)}; "
-                f"{B.how_to_allow('ladder.allow_weight_quantization')})"
+                f"{B.how_to_allow('search.allow_weight_quantization')})"
             )
         bigger = [t for t in M.valid_tp_sizes(arch, 8) if t > max(device.count, user.tensor_parallel_size)]
         for tp in bigger:

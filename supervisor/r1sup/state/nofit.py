@@ -2,7 +2,7 @@
 
 When ``r1sup run`` gives up with exit 3 (no working configuration within the bounds), it writes
 ``STATE_DIR/no-fit.json``: the profile key (the fingerprint of GPUs, driver branch, vLLM and torch
-versions, model, target, ``[start]`` and ``[ladder]``), the reason and the GPU memory that was free. A
+versions, model, target, ``[start]`` and ``[search]``), the reason and the GPU memory that was free. A
 restarted process (a pod in CrashLoopBackOff, a systemd restart) with the same key and no more free memory
 gives the same verdict at once, without a second search: a changed config, image (vLLM or torch) or GPU
 changes the key and clears it, and so does more free memory (another tenant gone). A run that serves

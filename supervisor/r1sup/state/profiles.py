@@ -521,7 +521,7 @@ def fingerprint(
 ) -> dict[str, Any]:
     """What makes a working configuration valid, as plain JSON data.
 
-    ``request`` is what the search started from (the config's ``[start]`` and ``[ladder]``): a profile
+    ``request`` is what the search started from (the config's ``[start]`` and ``[search]``): a profile
     found for other wishes or other bounds is not reused when they change (a SIGHUP after editing
     ``[start]``, or a restart with an edited config, searches again).
 
@@ -665,7 +665,8 @@ def current_fingerprint(
         target={"concurrency": config.target.concurrency, "context": config.target.context},
         tensor_parallel_size=config.start.tensor_parallel_size,
         r1sup_version=__version__,
-        request={"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.ladder)},
+        # [search] under its 0.1 name: the key of every saved and shared profile is a hash of this
+        request={"start": dataclasses.asdict(config.start), "ladder": dataclasses.asdict(config.search)},
     )
 
 

@@ -938,6 +938,8 @@ class Daemon:
         except R1supError as exc:
             self.publish(B.ReloadFailed(str(exc)))
             return None
+        for renamed in new.renamed if new is not None else ():
+            self.publish(B.ConfigRenamed(renamed.old, renamed.new, renamed.where))
         if new is not None and os.path.realpath(new.state.dir) != os.path.realpath(self.config.state.dir):
             # the state directory's lock (one r1sup per state directory) stays with the one it took
             self.publish(B.ReloadFailed("state.dir: a new state directory takes a restart, not a reload"))
@@ -997,7 +999,7 @@ def _implied_change(old: Config, new: Config) -> bool:
     return (
         old.model != new.model
         or old.start != new.start
-        or old.ladder != new.ladder
+        or old.search != new.search
         or old.target != new.target
         or old.server.host != new.server.host
         or old.server.port != new.server.port

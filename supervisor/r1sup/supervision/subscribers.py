@@ -31,6 +31,7 @@ from r1sup.core.events import (
     ColdCacheRelaunch,
     ConfigReduced,
     ConfigReloaded,
+    ConfigRenamed,
     DaemonEvent,
     DaemonFailed,
     DeviceProbeFailed,
@@ -146,7 +147,7 @@ class LogSink:
                 )
             case SearchStepped(attempt, old, new, failure_class, evidence, reason):
                 log.info(
-                    "ladder_step",
+                    "search_step",
                     attempt=attempt - 1,  # the launch that failed (the step's flags go to the next)
                     failure_class=failure_class,
                     evidence=evidence[:300],
@@ -178,7 +179,7 @@ class LogSink:
                 log.info("tune_succeeded", launches=launches, flags=flags.to_dict())
             case SearchGaveUp(failure_class, reason, suggestions, exit_code, fatal, launches):
                 log.error(
-                    "fatal_failure" if fatal else "ladder_exhausted",
+                    "fatal_failure" if fatal else "search_exhausted",
                     failure_class=failure_class,
                     reason=reason,
                     suggestions=list(suggestions),
@@ -187,7 +188,7 @@ class LogSink:
                 )
             case StepAfterServing(step, evidence, reason):
                 log.info(
-                    "ladder_step",
+                    "search_step",
                     failure_class=step.failure_class,
                     evidence=evidence[:300],
                     old=step.old.to_dict(),
@@ -290,6 +291,14 @@ class LogSink:
                 log.debug("preflight_cache_not_saved", path=path, error=error)
             case FilePermissions(warning):
                 log.warning("file_permissions", **warning)
+            case ConfigRenamed(old, new, where):
+                log.warning(
+                    "config_renamed",
+                    old=old,
+                    new=new,
+                    where=where,
+                    message=f"{where}: {old} is now {new}; {old} is read for this release",
+                )
             case TuneInterrupted(signum):
                 log.warning("tune_interrupted", signal=signum)
             case _:
@@ -386,7 +395,7 @@ class StatusFile:
                 )
                 self.write()
             case (SearchStepped() as step) | StepAfterServing(step=step):
-                self.note("ladder_step", status=step.status)
+                self.note("search_step", status=step.status)
             case ServingFailed(failure, _):
                 self.note("serving_failed", failure_class=failure.cls, evidence=failure.evidence[:200])
             case LivenessJudged(_, verdict, changed):

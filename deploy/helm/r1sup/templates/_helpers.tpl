@@ -42,9 +42,21 @@ numbers, and arrays of those. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* r1sup.toml from .Values.config: one table per section; a key set to null is left out. */}}
+{{/* r1sup.toml from .Values.config: one table per section; a key set to null is left out. Values that
+still name the section [search] by its old name, ladder, keep that name (r1sup reads it for this release
+and warns): the chart's [search] defaults go under it where it does not set the key itself. */}}
 {{- define "r1sup.toml" -}}
-{{- range $section, $body := .Values.config }}
+{{- $config := .Values.config }}
+{{- if kindIs "map" .Values.config.ladder }}
+{{- $ladder := deepCopy .Values.config.ladder }}
+{{- range $key, $value := (.Values.config.search | default dict) }}
+{{- if not (hasKey $ladder $key) }}
+{{- $_ := set $ladder $key $value }}
+{{- end }}
+{{- end }}
+{{- $config = set (omit .Values.config "search" "ladder") "ladder" $ladder }}
+{{- end }}
+{{- range $section, $body := $config }}
 {{- if not (kindIs "map" $body) }}
 {{- fail (printf "config.%s: must be a table of settings" $section) }}
 {{- end }}
@@ -66,6 +78,17 @@ numbers, and arrays of those. */}}
 {{ index $section (index . 2) | int64 }}
 {{- else -}}
 {{ index . 3 }}
+{{- end -}}
+{{- end -}}
+
+{{/* A setting of [search] as r1sup.setting reads it, (list $ "key" default): under the section's old
+name, ladder, where the values set the key there (r1sup.toml writes it so). */}}
+{{- define "r1sup.searchSetting" -}}
+{{- $ladder := (index . 0).Values.config.ladder -}}
+{{- if and (kindIs "map" $ladder) (hasKey $ladder (index . 1)) -}}
+{{ include "r1sup.setting" (list (index . 0) "ladder" (index . 1) (index . 2)) }}
+{{- else -}}
+{{ include "r1sup.setting" (list (index . 0) "search" (index . 1) (index . 2)) }}
 {{- end -}}
 {{- end -}}
 
@@ -110,10 +133,10 @@ come from LeaderWorkerSet's variables when the container starts). */}}
 {{- end -}}
 
 {{/* The start-up budget in seconds: a wait for another replica's tune (with a profile store; for a
-LeaderWorkerSet on Ray, the wait for the Ray cluster too), then every launch the ladder may make. */}}
+LeaderWorkerSet on Ray, the wait for the Ray cluster too), then every launch the search may make. */}}
 {{- define "r1sup.startupBudget" -}}
 {{- $launch := include "r1sup.setting" (list . "server" "startup_timeout_s" 1800) | int64 -}}
-{{- $attempts := include "r1sup.setting" (list . "ladder" "max_attempts" 8) | int64 -}}
+{{- $attempts := include "r1sup.searchSetting" (list . "max_attempts" 8) | int64 -}}
 {{- $wait := 0 -}}
 {{- if .Values.profileStore.enabled -}}
 {{- $wait = include "r1sup.setting" (list . "state" "profile_wait_s" 3600) | int64 -}}
@@ -250,7 +273,7 @@ kind: StatefulSet
 name: {{ include "r1sup.fullname" . }}
 {{- end -}}
 
-{{/* The upgrade gate's Job deadline: every launch the ladder may make, and the probe. */}}
+{{/* The upgrade gate's Job deadline: every launch the search may make, and the probe. */}}
 {{- define "r1sup.gateDeadline" -}}
-{{- add (mul (include "r1sup.setting" (list . "ladder" "max_attempts" 8) | int64) (include "r1sup.setting" (list . "server" "startup_timeout_s" 1800) | int64)) 600 -}}
+{{- add (mul (include "r1sup.searchSetting" (list . "max_attempts" 8) | int64) (include "r1sup.setting" (list . "server" "startup_timeout_s" 1800) | int64)) 600 -}}
 {{- end -}}

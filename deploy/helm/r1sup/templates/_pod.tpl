@@ -99,7 +99,7 @@ containers:
         {{- toYaml $limits | nindent 8 }}
     # Ready only after start-up and the load probe passed. Budget: {{ include "r1sup.startupBudget" . }} s =
     # the wait for another replica's tune (state.profile_wait_s){{ if and .Values.multinode.enabled (eq (include "r1sup.multinodeBackend" .) "ray") }} and
-    # for the Ray cluster (multinode.rayInitTimeoutSeconds){{ end }}, then ladder.max_attempts launches of at
+    # for the Ray cluster (multinode.rayInitTimeoutSeconds){{ end }}, then search.max_attempts launches of at
     # most server.startup_timeout_s each; usually one launch of minutes.
     startupProbe:
       httpGet:

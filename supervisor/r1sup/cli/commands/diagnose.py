@@ -57,7 +57,7 @@ def read_chunks(stream: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Iterator[b
 
 
 def diagnose_stream(stream: IO[bytes], exit_code: int | None = None) -> tuple[Diagnosis, str]:
-    """Read a whole log from a binary stream; return the diagnosis and what r1sup's ladder would do."""
+    """Read a whole log from a binary stream; return the diagnosis and what r1sup's search would do."""
     reader = LogReader()
     reader.feed_chunks(read_chunks(stream))
     diagnosis = reader.diagnose(exit_code)

