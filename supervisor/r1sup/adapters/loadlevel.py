@@ -1,4 +1,4 @@
-"""Load levels against a running server: streamed chat completions over plain HTTP (``httpx``) at a
+"""Load levels against a running server: streamed chat completions over plain HTTP (``aiohttp``) at a
 fixed concurrency, a bounded count and time, each request's time to first token, chunk times (the
 inter-token latency), end-to-end time, tokens and error recorded (:class:`r1sup.core.slo.Sample`).
 
@@ -161,17 +161,21 @@ def run_level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
 
 
 async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
-    import httpx
+    import aiohttp
 
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    # one connection per request in flight, kept between requests (vLLM's bench: one aiohttp session)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=spec.base_url, headers=headers, timeout=spec.request_timeout_s, limits=limits
-    ) as client:
+    # one connection per request in flight, kept between requests, as vLLM's bench keeps them (one
+    # aiohttp session, no connection limit); the request timeout bounds the connect and each read, as
+    # httpx's did (a long stream that keeps sending is not cut)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=spec.request_timeout_s, sock_read=spec.request_timeout_s
+    )
+    url = f"{spec.base_url}/v1/chat/completions"
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector) as client:
 
         async def send(request: Request) -> S.Sample:
-            return await _one(client, spec.model, request)
+            return await _one(client, url, spec.model, request)
 
         return await drive(spec, send)
 
@@ -240,11 +244,12 @@ def stream_sample(start: float, chunks: list[tuple[float, Mapping[str, Any]]], e
     return S.Sample(ok=True, ttft_s=times[0] - start, itl_s=gaps, e2e_s=end - start, output_tokens=tokens)
 
 
-async def _one(client: Any, model: str, request: Request) -> S.Sample:
-    """One streamed chat completion, read as vLLM's bench reads it: plain HTTP, each ``data:`` line
-    stamped when it arrives and parsed as JSON, nothing more (a client that builds typed objects per
-    chunk spends the CPU the engine needs where both share the cores)."""
-    import httpx
+async def _one(client: Any, url: str, model: str, request: Request) -> S.Sample:
+    """One streamed chat completion, read as vLLM's bench reads it: aiohttp (its C HTTP parser), each
+    ``data:`` line stamped when it arrives and parsed as JSON, nothing more (a client that spends more
+    CPU per chunk takes it from the engine where both share the cores: httpx's pure-Python stack spent
+    about twice aiohttp's CPU a level, ``benchmarks/bench_slo_client.py``)."""
+    import aiohttp
 
     payload = {
         "model": model,
@@ -258,23 +263,24 @@ async def _one(client: Any, model: str, request: Request) -> S.Sample:
     start = time.monotonic()
     chunks: list[tuple[float, Mapping[str, Any]]] = []
     try:
-        async with client.stream("POST", "/v1/chat/completions", json=payload) as reply:
-            if reply.status_code != 200:
-                body = (await reply.aread()).decode("utf-8", "replace")
+        async with client.post(url, json=payload) as reply:
+            if reply.status != 200:
+                body = (await reply.read()).decode("utf-8", "replace")
                 return S.Sample(
-                    ok=False, e2e_s=time.monotonic() - start, error=f"HTTP {reply.status_code}: {body[:200]}"
+                    ok=False, e2e_s=time.monotonic() - start, error=f"HTTP {reply.status}: {body[:200]}"
                 )
-            async for line in reply.aiter_lines():
-                if not line.startswith("data:"):
+            async for raw in reply.content:  # one line at a time
+                line = raw.strip()
+                if not line.startswith(b"data:"):
                     continue  # blank separators, SSE comments
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 stamp = time.monotonic()
                 chunk = json.loads(data)
                 if isinstance(chunk, Mapping):
                     chunks.append((stamp, chunk))
-    except (httpx.HTTPError, OSError, asyncio.TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
         return S.Sample(
             ok=False, e2e_s=time.monotonic() - start, error=f"{type(exc).__name__}: {str(exc)[:200]}"
         )
