@@ -436,3 +436,50 @@ def test_a_passed_launch_below_the_asked_context_is_refined_to_what_its_kv_figur
     assert 0.95 * allowed <= (better.max_model_len or 0) <= 32768
     # once refined, a launch that passed at what its figure allows is not refined again
     assert s.refine(better, Figures(kv_cache_tokens=(better.max_model_len or 0) + 16)) is None
+
+
+NO_KV_TEXT = (
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+    "initializing the engine."
+)
+
+
+def no_kv_memory(flags: EngineFlags, kv_gib: float, batched: int) -> S.Outcome:
+    """A launch that failed as vLLM says it when its budget leaves nothing for the KV cache: it printed
+    the weights it loaded and "Available KV cache memory: <kv_gib> GiB"."""
+    printed = {"max_model_len": flags.max_model_len, "max_num_batched_tokens": batched}
+    printed |= {"weights_gib": 14.96, "kv_cache_gib": kv_gib}
+    failure = Failure(F.NO_KV_MEMORY, F.PHASE_KV_CACHE, NO_KV_TEXT, Numbers.from_dict(printed))
+    figures = Figures(weights_gib=14.96, kv_cache_gib=kv_gib, max_model_len=flags.max_model_len)
+    return S.Outcome(flags, failure, replace(figures, max_num_batched_tokens=batched), WF_4090)
+
+
+# bench_scenarios' wf-l8-16g: Llama-8B (15.0 GiB of weights) on a 16.5 GiB RTX 4090 (cc 8.6), 1 x 2,048
+WF_4090 = DeviceFacts(
+    backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 4090", int(16.5 * GIB), int(16.5 * GIB), (8, 6)),)
+)
+
+
+def test_a_give_up_predicted_within_the_models_error_is_decided_by_one_launch() -> None:
+    # the planned launch (batched tokens 2048, 128 sequences) printed "Available KV cache memory: -0.11
+    # GiB"; calibrated by it, the model predicts 1,456 tokens at 512 batched tokens and 16 sequences,
+    # 0.04 GiB short of the 2,048 asked: within its 0.2 GiB error, so a launch decides (the fake engine
+    # has 0.19 GiB of KV cache there), not the prediction
+    s = search(L8, WF_4090, EngineFlags(), target_concurrency=1, target_context=2048)
+    first = s.recommend().flags
+    assert first.max_model_len == 2048 and first.max_num_batched_tokens is None
+    d = s.after(no_kv_memory(first, -0.11, 2048))
+    assert isinstance(d, S.Next), d
+    near = d.flags
+    assert near.max_model_len == 2048  # the target's context, the least the bounds accept
+    assert near.max_num_seqs == 16  # ladder.min_max_num_seqs: the launch most likely to start
+    assert near.max_num_batched_tokens is not None and near.max_num_batched_tokens < 2048
+    assert "vLLM's figures decide" in d.reason
+    # that launch measured its own KV memory: short again, the search stops on vLLM's figure (once)
+    stop = s.after(no_kv_memory(near, -0.02, near.max_num_batched_tokens))
+    assert isinstance(stop, S.GiveUp) and stop.exit_code == EXIT_NO_WORKING_CONFIG
+    assert "calibrated by 2 launch(es)" in stop.reason
+    # 0.6 GiB less for the KV cache: no configuration comes within the 0.2 GiB error of 2,048 tokens
+    again = search(L8, WF_4090, EngineFlags(), target_concurrency=1, target_context=2048)
+    far = again.after(no_kv_memory(first, -0.71, 2048))
+    assert isinstance(far, S.GiveUp) and "calibrated by 1 launch(es)" in far.reason
