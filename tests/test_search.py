@@ -483,3 +483,37 @@ def test_a_give_up_predicted_within_the_models_error_is_decided_by_one_launch() 
     again = search(L8, WF_4090, EngineFlags(), target_concurrency=1, target_context=2048)
     far = again.after(no_kv_memory(first, -0.71, 2048))
     assert isinstance(far, S.GiveUp) and "calibrated by 1 launch(es)" in far.reason
+
+
+def test_a_launch_made_within_the_models_error_is_not_refined_on_the_models_candidates() -> None:
+    # bench_scenarios' wf-h200-l70: Llama-70B (131.4 GiB of weights) on an H200 (139.7 GiB), 1 x 2,048
+    # asked beside --max-model-len 32768. The planned launch (3,536 tokens, 216 sequences) printed 0.14
+    # GiB of KV; predicted short within the error, 16 sequences at 2,048 tokens started with "GPU KV cache
+    # size: 2,192 tokens". Refined, the bench's tune then launched the calibrated model's 208 sequences at
+    # 2,192 tokens, which vLLM refused (the sampler for 208 sequences took the KV), and went back: 4
+    # launches. After a launch vLLM decided within the model's error, nothing is refined
+    one = GpuInfo(0, "NVIDIA H200", int(139.72 * GIB), int(139.72 * GIB), (9, 0))
+    device = DeviceFacts(backend="cuda", gpus=(one,))
+    s = search(L70, device, EngineFlags(max_model_len=32768), target_concurrency=1, target_context=2048)
+    first = EngineFlags(
+        max_model_len=3536,
+        gpu_memory_utilization=0.95,
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        max_num_seqs=216,
+        max_num_batched_tokens=2048,
+    )
+    printed = {"max_model_len": 3536, "max_num_batched_tokens": 2048, "weights_gib": 131.42}
+    printed |= {"kv_cache_gib": 0.15, "kv_available_gib": 0.14, "estimated_max_model_len": 928}
+    text = (
+        "ValueError: To serve at least one request with the model's max seq len (3536), (0.54 GiB KV cache "
+        "is needed, which is larger than the available KV cache memory (0.14 GiB). Based on the available "
+        "memory, the estimated maximum model length is 928."
+    )
+    failure = Failure(F.KV_INSUFFICIENT, F.PHASE_KV_CACHE, text, Numbers.from_dict(printed))
+    figures = Figures(weights_gib=131.42, kv_cache_gib=0.15, max_model_len=3536, max_num_batched_tokens=2048)
+    d = s.after(S.Outcome(first, failure, figures, device))
+    assert isinstance(d, S.Next) and "vLLM's figures decide" in d.reason, d
+    assert d.flags.max_model_len == 2048 and d.flags.max_num_seqs == 16
+    passed = Figures(weights_gib=131.42, kv_cache_gib=0.34, kv_cache_tokens=2192, max_model_len=2048)
+    assert s.refine(d.flags, passed) is None

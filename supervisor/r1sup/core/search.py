@@ -311,8 +311,10 @@ class Search:
         tokens" alone is enough: the same flags hold one request of its usable blocks (the memory does not
         depend on ``max_model_len``), so the next launch reaches within REFINE_SHORTFALL of that figure;
         the calibrated model's best candidate is taken instead when it gives as much (the margin kept for
-        the first launch was the model's error, and this launch measured it away)."""
-        if not self.usable or self.facts.bounds.strategy == "naive":
+        the first launch was the model's error, and this launch measured it away). Not after a launch
+        made within the model's error (:meth:`explore`): there vLLM decided, at the least the bounds
+        accept, where the model's candidates are not to be trusted."""
+        if not self.usable or self.facts.bounds.strategy == "naive" or self.evidence.explored:
             return None
         if figures.kv_cache_gib is None and not figures.kv_cache_tokens:
             return None
