@@ -436,3 +436,84 @@ def test_a_passed_launch_below_the_asked_context_is_refined_to_what_its_kv_figur
     assert 0.95 * allowed <= (better.max_model_len or 0) <= 32768
     # once refined, a launch that passed at what its figure allows is not refined again
     assert s.refine(better, Figures(kv_cache_tokens=(better.max_model_len or 0) + 16)) is None
+
+
+NO_KV_TEXT = (
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+    "initializing the engine."
+)
+
+
+def no_kv_memory(flags: EngineFlags, kv_gib: float, batched: int) -> S.Outcome:
+    """A launch that failed as vLLM says it when its budget leaves nothing for the KV cache: it printed
+    the weights it loaded and "Available KV cache memory: <kv_gib> GiB"."""
+    printed = {"max_model_len": flags.max_model_len, "max_num_batched_tokens": batched}
+    printed |= {"weights_gib": 14.96, "kv_cache_gib": kv_gib}
+    failure = Failure(F.NO_KV_MEMORY, F.PHASE_KV_CACHE, NO_KV_TEXT, Numbers.from_dict(printed))
+    figures = Figures(weights_gib=14.96, kv_cache_gib=kv_gib, max_model_len=flags.max_model_len)
+    return S.Outcome(flags, failure, replace(figures, max_num_batched_tokens=batched), WF_4090)
+
+
+# bench_scenarios' wf-l8-16g: Llama-8B (15.0 GiB of weights) on a 16.5 GiB RTX 4090 (cc 8.6), 1 x 2,048
+WF_4090 = DeviceFacts(
+    backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 4090", int(16.5 * GIB), int(16.5 * GIB), (8, 6)),)
+)
+
+
+def test_a_give_up_predicted_within_the_models_error_is_decided_by_one_launch() -> None:
+    # the planned launch (batched tokens 2048, 128 sequences) printed "Available KV cache memory: -0.11
+    # GiB"; calibrated by it, the model predicts 1,456 tokens at 512 batched tokens and 16 sequences,
+    # 0.04 GiB short of the 2,048 asked: within its 0.2 GiB error, so a launch decides (the fake engine
+    # has 0.19 GiB of KV cache there), not the prediction
+    s = search(L8, WF_4090, EngineFlags(), target_concurrency=1, target_context=2048)
+    first = s.recommend().flags
+    assert first.max_model_len == 2048 and first.max_num_batched_tokens is None
+    d = s.after(no_kv_memory(first, -0.11, 2048))
+    assert isinstance(d, S.Next), d
+    near = d.flags
+    assert near.max_model_len == 2048  # the target's context, the least the bounds accept
+    assert near.max_num_seqs == 16  # search.min_max_num_seqs: the launch most likely to start
+    assert near.max_num_batched_tokens is not None and near.max_num_batched_tokens < 2048
+    assert "vLLM's figures decide" in d.reason
+    # that launch measured its own KV memory: short again, the search stops on vLLM's figure (once)
+    stop = s.after(no_kv_memory(near, -0.02, near.max_num_batched_tokens))
+    assert isinstance(stop, S.GiveUp) and stop.exit_code == EXIT_NO_WORKING_CONFIG
+    assert "calibrated by 2 launch(es)" in stop.reason
+    # 0.6 GiB less for the KV cache: no configuration comes within the 0.2 GiB error of 2,048 tokens
+    again = search(L8, WF_4090, EngineFlags(), target_concurrency=1, target_context=2048)
+    far = again.after(no_kv_memory(first, -0.71, 2048))
+    assert isinstance(far, S.GiveUp) and "calibrated by 1 launch(es)" in far.reason
+
+
+def test_a_launch_made_within_the_models_error_is_not_refined_on_the_models_candidates() -> None:
+    # bench_scenarios' wf-h200-l70: Llama-70B (131.4 GiB of weights) on an H200 (139.7 GiB), 1 x 2,048
+    # asked beside --max-model-len 32768. The planned launch (3,536 tokens, 216 sequences) printed 0.14
+    # GiB of KV; predicted short within the error, 16 sequences at 2,048 tokens started with "GPU KV cache
+    # size: 2,192 tokens". Refined, the bench's tune then launched the calibrated model's 208 sequences at
+    # 2,192 tokens, which vLLM refused (the sampler for 208 sequences took the KV), and went back: 4
+    # launches. After a launch vLLM decided within the model's error, nothing is refined
+    one = GpuInfo(0, "NVIDIA H200", int(139.72 * GIB), int(139.72 * GIB), (9, 0))
+    device = DeviceFacts(backend="cuda", gpus=(one,))
+    s = search(L70, device, EngineFlags(max_model_len=32768), target_concurrency=1, target_context=2048)
+    first = EngineFlags(
+        max_model_len=3536,
+        gpu_memory_utilization=0.95,
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        max_num_seqs=216,
+        max_num_batched_tokens=2048,
+    )
+    printed = {"max_model_len": 3536, "max_num_batched_tokens": 2048, "weights_gib": 131.42}
+    printed |= {"kv_cache_gib": 0.15, "kv_available_gib": 0.14, "estimated_max_model_len": 928}
+    text = (
+        "ValueError: To serve at least one request with the model's max seq len (3536), (0.54 GiB KV cache "
+        "is needed, which is larger than the available KV cache memory (0.14 GiB). Based on the available "
+        "memory, the estimated maximum model length is 928."
+    )
+    failure = Failure(F.KV_INSUFFICIENT, F.PHASE_KV_CACHE, text, Numbers.from_dict(printed))
+    figures = Figures(weights_gib=131.42, kv_cache_gib=0.15, max_model_len=3536, max_num_batched_tokens=2048)
+    d = s.after(S.Outcome(first, failure, figures, device))
+    assert isinstance(d, S.Next) and "vLLM's figures decide" in d.reason, d
+    assert d.flags.max_model_len == 2048 and d.flags.max_num_seqs == 16
+    passed = Figures(weights_gib=131.42, kv_cache_gib=0.34, kv_cache_tokens=2192, max_model_len=2048)
+    assert s.refine(d.flags, passed) is None

@@ -1622,6 +1622,16 @@ def margin_bytes(est: Estimate, calibrated: int = 0, exact_kv: bool = False) -> 
     return int(max(floor, base / (1 + calibrated)))
 
 
+def error_bytes(est: Estimate, calibrated: int) -> int:
+    """Bytes by which the calibrated model's KV figure for ``est`` may fall short of what vLLM measures
+    (``calibrated`` launches so far printed their KV memory): MEASURED_KV_ERROR_GIB, the worst error on
+    real logs, shrinking with launches; none for a pinned KV size or before any launch calibrated it. A
+    configuration predicted short by less than this is not known not to fit: only a launch decides."""
+    if est.flags.kv_cache_memory_bytes is not None or calibrated <= 0:
+        return 0
+    return int(MEASURED_KV_ERROR_GIB / calibrated * GIB)
+
+
 def request_blocks(est: Estimate, kv_bytes: int | None = None) -> int:
     """KV blocks left for requests when ``kv_bytes`` (default: the estimate's) hold the cache: whole
     blocks, less the one V1 holds back. ``x est.block_size`` is the longest context one request gets;

@@ -29,8 +29,9 @@ size per GPU do not load; ``fp8_unsupported``: that fp8 format is excluded on th
 against a failure and left its figures where they were is marked ineffective for that failure and
 credited with nothing afterwards; a configuration that failed is never launched again. The search gives
 up only when no candidate within the bounds is predicted to fit even without the margin kept for the
-model's error; what no flag fixes (fatal, transient, internal, the attempt budget) is the policy's
-(:mod:`r1sup.core.policy`).
+model's error, and, once a launch calibrated it, none is predicted short by less than the calibrated
+model's error (:meth:`Search.explore`: then one launch decides, not the prediction); what no flag
+fixes (fatal, transient, internal, the attempt budget) is the policy's (:mod:`r1sup.core.policy`).
 
 Explicit branches where there is nothing to score with: the CPU backend (:func:`assess` and its
 recommender, :func:`recommend_flags`, size the first launch); without the model's architecture
@@ -74,6 +75,7 @@ from r1sup.core.memmodel import (
     ModelArch,
     Version,
     cdiv,
+    error_bytes,
     estimated_max_model_len,
     free_allows,
     margin_bytes,
@@ -174,6 +176,7 @@ class Evidence:
     calibrated: int = 0  # launches whose figures calibrated the model
     exact_kv: bool = False  # the KV budget of the calibration came from a token count, not 0.01 GiB
     attempts: int = 0
+    explored: bool = False  # a launch predicted short within the model's error was made (Search.explore)
 
 
 @dataclass(frozen=True)
@@ -293,9 +296,13 @@ class Search:
         ev, note = self._learn(ev, outcome)
         self.evidence = ev
         best = self.best(margin=True) or self.best(margin=False)
-        if best is None:
-            return self._stop(ev, self._give_up(failure))
         why = f"{failure.cls}: {note}; " if note else f"{failure.cls}: "
+        if best is None:
+            near = self.explore()
+            if near is None:
+                return self._stop(ev, self._give_up(failure))
+            self.evidence = replace(self.evidence, explored=True)
+            return Next(near.flags, why + self._explain_near(near))
         return Next(best.flags, why + self._explain(best))
 
     def refine(self, flags: EngineFlags, figures: Figures) -> EngineFlags | None:
@@ -304,8 +311,10 @@ class Search:
         tokens" alone is enough: the same flags hold one request of its usable blocks (the memory does not
         depend on ``max_model_len``), so the next launch reaches within REFINE_SHORTFALL of that figure;
         the calibrated model's best candidate is taken instead when it gives as much (the margin kept for
-        the first launch was the model's error, and this launch measured it away)."""
-        if not self.usable or self.facts.bounds.strategy == "naive":
+        the first launch was the model's error, and this launch measured it away). Not after a launch
+        made within the model's error (:meth:`explore`): there vLLM decided, at the least the bounds
+        accept, where the model's candidates are not to be trusted."""
+        if not self.usable or self.facts.bounds.strategy == "naive" or self.evidence.explored:
             return None
         if figures.kv_cache_gib is None and not figures.kv_cache_tokens:
             return None
@@ -537,8 +546,10 @@ class Search:
         """Bytes of KV kept spare for the model's error (:func:`margin_bytes`)."""
         return margin_bytes(est, self.evidence.calibrated, self.evidence.exact_kv)
 
-    def score(self, flags: EngineFlags, margin: bool) -> Candidate | None:
-        """``flags`` with the longest context that fits, or None when they cannot run within the bounds."""
+    def score(self, flags: EngineFlags, margin: bool, explore: bool = False) -> Candidate | None:
+        """``flags`` with the longest context that fits, or None when they cannot run within the bounds.
+        ``explore``: with the KV the calibrated model's error allows above its figure (:func:`error_bytes`),
+        at the shortest context the bounds accept (:meth:`explore`)."""
         arch, device, b, ev = self.facts.arch, self.facts.device, self.facts.bounds, self.evidence
         assert arch is not None
         asked = self.asked_context()
@@ -568,6 +579,8 @@ class Search:
             if outside < self._scaled_need(cls, need, est):
                 return None
         kv = est.kv.bytes - (self.margin(est) if margin else 0)
+        if explore:
+            kv = est.kv.bytes + error_bytes(est, ev.calibrated)
         if f.kv_cache_memory_bytes is not None and kv > free - (budget - est.kv.bytes):
             return None
         usable = request_blocks(est, kv)
@@ -578,6 +591,9 @@ class Search:
             context = min(asked, usable // b.target_concurrency * est.block_size)
         if context < self.min_context():
             return None
+        if explore:  # the least the bounds accept: the launch most likely to start
+            predicted = request_blocks(est, est.kv.bytes) * est.block_size
+            context = min(context, max(self.min_context(), predicted))
         if est.batch.max_num_seqs < min(b.min_seqs, self.wanted_seqs()):
             return None
         meets = True
@@ -661,6 +677,28 @@ class Search:
     def best(self, margin: bool) -> Candidate | None:
         ranked = self.ranked(margin)
         return ranked[0] if ranked else None
+
+    def explore(self) -> Candidate | None:
+        """When nothing within the bounds is predicted to fit after a launch calibrated the model: the
+        candidate predicted short by the least KV, when that is within the calibrated model's error
+        (:func:`error_bytes`), at the fewest sequences and the shortest context the bounds accept, so
+        that vLLM's own figures decide rather than the prediction; None otherwise. Once per search (a
+        second would stop on a prediction again), never on flags a launch already measured (whatever
+        their context: the memory outside the KV cache does not depend on it)."""
+        ev = self.evidence
+        if ev.explored or not ev.calibrated:
+            return None
+        measured = {f.replace(max_model_len=None) for f in ev.tried}
+        fewest = self.min_seqs()
+        found: list[tuple[int, Candidate]] = []
+        for f in dict.fromkeys(self.candidates()):
+            c = self.score(self._with_seqs(f, fewest), margin=False, explore=True)
+            if c is None or c.flags.replace(max_model_len=None) in measured:
+                continue
+            found.append((request_blocks(c.est, c.est.kv.bytes), c))
+        if not found:
+            return None
+        return min(found, key=lambda pair: (-pair[0], pair[1].key()))[1]
 
     # --- evidence --------------------------------------------------------------------------------
 
@@ -1043,6 +1081,18 @@ class Search:
                 ways.append(f"a GPU with more memory ({name}, {spec.total_gib:g} GiB, gives it)")
                 break
         return ways
+
+    def _explain_near(self, c: Candidate) -> str:
+        """Why a launch predicted short within the model's error (:meth:`explore`) is made."""
+        est = c.est
+        need = self.min_context()
+        have = request_blocks(est, est.kv.bytes) * est.block_size
+        error = error_bytes(est, self.evidence.calibrated)
+        return (
+            f"{self.facts.user.describe_change(c.flags) or 'the flags as given'}; predicted KV "
+            f"{est.kv.gib:.2f} GiB = {have} tokens of the {need} needed, short by less than the "
+            f"{error / GIB:.2f} GiB the calibrated model may err by: launched so that vLLM's figures decide"
+        )
 
     def _explain(self, c: Candidate) -> str:
         est = c.est
