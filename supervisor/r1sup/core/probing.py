@@ -18,8 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from r1sup.core import failure as F
-from r1sup.core.failure import Failure
+from r1sup.core.failure import (
+    ENGINE_DEAD,
+    HANG,
+    PHASE_SERVING,
+    PROBE_CONNECTION,
+    PROBE_REJECTED,
+    PROBE_SERVER_ERROR,
+    PROBE_TIMEOUT,
+    Failure,
+)
 from r1sup.core.figures import known_numbers
 
 
@@ -314,23 +322,23 @@ def probe_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     engine's (``engine_dead``)."""
     if result.rejected:  # a 4xx: r1sup's own request was wrong, not the engine
         return Failure(
-            F.PROBE_REJECTED,
-            F.PHASE_SERVING,
+            PROBE_REJECTED,
+            PHASE_SERVING,
             detail=f"vLLM rejected {result.rejected} probe request(s) with a 4xx",
             evidence=result.rejected_error,
         )
     if result.connection_only and result.health_ok:  # the engine answers: the connection failed
         return Failure(
-            F.PROBE_CONNECTION,
-            F.PHASE_SERVING,
+            PROBE_CONNECTION,
+            PHASE_SERVING,
             detail=f"{result.connection_errors} probe request(s) failed on the connection after "
             "their retries; vLLM's /health answers",
             evidence=result.first_error,
         )
     if result.without_engine_evidence and result.health_ok:  # a 5xx, not vLLM's engine-dead reply
         return Failure(
-            F.PROBE_SERVER_ERROR,
-            F.PHASE_SERVING,
+            PROBE_SERVER_ERROR,
+            PHASE_SERVING,
             detail=f"{result.server_errors} probe request(s) answered with a 5xx that is not vLLM's "
             "engine-dead reply (a proxy, a server shutting down, an error in the stream) after their "
             "retries; vLLM's /health answers, so the engine is not taken for dead",
@@ -339,18 +347,16 @@ def probe_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     if result.without_engine_evidence:  # and /health failed: the engine's own evidence
         how = "failed on the connection" if result.connection_only else "failed"
         return Failure(
-            F.ENGINE_DEAD,
-            F.PHASE_SERVING,
+            ENGINE_DEAD,
+            PHASE_SERVING,
             detail=f"probe requests {how} and vLLM's /health failed",
             evidence=result.first_error,
         )
     if result.timeouts_without_engine_evidence:
         return _timeout_failure(result, request_timeout_s)
     if result.timed_out:
-        return Failure(F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=result.first_error)
-    return Failure(
-        F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=result.first_error
-    )
+        return Failure(HANG, PHASE_SERVING, detail="the probe timed out", evidence=result.first_error)
+    return Failure(ENGINE_DEAD, PHASE_SERVING, detail="probe requests failed", evidence=result.first_error)
 
 
 def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
@@ -362,15 +368,15 @@ def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     moved = result.timeout_progress_tokens
     if result.health_ok is False:  # the engine's own evidence
         return Failure(
-            F.ENGINE_DEAD,
-            F.PHASE_SERVING,
+            ENGINE_DEAD,
+            PHASE_SERVING,
             detail=f"{waited} and vLLM's /health failed",
             evidence=result.first_error,
         )
     if moved == 0:  # /health answers, yet nothing moved while they waited: the core is stuck
         return Failure(
-            F.HANG,
-            F.PHASE_SERVING,
+            HANG,
+            PHASE_SERVING,
             detail=f"{waited} and vLLM's token counters did not move while they waited (its /health answers)",
             evidence=result.first_error,
         )
@@ -380,8 +386,8 @@ def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
         else "vLLM's /metrics gave no progress figures while they waited (unknown, not a stall)"
     )
     return Failure(
-        F.PROBE_TIMEOUT,
-        F.PHASE_SERVING,
+        PROBE_TIMEOUT,
+        PHASE_SERVING,
         detail=f"{waited}; {progress} and its /health answers: the engine is busy, not dead (a larger "
         "probe.request_timeout_s waits it out)",
         evidence=result.first_error,
