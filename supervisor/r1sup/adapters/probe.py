@@ -269,10 +269,11 @@ def keep_peaks(peaks: dict[str, float], sample: Mapping[str, float]) -> None:
 def progress_while_waiting(
     readings: list[tuple[float, float]], waits: list[tuple[float, float]]
 ) -> int | None:
-    """The fewest tokens vLLM's counters moved by while one of ``waits`` (``(start, end)`` of a request
-    that got no answer in time, monotonic) lasted, from ``readings`` (``(time, tokens)`` of the /metrics
-    reads, in time order): each wait's last reading in it less its first. A wait with fewer than two
-    readings in it says nothing; None when none had two (progress unknown, never taken for a stall)."""
+    """The fewest tokens vLLM's counters moved by while one of ``waits`` lasted (``(start, end)`` of a
+    request that got no answer in time, from its last token or its start, monotonic), from ``readings``
+    (``(time, tokens)`` of the /metrics reads, in time order): each wait's last reading in it less its
+    first. A wait with fewer than two readings in it says nothing; None when none had two (progress
+    unknown, never taken for a stall)."""
     moved: list[float] = []
     for start, end in waits:
         inside = [tokens for at, tokens in readings if start <= at <= end]
@@ -466,7 +467,8 @@ class _Sent:
     server_retried: int = 0  # requests sent again after a 5xx that is not vLLM's engine-dead reply
     server_errors: int = 0  # requests answered with such a 5xx after every retry
     timeouts: int = 0  # requests that got no answer within probe.request_timeout_s (never sent again)
-    waits: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of those, monotonic
+    # (its last token, or its start, and its end) of each of those, monotonic: how long it waited in vain
+    waits: list[tuple[float, float]] = field(default_factory=list)
     readings: list[tuple[float, float]] = field(default_factory=list)  # (time, tokens) of /metrics reads
 
     def tokens_per_s(self) -> float | None:
@@ -503,6 +505,7 @@ async def _send(
         came of it is dropped: only a request that passed counts its tokens)."""
         start = time.monotonic()
         first: float | None = None
+        last = start  # its last token (its start before one): a timed-out request waited since
         tokens = 0
         try:
             stream = await client.chat.completions.create(
@@ -514,7 +517,6 @@ async def _send(
                 stream_options={"include_usage": True},
             )
             usage_tokens = None
-            last = start
             async for chunk in stream:
                 if chunk.choices and delivers(chunk.choices[0]):
                     last = time.monotonic()
@@ -540,7 +542,7 @@ async def _send(
                 sent.rejected += 1
             if kind == TIMEOUT:  # no answer in time: the engine may be busy; what it did meanwhile decides
                 sent.timeouts += 1
-                sent.waits.append((start, time.monotonic()))
+                sent.waits.append((last, time.monotonic()))
                 waited = f"no answer within probe.request_timeout_s ({spec.request_timeout_s:g}s)"
                 sent.note(f"{label} {i}: {waited}: {error_line(exc)}")
                 return None
