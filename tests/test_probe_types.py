@@ -286,14 +286,25 @@ def _timed_out(**fields: Any) -> ProbeResult:
         (_timed_out(health_ok=False), F.ENGINE_DEAD, "and vLLM's /health failed"),
         # a request answered with vLLM's engine-dead reply beside the timeout: the engine's word
         (_timed_out(error_count=2, succeeded=2), F.ENGINE_DEAD, "probe requests failed"),
-        # the whole probe timed out: unchanged, a hang
-        (_timed_out(timed_out=True), F.HANG, "the probe timed out"),
+        # a deadline of the probe's passed while vLLM processed tokens, /health answering: busy too
+        (
+            _timed_out(timed_out=True),
+            F.PROBE_TIMEOUT,
+            "the probe timed out (its requests within probe.timeout_s, 90s; the concurrency wave's within "
+            "probe.request_timeout_s, 30s); vLLM processed at least 812 tokens",
+        ),
+        # ... with nothing moving, or progress unknown: a hang, as before
+        (_timed_out(timed_out=True, timeout_progress_tokens=0), F.HANG, "did not move while its requests"),
+        (_timed_out(timed_out=True, timeout_progress_tokens=None), F.HANG, "the probe timed out"),
+        (_timed_out(timed_out=True, health_ok=None), F.HANG, "the probe timed out"),
+        # ... with /health failing: the engine's own evidence
+        (_timed_out(timed_out=True, health_ok=False), F.ENGINE_DEAD, "and vLLM's /health failed"),
     ],
 )
 def test_a_timed_out_probe_request_is_judged_by_the_engines_evidence(
     result: ProbeResult, cls: str, said: str
 ) -> None:
-    failure = probe_failure(result, 30.0)
+    failure = probe_failure(result, 30.0, 90.0)
     assert failure.cls == cls
     assert said in failure.detail and failure.phase == F.PHASE_SERVING
     assert failure.evidence == result.first_error
@@ -301,12 +312,12 @@ def test_a_timed_out_probe_request_is_judged_by_the_engines_evidence(
 
 def test_the_probe_faults_without_timeouts_keep_their_classes() -> None:
     lost = ProbeResult(ok=False, requests=2, error_count=1, connection_errors=1, health_ok=True)
-    assert probe_failure(lost, 30.0).cls == F.PROBE_CONNECTION
+    assert probe_failure(lost, 30.0, 90.0).cls == F.PROBE_CONNECTION
     answered = ProbeResult(ok=False, requests=2, error_count=1, server_errors=1, health_ok=True)
-    assert probe_failure(answered, 30.0).cls == F.PROBE_SERVER_ERROR
-    assert probe_failure(replace(answered, health_ok=False), 30.0).cls == F.ENGINE_DEAD
+    assert probe_failure(answered, 30.0, 90.0).cls == F.PROBE_SERVER_ERROR
+    assert probe_failure(replace(answered, health_ok=False), 30.0, 90.0).cls == F.ENGINE_DEAD
     rejected = ProbeResult(ok=False, requests=2, error_count=1, rejected=1, request_timeouts=0)
-    assert probe_failure(rejected, 30.0).cls == F.PROBE_REJECTED
+    assert probe_failure(rejected, 30.0, 90.0).cls == F.PROBE_REJECTED
 
 
 def test_a_timed_out_request_and_the_progress_beside_it_round_trip() -> None:

@@ -497,6 +497,7 @@ async def _send(
     poller = asyncio.create_task(_poll_metrics(http, sent.peaks, stop, sent.readings))
     sem = asyncio.Semaphore(concurrency)
     t0 = time.monotonic()
+    heard: dict[int, float] = {}  # each request in flight: its last token, or its start before one
 
     async def attempt(i: int) -> tuple[str, BaseException] | None:
         """Request ``i`` once: None when it passed or failed for good (recorded here); (fault, error)
@@ -505,7 +506,7 @@ async def _send(
         came of it is dropped: only a request that passed counts its tokens)."""
         start = time.monotonic()
         first: float | None = None
-        last = start  # its last token (its start before one): a timed-out request waited since
+        last = heard[i] = start  # its last token (its start before one): a timed-out request waited since
         tokens = 0
         try:
             stream = await client.chat.completions.create(
@@ -519,7 +520,7 @@ async def _send(
             usage_tokens = None
             async for chunk in stream:
                 if chunk.choices and delivers(chunk.choices[0]):
-                    last = time.monotonic()
+                    last = heard[i] = time.monotonic()
                     if first is None:
                         first = last - start
                     tokens += 1
@@ -578,6 +579,9 @@ async def _send(
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=max(0.001, timeout_s))
     except asyncio.TimeoutError:
         sent.timed_out = True
+        # the requests still in flight at the deadline waited since their last token, as a timed-out one
+        now = time.monotonic()
+        sent.waits.extend((heard[t], now) for t, task in enumerate(tasks) if t in heard and not task.done())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -624,9 +628,10 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         lost = main.connection_errors + (wave.connection_errors if wave is not None else 0)
         answered = main.server_errors + (wave.server_errors if wave is not None else 0)
         timeouts = main.timeouts + (wave.timeouts if wave is not None else 0)
+        late = main.timed_out or (wave is not None and wave.timed_out)  # a deadline of the probe's passed
         # the engine's word, not the connection's, a 5xx's that is not vLLM's engine-dead reply, nor a
-        # request's that got no answer in time
-        health = await _healthy(http) if lost or answered or timeouts else None
+        # request's that got no answer in time, nor the probe's deadline
+        health = await _healthy(http) if lost or answered or timeouts or late else None
         await client.close()
     error_count, errors, timed_out = main.error_count, list(main.errors), main.timed_out
     metrics = main.peaks
@@ -679,13 +684,14 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         server_errors=answered,
         health_ok=health,
         request_timeouts=timeouts,
-        timeout_progress_tokens=_waited(main, wave) if timeouts else None,
+        timeout_progress_tokens=_waited(main, wave) if timeouts or late else None,
         wave=record,
     )
 
 
 def _waited(main: _Sent, wave: _Sent | None) -> int | None:
-    """:func:`progress_while_waiting` over the timed-out requests of the context requests and the wave."""
+    """:func:`progress_while_waiting` over the timed-out requests of the context requests and the wave,
+    and those still in flight when a deadline of the probe passed."""
     found = [
         moved
         for sent in (main, wave)

@@ -308,7 +308,7 @@ _LATER = frozenset(
 REJECTED_MARK = "rejected (HTTP 4"  # in the error line of a request vLLM answered with a 4xx
 
 
-def probe_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
+def probe_failure(result: ProbeResult, request_timeout_s: float, timeout_s: float) -> Failure:
     """What a failed probe was, from its own evidence, once the engine's process is known to be up and
     its log shows no failure (the runner decides those first): a 4xx is r1sup's own request
     (``probe_rejected``); requests that failed on the connection or with a 5xx that is not vLLM's
@@ -318,7 +318,9 @@ def probe_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     stall: ``/health`` failing is the engine's death (``engine_dead``); vLLM's counters frozen while
     they waited is a hang (``hang``); counters that moved, or that are unknown (no two ``/metrics``
     readings in a wait: never taken for a stall), make it a busy engine, ``probe_timeout`` (transient,
-    never the engine's death). A probe that timed out as a whole is a ``hang``; anything else is the
+    never the engine's death). A probe that passed a deadline of its own (``timeout_s``,
+    ``probe.timeout_s``; the concurrency wave's, at most ``request_timeout_s``) is judged so from the
+    requests still in flight then, except that unknown progress stays a ``hang``; anything else is the
     engine's (``engine_dead``)."""
     if result.rejected:  # a 4xx: r1sup's own request was wrong, not the engine
         return Failure(
@@ -355,7 +357,7 @@ def probe_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     if result.timeouts_without_engine_evidence:
         return _timeout_failure(result, request_timeout_s)
     if result.timed_out:
-        return Failure(HANG, PHASE_SERVING, detail="the probe timed out", evidence=result.first_error)
+        return _deadline_failure(result, request_timeout_s, timeout_s)
     return Failure(ENGINE_DEAD, PHASE_SERVING, detail="probe requests failed", evidence=result.first_error)
 
 
@@ -390,5 +392,33 @@ def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
         PHASE_SERVING,
         detail=f"{waited}; {progress} and its /health answers: the engine is busy, not dead (a larger "
         "probe.request_timeout_s waits it out)",
+        evidence=result.first_error,
+    )
+
+
+def _deadline_failure(result: ProbeResult, request_timeout_s: float, timeout_s: float) -> Failure:
+    """A probe that passed a deadline of its own: the requests in flight then are judged as timed-out
+    ones, but without progress shown (frozen or unknown) it is a hang, as it always was."""
+    late = (
+        f"the probe timed out (its requests within probe.timeout_s, {timeout_s:g}s; the concurrency "
+        f"wave's within probe.request_timeout_s, {request_timeout_s:g}s)"
+    )
+    moved = result.timeout_progress_tokens
+    if result.health_ok is False:  # the engine's own evidence
+        return Failure(
+            ENGINE_DEAD,
+            PHASE_SERVING,
+            detail=f"{late} and vLLM's /health failed",
+            evidence=result.first_error,
+        )
+    if moved is None or moved == 0 or result.health_ok is not True:
+        frozen = " and vLLM's token counters did not move while its requests waited" if moved == 0 else ""
+        return Failure(HANG, PHASE_SERVING, detail=f"{late}{frozen}", evidence=result.first_error)
+    return Failure(
+        PROBE_TIMEOUT,
+        PHASE_SERVING,
+        detail=f"{late}; vLLM processed at least {moved} tokens while each request in flight waited and its "
+        "/health answers: the engine is busy, not dead (larger probe.timeout_s and probe.request_timeout_s "
+        "wait it out)",
         evidence=result.first_error,
     )

@@ -656,7 +656,7 @@ class Runner:
         if seen.cls != F.NONE or code is not None:
             failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
         else:  # the engine is up and its log shows nothing: the probe's own evidence decides
-            failure = probe_failure(result, p.request_timeout_s)
+            failure = probe_failure(result, p.request_timeout_s, p.timeout_s)
         self.log.error(
             "probe_failed", launch=launch.number, **_failure_fields(failure), **_probe_fields(result)
         )
