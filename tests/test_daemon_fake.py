@@ -23,7 +23,7 @@ import pytest
 
 from conftest import free_port, wait_until
 from r1sup_proc import NotifySocket, R1sup, engine_processes, kill_engine_processes, write_config
-from test_tune_fake import QWEN_7B, engine_records, fake_body, fake_env, fake_scenario
+from test_tune_fake import QWEN_7B, TIME_SCALE, engine_records, fake_body, fake_env, fake_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -282,6 +282,31 @@ def test_a_probe_answered_5xx_while_health_answers_is_restarted_within_the_budge
         failed = proc.named("probe_failed")
         assert [f["failure_class"] for f in failed] == ["probe_server_error", "probe_server_error"]
         assert all(f["server_errors"] == 1 and "(HTTP 503)" in f["evidence"] for f in failed)
+        assert [e["restart"] for e in proc.named("restart_backoff")] == [1]
+        assert not proc.named("daemon_failed") and not proc.named("fatal_failure")
+        launched = proc.named("launch_started")
+        assert len(launched) == 3 and launched[0]["flags"] == launched[2]["flags"]
+        assert served_model(body["server"]["port"]) == 200
+        stop_cleanly(proc, config, tmp_path)
+
+
+def test_probe_requests_queued_past_their_timeout_while_vllm_generates_are_restarted_within_the_budget(
+    tmp_path: Path,
+):
+    # issue 34: a probe request that got no answer within probe.request_timeout_s was engine_dead, and
+    # run exited 4 for good. One slot, two requests at once, a token every ~0.25 s at the first two
+    # launches: one request waits for the slot past its 1.5 s timeout while the other decodes (vLLM's
+    # counters move, /health answers): probe_timeout, the same flags again after a backoff, within
+    # daemon.restart_budget; the third launch decodes at full speed and serves
+    runtime = {"decode_tokens_per_s": 1 / (0.25 / TIME_SCALE), "slow_launches": 2}
+    probe = {"requests": 2, "concurrency": 2, "output_tokens": 12, "request_timeout_s": 1.5}
+    body = daemon_body(tmp_path, start={"max_num_seqs": 1}, probe=probe)
+    with running(tmp_path, body, fake_scenario(tmp_path, runtime=runtime)) as (proc, config):
+        proc.wait_event("serving", START_S)
+        failed = proc.named("probe_failed")
+        assert [f["failure_class"] for f in failed] == ["probe_timeout", "probe_timeout"]
+        assert all(f["request_timeouts"] >= 1 and f["timeout_progress_tokens"] >= 1 for f in failed)
+        assert all("probe.request_timeout_s (1.5s)" in f["evidence"] for f in failed)
         assert [e["restart"] for e in proc.named("restart_backoff")] == [1]
         assert not proc.named("daemon_failed") and not proc.named("fatal_failure")
         launched = proc.named("launch_started")

@@ -265,3 +265,23 @@ def test_an_error_event_in_the_middle_of_a_stream_is_classed_by_what_it_says(
     exc = openai.APIError(str(body["message"]), request, body=body)
     assert request_fault(exc) == fault
     assert error_line(exc) == line
+
+
+def test_a_request_timeout_is_its_own_fault_never_the_engines() -> None:
+    # issue 34: a request that got no answer within probe.request_timeout_s was "engine", the engine's
+    # death; a busy engine times requests out as a hung one does, so what it did meanwhile decides
+    import asyncio
+
+    import httpx
+    import openai
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    for exc in (
+        openai.APITimeoutError(request=request),  # before the answer's headers
+        httpx.ReadTimeout("timed out", request=request),  # no next chunk of the stream in time
+        httpx.PoolTimeout("no connection free"),
+        asyncio.TimeoutError(),
+        TimeoutError(),
+    ):
+        assert request_error(exc)
+        assert request_fault(exc) == "timeout", exc

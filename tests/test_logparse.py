@@ -285,7 +285,7 @@ def test_fixtures_cover_every_class_the_reader_gives() -> None:
     covered = {case[2] for case in FIXTURE_CASES}
     # hang is decided by the launcher, internal_error by r1sup about itself, the probe's own faults by
     # the probe: none from a log
-    probes = {fl.PROBE_REJECTED, fl.PROBE_CONNECTION, fl.PROBE_SERVER_ERROR}
+    probes = {fl.PROBE_REJECTED, fl.PROBE_CONNECTION, fl.PROBE_SERVER_ERROR, fl.PROBE_TIMEOUT}
     assert covered == fl.ALL_CLASSES - {fl.HANG, fl.INTERNAL_ERROR, *probes}
 
 

@@ -35,6 +35,11 @@ from r1sup.core.failure import Failure
         (F.PROBE_SERVER_ERROR, frozenset(), 1, False, ("retry", None)),
         (F.PROBE_SERVER_ERROR, frozenset({F.ENGINE_DEAD}), 2, False, ("retry", None)),
         (F.PROBE_SERVER_ERROR, frozenset({F.PROBE_SERVER_ERROR}), 2, False, ("stop", EXIT_FATAL_FAILURE)),
+        # requests that got no answer in time while /health answered and vLLM's counters moved: a busy
+        # engine, the same flags once more, never engine death
+        (F.PROBE_TIMEOUT, frozenset(), 1, False, ("retry", None)),
+        (F.PROBE_TIMEOUT, frozenset({F.ENGINE_DEAD}), 2, False, ("retry", None)),
+        (F.PROBE_TIMEOUT, frozenset({F.PROBE_TIMEOUT}), 2, False, ("stop", EXIT_FATAL_FAILURE)),
     ],
 )
 def test_decide(cls: str, retried: frozenset[str], attempts: int, fixable: bool, expected: object) -> None:
@@ -77,3 +82,8 @@ def test_the_probes_transient_fault_again_says_what_it_was_and_what_it_was_not()
     got = P.decide(failure, retried=frozenset({F.PROBE_SERVER_ERROR}), attempts=2, max_attempts=8)
     assert isinstance(got, P.Stop) and got.exit_code == EXIT_FATAL_FAILURE
     assert got.reason == f"probe_server_error again after a retry: {detail}: {evidence}"
+
+
+def test_run_restarts_after_a_probe_timeout_within_its_budget() -> None:
+    # run's daemon takes a stop on these as a restart within daemon.restart_budget, never its end
+    assert F.PROBE_TIMEOUT in P.PROBE_TRANSIENT

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import ast
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from keyed_reads import mapping_reads
+from r1sup.adapters.probe import parse_metrics, progress_while_waiting
 from r1sup.cli.report import probe_text
 from r1sup.core import capacity
+from r1sup.core import failure as F
 from r1sup.core.capacity import Asked, Capacity
 from r1sup.core.figures import Figures
-from r1sup.core.probing import ProbeResult, Wave
+from r1sup.core.probing import ProbeResult, Wave, probe_failure
 
 WRITTEN = json.loads((Path(__file__).parent / "fixtures" / "probe" / "written-as-dicts.json").read_text())
 PROBES = WRITTEN["probes"]
@@ -210,3 +213,116 @@ def test_the_package_reads_probe_results_and_capacities_by_attribute() -> None:
         for line in keyed_reads(path.read_text(encoding="utf-8"))
     }
     assert not found, f"read ProbeResult and Capacity by attribute, not by key: {sorted(found)}"
+
+
+def test_the_probe_reads_vllms_token_counters_summed_over_engines() -> None:
+    text = (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0"} 100.0\n'
+        'vllm:prompt_tokens_total{engine="1"} 20.0\n'
+        'vllm:prompt_tokens_created{engine="0"} 1.7e9\n'
+        'vllm:generation_tokens_total{engine="0"} 7.0\n'
+        'vllm:num_requests_running{engine="0"} 1.0\n'
+    )
+    assert parse_metrics(text) == {"tokens": 127.0, "running": 1.0}
+    assert "tokens" not in parse_metrics('vllm:num_requests_running{engine="0"} 1.0\n')
+
+
+@pytest.mark.parametrize(
+    ("readings", "waits", "moved"),
+    [
+        # the counters moved by 40 during the one wait (readings outside it do not count)
+        ([(0.0, 0.0), (1.0, 10.0), (2.0, 30.0), (3.0, 50.0), (9.0, 900.0)], [(0.5, 3.5)], 40),
+        # two waits: the fewer tokens of the two
+        ([(1.0, 0.0), (2.0, 5.0), (3.0, 5.0), (4.0, 9.0)], [(0.5, 2.5), (2.5, 4.5)], 4),
+        # frozen while it waited: 0, a stall
+        ([(1.0, 70.0), (2.0, 70.0), (3.0, 70.0)], [(0.5, 3.5)], 0),
+        # a wait with one reading says nothing; the other decides
+        ([(1.0, 0.0), (5.0, 8.0), (6.0, 9.0)], [(0.5, 1.5), (4.5, 6.5)], 1),
+        # no wait with two readings (/metrics silent, or no vLLM figures): unknown
+        ([(1.0, 0.0)], [(0.5, 1.5)], None),
+        ([], [(0.0, 10.0)], None),
+        # a counter that went back (an engine restarted its counters) is no progress
+        ([(1.0, 50.0), (2.0, 3.0)], [(0.0, 3.0)], 0),
+    ],
+)
+def test_progress_while_timed_out_requests_waited(
+    readings: list[tuple[float, float]], waits: list[tuple[float, float]], moved: int | None
+) -> None:
+    assert progress_while_waiting(readings, waits) == moved
+
+
+def _timed_out(**fields: Any) -> ProbeResult:
+    """A failed probe of 4 requests, 1 of which got no answer in time (``fields`` change it)."""
+    base: dict[str, Any] = {
+        "ok": False,
+        "requests": 4,
+        "succeeded": 3,
+        "error_count": 1,
+        "errors": ("request 2: no answer within probe.request_timeout_s (30s): APITimeoutError",),
+        "request_timeouts": 1,
+        "health_ok": True,
+        "timeout_progress_tokens": 812,
+    }
+    return ProbeResult(**{**base, **fields})
+
+
+@pytest.mark.parametrize(
+    ("result", "cls", "said"),
+    [
+        # /health answers and vLLM processed tokens while the request waited: busy, not dead
+        (_timed_out(), F.PROBE_TIMEOUT, "vLLM processed at least 812 tokens while each waited"),
+        # progress unknown (/metrics gave no two readings): never taken for a stall
+        (_timed_out(timeout_progress_tokens=None), F.PROBE_TIMEOUT, "gave no progress figures"),
+        # a connection lost beside it changes nothing: still no evidence of death
+        (
+            _timed_out(error_count=2, connection_errors=1, requests=4, succeeded=2),
+            F.PROBE_TIMEOUT,
+            "1 request got no answer within probe.request_timeout_s (30s)",
+        ),
+        # frozen counters while it waited, /health answering: the core is stuck
+        (_timed_out(timeout_progress_tokens=0), F.HANG, "did not move while they waited"),
+        # /health failing: the engine's own evidence
+        (_timed_out(health_ok=False), F.ENGINE_DEAD, "and vLLM's /health failed"),
+        # a request answered with vLLM's engine-dead reply beside the timeout: the engine's word
+        (_timed_out(error_count=2, succeeded=2), F.ENGINE_DEAD, "probe requests failed"),
+        # a deadline of the probe's passed while vLLM processed tokens, /health answering: busy too
+        (
+            _timed_out(timed_out=True),
+            F.PROBE_TIMEOUT,
+            "the probe timed out (its requests within probe.timeout_s, 90s; the concurrency wave's within "
+            "probe.request_timeout_s, 30s); vLLM processed at least 812 tokens",
+        ),
+        # ... with nothing moving, or progress unknown: a hang, as before
+        (_timed_out(timed_out=True, timeout_progress_tokens=0), F.HANG, "did not move while its requests"),
+        (_timed_out(timed_out=True, timeout_progress_tokens=None), F.HANG, "the probe timed out"),
+        (_timed_out(timed_out=True, health_ok=None), F.HANG, "the probe timed out"),
+        # ... with /health failing: the engine's own evidence
+        (_timed_out(timed_out=True, health_ok=False), F.ENGINE_DEAD, "and vLLM's /health failed"),
+    ],
+)
+def test_a_timed_out_probe_request_is_judged_by_the_engines_evidence(
+    result: ProbeResult, cls: str, said: str
+) -> None:
+    failure = probe_failure(result, 30.0, 90.0)
+    assert failure.cls == cls
+    assert said in failure.detail and failure.phase == F.PHASE_SERVING
+    assert failure.evidence == result.first_error
+
+
+def test_the_probe_faults_without_timeouts_keep_their_classes() -> None:
+    lost = ProbeResult(ok=False, requests=2, error_count=1, connection_errors=1, health_ok=True)
+    assert probe_failure(lost, 30.0, 90.0).cls == F.PROBE_CONNECTION
+    answered = ProbeResult(ok=False, requests=2, error_count=1, server_errors=1, health_ok=True)
+    assert probe_failure(answered, 30.0, 90.0).cls == F.PROBE_SERVER_ERROR
+    assert probe_failure(replace(answered, health_ok=False), 30.0, 90.0).cls == F.ENGINE_DEAD
+    rejected = ProbeResult(ok=False, requests=2, error_count=1, rejected=1, request_timeouts=0)
+    assert probe_failure(rejected, 30.0, 90.0).cls == F.PROBE_REJECTED
+
+
+def test_a_timed_out_request_and_the_progress_beside_it_round_trip() -> None:
+    result = _timed_out()
+    record = result.to_dict()
+    assert (record["request_timeouts"], record["timeout_progress_tokens"]) == (1, 812)
+    assert ProbeResult.from_dict(json.loads(json.dumps(record))) == result
+    assert "timeout_progress_tokens" not in ProbeResult(ok=True).to_dict()  # not measured: not written

@@ -618,6 +618,34 @@ def test_streams_dropped_in_their_middle_every_time_are_probe_connection(tmp_pat
     assert_consistent(t)
 
 
+def test_a_request_queued_past_its_timeout_while_vllm_generates_is_probe_timeout_not_engine_dead(
+    tmp_path: Path,
+):
+    # issue 34: a probe request that got no answer within probe.request_timeout_s was engine_dead, though
+    # a timeout is no evidence of death. One slot (max_num_seqs 1), two requests at once: one decodes a
+    # token every ~0.25 s (never silent for the 1.5 s timeout), ~3 s in all, while the other waits for
+    # the slot past its timeout. vLLM's counters move meanwhile and /health answers: a busy engine,
+    # probe_timeout, whose verdict names probe.request_timeout_s and the tokens processed meanwhile
+    body = fake_body(
+        tmp_path,
+        model=QWEN_7B,
+        start={"max_num_seqs": 1},
+        probe={"requests": 2, "concurrency": 2, "output_tokens": 12, "request_timeout_s": 1.5},
+    )
+    runtime = {"decode_tokens_per_s": 1 / (0.25 / TIME_SCALE)}  # 0.25 s (real) a token
+    t = run_tune(tmp_path, body, fake_scenario(tmp_path, runtime=runtime))
+    assert t.code == 4, t.explain()
+    assert t.classes == ["probe_timeout", "probe_timeout"]
+    failed = t.proc.named("probe_failed")
+    assert all(f["request_timeouts"] >= 1 and f["timeout_progress_tokens"] >= 1 for f in failed)
+    reason = t.result["reason"]
+    assert reason.startswith("probe_timeout again after a retry: ")
+    assert "got no answer within probe.request_timeout_s (1.5s)" in reason
+    assert "/health answers: the engine is busy, not dead" in reason
+    assert [r["outcome"] for r in t.engine] == ["ready", "ready"]
+    assert_consistent(t)
+
+
 def test_a_probe_request_vllm_rejects_is_a_probe_config_error_after_one_launch(tmp_path: Path):
     # issue 34: a 400 "max_tokens ... cannot be greater than max_model_len" was engine_dead (a relaunch,
     # then exit 4); it is r1sup's own request: exit 2, no relaunch

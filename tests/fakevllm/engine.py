@@ -42,7 +42,9 @@ an unknown key is an error (exit status 2 with a ``fakevllm: invalid scenario`` 
     there, issue 48966); ``linger_s`` (2.0): simulated seconds the API server keeps answering (503 on
     /health, 500 on requests) before it exits (``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` keeps it up);
     ``health_while_dead`` (false): /health answers 200 on a dead engine (vLLM issue 39863);
-    ``decode_tokens_per_s`` (60) and ``prefill_tokens_per_s`` (8000): simulated request speed;
+    ``decode_tokens_per_s`` (60) and ``prefill_tokens_per_s`` (8000): simulated request speed, the
+    decoding one only at the first ``slow_launches`` launches counted in ``state_file`` (0: at every
+    launch; the default's after them);
     ``reset_every`` (0): every n-th generation request (chat or completion, counted per launch) has its
     connection reset unanswered (RST, as an overflowing listen backlog does; nothing logged, the engine
     unharmed), at the first ``reset_launches`` launches counted in ``state_file`` (0: at every launch);
@@ -126,7 +128,7 @@ from fakevllm.memory import (
     Plan,
     simulate,
 )
-from fakevllm.scenario import Scenario, ScenarioError, launches_recorded, scenario_from_env
+from fakevllm.scenario import Runtime, Scenario, ScenarioError, launches_recorded, scenario_from_env
 from fakevllm.serving import FakeHTTPServer, ServeConfig, Serving
 from fakevllm.tracebacks import Exc
 
@@ -1171,6 +1173,7 @@ class Engine:
         api_key = self.args.api_key or self.launch.environ.get("VLLM_API_KEY")
         launch_number = launches_recorded(self.scenario) + 1  # this launch is recorded once it serves
         resetting = not rt.reset_launches or launch_number <= rt.reset_launches
+        slow = not rt.slow_launches or launch_number <= rt.slow_launches
         config = ServeConfig(
             served_names=a.served,
             model_path=a.model,
@@ -1182,7 +1185,7 @@ class Engine:
             api_key=api_key,
             version=self.scenario.vllm_version,
             prefill_tokens_per_s=rt.prefill_tokens_per_s,
-            decode_tokens_per_s=rt.decode_tokens_per_s,
+            decode_tokens_per_s=rt.decode_tokens_per_s if slow else Runtime().decode_tokens_per_s,
             step_s_per_batch_seq=rt.step_s_per_batch_seq,
             prefill_step_s=rt.prefill_step_s,
             max_num_batched_tokens=plan.max_num_batched_tokens or 2048,

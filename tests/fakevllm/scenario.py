@@ -198,6 +198,8 @@ class Runtime:
     linger_s: float = 2.0  # simulated seconds the API server keeps answering after the engine died
     health_while_dead: bool = False  # /health answers 200 after the engine died (vLLM issue 39863)
     decode_tokens_per_s: float = 60.0  # simulated generation speed of one request
+    # that speed only at the first n launches counted in state_file, the default's after (0: every launch)
+    slow_launches: int = 0
     prefill_tokens_per_s: float = 8000.0  # simulated prompt processing speed
     reset_every: int = 0  # every n-th generation request's connection is reset unanswered (0: none)
     reset_launches: int = 0  # resets only at the first n launches counted in state_file (0: every launch)
@@ -457,7 +459,7 @@ def _load_runtime(value: Any) -> Runtime:
             changes[key] = _str(where, raw, RUNTIME_FAILURES, optional=True)
         elif key == "fail_after_requests":
             changes[key] = None if raw is None else _num(where, raw, minimum=0, integer=True)
-        elif key in ("exit_code", "reset_every", "reset_launches", "reset_after_tokens"):
+        elif key in ("exit_code", "reset_every", "reset_launches", "reset_after_tokens", "slow_launches"):
             changes[key] = _num(where, raw, minimum=0, integer=True)
         elif key == "reset_status":
             changes[key] = _num(where, raw, minimum=0, integer=True)

@@ -45,8 +45,15 @@ after shutdown``, the ``Internal server error`` event of a request that failed i
 still failed so after its retries (``connection_errors``, ``server_errors``) has the probe ask
 ``/health`` (``health_ok``), the engine's own word: only the engine's evidence (an ``EngineDeadError``
 answer or error event, never retried; a failing ``/health``; its process gone) is its death. A 4xx
-answer is counted apart (``rejected``): r1sup's own request was wrong. The runner classes the result
-from these (:mod:`r1sup.supervision.runner`).
+answer is counted apart (``rejected``): r1sup's own request was wrong.
+
+A request that got no answer within ``probe.request_timeout_s`` (``request_timeouts``) is not sent again
+and is no evidence of death either: the engine may be busy (a flood beside the probe, a loaded machine).
+The probe keeps, with the time of each ``/metrics`` read, vLLM's prompt and generation token counters,
+and records the fewest tokens they moved by while one timed-out request waited
+(``timeout_progress_tokens``, :func:`progress_while_waiting`; None when ``/metrics`` gave no two
+readings in any such wait), and asks ``/health``. The runner classes the result from these
+(:func:`r1sup.core.probing.probe_failure`).
 
 The prompts are deterministic (seeded by their number), so what the sizing found (the words each prompt
 kept, its token count, a digest of its text) is recorded with the result (``sizing``) and saved in the
@@ -99,6 +106,7 @@ WAVE_SEED = 100_000  # the wave's prompts are seeded from here (never a context 
 # waits, then counts as failed
 RETRY_S = (0.25, 0.5, 1.0)
 RETRIED_FAULTS = frozenset({"connection", "server"})  # the faults of request_fault that are sent again
+TIMEOUT = "timeout"  # request_fault's fault of a request that got no answer in time: counted, not sent again
 
 
 @dataclass(frozen=True)
@@ -225,7 +233,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """The figures the probe records, from Prometheus text: the KV usage (the largest label set), and
-    the preemptions and the running and waiting requests (summed over label sets: one per engine)."""
+    the preemptions, the running and waiting requests and the prompt and generation tokens processed
+    (``tokens``: summed over label sets, one per engine)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -243,6 +252,8 @@ def parse_metrics(text: str) -> dict[str, float]:
             out["running"] = out.get("running", 0.0) + value
         elif name == "vllm:num_requests_waiting":
             out["waiting"] = out.get("waiting", 0.0) + value
+        elif name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+            out["tokens"] = out.get("tokens", 0.0) + value
     return out
 
 
@@ -253,6 +264,22 @@ def keep_peaks(peaks: dict[str, float], sample: Mapping[str, float]) -> None:
     for key in PEAKS:
         if key in sample:
             peaks[key] = max(peaks.get(key, 0.0), sample[key])
+
+
+def progress_while_waiting(
+    readings: list[tuple[float, float]], waits: list[tuple[float, float]]
+) -> int | None:
+    """The fewest tokens vLLM's counters moved by while one of ``waits`` lasted (``(start, end)`` of a
+    request that got no answer in time, from its last token or its start, monotonic), from ``readings``
+    (``(time, tokens)`` of the /metrics reads, in time order): each wait's last reading in it less its
+    first. A wait with fewer than two readings in it says nothing; None when none had two (progress
+    unknown, never taken for a stall)."""
+    moved: list[float] = []
+    for start, end in waits:
+        inside = [tokens for at, tokens in readings if start <= at <= end]
+        if len(inside) >= 2:
+            moved.append(max(0.0, inside[-1] - inside[0]))
+    return int(min(moved)) if moved else None
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:
@@ -439,6 +466,10 @@ class _Sent:
     rejected: int = 0  # requests vLLM answered with a 4xx
     server_retried: int = 0  # requests sent again after a 5xx that is not vLLM's engine-dead reply
     server_errors: int = 0  # requests answered with such a 5xx after every retry
+    timeouts: int = 0  # requests that got no answer within probe.request_timeout_s (never sent again)
+    # (its last token, or its start, and its end) of each of those, monotonic: how long it waited in vain
+    waits: list[tuple[float, float]] = field(default_factory=list)
+    readings: list[tuple[float, float]] = field(default_factory=list)  # (time, tokens) of /metrics reads
 
     def tokens_per_s(self) -> float | None:
         return round(self.output_tokens_total / self.duration_s, 2) if self.duration_s > 0 else None
@@ -463,9 +494,10 @@ async def _send(
     /metrics is polled meanwhile."""
     sent = _Sent()
     stop = asyncio.Event()
-    poller = asyncio.create_task(_poll_metrics(http, sent.peaks, stop))
+    poller = asyncio.create_task(_poll_metrics(http, sent.peaks, stop, sent.readings))
     sem = asyncio.Semaphore(concurrency)
     t0 = time.monotonic()
+    heard: dict[int, float] = {}  # each request in flight: its last token, or its start before one
 
     async def attempt(i: int) -> tuple[str, BaseException] | None:
         """Request ``i`` once: None when it passed or failed for good (recorded here); (fault, error)
@@ -474,6 +506,7 @@ async def _send(
         came of it is dropped: only a request that passed counts its tokens)."""
         start = time.monotonic()
         first: float | None = None
+        last = heard[i] = start  # its last token (its start before one): a timed-out request waited since
         tokens = 0
         try:
             stream = await client.chat.completions.create(
@@ -485,10 +518,9 @@ async def _send(
                 stream_options={"include_usage": True},
             )
             usage_tokens = None
-            last = start
             async for chunk in stream:
                 if chunk.choices and delivers(chunk.choices[0]):
-                    last = time.monotonic()
+                    last = heard[i] = time.monotonic()
                     if first is None:
                         first = last - start
                     tokens += 1
@@ -509,6 +541,12 @@ async def _send(
             sent.error_count += 1
             if kind == "rejected":
                 sent.rejected += 1
+            if kind == TIMEOUT:  # no answer in time: the engine may be busy; what it did meanwhile decides
+                sent.timeouts += 1
+                sent.waits.append((last, time.monotonic()))
+                waited = f"no answer within probe.request_timeout_s ({spec.request_timeout_s:g}s)"
+                sent.note(f"{label} {i}: {waited}: {error_line(exc)}")
+                return None
             sent.note(f"{label} {i}: {error_line(exc)}")
             return None
 
@@ -541,6 +579,9 @@ async def _send(
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=max(0.001, timeout_s))
     except asyncio.TimeoutError:
         sent.timed_out = True
+        # the requests still in flight at the deadline waited since their last token, as a timed-out one
+        now = time.monotonic()
+        sent.waits.extend((heard[t], now) for t, task in enumerate(tasks) if t in heard and not task.done())
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -586,8 +627,11 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
             wave, record = await _wave(http, client, spec, prompts, main, t0)
         lost = main.connection_errors + (wave.connection_errors if wave is not None else 0)
         answered = main.server_errors + (wave.server_errors if wave is not None else 0)
-        # the engine's word, not the connection's nor a 5xx's that is not vLLM's engine-dead reply
-        health = await _healthy(http) if lost or answered else None
+        timeouts = main.timeouts + (wave.timeouts if wave is not None else 0)
+        late = main.timed_out or (wave is not None and wave.timed_out)  # a deadline of the probe's passed
+        # the engine's word, not the connection's, a 5xx's that is not vLLM's engine-dead reply, nor a
+        # request's that got no answer in time, nor the probe's deadline
+        health = await _healthy(http) if lost or answered or timeouts or late else None
         await client.close()
     error_count, errors, timed_out = main.error_count, list(main.errors), main.timed_out
     metrics = main.peaks
@@ -639,8 +683,22 @@ async def _run(spec: ProbeSpec, ready: Clients | None = None) -> ProbeResult:
         server_retried=main.server_retried + (wave.server_retried if wave is not None else 0),
         server_errors=answered,
         health_ok=health,
+        request_timeouts=timeouts,
+        timeout_progress_tokens=_waited(main, wave) if timeouts or late else None,
         wave=record,
     )
+
+
+def _waited(main: _Sent, wave: _Sent | None) -> int | None:
+    """:func:`progress_while_waiting` over the timed-out requests of the context requests and the wave,
+    and those still in flight when a deadline of the probe passed."""
+    found = [
+        moved
+        for sent in (main, wave)
+        if sent is not None and sent.waits
+        if (moved := progress_while_waiting(sent.readings, sent.waits)) is not None
+    ]
+    return min(found) if found else None
 
 
 async def _wave(
@@ -734,10 +792,12 @@ def request_fault(exc: BaseException) -> str:
     """What a request's failure (:func:`request_error`) was: ``"connection"`` when its connection
     failed (refused, reset, closed before vLLM's answer or in the middle of its stream: the openai
     client's connection error, a transport error of the stream, an OS error), not a timeout;
+    ``"timeout"`` when it got no answer (or no next token) within ``probe.request_timeout_s``: a busy
+    engine as well as a hung one, so what the engine did meanwhile decides, not the timeout;
     ``"rejected"`` when vLLM answered with a 4xx (r1sup's own request was wrong); ``"server"`` for a
     5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down, the error event
     of a request that failed in generation: no evidence of the engine's death, /health decides); else
-    ``"engine"`` (vLLM's engine-dead answer or error event, a timeout).
+    ``"engine"`` (vLLM's engine-dead answer or error event).
 
     An error in the middle of a stream comes after the 200, as an event (vLLM's
     ``create_streaming_error_response``: ``{"error": {"message", "type", "code"}}``, then ``[DONE]``),
@@ -750,7 +810,7 @@ def request_fault(exc: BaseException) -> str:
             return "rejected"
         return "engine" if engine_dead_reply(exc.status_code, answer_text(exc)) else "server"
     if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
-        return "engine"
+        return TIMEOUT
     if (code := stream_error_code(exc)) is not None:
         if 400 <= code < 500:
             return "rejected"
@@ -759,7 +819,7 @@ def request_fault(exc: BaseException) -> str:
         return "connection"
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & {"TimeoutException", "ReadTimeout", "WriteTimeout", "ConnectTimeout", "PoolTimeout"}:
-        return "engine"
+        return TIMEOUT
     if names & {"TransportError", "NetworkError", "RemoteProtocolError", "ProtocolError"}:
         return "connection"
     return "engine"
@@ -857,9 +917,19 @@ async def _healthy(http: httpx.AsyncClient) -> bool:
     return False
 
 
-async def _poll_metrics(http: httpx.AsyncClient, metrics: dict[str, float], stop: asyncio.Event) -> None:
+async def _poll_metrics(
+    http: httpx.AsyncClient,
+    metrics: dict[str, float],
+    stop: asyncio.Event,
+    readings: list[tuple[float, float]],
+) -> None:
+    """Read /metrics every ``POLL_S`` until ``stop``: the peaks into ``metrics``, and the token counters
+    with the time each read came back into ``readings``."""
     while not stop.is_set():
-        keep_peaks(metrics, await _scrape(http))
+        sample = await _scrape(http)
+        keep_peaks(metrics, sample)
+        if "tokens" in sample:
+            readings.append((time.monotonic(), sample["tokens"]))
         try:
             await asyncio.wait_for(stop.wait(), timeout=POLL_S)
         except asyncio.TimeoutError:

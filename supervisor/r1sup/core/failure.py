@@ -37,10 +37,12 @@ INTERNAL_ERROR = "internal_error"  # r1sup's own machinery failed (the probe chi
 # vLLM answered a probe request with a 4xx (r1sup's request is wrong: its context, its tokens), or probe
 # requests failed on the connection after their retries while vLLM's /health answered, or they were
 # answered with a 5xx that is not vLLM's engine-dead reply (a proxy's 502/503, a server shutting down)
-# while vLLM's /health answered.
+# while vLLM's /health answered, or they got no answer within probe.request_timeout_s while vLLM's
+# /health answered and its counters did not show a stall (a busy engine).
 PROBE_REJECTED = "probe_rejected"
 PROBE_CONNECTION = "probe_connection"
 PROBE_SERVER_ERROR = "probe_server_error"
+PROBE_TIMEOUT = "probe_timeout"
 NONE = "none"
 
 MEMORY_CLASSES = frozenset(
@@ -69,6 +71,7 @@ NON_MEMORY_CLASSES = frozenset(
         PROBE_REJECTED,
         PROBE_CONNECTION,
         PROBE_SERVER_ERROR,
+        PROBE_TIMEOUT,
         NONE,
     }
 )

@@ -7,11 +7,13 @@
 - ``probe_rejected``: vLLM answered the load probe's own request with a 4xx (a prompt or an output
   longer than the context): the probe's configuration, not the engine's; no relaunch (exit 2).
 - transient classes (``cuda_error``, ``engine_dead``, ``hang``, ``probe_connection``,
-  ``probe_server_error``): one retry of the same flags after a backoff; the same class again stops
-  (exit 4). The probe's two (its connection lost, or a 5xx that is not vLLM's engine-dead reply, while
-  vLLM's ``/health`` answered) come only after each failed request was sent again
-  (:mod:`r1sup.adapters.probe`); ``run`` takes a ``probe_connection`` or ``probe_server_error`` stop as
-  a restart within its budget (:data:`PROBE_TRANSIENT`, exit 5 once spent), never as its end.
+  ``probe_server_error``, ``probe_timeout``): one retry of the same flags after a backoff; the same class
+  again stops (exit 4). The probe's first two (its connection lost, or a 5xx that is not vLLM's
+  engine-dead reply, while vLLM's ``/health`` answered) come only after each failed request was sent
+  again (:mod:`r1sup.adapters.probe`); ``probe_timeout`` (requests that got no answer within
+  ``probe.request_timeout_s`` while ``/health`` answered and vLLM's counters moved: a busy engine) is
+  never the engine's death. ``run`` takes a stop on any of the three as a restart within its budget
+  (:data:`PROBE_TRANSIENT`, exit 5 once spent), never as its end.
 - ``search.max_attempts`` launches: stop (exit 3).
 
 Everything else is a memory failure, evidence for the search (:mod:`r1sup.core.search`).
@@ -25,10 +27,12 @@ from r1sup.core import failure as F
 from r1sup.core.errors import EXIT_CONFIG, EXIT_FATAL_FAILURE, EXIT_INTERNAL, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure
 
-TRANSIENT = frozenset({F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG, F.PROBE_CONNECTION, F.PROBE_SERVER_ERROR})
-# transient faults of the probe's path to the engine, not of the engine (its /health answered): ``run``
-# backs off and tries the same flags again within its restart budget rather than exit
-PROBE_TRANSIENT = frozenset({F.PROBE_CONNECTION, F.PROBE_SERVER_ERROR})
+TRANSIENT = frozenset(
+    {F.CUDA_ERROR, F.ENGINE_DEAD, F.HANG, F.PROBE_CONNECTION, F.PROBE_SERVER_ERROR, F.PROBE_TIMEOUT}
+)
+# transient faults of the probe's path to the engine, or of its patience, not of the engine (its /health
+# answered): ``run`` backs off and tries the same flags again within its restart budget rather than exit
+PROBE_TRANSIENT = frozenset({F.PROBE_CONNECTION, F.PROBE_SERVER_ERROR, F.PROBE_TIMEOUT})
 FATAL = frozenset({F.PORT_IN_USE, F.MODEL_NOT_FOUND, F.CONFIG_ERROR})
 
 

@@ -18,6 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from r1sup.core.failure import (
+    ENGINE_DEAD,
+    HANG,
+    PHASE_SERVING,
+    PROBE_CONNECTION,
+    PROBE_REJECTED,
+    PROBE_SERVER_ERROR,
+    PROBE_TIMEOUT,
+    Failure,
+)
 from r1sup.core.figures import known_numbers
 
 
@@ -149,6 +159,11 @@ class ProbeResult:
     health_ok: bool | None = None
     server_errors: int | None = 0
     server_retried: int | None = 0
+    # requests that got no answer within probe.request_timeout_s (never sent again), and the fewest
+    # prompt and generation tokens vLLM's counters moved by while one of them waited (None: not measured,
+    # /metrics gave no two readings in any such wait); None in a record from before them
+    request_timeouts: int | None = 0
+    timeout_progress_tokens: int | None = None
     wave: Wave | None = None  # None when the probe was asked for none
     internal: ProbeFault | None = None
 
@@ -224,6 +239,16 @@ class ProbeResult:
         failed = (self.connection_errors or 0) + (self.server_errors or 0)
         return failed > 0 and self.error_count == failed and not self.timed_out
 
+    @property
+    def timeouts_without_engine_evidence(self) -> bool:
+        """Some requests got no answer within probe.request_timeout_s, and every other request that
+        failed, failed on the connection or with a 5xx that is not vLLM's engine-dead reply, and the
+        probe did not time out as a whole: whether the engine is busy or gone is for /health and vLLM's
+        counters to say (``health_ok``, ``timeout_progress_tokens``), not for the timeout."""
+        timeouts = self.request_timeouts or 0
+        failed = timeouts + (self.connection_errors or 0) + (self.server_errors or 0)
+        return timeouts > 0 and self.error_count == failed and not self.timed_out
+
     def queued_text(self) -> str:
         """`` (only N ran at once, W waited)`` when requests queued behind others, else nothing."""
         if not self.queued:
@@ -269,6 +294,131 @@ _NUMBERS: tuple[str, ...] = tuple(
 )
 # written only when set
 _LATER = frozenset(
-    {"retried", "connection_errors", "rejected", "health_ok", "server_errors", "server_retried"}
+    {
+        "retried",
+        "connection_errors",
+        "rejected",
+        "health_ok",
+        "server_errors",
+        "server_retried",
+        "request_timeouts",
+        "timeout_progress_tokens",
+    }
 )
 REJECTED_MARK = "rejected (HTTP 4"  # in the error line of a request vLLM answered with a 4xx
+
+
+def probe_failure(result: ProbeResult, request_timeout_s: float, timeout_s: float) -> Failure:
+    """What a failed probe was, from its own evidence, once the engine's process is known to be up and
+    its log shows no failure (the runner decides those first): a 4xx is r1sup's own request
+    (``probe_rejected``); requests that failed on the connection or with a 5xx that is not vLLM's
+    engine-dead reply are the probe's path while ``/health`` answers (``probe_connection``,
+    ``probe_server_error``), the engine's death when it fails. Requests that got no answer within
+    ``request_timeout_s`` (``probe.request_timeout_s``) are judged as the liveness judge judges a
+    stall: ``/health`` failing is the engine's death (``engine_dead``); vLLM's counters frozen while
+    they waited is a hang (``hang``); counters that moved, or that are unknown (no two ``/metrics``
+    readings in a wait: never taken for a stall), make it a busy engine, ``probe_timeout`` (transient,
+    never the engine's death). A probe that passed a deadline of its own (``timeout_s``,
+    ``probe.timeout_s``; the concurrency wave's, at most ``request_timeout_s``) is judged so from the
+    requests still in flight then, except that unknown progress stays a ``hang``; anything else is the
+    engine's (``engine_dead``)."""
+    if result.rejected:  # a 4xx: r1sup's own request was wrong, not the engine
+        return Failure(
+            PROBE_REJECTED,
+            PHASE_SERVING,
+            detail=f"vLLM rejected {result.rejected} probe request(s) with a 4xx",
+            evidence=result.rejected_error,
+        )
+    if result.connection_only and result.health_ok:  # the engine answers: the connection failed
+        return Failure(
+            PROBE_CONNECTION,
+            PHASE_SERVING,
+            detail=f"{result.connection_errors} probe request(s) failed on the connection after "
+            "their retries; vLLM's /health answers",
+            evidence=result.first_error,
+        )
+    if result.without_engine_evidence and result.health_ok:  # a 5xx, not vLLM's engine-dead reply
+        return Failure(
+            PROBE_SERVER_ERROR,
+            PHASE_SERVING,
+            detail=f"{result.server_errors} probe request(s) answered with a 5xx that is not vLLM's "
+            "engine-dead reply (a proxy, a server shutting down, an error in the stream) after their "
+            "retries; vLLM's /health answers, so the engine is not taken for dead",
+            evidence=result.first_error,
+        )
+    if result.without_engine_evidence:  # and /health failed: the engine's own evidence
+        how = "failed on the connection" if result.connection_only else "failed"
+        return Failure(
+            ENGINE_DEAD,
+            PHASE_SERVING,
+            detail=f"probe requests {how} and vLLM's /health failed",
+            evidence=result.first_error,
+        )
+    if result.timeouts_without_engine_evidence:
+        return _timeout_failure(result, request_timeout_s)
+    if result.timed_out:
+        return _deadline_failure(result, request_timeout_s, timeout_s)
+    return Failure(ENGINE_DEAD, PHASE_SERVING, detail="probe requests failed", evidence=result.first_error)
+
+
+def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
+    """Requests that got no answer within ``request_timeout_s``: /health and vLLM's counters decide."""
+    waited = (
+        f"{_requests(result.request_timeouts or 0)} got no answer within probe.request_timeout_s "
+        f"({request_timeout_s:g}s)"
+    )
+    moved = result.timeout_progress_tokens
+    if result.health_ok is False:  # the engine's own evidence
+        return Failure(
+            ENGINE_DEAD,
+            PHASE_SERVING,
+            detail=f"{waited} and vLLM's /health failed",
+            evidence=result.first_error,
+        )
+    if moved == 0:  # /health answers, yet nothing moved while they waited: the core is stuck
+        return Failure(
+            HANG,
+            PHASE_SERVING,
+            detail=f"{waited} and vLLM's token counters did not move while they waited (its /health answers)",
+            evidence=result.first_error,
+        )
+    progress = (
+        f"vLLM processed at least {moved} tokens while each waited"
+        if moved is not None
+        else "vLLM's /metrics gave no progress figures while they waited (unknown, not a stall)"
+    )
+    return Failure(
+        PROBE_TIMEOUT,
+        PHASE_SERVING,
+        detail=f"{waited}; {progress} and its /health answers: the engine is busy, not dead (a larger "
+        "probe.request_timeout_s waits it out)",
+        evidence=result.first_error,
+    )
+
+
+def _deadline_failure(result: ProbeResult, request_timeout_s: float, timeout_s: float) -> Failure:
+    """A probe that passed a deadline of its own: the requests in flight then are judged as timed-out
+    ones, but without progress shown (frozen or unknown) it is a hang, as it always was."""
+    late = (
+        f"the probe timed out (its requests within probe.timeout_s, {timeout_s:g}s; the concurrency "
+        f"wave's within probe.request_timeout_s, {request_timeout_s:g}s)"
+    )
+    moved = result.timeout_progress_tokens
+    if result.health_ok is False:  # the engine's own evidence
+        return Failure(
+            ENGINE_DEAD,
+            PHASE_SERVING,
+            detail=f"{late} and vLLM's /health failed",
+            evidence=result.first_error,
+        )
+    if moved is None or moved == 0 or result.health_ok is not True:
+        frozen = " and vLLM's token counters did not move while its requests waited" if moved == 0 else ""
+        return Failure(HANG, PHASE_SERVING, detail=f"{late}{frozen}", evidence=result.first_error)
+    return Failure(
+        PROBE_TIMEOUT,
+        PHASE_SERVING,
+        detail=f"{late}; vLLM processed at least {moved} tokens while each request in flight waited and its "
+        "/health answers: the engine is busy, not dead (larger probe.timeout_s and probe.request_timeout_s "
+        "wait it out)",
+        evidence=result.first_error,
+    )

@@ -32,7 +32,7 @@ from r1sup.core.figures import EMPTY as EMPTY_FIGURES
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.logparse import LogLine, LogReader
-from r1sup.core.probing import ProbeResult
+from r1sup.core.probing import ProbeResult, probe_failure
 from r1sup.supervision.loop import TURN_S, Done, Loop, Phase, Stop, StopRequested, Waiting
 from r1sup.supervision.world import World
 
@@ -655,46 +655,8 @@ class Runner:
             return F.NO_FAILURE
         if seen.cls != F.NONE or code is not None:
             failure = launch_verdict(launch, code, F.PHASE_SERVING, " during the probe")
-        elif result.rejected:  # a 4xx: r1sup's own request was wrong, not the engine
-            failure = Failure(
-                F.PROBE_REJECTED,
-                F.PHASE_SERVING,
-                detail=f"vLLM rejected {result.rejected} probe request(s) with a 4xx",
-                evidence=result.rejected_error,
-            )
-        elif result.connection_only and result.health_ok:  # the engine answers: the connection failed
-            failure = Failure(
-                F.PROBE_CONNECTION,
-                F.PHASE_SERVING,
-                detail=f"{result.connection_errors} probe request(s) failed on the connection after "
-                "their retries; vLLM's /health answers",
-                evidence=result.first_error,
-            )
-        elif result.without_engine_evidence and result.health_ok:  # a 5xx, not vLLM's engine-dead reply
-            failure = Failure(
-                F.PROBE_SERVER_ERROR,
-                F.PHASE_SERVING,
-                detail=f"{result.server_errors} probe request(s) answered with a 5xx that is not vLLM's "
-                "engine-dead reply (a proxy, a server shutting down, an error in the stream) after their "
-                "retries; vLLM's /health answers, so the engine is not taken for dead",
-                evidence=result.first_error,
-            )
-        elif result.without_engine_evidence:  # and /health failed: the engine's own evidence
-            how = "failed on the connection" if result.connection_only else "failed"
-            failure = Failure(
-                F.ENGINE_DEAD,
-                F.PHASE_SERVING,
-                detail=f"probe requests {how} and vLLM's /health failed",
-                evidence=result.first_error,
-            )
-        elif result.timed_out:
-            failure = Failure(
-                F.HANG, F.PHASE_SERVING, detail="the probe timed out", evidence=result.first_error
-            )
-        else:
-            failure = Failure(
-                F.ENGINE_DEAD, F.PHASE_SERVING, detail="probe requests failed", evidence=result.first_error
-            )
+        else:  # the engine is up and its log shows nothing: the probe's own evidence decides
+            failure = probe_failure(result, p.request_timeout_s, p.timeout_s)
         self.log.error(
             "probe_failed", launch=launch.number, **_failure_fields(failure), **_probe_fields(result)
         )
@@ -1108,12 +1070,21 @@ def _probe_fields(result: ProbeResult) -> dict[str, Any]:
     )
     fields = {k: getattr(result, k) for k in keys}
     # requests sent again after their connection failed, still failed on it, answered with a 4xx, sent
-    # again after a 5xx that is not vLLM's engine-dead reply, still answered so
+    # again after a 5xx that is not vLLM's engine-dead reply, still answered so, got no answer in time
     fields.update(
         (k, v)
-        for k in ("retried", "connection_errors", "rejected", "server_retried", "server_errors")
+        for k in (
+            "retried",
+            "connection_errors",
+            "rejected",
+            "server_retried",
+            "server_errors",
+            "request_timeouts",
+        )
         if (v := getattr(result, k))
     )
+    if result.request_timeouts and result.timeout_progress_tokens is not None:
+        fields["timeout_progress_tokens"] = result.timeout_progress_tokens  # 0 too: nothing moved
     wave = result.wave
     if wave is not None:  # the concurrency wave: sent, ran at once, its size and tokens/s
         fields["wave"] = {
