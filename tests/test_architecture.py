@@ -457,7 +457,16 @@ ONCE = (
     "profile_capacity",
 )
 # defined nowhere: a twin's old name, or dead code that was removed
-GONE = ("capacity_of", "BLOCK_SIZE", "abandon", "device_memory_free", "gpu_platform", "env_overrides")
+GONE = (
+    "capacity_of",
+    "BLOCK_SIZE",
+    "abandon",
+    "device_memory_free",
+    "gpu_platform",
+    "env_overrides",
+    "predict_kv_tokens",  # test-only wrappers of memmodel.evaluate
+    "predict_max_model_len",
+)
 STAMP_HOME = "r1sup.adapters.statefiles"  # the only module that writes a timestamp's text
 
 

@@ -13,6 +13,7 @@ from r1sup.core.errors import EXIT_FATAL_FAILURE, EXIT_NO_WORKING_CONFIG
 from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
 
 TINY_CPU = BlindFacts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
@@ -502,7 +503,6 @@ def test_eager_frees_the_cuda_graph_estimate_vllm_charged_to_the_kv_budget():
 
 def test_a_probed_device_is_kept_as_it_is_and_a_logs_figures_make_one() -> None:
     from r1sup.adapters import devices
-    from r1sup.core.hardware import GIB
 
     box = devices.from_catalog("RTX 4090", count=2)
     facts = BlindFacts.of_device(box)
@@ -511,3 +511,39 @@ def test_a_probed_device_is_kept_as_it_is_and_a_logs_figures_make_one() -> None:
     printed = BlindFacts(total_gib=24.0, free_gib=20.0, gpu_count=2)  # what a log printed: no device
     device = printed.device()
     assert (device.count, device.total_bytes, device.free_bytes) == (2, 24 * GIB, 20 * GIB)
+
+
+# an RTX 4090 probed before the launch with 20 of its 24 GiB free: vLLM creates the CUDA context (0.5 GiB)
+# before it checks what is free, so the probe's 20 GiB are 19.5 to vLLM; a log's printed figure is vLLM's own
+PROBED_4090 = DeviceFacts(
+    backend="cuda", gpus=(GpuInfo(0, "NVIDIA GeForce RTX 4090", 24 * GIB, 20 * GIB, (8, 9)),)
+)
+
+
+def test_a_probed_free_figure_caps_utilization_as_the_search_does() -> None:
+    probed = BlindFacts.of_device(PROBED_4090, kv_bytes_per_token=196608, model_max_len=131072)
+    printed = BlindFacts(**{**probed.__dict__, "box": None})  # the same figures as a log printed them
+    f = kv_fail(131072, 30000)
+    bounds = Bounds(allow_fp8_kv=False)
+    d = step(EngineFlags(max_model_len=131072, gpu_memory_utilization=0.5), f, probed, bounds)
+    search = S.Search(S.Facts(arch=None, device=PROBED_4090, user=EngineFlags()))
+    assert isinstance(d, blind.Step) and d.flags.max_model_len < 131072
+    # floor((20 - 0.5 context - 0.25 margin) / 24) = 0.80, the search's own cap on this box
+    assert d.flags.gpu_memory_utilization == 0.80 == search.utilization_cap(1)
+    d = step(EngineFlags(max_model_len=131072, gpu_memory_utilization=0.5), f, printed, bounds)
+    assert isinstance(d, blind.Step) and d.flags.gpu_memory_utilization == 0.82  # floor((20 - 0.25) / 24)
+
+
+def test_free_memory_below_utilization_leaves_out_the_context_only_of_a_probed_figure() -> None:
+    probed = BlindFacts.of_device(PROBED_4090)
+    bare = Failure(F.FREE_MEM_BELOW_UTIL, F.PHASE_STARTUP, "ValueError: Free memory on device ...")
+    d = step(EngineFlags(gpu_memory_utilization=0.9), bare, probed)
+    assert isinstance(d, blind.Step) and d.flags.gpu_memory_utilization == 0.80  # the probe's 20 GiB
+    told = Failure(
+        F.FREE_MEM_BELOW_UTIL,
+        F.PHASE_STARTUP,
+        "ValueError: Free memory on device cuda:0 (20.0/24.0 GiB) on startup is less than desired ...",
+        Numbers.from_dict({"free_gib": 20.0, "total_gib": 24.0}),
+    )
+    d = step(EngineFlags(gpu_memory_utilization=0.9), told, probed)
+    assert isinstance(d, blind.Step) and d.flags.gpu_memory_utilization == 0.82  # measured after the context

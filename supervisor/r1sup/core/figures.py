@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 
@@ -81,11 +81,6 @@ class Figures:
     def to_dict(self) -> dict[str, float]:
         """The figures printed, by their keys (what profiles and run records store)."""
         return {name: v for name in FIELD_NAMES if (v := getattr(self, name)) is not None}
-
-    def merged(self, newer: Figures) -> Figures:
-        """These figures with ``newer``'s printed ones over them (several launches' figures, newest wins)."""
-        changes = newer.to_dict()
-        return replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
     def __bool__(self) -> bool:
         """True when the launch printed any figure."""

@@ -61,8 +61,6 @@ __all__ = [
     "fewer_seqs",
     "fp8_kv_choice",
     "plan",
-    "predict_kv_tokens",
-    "predict_max_model_len",
 ]
 
 
@@ -122,32 +120,6 @@ def _breakdown(est: M.Estimate, device: DeviceFacts) -> Breakdown:
 
 
 # --- one configuration, evaluated ----------------------------------------------------------------
-
-
-# --- predictions ---------------------------------------------------------------------------------
-
-
-def predict_kv_tokens(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    version: Version | str | None = None,
-    calibration: Calibration | None = None,
-) -> int:
-    """KV cache capacity in tokens for these flags (``num_blocks x block_size``)."""
-    return M.evaluate(arch, device, flags, version, calibration).kv_capacity_tokens
-
-
-def predict_max_model_len(
-    arch: ModelArch,
-    device: DeviceFacts,
-    flags: EngineFlags,
-    version: Version | str | None = None,
-    calibration: Calibration | None = None,
-) -> int:
-    """vLLM's "estimated maximum model length" (and ``--max-model-len -1`` auto-fit) for these flags."""
-    est = M.evaluate(arch, device, flags, version, calibration)
-    return est.max_model_len(arch.max_position_embeddings)
 
 
 # --- suggestions and the plan ------------------------------------------------------------------
