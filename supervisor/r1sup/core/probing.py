@@ -361,6 +361,13 @@ def probe_failure(result: ProbeResult, request_timeout_s: float, timeout_s: floa
     return Failure(ENGINE_DEAD, PHASE_SERVING, detail="probe requests failed", evidence=result.first_error)
 
 
+def _health_failed(result: ProbeResult, what: str) -> Failure:
+    """``what`` went wrong and vLLM's /health failed after it: the engine's own evidence of death."""
+    return Failure(
+        ENGINE_DEAD, PHASE_SERVING, detail=f"{what} and vLLM's /health failed", evidence=result.first_error
+    )
+
+
 def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     """Requests that got no answer within ``request_timeout_s``: /health and vLLM's counters decide."""
     waited = (
@@ -369,12 +376,7 @@ def _timeout_failure(result: ProbeResult, request_timeout_s: float) -> Failure:
     )
     moved = result.timeout_progress_tokens
     if result.health_ok is False:  # the engine's own evidence
-        return Failure(
-            ENGINE_DEAD,
-            PHASE_SERVING,
-            detail=f"{waited} and vLLM's /health failed",
-            evidence=result.first_error,
-        )
+        return _health_failed(result, waited)
     if moved == 0:  # /health answers, yet nothing moved while they waited: the core is stuck
         return Failure(
             HANG,
@@ -405,12 +407,7 @@ def _deadline_failure(result: ProbeResult, request_timeout_s: float, timeout_s: 
     )
     moved = result.timeout_progress_tokens
     if result.health_ok is False:  # the engine's own evidence
-        return Failure(
-            ENGINE_DEAD,
-            PHASE_SERVING,
-            detail=f"{late} and vLLM's /health failed",
-            evidence=result.first_error,
-        )
+        return _health_failed(result, late)
     if moved is None or moved == 0 or result.health_ok is not True:
         frozen = " and vLLM's token counters did not move while its requests waited" if moved == 0 else ""
         return Failure(HANG, PHASE_SERVING, detail=f"{late}{frozen}", evidence=result.first_error)
