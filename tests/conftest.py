@@ -83,17 +83,19 @@ def _fresh_structlog():
 
 @pytest.fixture(autouse=True)
 def _engine_core_of_this_worker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under pytest-xdist, the real engines a worker starts run their model on a core of their own.
-    vLLM's CPU build binds its model worker to one core ("auto": the same core for every engine), so two
-    engines started side by side (``make test`` runs the real-engine tests in 2 processes) would share it
-    while the other core idles. Worker gwN's engines get core N, modulo the cores this process may use;
-    an explicit VLLM_CPU_OMP_THREADS_BIND wins."""
+    """Under pytest-xdist, the real engines of each lane run their model on a core of their own. vLLM's
+    CPU build binds its model worker to one core ("auto": the same core for every engine), so two engines
+    started side by side (``make test`` runs the real-engine tests in two lanes) would share it while the
+    other core idles. Lane ``engine-a``'s engines get the first core this process may use, ``engine-b``'s
+    the last (by the lane, not the worker: with more workers than lanes, either lane may land on any
+    worker); an explicit VLLM_CPU_OMP_THREADS_BIND wins."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if request.node.get_closest_marker("engine") is None or not worker.startswith("gw"):
         return
     if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         cores = sorted(os.sched_getaffinity(0))
-        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+        core = cores[0] if engine_lane(request.node) == "engine-a" else cores[-1]
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(core))
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +137,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 ENGINE_LANE_A = {
     (
         "test_daemon_engine.py",
-        "test_a_flood_through_one_sequence_slot_is_served_and_drained_without_a_restart",
+        "test_a_flood_through_one_sequence_slot_is_served_without_a_restart",
     ),
     ("test_tune_engine.py", "test_context_larger_than_the_kv_budget_recovers_in_two_launches"),
     ("test_systemd.py", "test_vllm_serves_under_the_units_system_call_filter"),
