@@ -133,9 +133,7 @@ def cpu_burner(seconds: float) -> Iterator[list[subprocess.Popen[bytes]]]:
             p.wait(10)
 
 
-def test_a_flood_through_one_sequence_slot_is_served_without_a_restart(
-    tmp_path: Path, tiny_model: Path
-):
+def test_a_flood_through_one_sequence_slot_is_served_without_a_restart(tmp_path: Path, tiny_model: Path):
     """The issue's case, short: 8 requests of 600 tokens through max_num_seqs 1 queue for a minute or more,
     longer than the progress timeout and any check's timeout, with a CPU burner spinning on every core
     beside them (issue 34: on a loaded machine a /metrics read can stay out for a minute); r1sup must
