@@ -44,6 +44,10 @@ READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readines
 # after vLLM printed "Application startup complete." the check runs at once, and again this soon while
 # it fails: uvicorn logs that line just before its socket listens
 READY_RETRY_S = 0.05
+# the probe's child is started with the engine (its imports and clients overlap vLLM's load) on a box
+# with at least this many CPUs; on fewer it is started at the probe: on 2 cores its import took CPU from
+# vLLM's own start-up (README, "Time to serve")
+EARLY_PROBE_CORES = 4
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
 EXIT_FLUSH_S = 0.5  # and then this much longer for what is still queued, unless its output ended
 FLEET_WAITING = "profile_store_waiting"  # the fleet's wait, said on the loop's thread (a CheckDone's kind)
@@ -190,6 +194,7 @@ class Runner:
         self.managed_args: tuple[str, ...] = ()  # further flags r1sup adds to each launch
         self.ready_poll_s = READY_POLL_S
         # the probe child started with the engine (its imports overlap the start-up), with its launch
+        # number (none on a box of fewer than EARLY_PROBE_CORES CPUs)
         self._probe_next: tuple[int, ProbeProcess] | None = None
         # a saved profile that passed the full probe on a box of the same fingerprint: a launch with
         # its flags gets the short probe (probe.probe_requests); set by prove_with
@@ -469,7 +474,7 @@ class Runner:
         engine.start()
         self.launches += 1
         self.log.info("child_started", attempt=attempt, pid=engine.pid)
-        if self.config.probe.enabled:
+        if self.config.probe.enabled and self.world.cores() >= EARLY_PROBE_CORES:
             self._start_probe_process(launch)
         yield Starting(self, launch)
         if launch.failure.cls != F.NONE:
@@ -671,7 +676,8 @@ class Runner:
         self.current = None
 
     def _start_probe_process(self, launch: Launch) -> None:
-        """Start the probe's child with the engine, so that its imports overlap the start-up."""
+        """Start the probe's child with the engine, so that its imports overlap the start-up (on a box
+        of at least ``EARLY_PROBE_CORES`` CPUs; else :meth:`_take_probe_process` starts it at the probe)."""
         self._kill_probe()
         self._probe_next = (launch.number, self.world.probe_process(self._probe_connection()))
 

@@ -10,6 +10,7 @@ on a scripted timeline) instead of patching modules.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,14 @@ def _probe_process(connection: Connection) -> Any:
     from r1sup.adapters.probe import ProbeProcess
 
     return ProbeProcess(connection=connection)
+
+
+def _cores() -> int:
+    """The CPUs this process may run on (its affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _device() -> DeviceFacts:
@@ -80,6 +89,7 @@ class World:
     port_holder: Callable[[str, int, str], launcher.PortHolder | None] = launcher.port_holder
     # the probe's child, started ahead of its use (r1sup.adapters.probe.ProbeProcess)
     probe_process: Callable[[Connection], Any] = _probe_process
+    cores: Callable[[], int] = _cores  # the CPUs r1sup and vLLM share (the probe child's early start)
     device: Callable[[], DeviceFacts] = (
         _device  # NVML, else the CPU backend's view (r1sup.adapters.devices.probe)
     )
