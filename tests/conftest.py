@@ -125,15 +125,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit("vLLM is importable: the installed-wheel job must run without it", returncode=3)
 
 
-# make test's parallel run (``-n 3 --dist loadgroup``): the real-engine tests in two lanes, two xdist
-# groups, so that two engines start side by side, each on a core of its own (_engine_core_of_this_worker),
-# while the fake-engine tests fill the workers around them. xdist hands the largest groups out first, one
-# to each worker, then every other test one at a time to whichever worker runs low. Balance the lanes by
-# the seconds `--durations` records (a quiet 2-core machine, 3 workers: the one-slot flood 155 s, the
-# probe 155 s, the daemon's serve-recover-stop 135 s, the KV budget's two launches 121 s, the compiled
-# start under the system-call filter 109 s, the planner's auto-fit 57 s): lane a, the flood, the KV budget
-# and the filter; lane b, the rest. A real-engine test not named here joins lane b. The `serial` ones run
-# after, alone, in make test's second run.
+# make test's parallel run (``-n 2 --dist loadgroup``, TEST_WORKERS): the real-engine tests in two
+# lanes, two xdist groups, so that two engines start side by side, each on a core of its own
+# (_engine_core_of_this_worker), while the fake-engine tests fill the workers around them. xdist hands
+# the largest groups out first, one to each worker, then every other test one at a time to whichever
+# worker runs low. Balance the lanes by the seconds `--durations` records (a quiet 2-core machine,
+# TEST_WORKERS=3: the one-slot flood 155 s, the probe 155 s, the daemon's serve-recover-stop 135 s, the KV
+# budget's two launches 121 s, the compiled start under the system-call filter 109 s, the planner's
+# auto-fit 57 s): lane a, the flood, the KV budget and the filter; lane b, the rest. A real-engine test
+# not named here joins lane b. The `serial` ones run after, alone, in make test's second run.
 ENGINE_LANE_A = {
     (
         "test_daemon_engine.py",

@@ -1623,7 +1623,9 @@ def test_sigterm_to_the_whole_group_stops_the_engine_core_and_the_drain_fails(
         "30",
     )
     fake.wait_ready()
-    threads, statuses = in_background(fake, 2)
+    # 1,000 tokens (about 10 s each): the running one cannot end between the /metrics read that saw the
+    # pair and the SIGTERM, even on a loaded machine (200 did once: a 200 where 503 was asserted)
+    threads, statuses = in_background(fake, 2, max_tokens=1000)
     # both requests inside the server before the stop (a request sent after it gets the 500 of a closed
     # server, another case: see the test above)
     wait_until(

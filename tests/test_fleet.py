@@ -228,6 +228,7 @@ HOLDER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # timing-bound: the holder's thread must renew a 3 s lease within its second
 def test_a_killed_holders_lease_expires_and_is_taken_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, heard: list[Any]
 ):

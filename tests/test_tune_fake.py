@@ -872,9 +872,12 @@ def test_70b_on_an_h200_uses_the_kv_figure_of_its_passed_launch(tmp_path: Path):
 
 def _tune_signalled(tmp_path: Path, *signums: int, repeat: bool = False) -> tuple[int, R1sup, Path]:
     """``tune`` signalled once its first launch started: ``signums`` in turn, then (``repeat``) the
-    last one again every 20 ms until it exits, across the stop of vLLM and the process's own end."""
-    config = write_config(tmp_path / "r1sup.toml", fake_body(tmp_path))
-    proc = R1sup("tune", "--config", str(config), env=fake_env(fake_scenario(tmp_path, ignore_sigterm=True)))
+    last one again every 20 ms until it exits, across the stop of vLLM and the process's own end. The
+    engine hangs in its start-up until the signal comes (a launch that fails at once could end the
+    tune before the signal on a loaded machine: exit 3 was seen where 129 was asserted)."""
+    config = write_config(tmp_path / "r1sup.toml", fake_body(tmp_path, server={"stall_timeout_s": 60}))
+    scenario = fake_scenario(tmp_path, ignore_sigterm=True, hang_at="load_weights")
+    proc = R1sup("tune", "--config", str(config), env=fake_env(scenario))
     try:
         proc.wait_event("launch_started", 60)
         for signum in signums:
