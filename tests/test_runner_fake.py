@@ -299,52 +299,42 @@ def test_an_engine_whose_readiness_line_is_not_seen_is_found_ready_by_polling(tm
         cleanup(runner, launch, path)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_the_probe_child_starts_with_the_engine_and_runs_the_probe(tmp_path: Path) -> None:
-    made: list[ProbeProcess] = []  # the probe's children, as the runner's world makes them
-
-    def probe_process(connection: Any) -> ProbeProcess:
-        made.append(ProbeProcess(connection=connection))
-        return made[-1]
-
-    # a box with cores to spare (a GPU server): the child's imports overlap vLLM's load
-    runner, path = make_runner(tmp_path, world=World(probe_process=probe_process, cores=lambda: 16))
-    launch = None
-    try:
-        launch = launch_ready(runner)
-        waiting = probe_children()
-        assert len(waiting) == 1, "one probe child, started before vLLM was ready"
-        assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
-        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert launch.probe is not None and launch.probe.succeeded == 4
-        assert made[0].used and len(made) == 1  # the probe ran in the child started with the engine
-        # a second probe of the same launch starts a child of its own
-        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
-        assert len(made) == 2 and made[1].used and made[1].pid != waiting[0].pid
-    finally:
-        cleanup(runner, launch, path)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_on_a_box_of_few_cores_the_probe_child_starts_at_the_probe(tmp_path: Path) -> None:
-    # on 2 cores the child's import beside vLLM's load slowed vLLM's own start-up (README, "Time to
-    # serve"): there it is started when the probe begins, and the probe passes the same
+def counted_probe_children(cores: int) -> tuple[World, list[ProbeProcess]]:
+    """A world of ``cores`` CPUs whose probe children are listed, as the runner makes them."""
     made: list[ProbeProcess] = []
 
     def probe_process(connection: Any) -> ProbeProcess:
         made.append(ProbeProcess(connection=connection))
         return made[-1]
 
-    runner, path = make_runner(tmp_path, world=World(probe_process=probe_process, cores=lambda: 3))
+    return World(probe_process=probe_process, cores=lambda: cores), made
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cores", "early"), [(16, True), (3, False)])
+def test_the_probe_child_starts_with_the_engine_where_cores_are_to_spare(
+    tmp_path: Path, cores: int, early: bool
+) -> None:
+    # a box with cores to spare (a GPU server): the child's imports overlap vLLM's load; on 2 or 3 they
+    # slowed vLLM's own start-up (README, "Time to serve"): the child is started when the probe begins
+    world, made = counted_probe_children(cores=cores)
+    runner, path = make_runner(tmp_path, world=world)
     launch = None
     try:
         launch = launch_ready(runner)
-        assert made == [] and probe_children() == [], "no probe child while vLLM loaded"
+        waiting = probe_children()
+        if early:
+            assert len(waiting) == 1, "one probe child, started before vLLM was ready"
+            assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
+        else:
+            assert made == [] and waiting == [], "no probe child while vLLM loaded"
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe.succeeded == 4
-        assert len(made) == 1 and made[0].used
+        assert len(made) == 1 and made[0].used  # one child ran the probe: the early one where there was
+        # a second probe of the same launch starts a child of its own
+        assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
+        assert len(made) == 2 and made[1].used and made[1].pid != made[0].pid
     finally:
         cleanup(runner, launch, path)
 
