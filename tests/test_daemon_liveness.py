@@ -208,6 +208,7 @@ def wall(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.serial  # timing-bound: the death seen within one interval + 0.5 s (4.2 s once beside others)
 def test_an_engine_that_dies_while_health_answers_is_restarted_within_one_liveness_interval(tmp_path: Path):
     # the vLLM trap: /health says 200, every VLLM:: process lives, only the answers say the engine is
     # dead. The test's own request (the fifth, after the load probe's four) kills the engine at a moment

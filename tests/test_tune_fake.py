@@ -870,6 +870,10 @@ def test_70b_on_an_h200_uses_the_kv_figure_of_its_passed_launch(tmp_path: Path):
 # --- signals: SIGHUP stops a tune cleanly, a repeated stop signal keeps the exit code (issue 34) ------
 
 
+def _sighup_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _tune_signalled(tmp_path: Path, *signums: int, repeat: bool = False) -> tuple[int, R1sup, Path]:
     """``tune`` signalled once its first launch started: ``signums`` in turn, then (``repeat``) the
     last one again every 20 ms until it exits, across the stop of vLLM and the process's own end. The
@@ -877,7 +881,9 @@ def _tune_signalled(tmp_path: Path, *signums: int, repeat: bool = False) -> tupl
     tune before the signal on a loaded machine: exit 3 was seen where 129 was asserted)."""
     config = write_config(tmp_path / "r1sup.toml", fake_body(tmp_path, server={"stall_timeout_s": 60}))
     scenario = fake_scenario(tmp_path, ignore_sigterm=True, hang_at="load_weights")
-    proc = R1sup("tune", "--config", str(config), env=fake_env(scenario))
+    # SIGHUP at its default, as a terminal leaves it: tune keeps a SIGHUP that was ignored when it
+    # started (nohup), and a test run under nohup would pass that on
+    proc = R1sup("tune", "--config", str(config), env=fake_env(scenario), preexec=_sighup_default)
     try:
         proc.wait_event("launch_started", 60)
         for signum in signums:
