@@ -877,12 +877,13 @@ def _sighup_default() -> None:
 def _tune_signalled(tmp_path: Path, *signums: int, repeat: bool = False) -> tuple[int, R1sup, Path]:
     """``tune`` signalled once its first launch started: ``signums`` in turn, then (``repeat``) the
     last one again every 20 ms until it exits, across the stop of vLLM and the process's own end. The
-    engine hangs in its start-up until the signal comes (a launch that fails at once could end the
-    tune before the signal on a loaded machine: exit 3 was seen where 129 was asserted)."""
+    engine hangs in its start-up until the signal comes, so that the signal, not the launch's own end,
+    ends the tune however late it arrives."""
     config = write_config(tmp_path / "r1sup.toml", fake_body(tmp_path, server={"stall_timeout_s": 60}))
     scenario = fake_scenario(tmp_path, ignore_sigterm=True, hang_at="load_weights")
     # SIGHUP at its default, as a terminal leaves it: tune keeps a SIGHUP that was ignored when it
-    # started (nohup), and a test run under nohup would pass that on
+    # started (nohup), and a test run under nohup would pass that on (it did: exit 3, the tune's own end,
+    # where 129 was asserted)
     proc = R1sup("tune", "--config", str(config), env=fake_env(scenario), preexec=_sighup_default)
     try:
         proc.wait_event("launch_started", 60)
