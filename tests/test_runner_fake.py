@@ -38,6 +38,7 @@ from r1sup.adapters.probe import (
     probe_requests,
     prompt_text,
     proven_concurrency,
+    proven_wave,
     recorded_prompt,
     short_prompt_tokens,
     sizing_record,
@@ -50,6 +51,7 @@ from r1sup.core.capacity import asked, verified
 from r1sup.core.events import EventQueue
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
+from r1sup.core.probing import Wave
 from r1sup.supervision.runner import Launch, Runner
 from r1sup.supervision.world import World
 from r1sup_proc import engine_processes, kill_engine_processes, write_config
@@ -299,39 +301,44 @@ def test_an_engine_whose_readiness_line_is_not_seen_is_found_ready_by_polling(tm
         cleanup(runner, launch, path)
 
 
-def counted_probe_children(cores: int) -> tuple[World, list[ProbeProcess]]:
-    """A world of ``cores`` CPUs whose probe children are listed, as the runner makes them."""
+def counted_probe_children(cores: int) -> tuple[World, list[ProbeProcess], list[str], list[Runner]]:
+    """A world of ``cores`` CPUs whose probe children are listed as the runner makes them, with the
+    loading phase of the runner's launch at each (the runner put in the last list once it is made)."""
     made: list[ProbeProcess] = []
+    phases: list[str] = []
+    runner_of: list[Runner] = []
 
     def probe_process(connection: Any) -> ProbeProcess:
+        launch = runner_of[0].current
+        phases.append(launch.progress.phase if launch is not None and launch.progress is not None else "")
         made.append(ProbeProcess(connection=connection))
         return made[-1]
 
-    return World(probe_process=probe_process, cores=lambda: cores), made
+    return World(probe_process=probe_process, cores=lambda: cores), made, phases, runner_of
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("cores", "early"), [(16, True), (3, False)])
+@pytest.mark.parametrize(("cores", "at_phase"), [(16, "starting"), (3, "weights")])
 def test_the_probe_child_starts_with_the_engine_where_cores_are_to_spare(
-    tmp_path: Path, cores: int, early: bool
+    tmp_path: Path, cores: int, at_phase: str
 ) -> None:
-    # a box with cores to spare (a GPU server): the child's imports overlap vLLM's load; on 2 or 3 they
-    # slowed vLLM's own start-up (README, "Time to serve"): the child is started when the probe begins
-    world, made = counted_probe_children(cores=cores)
+    # a box with cores to spare (a GPU server): the child's imports overlap vLLM's whole load; on 2 or 3
+    # they slowed vLLM's own imports (README, "Time to serve"): there the child is started once vLLM
+    # prints that it loads its weights, its imports done; in both, before vLLM is ready
+    world, made, phases, runner_of = counted_probe_children(cores=cores)
     runner, path = make_runner(tmp_path, world=world)
+    runner_of.append(runner)
     launch = None
     try:
         launch = launch_ready(runner)
         waiting = probe_children()
-        if early:
-            assert len(waiting) == 1, "one probe child, started before vLLM was ready"
-            assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
-        else:
-            assert made == [] and waiting == [], "no probe child while vLLM loaded"
+        assert len(waiting) == 1, "one probe child, started before vLLM was ready"
+        assert [child.pid for child in made] == [waiting[0].pid] and not made[0].used
+        assert phases == [at_phase], phases
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe.succeeded == 4
-        assert len(made) == 1 and made[0].used  # one child ran the probe: the early one where there was
+        assert len(made) == 1 and made[0].used  # the child started while vLLM loaded ran the probe
         # a second probe of the same launch starts a child of its own
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert len(made) == 2 and made[1].used and made[1].pid != made[0].pid
@@ -365,6 +372,8 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), PROVEN)  # another's flags
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe.requests == 4
+        full_wave = launch.probe.wave
+        assert full_wave is not None and full_wave.sent is not None and full_wave.sent > 1, full_wave
         runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=launch.probe.prompt_tokens))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe.requests == 1 and launch.probe.succeeded == 1
@@ -377,6 +386,19 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=full_size), Figures(kv_cache_tokens=kv))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe.requests == 1 and launch.probe.prompt_tokens <= SHORT_PROMPT_TOKENS
+        # and the full probe's wave, as many requests as this launch's, all passed, stands for its own:
+        # none is sent (the record is that wave's, to the last figure); one of fewer requests is sent again
+        for sent, carried in ((full_wave.sent, True), (full_wave.sent - 1, False)):
+            before = replace(full_wave, sent=sent, succeeded=sent, duration_s=123.0)
+            proven = replace(PROVEN, prompt_tokens=full_size, wave=before)
+            runner.prove_with(launch.flags, proven, Figures(kv_cache_tokens=kv))
+            with capture_logs() as logs:
+                assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
+            (started,) = [e for e in logs if e["event"] == "probe_started"]
+            assert launch.probe.succeeded == 1 and launch.probe.wave is not None
+            assert (launch.probe.wave == before) is carried, launch.probe.wave
+            assert started["wave_requests"] == (0 if carried else full_wave.sent), started
+            assert ("wave" in started) is carried
         # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
         runner.prove_with(
             launch.flags, replace(PROVEN, prompt_tokens=full_size), Figures(kv_cache_tokens=kv + 1)
@@ -401,6 +423,27 @@ def test_short_prompts_only_when_vllms_kv_figure_matches_the_proven_launch(
     proven_kv: float | None, kv_now: float | None, expected: int | None
 ) -> None:
     assert short_prompt_tokens(8000, proven_kv, kv_now) == expected
+
+
+PASSED_WAVE = Wave(requests=16, output_tokens=64, sent=16, succeeded=16, concurrency_proven=12, limit=16)
+
+
+@pytest.mark.parametrize(
+    ("proven", "size", "stands"),
+    [
+        (PASSED_WAVE, 16, True),  # as many requests as this launch's wave, every one passed
+        (PASSED_WAVE, 12, True),  # more than this launch's
+        (PASSED_WAVE, 17, False),  # vLLM's figure allows more at once now than that wave sent
+        (replace(PASSED_WAVE, succeeded=15), 16, False),  # a request of it failed
+        (Wave(requests=1, output_tokens=64, skipped="one at most"), 1, False),  # none was sent then
+        (replace(PASSED_WAVE, concurrency_proven=None), 16, False),  # an unreadable record
+        (None, 16, False),  # a profile saved before the wave
+    ],
+)
+def test_the_full_probes_wave_stands_only_for_a_wave_it_covered(
+    proven: Wave | None, size: int, stands: bool
+) -> None:
+    assert proven_wave(proven, size) is (proven if stands else None)
 
 
 def test_a_short_prompt_is_never_longer_than_the_full_one() -> None:

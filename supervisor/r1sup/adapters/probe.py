@@ -25,7 +25,9 @@ exits without the interpreter's teardown.
 
 A launch with the flags of a saved profile that passed the full probe on a box of the same
 fingerprint gets the short probe (:func:`probe_requests`): one wave of ``concurrency`` requests of the
-same size, instead of ``probe.requests``.
+same size, instead of ``probe.requests``. Where vLLM allocated at least the KV cache that full probe
+passed with, its prompts are short (:func:`short_prompt_tokens`) and that probe's concurrency wave stands
+for this launch's when it sent as many requests, all passed (:func:`proven_wave`): none is sent.
 
 Once the context requests passed, the **concurrency wave** shows how many requests vLLM runs at once:
 ordinary requests (``WAVE_PROMPT_TOKENS`` of prompt, at least ``WAVE_OUTPUT_TOKENS`` of output), all sent
@@ -208,6 +210,25 @@ def short_prompt_tokens(full: int, proven_kv_tokens: float | None, kv_tokens: fl
     if proven_kv_tokens is None or kv_tokens is None or kv_tokens < proven_kv_tokens:
         return None
     return min(full, SHORT_PROMPT_TOKENS)
+
+
+def proven_wave(proven: Wave | None, size: int) -> Wave | None:
+    """The concurrency wave a full probe of the same flags passed on this box, to stand for this
+    launch's wave of ``size`` requests, or None (the wave is sent). Given only where the short probe's
+    prompts are short (:func:`short_prompt_tokens`: vLLM allocated at least the KV cache that probe
+    passed with, so the same requests fit at once): a wave that was sent, at least ``size`` requests,
+    every one of which passed. vLLM's figure allowing more than it sent, or a wave left out or failed
+    then, sends it again."""
+    if proven is None or proven.skipped is not None or proven.concurrency_proven is None:
+        return None
+    if (
+        proven.sent is None
+        or proven.succeeded is None
+        or proven.sent < size
+        or proven.succeeded < proven.sent
+    ):
+        return None
+    return proven
 
 
 def prompt_margin(context: int) -> int:

@@ -45,9 +45,11 @@ READY_POLL_S = 1.0  # readiness polled this often until vLLM prints its readines
 # it fails: uvicorn logs that line just before its socket listens
 READY_RETRY_S = 0.05
 # the probe's child is started with the engine (its imports and clients overlap vLLM's load) on a box
-# with at least this many CPUs; on fewer it is started at the probe: on 2 cores its import took CPU from
-# vLLM's own start-up (README, "Time to serve")
+# with at least this many CPUs; on fewer, once vLLM's output shows it past its own imports (one of
+# LOADED_PHASES): on 2 cores the child's import took CPU from vLLM's imports, while the load's rest (the
+# weights, the memory profile, the warm-up) runs the model on one core (README, "Time to serve")
 EARLY_PROBE_CORES = 4
+LOADED_PHASES = (P.WEIGHTS, P.PROFILING, P.KV_CACHE, P.GRAPHS, P.API)
 EXIT_DRAIN_S = 1.0  # after the child exits, wait this long for the rest of its output
 EXIT_FLUSH_S = 0.5  # and then this much longer for what is still queued, unless its output ended
 FLEET_WAITING = "profile_store_waiting"  # the fleet's wait, said on the loop's thread (a CheckDone's kind)
@@ -313,6 +315,8 @@ class Runner:
                         step = launch.progress.observe(item.kind, item.numbers, self.clock())
                         if step is not None:
                             self._progress_step(launch, step)
+                            if step.phase_changed:
+                                self._start_probe_when_loaded(launch)
         elif isinstance(event, ChildEOF) and event.launch == launch.number:
             launch.engine.eof = True
 
@@ -567,6 +571,7 @@ class Runner:
             ProbeSpec,
             default_prompt_tokens,
             probe_requests,
+            proven_wave,
             short_prompt_tokens,
             wave_output_tokens,
             wave_size,
@@ -598,6 +603,9 @@ class Runner:
             launch.reader.block_size,
             wave_prompt + wave_output_tokens(p.output_tokens),
         )
+        # short prompts (vLLM allocated the KV cache the full probe passed with): that probe's wave
+        # stands for this one's where it sent as many, all passed; the child sends none
+        carried = proven_wave(proven.wave, wave) if brief is not None and proven is not None else None
         spec = ProbeSpec(
             base_url=self.endpoint.base,
             model=launch.spec.served_name,
@@ -610,7 +618,7 @@ class Runner:
             api_key=self.api_key,
             # the record sizes prompts of the full probe's length: short prompts are sized anew
             sizing=None if brief else _sizing(proven),
-            wave_requests=wave,
+            wave_requests=0 if carried is not None else wave,
             wave_prompt_tokens=wave_prompt,
             context=context,
         )
@@ -624,13 +632,20 @@ class Runner:
             **({"short": "the profile passed the full probe"} if short else {}),
             **({"prompts": "short: vLLM allocated the KV cache the full probe passed with"} if brief else {}),
             **({"sizing": "the profile's record"} if spec.sizing else {}),
-            wave_requests=wave,
+            wave_requests=spec.wave_requests,
             wave_prompt_tokens=wave_prompt,
+            **(
+                {"wave": "the profile's: vLLM allocated the KV cache its full probe passed with"}
+                if carried
+                else {}
+            ),
         )
         child = self._take_probe_process(launch)
         self._probe_proc = child
         self.run_check("probe", launch, lambda: _probe_call(child.run, spec))
         result: ProbeResult = yield ProbeWait(self, launch, self.clock() + p.timeout_s + 30)
+        if carried is not None and result.wave is None:
+            result = replace(result, wave=carried)
         launch.probe = result
         internal = result.internal
         if internal:  # the probe child crashed or could not import: r1sup's fault, never the engine's
@@ -680,6 +695,19 @@ class Runner:
         of at least ``EARLY_PROBE_CORES`` CPUs; else :meth:`_take_probe_process` starts it at the probe)."""
         self._kill_probe()
         self._probe_next = (launch.number, self.world.probe_process(self._probe_connection()))
+
+    def _start_probe_when_loaded(self, launch: Launch) -> None:
+        """On a box of fewer than ``EARLY_PROBE_CORES`` CPUs, the probe's child of a launch that is
+        still loading, once its phase is one of ``LOADED_PHASES`` (once per launch)."""
+        if (
+            self.config.probe.enabled
+            and launch is self.current
+            and not launch.ready
+            and launch.progress is not None
+            and launch.progress.phase in LOADED_PHASES
+            and (self._probe_next is None or self._probe_next[0] != launch.number)
+        ):
+            self._start_probe_process(launch)
 
     def _take_probe_process(self, launch: Launch) -> ProbeProcess:
         """The child started with this launch, else (a second probe of it) a new one."""
