@@ -546,8 +546,8 @@ def test_a_5xx_that_is_not_vllms_engine_dead_reply_is_sent_again_and_the_probe_p
 def test_a_proxys_503_on_every_launch_ends_tune_saying_the_engine_was_not_dead(tmp_path: Path):
     # a proxy's plain 503 page for every probe request at every launch while vLLM's /health answers: each
     # request is sent again after its backoffs, then the launch fails; one retry of the same flags, then
-    # exit 4 with a line that says what it was, never engine_dead
-    body = fake_body(tmp_path, model=QWEN_7B)
+    # exit 4 with a line that says what it was, never engine_dead (one request: each waits out its backoffs)
+    body = fake_body(tmp_path, model=QWEN_7B, probe={"requests": 1})
     t = run_tune(tmp_path, body, fake_scenario(tmp_path, runtime={"reset_every": 1, "reset_status": 503}))
     assert t.code == 4, t.explain()
     assert t.classes == ["probe_server_error", "probe_server_error"]
@@ -579,7 +579,7 @@ def test_an_error_event_in_the_middle_of_a_stream_is_sent_again_not_the_engines_
 def test_an_error_event_in_every_stream_is_a_probe_server_error_with_vllms_words(tmp_path: Path):
     # every stream fails after its first tokens with vLLM's "Internal server error" event while /health
     # answers: after its retries, probe_server_error (transient), never engine_dead
-    body = fake_body(tmp_path, model=QWEN_7B)
+    body = fake_body(tmp_path, model=QWEN_7B, probe={"requests": 1})
     runtime = {"reset_every": 1, "reset_status": 500, "reset_after_tokens": 2}
     t = run_tune(tmp_path, body, fake_scenario(tmp_path, runtime=runtime))
     assert t.code == 4, t.explain()
@@ -607,7 +607,7 @@ def test_a_connection_dropped_in_the_middle_of_a_stream_is_sent_again(tmp_path: 
 
 
 def test_streams_dropped_in_their_middle_every_time_are_probe_connection(tmp_path: Path):
-    body = fake_body(tmp_path, model=QWEN_7B)
+    body = fake_body(tmp_path, model=QWEN_7B, probe={"requests": 1})
     runtime = {"reset_every": 1, "reset_after_tokens": 2}
     t = run_tune(tmp_path, body, fake_scenario(tmp_path, runtime=runtime))
     assert t.code == 4, t.explain()
