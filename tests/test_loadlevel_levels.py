@@ -5,10 +5,15 @@ concurrency). Driven with a fake sender and a fake clock: no server, no sleeps."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from types import SimpleNamespace
+
+import pytest
 
 from r1sup.adapters import loadlevel as L
 from r1sup.core import slo as S
+from r1sup.core.errors import InternalError
 
 
 def spec(concurrency: int, requests: int, warmup: int) -> L.LevelSpec:
@@ -78,3 +83,34 @@ def test_every_level_measures_the_same_requests_and_at_least_its_concurrency():
     found = L.search(slo, server, measure=measure)
     assert found.requests == 16
     assert seen == {1: (8, 1), 2: (8, 1), 4: (8, 1), 8: (8, 1), 16: (16, 1)}
+
+
+# --- the level's own process -----------------------------------------------------------------------
+
+
+def test_a_level_runs_in_a_child_of_its_own_and_its_samples_come_back_whole():
+    # nothing listens on the port: every request fails on the connection, in the child, and each sample
+    # comes back with its error and time; the warm-up is in neither
+    from conftest import free_port
+
+    level = L.LevelSpec(
+        base_url=f"http://127.0.0.1:{free_port()}",
+        model="m",
+        concurrency=2,
+        requests=(L.Request("a b", 4), L.Request("c d", 8), L.Request("e", 2)),
+        request_timeout_s=5,
+        timeout_s=20,
+        warmup=(L.Request("a b", 4),),
+    )
+    assert L.spec_of(json.loads(json.dumps(dataclasses.asdict(level)))) == level
+    samples, duration = L.run_level_apart(level)
+    assert len(samples) == 3 and 0 <= duration < 20
+    assert all(not s.ok and "Connect" in s.error and s.e2e_s is not None for s in samples), samples
+
+
+def test_a_level_child_that_fails_is_r1sups_internal_error_not_a_failed_level():
+    level = spec(1, 1, 0)
+    with pytest.raises(InternalError) as raised:
+        L.run_level_apart(level, python="/bin/false")
+    assert raised.value.where == "r1sup.adapters.loadlevel (the level child)"
+    assert raised.value.error == "exit code 1"

@@ -4,22 +4,25 @@ inter-token latency), end-to-end time, tokens and error recorded (:class:`r1sup.
 
 :func:`search` steps the levels as :func:`r1sup.core.slo.next_concurrency` says (double until a target
 breaks, then bisect) on the server as it runs: no relaunch, the flags stay as the memory search left them.
-The judgement is :mod:`r1sup.core.slo`'s; this module only measures. Traffic goes to the server r1sup
-launched (its own address), never elsewhere.
+The judgement is :mod:`r1sup.core.slo`'s; this module only measures, each level in a child process of
+its own (:func:`run_level_apart`). Traffic goes to the server r1sup launched (its own address), never
+elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from r1sup.core import slo as S
-from r1sup.core.errors import ConfigError
+from r1sup.core.errors import ConfigError, InternalError
 
 SAMPLE_NAME = "sample"  # slo.prompts_file = "sample": the JSONL shipped with r1sup
 SAMPLE_FILE = "slo_prompts.jsonl"  # in r1sup/data
@@ -28,6 +31,7 @@ CALIBRATION_WORDS = 200  # words of the text /tokenize counts once, to size the 
 # unmeasured requests before each level: vLLM's bench sends the first request of its workload once as a
 # test before it measures (``vllm bench serve``'s initial single prompt run; its --num-warmups is 0)
 WARMUP_REQUESTS = 1
+LEVEL_GRACE_S = 30.0  # a level child is given its level's timeout and this long to start and answer
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,59 @@ def run_level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
     ``timeout_s``; each measured request's sample and the level's duration in seconds (first measured
     send to last answer; the warm-up is in neither)."""
     return asyncio.run(_level(spec))
+
+
+def run_level_apart(spec: LevelSpec, python: str = sys.executable) -> tuple[list[S.Sample], float]:
+    """:func:`run_level` in a process of its own (``python -m r1sup.adapters.loadlevel``: the spec on
+    its stdin, the samples and the duration on its stdout), as vLLM's bench runs apart from the server
+    it measures: the client's event loop then shares no interpreter lock with the supervisor's loop,
+    its relay of vLLM's output and its log writer, whose turns can delay the stamps of its chunks.
+    Bounded by the level's timeout and ``LEVEL_GRACE_S``; a child that fails or answers nothing is
+    r1sup's internal error, never a level whose requests failed."""
+    from r1sup.adapters.probe import child_failure
+
+    where = "r1sup.adapters.loadlevel (the level child)"
+    proc = subprocess.Popen(  # noqa: S603 - an argument list
+        [python, "-m", "r1sup.adapters.loadlevel"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(json.dumps(asdict(spec)).encode(), timeout=spec.timeout_s + LEVEL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise InternalError(where, f"no answer within {spec.timeout_s + LEVEL_GRACE_S:g} s") from None
+    except BaseException:  # a stop signal while the level runs: nothing is left behind
+        proc.kill()
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise InternalError(*child_failure(err.decode("utf-8", "replace"), proc.returncode, where))
+    try:
+        answer = json.loads(out)
+        samples = [S.Sample(**{**row, "itl_s": tuple(row["itl_s"])}) for row in answer["samples"]]
+        return samples, float(answer["duration_s"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InternalError(where, f"an unreadable answer: {type(exc).__name__}: {exc}") from None
+
+
+def spec_of(data: Mapping[str, Any]) -> LevelSpec:
+    """A level spec from its JSON (:func:`run_level_apart`'s to its child)."""
+    fields = dict(data)
+    for name in ("requests", "warmup"):
+        fields[name] = tuple(Request(**row) for row in fields.get(name, ()))
+    return LevelSpec(**fields)
+
+
+def main() -> int:
+    """``python -m r1sup.adapters.loadlevel``: a level spec as JSON on stdin; its samples and duration
+    as JSON on stdout."""
+    samples, duration = run_level(spec_of(json.loads(sys.stdin.read())))
+    sys.stdout.write(json.dumps({"samples": [asdict(s) for s in samples], "duration_s": duration}))
+    sys.stdout.flush()
+    return 0
 
 
 async def _level(spec: LevelSpec) -> tuple[list[S.Sample], float]:
@@ -306,7 +363,7 @@ def search(
     cap: int | None = None,
     check: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
-    measure: Callable[[LevelSpec], tuple[list[S.Sample], float]] = run_level,
+    measure: Callable[[LevelSpec], tuple[list[S.Sample], float]] = run_level_apart,
     tell: Callable[[S.Level], None] = lambda level: None,
 ) -> S.SloResult:
     """The highest concurrency that meets ``slo``'s targets on the running ``server``: levels from one
@@ -356,3 +413,7 @@ def search(
         levels.append(level)
         tell(level)
     return S.conclude(targets, workload, levels, budget_ended=budget_ended, seconds=clock() - t0, flags=flags)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

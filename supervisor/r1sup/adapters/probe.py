@@ -1041,14 +1041,17 @@ def _child_result(spec: ProbeSpec, returncode: int, out: bytes, err: bytes) -> P
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 
-def child_failure(stderr: str, returncode: int) -> tuple[str, str]:
-    """(where, error) of a probe child that failed: the innermost frame of the r1sup package in its
-    traceback and the exception line, or the signal that killed it."""
+def child_failure(
+    stderr: str, returncode: int, child: str = "r1sup.adapters.probe (the probe child)"
+) -> tuple[str, str]:
+    """(where, error) of a child of r1sup's that failed (the probe's, a load level's): the innermost
+    frame of the r1sup package in its traceback, else ``child``, and the exception line, or the signal
+    that killed it."""
     import signal
 
     from r1sup.core.errors import r1sup_module
 
-    where = "r1sup.adapters.probe (the probe child)"
+    where = child
     for line in stderr.splitlines():
         m = _FRAME.match(line)
         module = r1sup_module(m["file"]) if m else None
