@@ -62,13 +62,21 @@ def engine_core(child_pid: int) -> psutil.Process | None:
 def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path):
     """Two engine starts: a fresh run (tuned, READY after the probe), whose engine core is killed -9 (the
     death seen) and whose supervisor is SIGKILLed while vLLM is loading again (no vLLM left, the half-
-    started one included); then a second run from the saved profile (one launch) stopped by SIGTERM
-    (exit 0, nothing left). The restart that follows a dead engine core, up to serving again, is proven
-    on the fake engine (tests/test_daemon_liveness.py); it is the same launch as the first."""
+    started one included); then a second run from the saved profile (one launch; the short probe, which
+    takes the full probe's concurrency wave) stopped by SIGTERM (exit 0, nothing left). The restart that
+    follows a dead engine core, up to serving again, is proven on the fake engine
+    (tests/test_daemon_liveness.py); it is the same launch as the first."""
     body = tiny_engine_config(tmp_path, tiny_model, free_port(), daemon=FAST_DAEMON)
     config = write_config(tmp_path / "c.toml", body)
     state = tmp_path / "state"
     notify = NotifySocket(tmp_path / "notify.sock")
+    try:
+        _serve_recover_then_stop(config, state, notify)
+    finally:
+        notify.close()
+
+
+def _serve_recover_then_stop(config: Path, state: Path, notify: NotifySocket) -> None:
     proc = R1sup("run", "--config", str(config), env={"NOTIFY_SOCKET": str(notify.path)})
     try:
         proc.wait_event("serving", 400)
@@ -107,6 +115,12 @@ def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path)
         assert st["launches"] == 1 and st["profile_source"] == "persisted"
         assert proc.named("profile_found")
         assert len(engine_processes(config)) >= 2
+        # the profile's flags passed the full probe here, and vLLM allocated the same KV cache (the budget
+        # is pinned): the short probe, short prompts, and that probe's concurrency wave, not sent again
+        (short,) = proc.named("probe_started")
+        assert short["short"] and short["prompts"] and short["wave_requests"] == 0, short
+        assert short["wave"].startswith("the profile's"), short
+        assert proc.named("probe_passed")[0]["wave"]["concurrency_proven"] >= 1
         proc.signal(signal.SIGTERM)
         assert proc.wait(120) == 0, proc.tail()
         assert not engine_processes(config)
@@ -114,7 +128,6 @@ def test_run_serves_recovers_and_stops_cleanly(tmp_path: Path, tiny_model: Path)
         assert any("STOPPING=1" in m for m in notify.messages)
     finally:
         proc.kill()
-        notify.close()
         kill_engine_processes(config)
 
 
