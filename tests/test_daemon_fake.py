@@ -398,6 +398,8 @@ def test_status_file_while_serving_and_after_the_stop(tmp_path: Path):
         assert st["flags"]["max_model_len"] == 8192 and st["flags"]["gpu_memory_utilization"] == 0.9
         (full,) = proc.named("probe_started")
         assert full["requests"] == 4 and "short" not in full  # no profile yet: the full probe
+        tuned = st["capacity"]
+        assert tuned["probe_tokens"] > 1000 and "context_from_profile" not in tuned, tuned
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", st["since"]), st["since"]
         assert st["port"] == body["server"]["port"] and st["served_model"] == "r1"
         stop_cleanly(proc, config, tmp_path)
@@ -413,6 +415,21 @@ def test_status_file_while_serving_and_after_the_stop(tmp_path: Path):
         (short,) = proc.named("probe_started")
         assert short["requests"] == 1 and short["short"]
         assert proc.named("probe_passed")[0]["succeeded"] == 1
+        # short prompts (vLLM allocated the KV cache the full probe passed with): the capacity is still
+        # the one the full probe measured, marked as the profile's (issue 36: one figure, not ~75 tokens)
+        assert short["prompts"] and short["prompt_tokens"] < 100, short
+        again = status(tmp_path)["capacity"]
+        assert again["context_from_profile"] is True and again["wave_from_profile"] is True, again
+        marks = ("context_from_profile", "wave_from_profile")
+        assert {k: v for k, v in again.items() if k not in marks} == tuned
+        text = subprocess.run(
+            [sys.executable, "-m", "r1sup", "status", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert f"capacity: measured (the profile's full probe): {tuned['requests']} request(s)" in text, text
+        assert f"1 at once of ~{tuned['probe_tokens']:,} tokens;" in text, text
         stop_cleanly(proc, config, tmp_path)
 
 

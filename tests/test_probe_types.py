@@ -122,6 +122,53 @@ def test_requests_sent_again_after_a_5xx_are_counted_beside_those_after_a_lost_c
     assert failed.summary() == "1/4 requests failed: request 0: 503; 1 request retried after a 5xx answer"
 
 
+@pytest.mark.parametrize("wave_carried", [True, False])
+def test_a_short_probe_with_short_prompts_reports_the_capacity_its_full_probe_measured(
+    wave_carried: bool,
+) -> None:
+    # issue 36, one capacity figure: a run from a saved profile sends short prompts once vLLM allocated
+    # the KV cache its full probe passed with. Its context requests (64 tokens) then say nothing of the
+    # context; the capacity is what the profile's full probe measured, and the line says whose it is.
+    full = ProbeResult.from_dict(PROBES["wave_proved_more"]["record"])
+    assert full.wave is not None and full.prompt_tokens == 7990
+    fresh_wave = replace(full.wave, concurrency_proven=9, ttft_p50_s=0.5)
+    short = replace(
+        full,
+        requests=1,
+        succeeded=1,
+        prompt_tokens=64,
+        concurrency_proven=1,
+        sizing=None,
+        wave=full.wave if wave_carried else fresh_wave,
+    )
+    figures, asked = Figures(max_model_len=8192, kv_cache_tokens=101456), Asked(requests=1, context=8192)
+    before = capacity.verified(full, 8192, figures, asked)
+    alone = capacity.verified(short, 8192, figures, asked)
+    after = capacity.verified(short, 8192, figures, asked, stands_on=full)
+    assert before is not None and alone is not None and after is not None
+    assert alone.probe_tokens == 64 + full.output_tokens  # what the short prompts alone claim(ed)
+    assert (after.context_requests, after.probe_tokens) == (before.context_requests, before.probe_tokens)
+    assert after.context_from_profile and after.wave_from_profile is wave_carried
+    if wave_carried:  # every figure the full probe's: one answer, the line naming where it comes from
+        assert replace(after, context_from_profile=False, wave_from_profile=False) == before
+        assert after.text() == before.text().replace("measured:", "measured (the profile's full probe):")
+    else:  # a wave sent by this launch is this launch's
+        assert after.requests == 9 and after.ttft_p50_s == 0.5
+        assert after.text().startswith("measured: 9 request(s) at once of ~251 prompt tokens (812.2 ")
+        assert "0.25s), 1 at once of ~8,054 tokens (the profile's full probe); computed" in after.text()
+    # the marks are kept where the capacity is stored (status.json, a profile) and read back
+    record = json.loads(json.dumps(after.to_dict()))
+    assert record["context_from_profile"] is True and capacity.check(record) == record
+    assert Capacity.from_dict(record) == after
+    # a record without them (every one written before) keeps its keys
+    assert "context_from_profile" not in before.to_dict() and "wave_from_profile" not in before.to_dict()
+    with pytest.raises(ValueError, match="capacity.wave_from_profile must be true or false"):
+        capacity.check({**record, "wave_from_profile": "yes"})
+    # a full probe that did not pass stands for nothing
+    failed = replace(full, ok=False)
+    assert capacity.verified(short, 8192, figures, asked, stands_on=failed) == alone
+
+
 def test_the_asked_record_keeps_its_keys() -> None:
     asked = Asked(requests=4, context=8192, concurrent=16)
     assert asked.to_dict() == {"requests": 4, "context": 8192, "concurrent": 16}

@@ -144,7 +144,7 @@ def record_capacity(record: Mapping[str, Any]) -> capacity.Capacity | None:
     if not isinstance(asked, Mapping):
         target = record.get("target") or {}
         asked = {"requests": target.get("concurrency"), "context": target.get("context")}
-    probe = result.get("probe")
+    probe, stands_on = result.get("probe"), result.get("stands_on")
     flags = result.get("flags")
     return capacity.verified(
         ProbeResult.from_dict(probe) if isinstance(probe, Mapping) else None,
@@ -152,6 +152,7 @@ def record_capacity(record: Mapping[str, Any]) -> capacity.Capacity | None:
         Figures.from_dict(obs if isinstance(obs := result.get("observations"), Mapping) else None),
         capacity.Asked.from_dict(asked),
         reduced=bool(result.get("reduced")),
+        stands_on=ProbeResult.from_dict(stands_on) if isinstance(stands_on, Mapping) else None,
     )
 
 

@@ -27,7 +27,12 @@ the profile records (``capacity``), ``status.json`` and ``tune --json`` hold, ``
   (``requests`` may be lower still: requests too short to overlap prove less, but show no limit);
 - ``reduced``: the configuration serves less than asked, and ``reduced_because`` says how: fewer
   requests at once than asked, or a shorter context than asked, or the search's own verdict (a tune
-  result's ``reduced``, which weighs what the box could give).
+  result's ``reduced``, which weighs what the box could give);
+- ``context_from_profile``, ``wave_from_profile``: the context requests' figures, the wave's, are those
+  of the saved profile's full probe of the same flags, not this launch's: its short probe sent short
+  prompts (or no wave) because vLLM allocated at least the KV cache that full probe passed with
+  (:func:`r1sup.adapters.probe.short_prompt_tokens`, :func:`r1sup.adapters.probe.proven_wave`). Written
+  only when true.
 """
 
 from __future__ import annotations
@@ -110,6 +115,8 @@ class Capacity:
     concurrent_limit: int | None = None
     reduced: bool = False
     reduced_because: tuple[str, ...] = ()
+    context_from_profile: bool = False
+    wave_from_profile: bool = False
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Capacity | None:
@@ -125,6 +132,7 @@ class Capacity:
             reduced_because=tuple(b for b in because if isinstance(b, str))
             if isinstance(because, list)
             else (),
+            **{name: True for name in CARRIED if data.get(name) is True},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +140,7 @@ class Capacity:
         out: dict[str, Any] = {name: getattr(self, name) for name in FIELDS}
         out["reduced"] = self.reduced
         out["reduced_because"] = list(self.reduced_because)
+        out.update({name: True for name in CARRIED if getattr(self, name)})
         return out
 
     def shortfalls(self) -> list[str]:
@@ -157,21 +166,30 @@ class Capacity:
         cache``. Each group of requests says its own size (the wave's prompts, the context requests'
         prompt and output); tokens/s and TTFT are those of the first group (``requests`` at once, the
         figures ``status`` and ``/metrics`` show); the context is the flags' and how many requests of
-        it the KV cache holds is vLLM's figure divided, never seen running. Then how it falls short of
-        what was asked when it does."""
-        groups = []
+        it the KV cache holds is vLLM's figure divided, never seen running. A group measured by the
+        saved profile's full probe rather than this launch's says so (``(the profile's full probe)``, once
+        after ``measured`` when every group is).
+        Then how it falls short of what was asked when it does."""
+        groups: list[tuple[str, bool]] = []  # each group's text, and whether the profile measured it
         if self.requests is None:
-            groups.append("requests at once not measured")
+            groups.append(("requests at once not measured", False))
         else:
             two = self.context_requests is not None and self.context_requests != self.requests
             size = self.concurrent_prompt_tokens if two else self.probe_tokens
             unit = "prompt tokens" if two else "tokens"
             if not two and size is None:
                 size, unit = self.concurrent_prompt_tokens, "prompt tokens"
-            groups.append(f"{self.requests} request(s) at once {_size(size, unit)}{self._speed()}")
+            # the first group is the wave's when it proved more than the context requests
+            wave_first = two or self.context_requests is None
+            first = self.wave_from_profile if wave_first else self.context_from_profile
+            groups.append((f"{self.requests} request(s) at once {_size(size, unit)}{self._speed()}", first))
             if two:
-                groups.append(f"{self.context_requests} at once {_size(self.probe_tokens, 'tokens')}")
-        line = "measured: " + ", ".join(groups)
+                at_context = f"{self.context_requests} at once {_size(self.probe_tokens, 'tokens')}"
+                groups.append((at_context, self.context_from_profile))
+        if all(earlier for _, earlier in groups):  # the profile's full probe measured every group
+            line = f"measured{EARLIER}: " + ", ".join(text for text, _ in groups)
+        else:
+            line = "measured: " + ", ".join(text + (EARLIER if earlier else "") for text, earlier in groups)
         if self.context_tokens:
             line += f"; computed: context {self.context_tokens:,} tokens"
             if self.kv_cache_tokens:
@@ -197,8 +215,15 @@ def _size(tokens: int | None, unit: str) -> str:
     return f"of ~{tokens:,} {unit}" if tokens is not None else "of a size not recorded"
 
 
+EARLIER = " (the profile's full probe)"
+"""Said of figures a saved profile's full probe of the same flags measured, not this launch's probe."""
+
+
+CARRIED: tuple[str, ...] = ("context_from_profile", "wave_from_profile")
+"""The marks of figures a saved profile's full probe measured (a record holds them only when true)."""
+
 FIELDS: tuple[str, ...] = tuple(
-    f.name for f in fields(Capacity) if f.name not in ("reduced", "reduced_because")
+    f.name for f in fields(Capacity) if f.name not in ("reduced", "reduced_because", *CARRIED)
 )
 """The figures of a capacity, in the order its record holds them."""
 
@@ -220,21 +245,27 @@ def verified(
     figures: Figures | None,
     asked_for: Asked | None = None,
     reduced: bool = False,
+    stands_on: ProbeResult | None = None,
 ) -> Capacity | None:
     """The capacity a passed probe proved; None when there is no passed probe. ``max_model_len``: the
-    flags' (else vLLM's figure is the context); ``reduced``: the search's own verdict."""
+    flags' (else vLLM's figure is the context); ``reduced``: the search's own verdict; ``stands_on``: the
+    saved profile's full probe of the same flags, where this launch's short probe sent short prompts
+    because vLLM allocated at least the KV cache that one passed with: its context requests are the
+    figures (this probe's short prompts proved only that the engine serves)."""
     if probe is None or not probe.ok:
         return None
     want = asked_for or Asked()
     obs = figures or Figures()
     context = _count(max_model_len) or _count(obs.max_model_len)
-    prompt, output = _count(probe.prompt_tokens), _count(probe.output_tokens)
-    at_context = _count(probe.concurrency_proven)
+    earlier = stands_on is not None and stands_on.ok
+    measured = stands_on if earlier and stands_on is not None else probe
+    prompt, output = _count(measured.prompt_tokens), _count(measured.output_tokens)
+    at_context = _count(measured.concurrency_proven)
     wave = probe.wave
     waved = _count(wave.concurrency_proven) if wave is not None else None
     # the figures at the most requests proven at once: the wave's when it proved more
     best: ProbeResult | Wave = (
-        wave if wave is not None and waved is not None and waved > (at_context or 0) else probe
+        wave if wave is not None and waved is not None and waved > (at_context or 0) else measured
     )
     out = Capacity(
         requests=waved if best is wave else at_context,
@@ -251,6 +282,9 @@ def verified(
         # judged only when the probe was asked for a wave (a record from before has none)
         asked_concurrent=_count(want.concurrent) if wave is not None else None,
         concurrent_limit=_count(wave.limit) if wave is not None else None,
+        context_from_profile=earlier,
+        # the short probe took the full probe's wave (runner: proven_wave) rather than sending one
+        wave_from_profile=earlier and wave is not None and stands_on is not None and wave == stands_on.wave,
     )
     because = out.shortfalls()
     if reduced and not because:
@@ -262,7 +296,7 @@ def check(data: Any) -> dict[str, Any]:
     """A capacity read from a file (a profile): the fields above with their types, else ValueError."""
     if not isinstance(data, dict):
         raise ValueError("capacity must be an object")
-    known = {*FIELDS, "reduced", "reduced_because"}
+    known = {*FIELDS, "reduced", "reduced_because", *CARRIED}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"capacity: unknown field(s): {', '.join(unknown)}")
@@ -271,8 +305,9 @@ def check(data: Any) -> dict[str, Any]:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if value is not None and (not number or value < 0):
             raise ValueError(f"capacity.{name} must be a non-negative number or null, got {value!r}")
-    if not isinstance(data.get("reduced", False), bool):
-        raise ValueError("capacity.reduced must be true or false")
+    for name in ("reduced", *CARRIED):
+        if not isinstance(data.get(name, False), bool):
+            raise ValueError(f"capacity.{name} must be true or false")
     because = data.get("reduced_because", [])
     if not isinstance(because, list) or not all(isinstance(b, str) for b in because):
         raise ValueError("capacity.reduced_because must be a list of strings")

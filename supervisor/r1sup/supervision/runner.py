@@ -72,6 +72,9 @@ class Launch:
     failure: Failure = F.NO_FAILURE
     exit_code: int | None = None
     probe: ProbeResult | None = None
+    # the saved profile's full probe of these flags that this launch's capacity stands on: its short
+    # probe sent short prompts, vLLM having allocated at least the KV cache that one passed with
+    stands_on: ProbeResult | None = None
     stop_report: StopReport | None = None
     stopping: bool = False  # r1sup has asked the engine to stop: what it prints now is its teardown
     progress: P.LoadProgress | None = None  # phases, percent, elapsed time and ETA while it loads
@@ -647,6 +650,7 @@ class Runner:
         if carried is not None and result.wave is None:
             result = replace(result, wave=carried)
         launch.probe = result
+        launch.stands_on = proven if brief is not None else None
         internal = result.internal
         if internal:  # the probe child crashed or could not import: r1sup's fault, never the engine's
             fault = InternalError(internal.where, internal.error)

@@ -114,6 +114,7 @@ def result_capacity(config: Any, result: Any) -> Capacity | None:
         result.figures,
         capacity.asked(config),
         reduced=bool(getattr(result, "reduced", None)),
+        stands_on=getattr(result, "stands_on", None),
     )
 
 

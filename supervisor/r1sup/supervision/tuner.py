@@ -79,6 +79,8 @@ class TuneResult:
     launches: int = 0
     flags: EngineFlags | None = None
     probe: ProbeResult | None = None
+    # the saved profile's full probe that a short probe with short prompts stands on (Launch.stands_on)
+    stands_on: ProbeResult | None = None
     command: list[str] = field(default_factory=list)
     figures: Figures = NO_FIGURES  # what vLLM printed at the launch that passed
     attempts: list[Attempt] = field(default_factory=list)
@@ -102,6 +104,7 @@ class TuneResult:
             "launches": self.launches,
             "flags": self.flags.to_dict() if self.flags else None,
             "probe": self.probe.to_dict() if self.probe is not None else None,
+            **({"stands_on": self.stands_on.to_dict()} if self.stands_on is not None else {}),
             "profile_path": self.profile_path,
             "command": self.command,
             "observations": self.figures.to_dict(),
@@ -233,7 +236,7 @@ class Tuner:
                 result.reduced = search.reduction(flags)
                 if result.reduced is not None:
                     self.publish(ConfigReduced(result.reduced))
-                result.probe = launch.probe
+                result.probe, result.stands_on = launch.probe, launch.stands_on
                 # the figures of this launch alone: they calibrate the memory model for these flags
                 result.figures = figures
                 if keep_running:
