@@ -500,6 +500,41 @@ def test_a_profile_degraded_by_another_tenant_is_kept_beside_and_the_best_return
         stop_cleanly(proc, config, tmp_path)
 
 
+def test_a_tune_beside_another_tenant_keeps_its_profile_degraded_and_run_serves_it(tmp_path: Path):
+    # issue 35, one bring-up: tune keeps the box's conditions in its profile as run does; found while
+    # another job held 6 GiB, its profile is the degraded one, kept beside the best under its own key.
+    # run on the box as it still is then serves that profile with one launch (no second search),
+    # marked degraded, watching for the memory to come back.
+    from test_plan_is_first_launch import _plan
+    from test_tune_fake import run_tune
+
+    scenario = fake_scenario(tmp_path, gpu={"name": "RTX 4090", "other_process_gib": 6.0})
+    body = daemon_body(tmp_path, daemon={"memory_check_s": 3600.0})
+    t = run_tune(tmp_path, body, scenario)
+    assert t.code == 0, t.explain()
+    (degraded,) = t.proc.named("profile_degraded")
+    assert "6.0 GiB" in degraded["reason"], degraded
+    kept = json.loads(Path(t.result["profile_path"]).read_text(encoding="utf-8"))
+    assert kept["conditions"]["others_gib"] == 6.0 and kept["conditions"]["degraded"] is True, kept
+    assert kept["key"] != degraded["key"]  # beside the best (the key the daemon goes back to)
+    assert kept["flags"] == t.result["flags"]
+    # plan --config says what run launches now: that profile (nothing better fits what is free)
+    code, out = _plan(t.config, scenario, "--json")
+    planned = json.loads(out)
+    assert planned["recommended"] == kept["flags"], out
+    assert planned["recommended_from"]["source"] == "saved_profile", out
+    launched_by_tune = len(engine_records(tmp_path))
+    with running(tmp_path, body, scenario) as (proc, config):
+        proc.wait_event("serving", START_S)
+        st = status(tmp_path)
+        assert st["launches"] == 1 and st["flags"] == kept["flags"], st
+        assert st["degraded"]["best_key"] == degraded["key"], st
+        assert "no best profile" in st["degraded"]["reason"] and "6.0 GiB" in st["degraded"]["reason"]
+        assert len(engine_records(tmp_path)) == launched_by_tune + 1
+        assert not proc.named("search_step") and not proc.named("plan_made"), proc.tail()
+        stop_cleanly(proc, config, tmp_path)
+
+
 def test_a_probe_that_keeps_losing_its_connection_is_restarted_within_the_budget(tmp_path: Path):
     # issue 34: every probe request's connection reset at the first two launches while vLLM's /health
     # answers: not engine_dead and not run's end (it exited 4 for good); the same flags again after a

@@ -633,6 +633,17 @@ def test_tune_uses_the_fleets_profile_with_one_launch(tmp_path: Path):
     assert first.code == 0 and first.result["launches"] == 2, first.explain()
     assert first.proc.named("profile_published")
     body_b, scenario_b, home_b = replica(tmp_path, "b", store)
+    # issue 36: plan --config on the second replica (nothing saved there) says what it launches: the
+    # fleet's profile, read without a lease, and where it came from
+    from r1sup_proc import write_config
+    from test_plan_is_first_launch import _plan
+
+    code, out = _plan(write_config(home_b / "r1sup.toml", body_b), scenario_b, "--json")
+    planned = json.loads(out)
+    assert planned["recommended"] == first.result["flags"], out
+    origin = planned["recommended_from"]
+    assert origin["source"] == "shared_profile" and origin["store"] == str(store), origin
+    assert store_files(store)[1] == []  # no lease taken
     second = run_tune(home_b, body_b, scenario_b)
     assert second.code == 0 and second.result["launches"] == 1, second.explain()
     assert second.result["flags"] == first.result["flags"]

@@ -21,7 +21,7 @@ from r1sup.core.failure import Failure, Numbers
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.supervision.session import stored_conditions
+from r1sup.supervision.bringup import stored_conditions
 
 Q7 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"])
 Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])

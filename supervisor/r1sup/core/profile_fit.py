@@ -67,6 +67,14 @@ def better_than(search: Search, flags: EngineFlags) -> Candidate | None:
     return None
 
 
+def spare_serves(search: Search, flags: EngineFlags, best_saved: bool) -> bool:
+    """Whether the degraded profile kept beside the best one (``flags``) is the one to launch on the box
+    as it is now: it fits (:func:`fits_now`), and either the best one is saved (and does not fit now) or
+    none is and nothing better fits what is free (:func:`better_than`: a search would find more). What
+    ``run`` launches and ``plan --config`` recommends."""
+    return fits_now(search, flags) and (best_saved or better_than(search, flags) is None)
+
+
 def idle_device(device: DeviceFacts, others: int) -> DeviceFacts:
     """The box with ``others`` bytes more free on every GPU (up to its total): as it is without them."""
     gpus = tuple(replace(g, free_bytes=min(g.total_bytes, g.free_bytes + others)) for g in device.gpus)

@@ -62,7 +62,6 @@ from r1sup.core.events import (
 from r1sup.core.failure import Failure
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
-from r1sup.core.hardware import Conditions
 from r1sup.core.probing import ProbeResult
 from r1sup.core.profile_fit import Degraded
 from r1sup.state import fleet
@@ -70,7 +69,7 @@ from r1sup.supervision.bus import Bus
 from r1sup.supervision.footing import footing
 from r1sup.supervision.loop import Done, Phase, Stop, StopRequested
 from r1sup.supervision.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
-from r1sup.supervision.session import Session, save_profile
+from r1sup.supervision.session import Session
 from r1sup.supervision.subscribers import LogSink, MetricsSink, StatusFile, SystemdSink
 from r1sup.supervision.tuner import (
     Tuner,
@@ -531,7 +530,10 @@ class Daemon:
         )
         saved = saved or shared.profile
         self.runner.prove_with(None)
-        saved = self._fitting_profile(saved, store, key) if saved is not None else None
+        if saved is not None:
+            saved = self._fitting_profile(saved, store, key)
+        elif start is None:  # no best profile: the degraded one a tune kept, while nothing better fits
+            saved = self._spare_profile(store, key)
         if saved is not None and self.degraded is not None:
             start = EngineFlags.from_dict(saved.flags)
             self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
@@ -561,9 +563,7 @@ class Daemon:
             persisted = saved is not None and result.launches == 1
             self.profile_source = ("shared" if shared.profile else "persisted") if persisted else "tuned"
             if not persisted or shared.profile is not None:  # the fleet's copy: kept once it passed here
-                result.profile_path = save_profile(
-                    self.s, result, self.fingerprint, self._conditions(result, key), tell=self.publish
-                )
+                result.profile_path = self._keep(result, key)
             self._served(result)
             self._forget_no_fit()
         shared.release()  # after the publish: the replicas waiting on this key find the profile
@@ -617,29 +617,43 @@ class Daemon:
         spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
         free = now.free_gib if now is not None else None
         reason = f"the best profile {key} does not fit what is free now ({free} GiB)"
-        if spare is not None and profile_fit.fits_now(check, EngineFlags.from_dict(spare.flags)):
+        if spare is not None and profile_fit.spare_serves(check, EngineFlags.from_dict(spare.flags), True):
             self.degraded = Degraded(key, reason, utc_now_iso(zulu=False))
             return spare
         return None
 
-    def _conditions(self, result: TuneResult, key: str) -> Conditions | None:
-        """The conditions a tuned profile was found under; degraded (kept beside the best, and the daemon
-        watches for the memory to come back) when other processes' memory made it worse."""
-        from r1sup.core import profile_fit, search
+    def _spare_profile(self, store: Any, key: str) -> Any:
+        """No best profile for this key: the degraded one kept beside it (a ``tune`` or an earlier run
+        found it while other processes held memory), when it fits what is free now and nothing better
+        does (self.degraded says so, and the daemon watches for the memory to come back); else None,
+        and the search sizes a configuration for what is free."""
+        from r1sup.core import profile_fit
+        from r1sup.state import profiles
 
-        found = search.conditions(self.know.device if self.know else None)
-        engine = result.history
-        why = (
-            profile_fit.degraded_by_others(engine, result.flags, found)
-            if engine is not None and result.flags
-            else None
-        )
         self.degraded = None
-        if why and found is not None:
-            found = replace(found, degraded=why)
-            self.degraded = Degraded(key, why, utc_now_iso(zulu=False))
-            self.publish(B.ProfileDegraded(key, why))
-        return found
+        spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
+        if spare is None:
+            return None
+        if not profile_fit.spare_serves(
+            new_search(self.config, self.know), EngineFlags.from_dict(spare.flags), False
+        ):
+            return None
+        reason = spare.conditions.get("reason") if isinstance(spare.conditions, dict) else None
+        why = f"no best profile {key} yet; the degraded one kept beside it" + (
+            f": {reason}" if reason else ""
+        )
+        self.degraded = Degraded(key, why, utc_now_iso(zulu=False))
+        return spare
+
+    def _keep(self, result: TuneResult, key: str) -> str | None:
+        """Save a passed configuration (:func:`r1sup.supervision.bringup.keep`); one degraded by other
+        processes' memory is served as such (kept beside the best, and the daemon watches for the memory
+        to come back). The profile's path, None when saving failed."""
+        from r1sup.supervision import bringup
+
+        kept = bringup.keep(self.s, result, self.fingerprint or {}, self.know, key, tell=self.publish)
+        self.degraded = Degraded(key, kept.degraded, utc_now_iso(zulu=False)) if kept.degraded else None
+        return kept.path
 
     def memory_check_due(self, now: float) -> bool:
         """Serving a degraded profile: whether the device is to be looked at now (every
@@ -694,7 +708,7 @@ class Daemon:
         return self.shared
 
     def _served(self, result: TuneResult) -> None:
-        from r1sup.supervision.session import result_capacity
+        from r1sup.supervision.bringup import result_capacity
 
         self.flags = result.flags
         self.capacity = result_capacity(self.config, result)
@@ -875,9 +889,7 @@ class Daemon:
 
                 self.profile_source = "tuned"
                 key = profiles.fingerprint_key(self.fingerprint or {})
-                result.profile_path = save_profile(
-                    self.s, result, self.fingerprint or {}, self._conditions(result, key), tell=self.publish
-                )
+                result.profile_path = self._keep(result, key)
                 self._served(result)
             return (yield from self._take(result))
         if failure.cls not in policy.TRANSIENT:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from r1sup.adapters import apikey as sec
 from r1sup.adapters import logs
-from r1sup.core.capacity import Capacity, Reduction
 from r1sup.core.config import Config
 from r1sup.core.events import EventQueue, FilePermissions, Publish
-from r1sup.core.hardware import Conditions
 from r1sup.supervision.loop import Phase
 from r1sup.supervision.runner import Hooks, Runner
 
@@ -101,71 +99,3 @@ def _lock(args: argparse.Namespace, config: Config) -> Any:
 
     what = f"r1sup {args.command}" + (f" --config {args.config}" if getattr(args, "config", None) else "")
     return statefiles.lock_state_dir(config.state.dir, logs.mask(what))
-
-
-def result_capacity(config: Any, result: Any) -> Capacity | None:
-    """The verified capacity of a passed tune result (r1sup.core.capacity), with the search's own verdict
-    on whether it is reduced when the result carries one."""
-    from r1sup.core import capacity
-
-    return capacity.verified(
-        result.probe,
-        result.flags.max_model_len if result.flags is not None else None,
-        result.figures,
-        capacity.asked(config),
-        reduced=bool(getattr(result, "reduced", None)),
-        stands_on=getattr(result, "stands_on", None),
-    )
-
-
-def save_profile(
-    session: Session,
-    result: Any,
-    fingerprint: dict[str, Any],
-    conditions: Conditions | None = None,
-    *,
-    tell: Publish,
-) -> str | None:
-    """Persist a passed configuration (and publish it to the fleet's store, if there is one, what the
-    store said going to ``tell``, the caller's publish); returns the local path, or None when saving
-    failed (logged). ``conditions`` (search.conditions) are saved
-    with it (:func:`stored_conditions`); a profile they mark ``degraded`` is kept beside the best one under
-    its own key (profiles.degraded_fingerprint) and never published."""
-    from r1sup.state import profiles
-
-    degraded = conditions is not None and bool(conditions.degraded)
-    fp = profiles.degraded_fingerprint(fingerprint) if degraded else fingerprint
-    profile = profiles.Profile.create(
-        fingerprint=fp,
-        model=session.config.model.name,
-        served_name=session.config.served_name,
-        flags=result.flags,
-        command=list(result.command),
-        probe=result.probe.to_dict() if result.probe is not None else None,
-        observations=result.figures,
-        attempts=[a.to_dict() for a in result.attempts],
-    )
-    stored = stored_conditions(conditions, getattr(result, "reduced", None))
-    if stored:
-        profile = replace(profile, conditions=stored)
-    verified = result_capacity(session.config, result)
-    if verified:
-        profile = replace(profile, capacity=verified.to_dict())
-    if getattr(result, "slo", None) is not None:
-        profile = replace(profile, slo=result.slo.to_dict())
-    path = profiles.ProfileStore(session.config.state.dir).save(profile)
-    if session.config.state.profile_store and not degraded:
-        from r1sup.state import fleet
-
-        fleet.publish(session.config, profile, tell=tell)
-    return str(path) if path is not None else None
-
-
-def stored_conditions(conditions: Conditions | None, reduced: Reduction | None) -> dict[str, Any]:
-    """A profile's ``conditions`` object: what the box looked like (:meth:`Conditions.to_dict`) and, when
-    the flags give up more than half the asked context or serve fewer sequences than asked, ``reduced``
-    (the search's reduction); {} when there is neither (the profile then holds no ``conditions``)."""
-    stored = conditions.to_dict() if conditions is not None else {}
-    if reduced is not None:
-        stored["reduced"] = reduced.to_dict()
-    return stored

@@ -216,8 +216,12 @@ class Known:
 
     calibration: memmodel.Calibration | None = None
     calibrated_by: Any = None  # profiles.Profile
-    saved: tuple[Any, ...] = ()  # profiles.Profile
+    best: Any = None  # profiles.Profile
+    spare: Any = None  # profiles.Profile: the degraded one
     learned: str | None = None
+    # where ``best`` came from when no local one was saved: the fleet's profile store (run takes its
+    # profile then; the store's address), else None
+    shared_from: str | None = None
 
 
 def _known(args: argparse.Namespace, device: DeviceFacts) -> Known:
@@ -232,23 +236,49 @@ def _known(args: argparse.Namespace, device: DeviceFacts) -> Known:
     fingerprint = profiles.current_fingerprint(config, device=device)
     store = profiles.ProfileStore(config.state.dir, repair=False)
     found = calibration_source(store, fingerprint)
-    saved = (
-        store.load(profiles.fingerprint_key(fp))
-        for fp in (fingerprint, profiles.degraded_fingerprint(fingerprint))
-    )
+    key = profiles.fingerprint_key(fingerprint)
+    best, shared_from = store.load(key), None
+    if best is None and config.state.profile_store:  # run asks the fleet's store next, and so does the plan
+        best, shared_from = _shared(config.state.profile_store, key)
     return Known(
         found[0] if found else None,
         found[1] if found else None,
-        tuple(p for p in saved if p is not None),
+        best,
+        store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(fingerprint))),
         profiles.fingerprint_vllm(fingerprint),
+        shared_from if best is not None else None,
     )
+
+
+def _shared(location: str, key: str) -> tuple[Any, str | None]:
+    """The fleet store's profile of ``key`` (read only: no lease taken, nothing waited for) and the store's
+    address; (None, None) when it has none. A store that cannot be read is said in one line on stderr
+    and planned without."""
+    from r1sup.core.errors import R1supError
+    from r1sup.core.events import FleetFileInvalid
+    from r1sup.state import fleet
+
+    def tell(event: Any) -> None:  # a directory store's damaged entry: skipped, as run skips it
+        if isinstance(event, FleetFileInvalid):
+            sys.stderr.write(f"r1sup: note: {event.path} in the profile store is not used ({event.reason})\n")
+
+    store = fleet.open_store(location, tell)
+    if store is None:
+        return None, None
+    try:
+        found = store.lookup(key)
+    except R1supError as exc:
+        sys.stderr.write(f"r1sup: note: profile store {store} not read ({exc}); planned without it\n")
+        return None, None
+    return found, str(store) if found is not None else None
 
 
 def _launched(known: Known, args: argparse.Namespace, arch: Any, device: DeviceFacts, version: Any) -> Any:
     """The saved profile ``run`` launches now, picked as the daemon picks it: the best one when it is
     predicted to start on the box as it is (:func:`r1sup.core.profile_fit.fits_now`), else the degraded
-    one when that does; None when neither does (``run`` then searches, and so does the plan)."""
-    if not known.saved:
+    one when that is the one to launch (:func:`r1sup.core.profile_fit.spare_serves`); None when neither
+    is (``run`` then searches, and so does the plan)."""
+    if known.best is None and known.spare is None:
         return None
     from r1sup.cli.app import load_config
     from r1sup.core import profile_fit
@@ -259,9 +289,13 @@ def _launched(known: Known, args: argparse.Namespace, arch: Any, device: DeviceF
     check = S.Search(
         S.Facts(arch=arch, device=device, user=user, bounds=Bounds.from_config(config), version=version)
     )
-    for profile in known.saved:
-        if profile_fit.fits_now(check, EngineFlags.from_dict(profile.flags)):
-            return profile
+    if known.best is not None and profile_fit.fits_now(check, EngineFlags.from_dict(known.best.flags)):
+        return known.best
+    best_saved = known.best is not None
+    if known.spare is not None and profile_fit.spare_serves(
+        check, EngineFlags.from_dict(known.spare.flags), best_saved
+    ):
+        return known.spare
     return None
 
 
@@ -304,7 +338,12 @@ def main(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         proven=proven,
     )
-    origin = _origin(launched, known.calibrated_by if cal is known.calibration else None, cal)
+    origin = _origin(
+        launched,
+        known.calibrated_by if cal is known.calibration else None,
+        cal,
+        known.shared_from if launched is not None and launched is known.best else None,
+    )
     if args.json:
         from r1sup.cli.app import print_json
 
@@ -343,11 +382,24 @@ def _measured_by(profile: Any) -> memmodel.Calibration | None:
         return None
 
 
-def _origin(launched: Any, calibrated_by: Any, cal: memmodel.Calibration | None) -> dict[str, Any]:
+def _origin(
+    launched: Any, calibrated_by: Any, cal: memmodel.Calibration | None, shared_from: str | None = None
+) -> dict[str, Any]:
     """Where the recommendation and its figures come from (``--json``: ``recommended_from``): the saved
-    profile ``run`` launches now, the memory model calibrated by a saved profile's launch, or estimates."""
+    profile ``run`` launches now (the fleet's, ``shared_from`` its store, where none is saved here), the
+    memory model calibrated by a saved profile's launch, or estimates."""
     if launched is not None:
         when = _when(launched.updated_at)
+        if shared_from is not None:
+            return {
+                "source": "shared_profile",
+                "profile": launched.key,
+                "updated_at": launched.updated_at,
+                "launches": 1,
+                "store": shared_from,
+                "text": f"the fleet's profile {launched.key} of {when} (profile store {shared_from}), which "
+                "run launches now; its KV as vLLM measured it",
+            }
         return {
             "source": "saved_profile",
             "profile": launched.key,

@@ -31,7 +31,7 @@ from r1sup.core.errors import (
 from r1sup.core.events import InternalFault, SloLevelMeasured, SloRelaunched, SloSearched, TuneInterrupted
 from r1sup.core.multinode import check_leader
 from r1sup.supervision.loop import Phase, StopRequested
-from r1sup.supervision.session import Session, log_only, open_session, save_profile
+from r1sup.supervision.session import Session, log_only, open_session
 from r1sup.supervision.tuner import Tuner, TuneResult
 
 
@@ -105,6 +105,7 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
     """Preflight, knowledge, the search, the saved profile; returns the result and its run record."""
     from r1sup.core.flags import EngineFlags
     from r1sup.state import fleet, runrecord
+    from r1sup.supervision import bringup
     from r1sup.supervision.footing import footing
 
     config = session.config
@@ -137,8 +138,9 @@ def _tune(session: Session) -> Generator[Phase, Any, tuple[TuneResult, Any]]:
             yield from _relaunch_step(session, tuner, result)
             if result.slo.verdict == slo.IMPOSSIBLE:
                 result.exit_code, result.reason = EXIT_NO_WORKING_CONFIG, result.slo.reason
-        if result.ok:
-            result.profile_path = save_profile(session, result, base.fingerprint, tell=publish)
+        if result.ok:  # kept with the box's conditions, as run keeps it (a degraded one beside the best)
+            kept = bringup.keep(session, result, base.fingerprint, know, base.key, tell=publish)
+            result.profile_path = kept.path
             record.finish(result.to_dict())
     finally:
         shared.release()
