@@ -15,7 +15,12 @@ Three processes, all on 127.0.0.1, so that no client's interpreter slows another
 Printed: the probe latency p50/p95/max with no churn (the baseline), then under the churn, beside the
 target. Exit 1 when a probe answer failed or the max under churn is 100 ms or more.
 
-    python benchmarks/bench_endpoint_churn.py [--connections 3000] [--seconds 10]
+``--daemon``: the endpoint of a real ``r1sup run`` instead (on the fake engine, tests/fakevllm, with
+``daemon.metrics_port`` set), its supervisor loop, relay and health checks running beside it; the
+prober also asks ``/metrics`` (every third probe), timed apart (its answer must be 200 and hold
+``r1sup_`` figures; the 100 ms target is the probes', ``/metrics`` is printed beside it).
+
+    python benchmarks/bench_endpoint_churn.py [--connections 3000] [--seconds 10] [--daemon]
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ import json
 import os
 import random
 import selectors
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,14 +62,17 @@ def serve(port_file: str) -> None:
     ep.close()
 
 
-def probe(port: int, seconds: float) -> None:
-    """Time ``/readyz`` and ``/livez`` for ``seconds``; print one JSON line: latencies (ms), failures."""
+def probe(port: int, seconds: float, metrics: bool = False) -> None:
+    """Time ``/readyz`` and ``/livez`` (and ``/metrics`` with ``metrics``) for ``seconds``; print one JSON
+    line: latencies (ms) of the probes and of ``/metrics``, failures."""
     latencies: list[float] = []
+    scrapes: list[float] = []
     failures: list[str] = []
     end = time.monotonic() + seconds
     n = 0
+    paths = ("/readyz", "/livez", "/metrics") if metrics else ("/readyz", "/livez")
     while time.monotonic() < end:
-        path = ("/readyz", "/livez")[n % 2]
+        path = paths[n % len(paths)]
         n += 1
         t0 = time.monotonic()
         try:
@@ -73,14 +83,20 @@ def probe(port: int, seconds: float) -> None:
                     data += chunk
             took = (time.monotonic() - t0) * 1000
             head, _, body = data.partition(b"\r\n\r\n")
-            key = "ready" if path == "/readyz" else "live"
-            if not head.startswith(b"HTTP/1.1 200 ") or json.loads(body).get(key) is not True:
-                failures.append(f"{path}: {head[:40]!r}")
-            latencies.append(took)
+            if path == "/metrics":
+                if not head.startswith(b"HTTP/1.1 200 ") or b"r1sup_" not in body:
+                    failures.append(f"{path}: {head[:40]!r}")
+                scrapes.append(took)
+            else:
+                key = "ready" if path == "/readyz" else "live"
+                if not head.startswith(b"HTTP/1.1 200 ") or json.loads(body).get(key) is not True:
+                    failures.append(f"{path}: {head[:40]!r}")
+                latencies.append(took)
         except (OSError, ValueError) as exc:
             failures.append(f"{path}: {type(exc).__name__}: {exc}")
         time.sleep(max(0.0, PROBE_EVERY_S - (time.monotonic() - t0)))
-    print(json.dumps({"latencies_ms": latencies, "failures": failures[:20], "failed": len(failures)}))
+    out = {"latencies_ms": latencies, "failures": failures[:20], "failed": len(failures)}
+    print(json.dumps({**out, **({"metrics_ms": scrapes} if metrics else {})}))
 
 
 def churn(port: int, connections: int, seconds: float, seed: int = 34) -> dict[str, int]:
@@ -159,9 +175,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def measure(port: int, connections: int, seconds: float) -> dict:
+def measure(port: int, connections: int, seconds: float, metrics: bool = False) -> dict:
     env = dict(os.environ)  # the prober needs no r1sup
     args = [sys.executable, __file__, "--role", "probe", "--port", str(port), "--seconds", str(seconds)]
+    args += ["--metrics"] if metrics else []
     prober = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
     counts = churn(port, connections, seconds + 0.5) if connections else {}
     if not connections:
@@ -172,16 +189,65 @@ def measure(port: int, connections: int, seconds: float) -> dict:
     return result
 
 
-def line(name: str, r: dict) -> str:
-    lat = r["latencies_ms"]
+def line(name: str, r: dict, key: str = "latencies_ms", what: str = "probes") -> str:
+    lat = r[key]
     return (
-        f"{name:<28} probes {len(lat):>4}  p50 {pct(lat, 0.5):7.1f} ms  p95 {pct(lat, 0.95):7.1f} ms  "
+        f"{name:<28} {what:<7}{len(lat):>4}  p50 {pct(lat, 0.5):7.1f} ms  p95 {pct(lat, 0.95):7.1f} ms  "
         f"max {max(lat, default=float('nan')):7.1f} ms  failed {r['failed']}"
     )
 
 
-def run(tree: Path, connections: int, seconds: float) -> tuple[dict, dict] | None:
-    """(no churn, churn) against the endpoint of ``tree``'s ``supervisor/``; None: it did not start."""
+@contextlib.contextmanager
+def daemon_endpoint(tree: Path, work: Path) -> Iterator[int | None]:
+    """A real ``r1sup run`` of ``tree`` on the fake engine, serving, with its endpoint on a free port:
+    yields that port (None: it did not reach ``serving``); stopped with SIGTERM, and any fake engine of
+    it killed, at the end."""
+    from bench_daemon_idle import cleanup, free_port, wait_serving, write_config
+
+    config = write_config(work, free_port())
+    metrics_port = free_port()
+    with config.open("a", encoding="utf-8") as f:
+        f.write(f"\n[daemon]\nmetrics_port = {metrics_port}\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tree / "supervisor"), str(ROOT / "tests" / "fakenvml"), str(ROOT / "tests")]
+        ),
+        "FAKE_VLLM_SCENARIO": json.dumps({"gpu": "RTX 4090", "time_scale": 0.002}),
+    }
+    env.pop("NOTIFY_SOCKET", None)
+    with (work / "r1sup.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", "run", "--config", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            yield metrics_port if wait_serving(proc, work) else None
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            cleanup(config)
+
+
+def run(tree: Path, connections: int, seconds: float, daemon: bool = False) -> tuple[dict, dict] | None:
+    """(no churn, churn) against the endpoint of ``tree``'s ``supervisor/`` (with ``daemon``, that of a
+    real ``r1sup run``); None: it did not start."""
+    if daemon:
+        with (
+            tempfile.TemporaryDirectory(prefix="r1sup-churn-") as tmp,
+            daemon_endpoint(tree, Path(tmp)) as port,
+        ):
+            if port is None:
+                return None
+            quiet = measure(port, 0, min(seconds, 3.0), metrics=True)
+            return quiet, measure(port, connections, seconds, metrics=True)
     env = {**os.environ, "PYTHONPATH": str(tree / "supervisor")}
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
@@ -214,6 +280,12 @@ def main() -> int:
     parser.add_argument(
         "--before", type=Path, help="another tree (a checkout of main): its endpoint measured too"
     )
+    parser.add_argument(
+        "--daemon",
+        action="store_true",
+        help="the endpoint of a real r1sup run on the fake engine, /metrics too",
+    )
+    parser.add_argument("--metrics", action="store_true", help=argparse.SUPPRESS)
     roles = ("bench", "serve", "probe", "churn")
     parser.add_argument("--role", choices=roles, default="bench", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -226,7 +298,7 @@ def main() -> int:
         serve(args.port_file)
         return 0
     if args.role == "probe":
-        probe(args.port, args.seconds)
+        probe(args.port, args.seconds, args.metrics)
         return 0
     if args.role == "churn":  # for tests/test_endpoint.py: the churn alone, its counts on one line
         print(json.dumps(churn(args.port, args.connections, args.seconds)))
@@ -237,14 +309,17 @@ def main() -> int:
     trees = [("this tree", ROOT)] + ([("before", args.before.resolve())] if args.before else [])
     ok = True
     for name, tree in trees:
-        result = run(tree, args.connections, args.seconds)
+        result = run(tree, args.connections, args.seconds, args.daemon)
         if result is None:
             print(f"{name}: the endpoint did not start", file=sys.stderr)
             return 1
         quiet, loud = result
-        print(f"{name} ({tree.name}):")
+        print(f"{name} ({tree.name}{', r1sup run on the fake engine' if args.daemon else ''}):")
         print(line("  no churn (baseline)", quiet))
         print(line(f"  {args.connections} churning connections", loud))
+        if args.daemon:
+            print(line("  no churn (baseline)", quiet, "metrics_ms", "/metrics"))
+            print(line(f"  {args.connections} churning connections", loud, "metrics_ms", "/metrics"))
         c = loud["counts"]
         print(f"  churn: {c['opened']} connections opened in {args.seconds:g} s, {c['answered']} answered")
         for failure in loud["failures"][:5]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import free_port
-from r1sup.adapters.endpoint import Endpoint, View, live, loop_limit_s, ready, route
+from r1sup.adapters.endpoint import METRICS_REUSE_S, Endpoint, View, live, loop_limit_s, ready, route
 from r1sup.adapters.metrics import Metrics
 from r1sup.supervision.daemon import State
 
@@ -103,6 +103,28 @@ def test_the_listener_answers_each_request_from_a_fresh_view():
         endpoint.close()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=2)
+
+
+def test_a_flood_of_metrics_requests_shares_one_render_per_interval():
+    renders: list[float] = []
+    now = [100.0]
+
+    def render() -> tuple[str, bytes]:
+        renders.append(now[0])
+        return "text/plain", f"r1sup_renders {len(renders)}\n".encode()
+
+    endpoint = Endpoint(view=lambda: view("serving"), metrics=render, clock=lambda: now[0])
+    bodies = {endpoint.answer("/metrics")[2] for _ in range(1000)}
+    assert bodies == {b"r1sup_renders 1\n"} and renders == [100.0]
+    for path in ("/readyz", "/livez", "/status"):  # the probes never render it
+        endpoint.answer(path)
+    now[0] += METRICS_REUSE_S * 0.99
+    assert endpoint.answer("/metrics")[2] == b"r1sup_renders 1\n"
+    now[0] = 100.0 + METRICS_REUSE_S  # as old as the interval: rendered again
+    assert endpoint.answer("/metrics")[2] == b"r1sup_renders 2\n"
+    now[0] -= 10.0  # a clock that went back never keeps a text for longer
+    assert endpoint.answer("/metrics")[2] == b"r1sup_renders 3\n"
+    assert len(renders) == 3
 
 
 def test_a_view_that_raises_is_a_500_not_a_dropped_connection():
@@ -512,7 +534,11 @@ def test_probes_are_answered_under_three_thousand_churning_connections():
     somaxconn = Path("/proc/sys/net/core/somaxconn")
     if not somaxconn.is_file() or int(somaxconn.read_text()) < 4096:
         pytest.skip("the kernel caps the listen backlog below 4096 (net.core.somaxconn)")
-    server = Endpoint(view=lambda: view("serving"))
+    # the daemon's endpoint: the churn's whole requests ask /metrics, which a daemon renders (each
+    # render took the one thread a few milliseconds: the probes waited 0.3 s at the median behind them)
+    metrics = Metrics()
+    metrics.set_state("serving")
+    server = Endpoint(view=lambda: view("serving"), metrics=metrics.exposition)
     port = free_port()
     server.serve("127.0.0.1", port)
     bench = ROOT / "benchmarks" / "bench_endpoint_churn.py"
