@@ -169,6 +169,31 @@ def test_a_short_probe_with_short_prompts_reports_the_capacity_its_full_probe_me
     assert capacity.verified(short, 8192, figures, asked, stands_on=failed) == alone
 
 
+def test_a_limit_that_did_not_run_is_said_to_be_vllms_figure_not_what_ran() -> None:
+    # issue 36, one capacity line: the demo's wave sent 13 (what vLLM's KV figure allowed) and 12 ran
+    # with none seen waiting; "measured: 12 ... (REDUCED: 13 request(s) at once ...)" gave two figures
+    # for one question. The reduction names the 13 as vLLM's figure.
+    full = ProbeResult.from_dict(PROBES["wave_proved_more"]["record"])
+    assert full.wave is not None
+    wave = replace(
+        full.wave, requests=13, sent=13, succeeded=13, concurrency_proven=12, waiting_peak=0, limit=13
+    )
+    probe = replace(full, wave=wave)
+    asked = Asked(requests=1, context=8192, concurrent=16)
+    got = capacity.verified(probe, 8192, Figures(max_model_len=8192, kv_cache_tokens=3840), asked)
+    assert got is not None and got.requests == 12 and got.concurrent_limit == 13
+    assert got.reduced_because == (
+        "vLLM's figures allow 13 request(s) at once of ~251 prompt tokens of 16 asked",
+    )
+    assert got.text().startswith("measured: 12 request(s) at once of ~251 prompt tokens")
+    # requests that waited: the limit is what ran, the one figure
+    ran = replace(wave, waiting_peak=1, limit=12)
+    got = capacity.verified(replace(full, wave=ran), 8192, None, asked)
+    assert got is not None and got.reduced_because == (
+        "12 request(s) at once of ~251 prompt tokens of 16 asked",
+    )
+
+
 def test_the_asked_record_keeps_its_keys() -> None:
     asked = Asked(requests=4, context=8192, concurrent=16)
     assert asked.to_dict() == {"requests": 4, "context": 8192, "concurrent": 16}

@@ -153,7 +153,12 @@ class Capacity:
         if got is not None and want is not None and got < want:
             size = self.concurrent_prompt_tokens
             of = f" of ~{size:,} prompt tokens" if size is not None else ""
-            out.append(f"{got} request(s) at once{of} of {want} asked")
+            # the limit is what ran only when requests waited; else the wave's size, which vLLM's
+            # figures (max_num_seqs, the KV cache) allowed: computed, and said so where the measured
+            # group is the wave's and a different figure
+            waves = self.requests is not None and self.requests != self.context_requests
+            whose = "vLLM's figures allow " if waves and got != self.requests else ""
+            out.append(f"{whose}{got} request(s) at once{of} of {want} asked")
         got, want = self.context_tokens, self.asked_context
         if got is not None and want is not None and got < want:
             out.append(f"context {got:,} of {want:,} asked")
