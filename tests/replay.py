@@ -24,7 +24,7 @@ from typing import Any
 
 from r1sup.adapters.launcher import StopReport
 from r1sup.adapters.notify import Notifier
-from r1sup.core import catalog, liveness, memmodel
+from r1sup.core import catalog, liveness, modelarch
 from r1sup.core import config as cfg
 from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
@@ -358,7 +358,7 @@ class Replay:
         self.config_path = write_config(tmp_path / "r1sup.toml", body)
         config = cfg.load(self.config_path, environ={})
         know = ModelKnowledge(
-            device=h100(), arch=memmodel.arch_from_config(catalog.MODELS[MODEL]), vllm_version="0.33.0"
+            device=h100(), arch=modelarch.arch_from_config(catalog.MODELS[MODEL]), vllm_version="0.33.0"
         )
         # what the preflight answers (a test may make it raise)
         self.preflight: Callable[[], Any] = lambda: SimpleNamespace(engine=None)

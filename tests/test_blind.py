@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from r1sup.core import blind, catalog, memmodel
+from r1sup.core import blind, catalog, modelarch
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import BlindFacts, Bounds
@@ -18,7 +18,7 @@ from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
 TINY_CPU = BlindFacts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
 )
-Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
+Q14 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
 # DeepSeek-R1-Distill-Qwen-14B on an RTX 4090: 196608 B/token in bf16
 R14_4090 = BlindFacts(
     backend="cuda",

@@ -13,9 +13,11 @@ import pytest
 
 from r1sup.adapters import devices
 from r1sup.core import memmodel as M
+from r1sup.core import modelarch
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
-from r1sup.core.memmodel import Calibration, Version
+from r1sup.core.memmodel import Calibration
+from r1sup.core.vllmversion import Version
 from r1sup.state import profiles
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
@@ -52,8 +54,8 @@ def test_an_empty_missing_or_disabled_cache_is_cold_and_a_filled_one_is_not_know
 # --- the memory model: a warm measurement does not bound a cold start -----------------------------
 
 
-def _warm_launch(version: Version) -> tuple[M.ModelArch, object, EngineFlags, Calibration]:
-    arch = M.arch_from_config(QWEN3_8B)
+def _warm_launch(version: Version) -> tuple[modelarch.ModelArch, object, EngineFlags, Calibration]:
+    arch = modelarch.arch_from_config(QWEN3_8B)
     device = devices.from_catalog("RTX 4090")
     flags = EngineFlags(max_model_len=8192, gpu_memory_utilization=0.9)
     figures = {"peak_activation_gib": REAL_PEAKS["warm"], "compile_cache_cold": 0.0}

@@ -505,8 +505,7 @@ def test_a_tune_beside_another_tenant_keeps_its_profile_degraded_and_run_serves_
     # another job held 6 GiB, its profile is the degraded one, kept beside the best under its own key.
     # run on the box as it still is then serves that profile with one launch (no second search),
     # marked degraded, watching for the memory to come back.
-    from test_plan_is_first_launch import _plan
-    from test_tune_fake import run_tune
+    from test_tune_fake import run_plan, run_tune
 
     scenario = fake_scenario(tmp_path, gpu={"name": "RTX 4090", "other_process_gib": 6.0})
     body = daemon_body(tmp_path, daemon={"memory_check_s": 3600.0})
@@ -519,7 +518,7 @@ def test_a_tune_beside_another_tenant_keeps_its_profile_degraded_and_run_serves_
     assert kept["key"] != degraded["key"]  # beside the best (the key the daemon goes back to)
     assert kept["flags"] == t.result["flags"]
     # plan --config says what run launches now: that profile (nothing better fits what is free)
-    code, out = _plan(t.config, scenario, "--json")
+    code, out = run_plan(t.config, scenario, "--json")
     planned = json.loads(out)
     assert planned["recommended"] == kept["flags"], out
     assert planned["recommended_from"]["source"] == "saved_profile", out

@@ -808,7 +808,7 @@ def test_the_dockerfile_pins_the_vllm_image_and_runs_r1sup_under_tini_as_a_user(
 def test_the_charts_default_image_is_the_dockerfiles_vllm_release_which_the_memory_model_covers():
     """One vLLM release in the image: the Dockerfile's pinned base, the chart's default tag, and a
     release inside the range r1sup's memory model was checked against."""
-    from r1sup.core.memmodel import SUPPORTED, Version
+    from r1sup.core.vllmversion import SUPPORTED, Version
 
     text = DOCKERFILE.read_text(encoding="utf-8")
     base = re.search(r"^ARG BASE_IMAGE=docker\.io/vllm/vllm-openai:(v[\d.]+)@sha256:", text, re.M)

@@ -625,7 +625,7 @@ def test_a_replica_killed_while_tuning_leaves_a_lease_the_next_one_takes_over(tm
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tune_uses_the_fleets_profile_with_one_launch(tmp_path: Path):
-    from test_tune_fake import run_tune
+    from test_tune_fake import run_plan, run_tune
 
     store = tmp_path / "store"
     body, scenario, home = replica(tmp_path, "a", store)
@@ -636,9 +636,8 @@ def test_tune_uses_the_fleets_profile_with_one_launch(tmp_path: Path):
     # issue 36: plan --config on the second replica (nothing saved there) says what it launches: the
     # fleet's profile, read without a lease, and where it came from
     from r1sup_proc import write_config
-    from test_plan_is_first_launch import _plan
 
-    code, out = _plan(write_config(home_b / "r1sup.toml", body_b), scenario_b, "--json")
+    code, out = run_plan(write_config(home_b / "r1sup.toml", body_b), scenario_b, "--json")
     planned = json.loads(out)
     assert planned["recommended"] == first.result["flags"], out
     origin = planned["recommended_from"]

@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from r1sup.adapters import devices
-from r1sup.core import catalog
+from r1sup.core import catalog, modelarch, vllmversion
 from r1sup.core import memmodel as M
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.core.memmodel import Calibration, Version
+from r1sup.core.memmodel import Calibration
 from r1sup.core.search import startable_utilization
+from r1sup.core.vllmversion import Version
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 
@@ -70,13 +71,13 @@ def test_bad_versions_are_refused(text: str) -> None:
 
 
 def test_versions_outside_the_supported_range_get_a_note() -> None:
-    assert M.version_note(Version(0, 19, 0)) is None
-    assert M.version_note(Version(0, 8, 0)) is None
-    old = M.version_note(Version(0, 6, 4))
+    assert vllmversion.version_note(Version(0, 19, 0)) is None
+    assert vllmversion.version_note(Version(0, 8, 0)) is None
+    old = vllmversion.version_note(Version(0, 6, 4))
     assert old and "V0" in old and "supported range" in old
-    new = M.version_note(Version(0, 40, 0))
+    new = vllmversion.version_note(Version(0, 40, 0))
     assert new and "newer" in new
-    assert M.as_version(None) == M.NEWEST_KNOWN
+    assert vllmversion.as_version(None) == vllmversion.NEWEST_KNOWN
 
 
 # version -> (graph estimate profiled, charged to the KV budget, Triton top-k/top-p, engine), read from the
@@ -94,7 +95,7 @@ RULES = [
 
 @pytest.mark.parametrize(("version", "expected"), RULES)
 def test_rules_by_version(version: str, expected: tuple[bool, bool, bool, str]) -> None:
-    r = M.rules(Version.parse(version))
+    r = vllmversion.rules(Version.parse(version))
     assert (r.graph_estimate_profiled, r.graph_estimate_charged, r.triton_top_k_top_p, r.engine) == expected
 
 
@@ -124,15 +125,15 @@ def test_batch_defaults_by_gpu_class_and_version(
 
 def test_cpu_and_v0_batch_defaults() -> None:
     cpu = DeviceFacts(backend="cpu", host_total_bytes=8 * GIB, host_available_bytes=7 * GIB)
-    assert M.batch_defaults(cpu, M.NEWEST_KNOWN).max_num_seqs == 128
-    assert M.batch_defaults(cpu, M.NEWEST_KNOWN, tp=2).max_num_batched_tokens == 4096
+    assert M.batch_defaults(cpu, vllmversion.NEWEST_KNOWN).max_num_seqs == 128
+    assert M.batch_defaults(cpu, vllmversion.NEWEST_KNOWN, tp=2).max_num_batched_tokens == 4096
     v0 = Version(0, 6, 4)
     assert M.batch_defaults(card("RTX 3090", 23.58), v0, max_model_len=20000).max_num_batched_tokens == 20000
     assert M.batch_defaults(card("RTX 3090", 23.58), v0, max_model_len=1024).max_num_batched_tokens == 2048
 
 
 def test_max_num_seqs_is_clamped_to_the_batched_tokens_only_when_unset() -> None:
-    arch = M.arch_from_config(LLAMA_31_8B)
+    arch = modelarch.arch_from_config(LLAMA_31_8B)
     v = Version(0, 32, 0)
     clamped = M.resolve_batch(arch, h100(), EngineFlags(max_num_batched_tokens=512), v)
     assert (clamped.max_num_seqs, clamped.max_num_batched_tokens) == (512, 512)
@@ -162,7 +163,7 @@ WEIGHTS = [
 def test_weights_match_the_logged_figure(
     config: dict[str, object], flags: EngineFlags, logged: float
 ) -> None:
-    arch = M.arch_from_config(config)
+    arch = modelarch.arch_from_config(config)
     assert M.weights_bytes(arch, flags) / GIB == pytest.approx(logged, abs=0.07)
 
 
@@ -199,11 +200,11 @@ def test_weights_match_the_logged_figure(
 def test_checkpoint_quantization_sets_bytes_per_linear_parameter(
     quantization_config: dict[str, object], low: float, high: float
 ) -> None:
-    arch = M.arch_from_config({**LLAMA_31_8B, "quantization_config": quantization_config})
+    arch = modelarch.arch_from_config({**LLAMA_31_8B, "quantization_config": quantization_config})
     per_param = M.weight_bytes_per_param(arch, arch.quantization)
     assert low <= per_param <= high
     assert M.weights_bytes(arch, EngineFlags()) < M.weights_bytes(
-        M.arch_from_config(LLAMA_31_8B), EngineFlags()
+        modelarch.arch_from_config(LLAMA_31_8B), EngineFlags()
     )
 
 
@@ -222,14 +223,14 @@ ACTIVATIONS = [
 def test_activation_peak_matches_the_logged_figure(
     config: dict[str, object], version: str, flags: EngineFlags, logged: float
 ) -> None:
-    est = M.evaluate(M.arch_from_config(config), h100(flags.tensor_parallel_size), flags, version)
+    est = M.evaluate(modelarch.arch_from_config(config), h100(flags.tensor_parallel_size), flags, version)
     assert est.activation.gib == pytest.approx(logged, rel=0.06)
 
 
 def test_v0_forward_pass_grows_with_the_profiled_tokens() -> None:
     # RTX 3090, V0 (~0.6.4): peak torch 17.06 and 17.98 GiB with 14.99 GiB of weights at max_model_len
     # 20000 and 29000 (chunked prefill off: the profile runs max_model_len tokens); vllm-project/vllm#10517
-    arch = M.arch_from_config(LLAMA_31_8B)
+    arch = modelarch.arch_from_config(LLAMA_31_8B)
     box = card("NVIDIA GeForce RTX 3090", 23.58, (8, 6))
     for length, logged in ((20000, 17.06 - 14.99), (29000, 17.98 - 14.99)):
         est = M.evaluate(arch, box, EngineFlags(max_model_len=length), "0.6.4")
@@ -285,12 +286,12 @@ def test_graph_pool_is_within_the_stated_error_of_real_captures() -> None:
     # "Graph capturing finished in N secs, took X GiB" on H100 with 102 graphs (0.19)
     v = Version(0, 19, 0)
     for config, logged in ((LLAMA_31_8B, 0.91), (QWEN25_7B, 0.87), (QWEN3_14B, 0.90), (CODELLAMA_7B, 0.89)):
-        est = M.evaluate(M.arch_from_config(config), h100(), H100_FLAGS, v)
+        est = M.evaluate(modelarch.arch_from_config(config), h100(), H100_FLAGS, v)
         assert est.cudagraph.gib == pytest.approx(logged, abs=0.15)
 
 
 def test_the_graph_estimate_is_charged_from_0_20_only() -> None:
-    arch = M.arch_from_config(LLAMA_31_8B)
+    arch = modelarch.arch_from_config(LLAMA_31_8B)
     old = M.evaluate(arch, h100(), H100_FLAGS, "0.19.0")
     new = M.evaluate(arch, h100(), H100_FLAGS, "0.20.0")
     eager = M.evaluate(arch, h100(), H100_FLAGS.replace(enforce_eager=True), "0.20.0")
@@ -316,13 +317,13 @@ KV_TOKENS = [
 def test_kv_tokens_match_the_logged_figure(
     config: dict[str, object], flags: EngineFlags, logged: int
 ) -> None:
-    est = M.evaluate(M.arch_from_config(config), h100(flags.tensor_parallel_size), flags, "0.19.0")
+    est = M.evaluate(modelarch.arch_from_config(config), h100(flags.tensor_parallel_size), flags, "0.19.0")
     assert est.kv_capacity_tokens == pytest.approx(logged, rel=0.01)
 
 
 @pytest.mark.parametrize(("tp", "expected"), [(1, 196608), (2, 98304), (4, 49152), (8, 24576), (16, 24576)])
 def test_kv_heads_split_then_replicated(tp: int, expected: int) -> None:
-    arch = M.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
+    arch = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
     assert M.kv_bytes_per_token(arch, "auto", tp) == expected
 
 
@@ -349,7 +350,9 @@ TP_CASES = [
 
 @pytest.mark.parametrize(("heads", "kv", "tp", "refused"), TP_CASES)
 def test_tp_sizes_vllm_refuses(heads: int, kv: int, tp: int, refused: bool) -> None:
-    arch = M.arch_from_config({**LLAMA_31_8B, "num_attention_heads": heads, "num_key_value_heads": kv})
+    arch = modelarch.arch_from_config(
+        {**LLAMA_31_8B, "num_attention_heads": heads, "num_key_value_heads": kv}
+    )
     assert (M.tp_refusal(arch, tp) is not None) == refused
     assert (tp in M.valid_tp_sizes(arch, 16)) == (not refused)
 
@@ -359,7 +362,7 @@ def test_tp_sizes_vllm_refuses(heads: int, kv: int, tp: int, refused: bool) -> N
 
 def test_a_launch_calibrates_its_own_flags_exactly() -> None:
     # the Llama-3.1-8B H100 launch: weights 14.99, non-torch 0.25, peak 1.89, "Available KV" 58.11 GiB
-    arch = M.arch_from_config(LLAMA_31_8B)
+    arch = modelarch.arch_from_config(LLAMA_31_8B)
     figures = {
         "weights_gib": 14.99,
         "non_torch_gib": 0.25,
@@ -396,7 +399,7 @@ def test_breakdown_activation_from_0_27_excludes_the_charged_graph_estimate() ->
 
 
 def test_free_memory_decides_whether_vllm_starts() -> None:
-    arch = M.arch_from_config(LLAMA_31_8B)
+    arch = modelarch.arch_from_config(LLAMA_31_8B)
     busy = M.evaluate(arch, h100(free_gib=60), H100_FLAGS, "0.19.0")
     assert busy.startup_problem and "less than utilization" in busy.startup_problem
     # the search's figure of what is free: the CUDA context and the free-memory margin stay out of it
@@ -490,7 +493,7 @@ def test_installation_facts_do_not_change_which_release_it_is() -> None:
 def test_a100_on_vllm_0_10_with_flashinfer_gets_the_kv_its_logs_print(
     tp: int, utilization: float, logged_kv_gib: float
 ) -> None:
-    arch = M.arch_from_config(QWEN2_7B)
+    arch = modelarch.arch_from_config(QWEN2_7B)
     device = devices.from_catalog("A100 80GB", tp)
     flags = EngineFlags(max_model_len=16384, gpu_memory_utilization=utilization, tensor_parallel_size=tp)
     with_fi = M.evaluate(arch, device, flags, Version.parse("0.10.1").started(flashinfer_sampler=True))
@@ -504,7 +507,9 @@ def test_a100_on_vllm_0_10_with_flashinfer_gets_the_kv_its_logs_print(
 
 
 def test_tensor_parallel_memory_on_an_unnamed_card_follows_its_class() -> None:
-    arch = M.arch_from_config(json.loads((DATA / "models" / "qwen2.5-72b" / "config.json").read_text()))
+    arch = modelarch.arch_from_config(
+        json.loads((DATA / "models" / "qwen2.5-72b" / "config.json").read_text())
+    )
     flags = EngineFlags(max_model_len=8192, gpu_memory_utilization=0.95, tensor_parallel_size=2)
     v = Version.parse("0.19.0")
     named = M.evaluate(arch, h100(2), flags, v)
@@ -512,10 +517,13 @@ def test_tensor_parallel_memory_on_an_unnamed_card_follows_its_class() -> None:
     # llm-d-planner's Qwen2.5-72B TP=2 H100 log: 3.04 GiB of KV; an 80 GiB card is sized as NVSwitch Hopper
     assert abs(unnamed.kv.gib - 3.04) <= 0.5 and abs(unnamed.kv.gib - named.kv.gib) <= 0.05
     assert any("card not named" in n and "NVSwitch" in n for n in unnamed.notes)
-    small = M.evaluate(M.arch_from_config(QWEN2_7B), devices.from_memory(23.5, 2), flags, v)
+    small = M.evaluate(modelarch.arch_from_config(QWEN2_7B), devices.from_memory(23.5, 2), flags, v)
     assert small.non_torch.gib == pytest.approx(M.NON_TORCH_GIB + M.NON_TORCH_TP_GIB, abs=0.01)
     assert any("PCIe-class" in n for n in small.notes)
     alone = M.evaluate(
-        M.arch_from_config(QWEN2_7B), devices.from_memory(79.19, 1), flags.replace(tensor_parallel_size=1), v
+        modelarch.arch_from_config(QWEN2_7B),
+        devices.from_memory(79.19, 1),
+        flags.replace(tensor_parallel_size=1),
+        v,
     )
     assert not any("card not named" in n for n in alone.notes)

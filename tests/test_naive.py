@@ -3,7 +3,7 @@ search with ``search.strategy = "naive"``, with or without the model's architect
 
 from __future__ import annotations
 
-from r1sup.core import catalog, memmodel, naive
+from r1sup.core import catalog, modelarch, naive
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import BlindFacts, Bounds
@@ -13,7 +13,7 @@ from r1sup.core.flags import EngineFlags
 TINY_CPU = BlindFacts(
     backend="cpu", total_gib=7.71, free_gib=6.9, kv_bytes_per_token=1024, block_size=128, model_max_len=32768
 )
-Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
+Q14 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
 R14_4090 = BlindFacts(
     backend="cuda",
     total_gib=23.99,
@@ -36,7 +36,7 @@ def kv_fail(length: int, estimate: int) -> Failure:
 
 
 def naive_search(
-    facts: BlindFacts, flags: EngineFlags, arch: memmodel.ModelArch | None, **bounds: object
+    facts: BlindFacts, flags: EngineFlags, arch: modelarch.ModelArch | None, **bounds: object
 ) -> S.Search:
     device = facts.device()
     limits = Bounds(strategy="naive", **bounds)  # type: ignore[arg-type]

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from r1sup.core import catalog, planner
+from r1sup.core import catalog, modelarch, planner, vllmversion
 from r1sup.core import memmodel as M
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.core.memmodel import arch_from_config
+from r1sup.core.modelarch import arch_from_config
 
 ROOT = Path(__file__).resolve().parent.parent
 R1 = "deepseek-ai/DeepSeek-R1"
@@ -25,7 +25,7 @@ Q32 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"
 Q15 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"  # tied embeddings
 
 
-def arch(model_id: str) -> M.ModelArch:
+def arch(model_id: str) -> modelarch.ModelArch:
     return arch_from_config(catalog.MODELS[model_id], name=model_id)
 
 
@@ -104,7 +104,7 @@ def test_the_stages_hold_the_model_once(model_id: str, pp: int, tp: int, kv_dtyp
     assert split == pytest.approx(M.weights_bytes(whole, flags) + (pp - 1) * rope + tied_head, abs=pp)
     # only the last stage samples: the sampler's vocabulary-wide warm-up is not on the others
     device = gpus("H100 80GB", tp)
-    v = M.as_version("0.32.0")
+    v = vllmversion.as_version("0.32.0")
     first, last = M.evaluate_stages(M.pipelined(whole, pp), device, flags, v)[:: pp - 1]
     assert first.activation.bytes <= last.activation.bytes
 

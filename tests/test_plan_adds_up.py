@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from r1sup.core import catalog, planner
+from r1sup.core import catalog, modelarch, planner
 from r1sup.core import memmodel as M
 from r1sup.core.bounds import Bounds
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
-from r1sup.core.memmodel import arch_from_config
+from r1sup.core.modelarch import arch_from_config
 
 ROOT = Path(__file__).resolve().parent.parent
 Q7 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
@@ -30,7 +30,7 @@ L70 = "deepseek-ai/DeepSeek-R1-Distill-Llama-70B"
 R1 = "deepseek-ai/DeepSeek-R1"
 
 
-def arch(model_id: str) -> M.ModelArch:
+def arch(model_id: str) -> modelarch.ModelArch:
     return arch_from_config(catalog.MODELS[model_id], name=model_id)
 
 
@@ -89,7 +89,7 @@ def _changed(new: EngineFlags, old: EngineFlags) -> set[str]:
     }
 
 
-def _plan(case: tuple[Any, ...]) -> tuple[M.ModelArch, DeviceFacts, EngineFlags, planner.Plan]:
+def _plan(case: tuple[Any, ...]) -> tuple[modelarch.ModelArch, DeviceFacts, EngineFlags, planner.Plan]:
     model, name, count, free, flags, conc, ctx = case
     a = arch(model)
     device = gpu(name, count, free)

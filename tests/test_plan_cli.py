@@ -437,15 +437,15 @@ def test_without_vllm_installed_the_plan_names_the_version_it_assumed(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from r1sup.cli.commands import plan as plan_cmd
-    from r1sup.core import memmodel
+    from r1sup.core import vllmversion
 
     monkeypatch.setattr(plan_cmd, "installed_vllm_version", lambda: None)
     d = run_json(capsys, "--model", Q7, "--gpu", "L4")
-    assert d["vllm_version"] == str(memmodel.NEWEST_KNOWN)
+    assert d["vllm_version"] == str(vllmversion.NEWEST_KNOWN)
     assert d["vllm_version_from"] == "assumed" and d["vllm_version_assumed"] is True
     main(["plan", "--model", Q7, "--gpu", "L4"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("vLLM "))
-    assert line.startswith(f"vLLM    {memmodel.NEWEST_KNOWN} ASSUMED (no vLLM installed here")
+    assert line.startswith(f"vLLM    {vllmversion.NEWEST_KNOWN} ASSUMED (no vLLM installed here")
     assert "--vllm-version X.Y.Z" in line
     d = run_json(capsys, "--model", Q7, "--gpu", "L4", "--vllm-version", "0.20.0")
     assert (d["vllm_version"], d["vllm_version_from"], d["vllm_version_assumed"]) == (

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from r1sup.adapters.logs import get_logger
-from r1sup.core import catalog, config, memmodel, planner
+from r1sup.core import catalog, config, memmodel, modelarch, planner, vllmversion
 from r1sup.core.bounds import Bounds
 from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
@@ -55,8 +55,8 @@ def box(gpu: str, count: int, busy_gib: float) -> DeviceFacts:
 def measured(model: str, device: DeviceFacts, version: str, flags: EngineFlags, worse: float) -> Any:
     """A calibration as a launch of ``flags`` prints it when vLLM's profile run peaked ``worse`` times the
     memory model's activation (the KV cache losing the difference), or None when that launch fails."""
-    arch = memmodel.arch_from_config(catalog.MODELS[model])
-    v = memmodel.as_version(version)
+    arch = modelarch.arch_from_config(catalog.MODELS[model])
+    v = vllmversion.as_version(version)
     est = memmodel.evaluate(arch, device, flags, v)
     activation = int(est.activation.bytes * worse)
     kv = est.kv.bytes - (activation - est.activation.bytes)
@@ -84,8 +84,8 @@ def both(
     calibration: Any = None,
 ):
     cfg = config.build({"model": {"name": model}, "start": start, "target": target}, env={})
-    arch = memmodel.arch_from_config(catalog.MODELS[model])
-    v = memmodel.as_version(version)
+    arch = modelarch.arch_from_config(catalog.MODELS[model])
+    v = vllmversion.as_version(version)
     # r1sup plan --config: the config's [start], [target] and [search], the box, the version
     plan = planner.plan(
         arch,
@@ -242,15 +242,9 @@ H200_BUSY = {"name": "H200", "total_gib": 141, "compute_capability": [9, 0], "ot
 
 
 def _plan(path: Path, scenario: dict[str, Any], *extra: str) -> tuple[int, str]:
-    from r1sup_proc import R1sup
-    from test_tune_fake import fake_env
+    from test_tune_fake import run_plan
 
-    planned = R1sup("plan", "--config", str(path), *extra, "--vllm-version", "0.32.0", env=fake_env(scenario))
-    try:
-        code = planned.wait(60)
-    finally:
-        planned.kill()
-    return code, "".join(planned.lines)
+    return run_plan(path, scenario, *extra)
 
 
 AFTER_TUNE_CASES = [

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from r1sup.adapters.tinymodel import CONFIG as TINY_CONFIG
-from r1sup.core import catalog, planner
+from r1sup.core import catalog, planner, vllmversion
 from r1sup.core import memmodel as M
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds
@@ -254,7 +254,7 @@ def test_shrinks_context_to_the_largest_block_aligned_one_for_the_target() -> No
     assert p.recommended is not None
     length = p.recommended.max_model_len
     assert length is not None and length % 16 == 0 and 2048 <= length < 131072
-    ev = planner.evaluate(arch(Q7), gpu(24), p.recommended, M.NEWEST_KNOWN)
+    ev = planner.evaluate(arch(Q7), gpu(24), p.recommended, vllmversion.NEWEST_KNOWN)
     assert ev.usable_blocks(margin=True) >= 8 * M.cdiv(length, 16)
     assert ev.usable_blocks(margin=True) < 8 * M.cdiv(length + 16, 16)
     assert p.max_context_for_target is not None and p.max_context_for_target > 0
@@ -373,7 +373,7 @@ def test_long_context_kept_when_one_request_and_the_target_fit() -> None:
     assert p.recommended == EngineFlags(max_model_len=32768, kv_cache_dtype="fp8")
     tokens = p.recommended_kv_capacity_tokens
     assert tokens is not None and 4 * 8192 <= tokens < 2 * 32768
-    ev = planner.evaluate(arch(L8), device, p.recommended, M.NEWEST_KNOWN)
+    ev = planner.evaluate(arch(L8), device, p.recommended, vllmversion.NEWEST_KNOWN)
     assert ev.holds(32768, 4, 8192, margin=True)
     assert not ev.fits_context(32768, 4, margin=False)  # the strong reading would shrink the context
     assert ev.context_for(4, 32768, margin=False) < 16384
@@ -395,7 +395,7 @@ def test_shrinking_first_takes_the_allowed_utilization_and_fewer_sequences() -> 
     assert (rec.gpu_memory_utilization, rec.kv_cache_dtype) == (0.95, "fp8_e5m2")
     assert rec.max_num_seqs is not None and 16 <= rec.max_num_seqs < 256
     assert 4 * 16384 <= rec.max_model_len < 131072 and not rec.enforce_eager
-    ev = planner.evaluate(arch(L8), device, rec, M.NEWEST_KNOWN)
+    ev = planner.evaluate(arch(L8), device, rec, vllmversion.NEWEST_KNOWN)
     assert ev.usable_blocks(margin=True) >= M.cdiv(rec.max_model_len, 16)
     assert ev.usable_blocks(margin=True) < M.cdiv(rec.max_model_len + 16, 16)
     assert ev.fits_context(16384, 4, margin=True)
@@ -486,7 +486,7 @@ def test_fewer_seqs(target: int | None, user: int | None, gib: float, expected: 
 
 def test_margin_is_kept_for_the_estimated_parts_only() -> None:
     flags = EngineFlags(max_model_len=8192)
-    v = M.NEWEST_KNOWN
+    v = vllmversion.NEWEST_KNOWN
     ev = planner.evaluate(arch(Q7), gpu(24), flags, v)
     est = ev.est
     estimated = est.non_torch.bytes + est.activation.bytes + est.cudagraph_charged
@@ -591,7 +591,7 @@ def test_plan_json_pins_the_measured_terms_names_order_and_rounding() -> None:
     # prediction is what it measured, a KV shortfall included
     flags = EngineFlags(max_model_len=8192)
     figures = Figures(weights_gib=15.00049, cudagraph_gib=0.31, kv_cache_gib=-1.23456, requested_gib=21.6)
-    cal = Calibration(flags, figures, version=M.Version(0, 19, 0))
+    cal = Calibration(flags, figures, version=vllmversion.Version(0, 19, 0))
     p = planner.plan(arch(Q7), gpu(24), flags, version="0.19.0", calibration=cal)
     assert json.dumps(p.to_dict()["measured"]) == (
         '{"weights": {"predicted_gib": 15.0, "measured_gib": 15.0, "source": "measured"}, '

@@ -1035,9 +1035,9 @@ def test_a_context_that_holds_what_the_probe_sent_is_kept() -> None:
 def test_every_flag_a_profile_may_hold_is_one_the_memory_model_computes_with() -> None:
     """At each [start] bound, the flags pass the profile reader and the memory model takes them."""
     from r1sup.core import config as cfg
-    from r1sup.core import memmodel
+    from r1sup.core import memmodel, modelarch
 
-    arch = memmodel.arch_from_config(
+    arch = modelarch.arch_from_config(
         {
             "architectures": ["LlamaForCausalLM"],
             "hidden_size": 4096,

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from r1sup.core import catalog, memmodel, profile_fit
+from r1sup.core import catalog, memmodel, modelarch, profile_fit
 from r1sup.core import failure as F
 from r1sup.core import search as S
 from r1sup.core.bounds import Bounds
@@ -23,9 +23,9 @@ from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.supervision.bringup import stored_conditions
 
-Q7 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"])
-Q14 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
-L8 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Llama-8B"])
+Q7 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"])
+Q14 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"])
+L8 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Llama-8B"])
 
 
 def gpu(total_gib: float, free_gib: float | None = None, cc: tuple[int, int] = (8, 9), count: int = 1):
@@ -307,8 +307,8 @@ def test_a_saved_profile_is_checked_against_what_is_free_now() -> None:
 
 # --- the objective serves traffic: max_num_seqs is concurrency, never free (issue 29) -----------------
 
-Q32 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"])
-L70 = memmodel.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Llama-70B"])
+Q32 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"])
+L70 = modelarch.arch_from_config(catalog.MODELS["deepseek-ai/DeepSeek-R1-Distill-Llama-70B"])
 
 
 def card(name: str, others_gib: float = 0.0) -> DeviceFacts:

@@ -461,13 +461,13 @@ def _use_profile(profile) -> None:
     """What r1sup does with a profile it accepted: build vLLM's command line and compute with its figures."""
     from r1sup.adapters import probe
     from r1sup.core import flags as flagmod
-    from r1sup.core import memmodel
+    from r1sup.core import memmodel, modelarch
 
     engine = profile.engine_flags
     argv = engine.to_argv()
     assert vllm_refuses(argv) is None, (vllm_refuses(argv), profile.flags)
     flagmod.short(profile.flags)
-    arch = memmodel.arch_from_config(
+    arch = modelarch.arch_from_config(
         {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 256,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 512,
          "torch_dtype": "bfloat16", "max_position_embeddings": 4096}

@@ -159,6 +159,16 @@ def run_tune(
     return tune
 
 
+def run_plan(path: Path, scenario: dict[str, Any], *extra: str) -> tuple[int, str]:
+    """``r1sup plan --config path`` on the fake box of ``scenario`` (vLLM 0.32.0): exit code, output."""
+    planned = R1sup("plan", "--config", str(path), *extra, "--vllm-version", "0.32.0", env=fake_env(scenario))
+    try:
+        code = planned.wait(60)
+    finally:
+        planned.kill()
+    return code, "".join(planned.lines)
+
+
 # r1sup's flags as the fake engine parsed them from the command line (None there: vLLM's default)
 ENGINE_FLAGS = (
     "max_model_len",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from r1sup.core import catalog, planner
+from r1sup.core import catalog, planner, vllmversion
 from r1sup.core import config as cfg
 from r1sup.core import events as E
 from r1sup.core import memmodel as M
@@ -80,7 +80,7 @@ def test_calibration_ignores_other_boxes_and_other_engines(tmp_path: Path):
 
 def test_the_version_comes_from_the_fingerprint_when_nothing_else_knows_it():
     know = ModelKnowledge(device=BOX)
-    assert know.version() == M.NEWEST_KNOWN
+    assert know.version() == vllmversion.NEWEST_KNOWN
     adopt_versions(know, profiles.fingerprint_vllm(fp(versions={"vllm": "0.19.0", "torch": "2.6.0"})))
     assert str(know.version()) == "0.19.0"
     adopt_versions(know, profiles.fingerprint_vllm(fp()))  # a version already known is kept
@@ -146,6 +146,7 @@ class ScriptedRunner:
             figures=Figures(),
             progress=None,
             probe={"ok": True} if outcome == "ok" else None,
+            stands_on=None,
         )
 
     def capacity_failure(self, launch: Any) -> None:

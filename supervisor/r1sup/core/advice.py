@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from r1sup.core import bounds as B
 from r1sup.core import failure as F
 from r1sup.core import memmodel as M
+from r1sup.core import modelarch
 from r1sup.core.failure import Failure
 from r1sup.core.figures import EMPTY as NO_FIGURES
 from r1sup.core.figures import Figures
@@ -61,7 +62,7 @@ def advise(
     model = (engine_args or {}).get("model")
     arch = None
     if isinstance(model, str) and model in catalog.MODELS and total and backend == "cuda":
-        arch = M.arch_from_config(catalog.MODELS[model])
+        arch = modelarch.arch_from_config(catalog.MODELS[model])
     search = Search(
         Facts(
             arch=arch,

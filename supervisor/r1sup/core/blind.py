@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from r1sup.core import failure as F
-from r1sup.core import memmodel, naive, policy
+from r1sup.core import memmodel, naive, policy, vllmversion
 from r1sup.core.bounds import (
     GIB,
     PINNED_RESERVE_FRACTION,
@@ -381,7 +381,7 @@ def _charged_graphs(
     mode is not a lever here)."""
     if flags.enforce_eager or not bounds.allow_eager or facts.backend != "cuda":
         return 0.0
-    if not memmodel.rules(facts.version()).graph_estimate_charged:
+    if not vllmversion.rules(facts.version()).graph_estimate_charged:
         return 0.0
     gib = failure.numbers.figures.cudagraph_estimated_gib or obs.cudagraph_estimated_gib
     return float(gib) * GIB if gib else 0.0

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from r1sup.core import memmodel
+from r1sup.core import memmodel, vllmversion
 from r1sup.core.config import Config, SearchSection
 from r1sup.core.flags import EngineFlags
 from r1sup.core.hardware import DeviceFacts, GpuInfo
@@ -95,7 +95,7 @@ class BlindFacts:
     suggestions: tuple[str, ...] = ()  # the planner's ways out, for a give-up message
     gpu_name: str | None = None  # for vLLM's batch defaults (A100s get the small ones)
     vllm_version: str | None = None  # None: the newest the memory model knows
-    arch: Any = None  # memmodel.ModelArch when the model's config.json is known
+    arch: Any = None  # modelarch.ModelArch when the model's config.json is known
     # the device as probed, kept as it is (the figures above are its view); None where they come from a
     # log (r1sup diagnose) or a test: then :meth:`device` builds one GPU of ``total_gib`` from them
     box: DeviceFacts | None = None
@@ -134,11 +134,11 @@ class BlindFacts:
             box=device,
         )
 
-    def version(self) -> memmodel.Version:
+    def version(self) -> vllmversion.Version:
         try:
-            return memmodel.as_version(self.vllm_version)
+            return vllmversion.as_version(self.vllm_version)
         except ValueError:
-            return memmodel.NEWEST_KNOWN
+            return vllmversion.NEWEST_KNOWN
 
     def device(self) -> DeviceFacts:
         """The box as the memory model reads it: the probed one, else one GPU of ``total_gib`` (``gpu_count``

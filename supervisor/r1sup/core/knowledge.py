@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from r1sup.core import bounds as B
 from r1sup.core import memmodel as M
-from r1sup.core import planner
+from r1sup.core import modelarch, planner, vllmversion
 from r1sup.core import search as S
 from r1sup.core.config import Config
 from r1sup.core.figures import Figures
@@ -26,7 +26,7 @@ class ModelKnowledge:
     """What r1sup knows about the box and the model before launching (for the planner and the search)."""
 
     device: DeviceFacts | None = None
-    arch: M.ModelArch | None = None  # when the model's config.json was found
+    arch: modelarch.ModelArch | None = None  # when the model's config.json was found
     config_hash: str | None = None
     notes: list[str] = field(default_factory=list)
     # of server.python's vLLM, from the preflight (vllm.__version__; else the fingerprint's: adopt_versions)
@@ -37,12 +37,12 @@ class ModelKnowledge:
         """As the fingerprint keys them."""
         return {"vllm": self.vllm_version, "torch": self.torch_version}
 
-    def version(self) -> M.Version:
+    def version(self) -> vllmversion.Version:
         """The vLLM version the memory model sizes for (the newest it knows if unknown)."""
         try:
-            return M.as_version(self.vllm_version)
+            return vllmversion.as_version(self.vllm_version)
         except ValueError:
-            return M.NEWEST_KNOWN
+            return vllmversion.NEWEST_KNOWN
 
 
 def ladder_facts(know: ModelKnowledge, flags: EngineFlags, suggestions: tuple[str, ...] = ()) -> B.BlindFacts:

@@ -197,6 +197,6 @@ def _explain(
 
 
 def fp8_weights_note_for(plan: Plan) -> str | None:
-    from r1sup.core.memmodel import Version
+    from r1sup.core.vllmversion import Version
 
     return fp8_weights_note(Version.parse(plan.vllm_version))

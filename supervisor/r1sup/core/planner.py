@@ -31,6 +31,7 @@ from typing import Any
 
 from r1sup.core import memmodel as M
 from r1sup.core import search as S
+from r1sup.core import vllmversion
 from r1sup.core.bounds import Bounds
 from r1sup.core.capacity import Reduction
 from r1sup.core.flags import EngineFlags
@@ -40,14 +41,13 @@ from r1sup.core.memmodel import (
     CUDA_BLOCK_SIZE,
     FP8_WEIGHT_METHODS,
     Calibration,
-    ModelArch,
-    Version,
-    arch_from_config,
     cdiv,
     startable_utilization,
     weight_method,
 )
+from r1sup.core.modelarch import ModelArch, arch_from_config
 from r1sup.core.search import Choice, Evaluation, evaluate, fewer_seqs, fp8_kv_choice, fp8_weights_note
+from r1sup.core.vllmversion import Version
 
 __all__ = [
     "CPU_BLOCK_SIZE",
@@ -352,7 +352,7 @@ class Plan:
     recommended_concurrency: float | None = None
     recommended_margin_gib: float | None = None  # KV kept spare by the recommended flags for estimate errors
     flags: EngineFlags = field(default_factory=EngineFlags)
-    vllm_version: str = str(M.NEWEST_KNOWN)
+    vllm_version: str = str(vllmversion.NEWEST_KNOWN)
     version_note: str | None = None
     engine: str = "V1"
     measured: Calibrated | None = None  # predicted beside measured, per term (None: no calibration)

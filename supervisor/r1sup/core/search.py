@@ -50,7 +50,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from r1sup.core import blind
+from r1sup.core import blind, modelarch, vllmversion
 from r1sup.core import bounds as B
 from r1sup.core import failure as F
 from r1sup.core import memmodel as M
@@ -72,8 +72,6 @@ from r1sup.core.memmodel import (
     FP8_PER_TENSOR_SPELLING,
     FREE_MARGIN_GIB,
     Calibration,
-    ModelArch,
-    Version,
     cdiv,
     error_bytes,
     estimated_max_model_len,
@@ -86,6 +84,8 @@ from r1sup.core.memmodel import (
 from r1sup.core.memmodel import MARGIN_FRACTION as MARGIN_FRACTION
 from r1sup.core.memmodel import MEASURED_KV_ERROR_GIB as MEASURED_KV_ERROR_GIB
 from r1sup.core.memmodel import PRINTED_GIB_STEP as PRINTED_GIB_STEP
+from r1sup.core.modelarch import ModelArch
+from r1sup.core.vllmversion import Version
 
 GIB = 1024**3
 MIB = 1024**2
@@ -124,11 +124,11 @@ MIN_BATCHED_TOKENS = 256
 class Facts:
     """What the search knows before the first launch (plain data)."""
 
-    arch: M.ModelArch | None
+    arch: modelarch.ModelArch | None
     device: DeviceFacts
     user: EngineFlags  # the user's [start]
     bounds: B.Bounds = field(default_factory=B.Bounds)
-    version: M.Version = M.NEWEST_KNOWN
+    version: vllmversion.Version = vllmversion.NEWEST_KNOWN
     calibration: M.Calibration | None = None  # from an earlier launch on this box (a saved profile)
     ladder_facts: B.BlindFacts | None = None  # for the branch without an architecture (r1sup.core.blind)
     suggestions: tuple[str, ...] = ()  # the planner's ways out, added to a give-up
@@ -1105,7 +1105,7 @@ class Search:
         return "; ".join(parts)
 
 
-def fp8_weights_flag(version: M.Version) -> str:
+def fp8_weights_flag(version: vllmversion.Version) -> str:
     """``--quantization`` for fp8 weights quantized on the fly from a 16-bit checkpoint, as ``version``
     spells it: ``fp8_per_tensor`` from :data:`FP8_PER_TENSOR_SPELLING`, ``fp8`` before."""
     return "fp8_per_tensor" if version >= FP8_PER_TENSOR_SPELLING else "fp8"
@@ -1356,7 +1356,7 @@ def fewer_seqs(
     if target_concurrency is None or flags.max_num_seqs is not None or device.backend == "cpu":
         return None
     seqs = max(TARGET_SEQS_FLOOR, cdiv(target_concurrency, 8) * 8)
-    default = M.resolve_batch(arch, device, flags, M.as_version(version)).max_num_seqs
+    default = M.resolve_batch(arch, device, flags, vllmversion.as_version(version)).max_num_seqs
     return seqs if seqs < default else None
 
 
@@ -1527,7 +1527,7 @@ class Assessment:
     :func:`assess`): the flags as given (normalized) and their estimate, what vLLM would do with them, and
     the recommendation (the search's on a GPU box, :func:`recommend_flags`' elsewhere)."""
 
-    v: M.Version
+    v: vllmversion.Version
     flags: EngineFlags
     stages: tuple[ModelArch, ...]
     ev: Evaluation
@@ -1555,7 +1555,7 @@ class Assessment:
 
 
 def assess(
-    arch: M.ModelArch,
+    arch: modelarch.ModelArch,
     device: DeviceFacts,
     flags: EngineFlags,
     *,
@@ -1563,7 +1563,7 @@ def assess(
     target_context: int | None = None,
     calibration: M.Calibration | None = None,
     bounds: B.Bounds | None = None,
-    version: M.Version | str | None = None,
+    version: vllmversion.Version | str | None = None,
     proven: EngineFlags | None = None,
 ) -> Assessment:
     """What :func:`r1sup.core.planner.plan` reports and the CPU backend's first launch takes: the verdict
@@ -1571,7 +1571,7 @@ def assess(
     saved profile's flags that fit what is free now, which ``run`` launches instead of searching: they
     are the recommendation (issue 36)."""
     b = bounds if bounds is not None else B.Bounds()
-    v = M.as_version(version)
+    v = vllmversion.as_version(version)
     flags = normalize_flags(flags)
     if flags.max_model_len is None and target_context:
         # a target context sets the context (issue 36), as the search's asked context
@@ -1589,7 +1589,7 @@ def assess(
     cap = arch.max_position_embeddings
 
     notes: list[str] = []
-    note = M.version_note(v)
+    note = vllmversion.version_note(v)
     if note:
         notes.append(note)
     notes += list(arch.approximations)

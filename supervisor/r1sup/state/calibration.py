@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from r1sup.core import memmodel
+from r1sup.core import memmodel, vllmversion
 from r1sup.core.flags import EngineFlags
 from r1sup.state import profiles
 
@@ -37,7 +37,7 @@ def calibration_source(
             continue
         try:
             flags = EngineFlags.from_dict(profile.flags)
-            version = memmodel.as_version(profiles.fingerprint_vllm(profile.fingerprint))
+            version = vllmversion.as_version(profiles.fingerprint_vllm(profile.fingerprint))
         except (TypeError, ValueError):
             continue
         return memmodel.Calibration(flags=flags, figures=figures, version=version), profile

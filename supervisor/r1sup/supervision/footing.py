@@ -24,7 +24,7 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
     ``engine`` is the preflight's :class:`r1sup.adapters.preflight.EngineEnv` (the versions of vLLM and
     torch)."""
     from r1sup.adapters import devices, modelinfo
-    from r1sup.core import memmodel
+    from r1sup.core import modelarch
     from r1sup.core.errors import ConfigError
 
     publish = logging_bus(log).publish
@@ -37,7 +37,7 @@ def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowl
         publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
     try:
         model_config = modelinfo.load_model_config(config.model.name, config.model.revision)
-        know.arch = memmodel.arch_from_config(model_config)
+        know.arch = modelarch.arch_from_config(model_config)
         know.config_hash = modelinfo.config_hash(model_config)
     except ConfigError as exc:
         know.notes.append(f"model architecture unknown ({exc.message}); the search uses vLLM's numbers only")

@@ -24,7 +24,7 @@ from typing import Any
 
 from r1sup.adapters import devices
 from r1sup.adapters.modelinfo import ModelSource, load_arch
-from r1sup.core import catalog, memchart, memmodel, planchanges, planner
+from r1sup.core import catalog, memchart, memmodel, modelarch, planchanges, planner, vllmversion
 from r1sup.core.bounds import Bounds
 from r1sup.core.errors import ConfigError
 from r1sup.core.flags import EngineFlags
@@ -169,25 +169,25 @@ def installed_flashinfer() -> bool:
 ASSUMED = "assumed"
 
 
-def _version(args: argparse.Namespace, learned: str | None) -> tuple[memmodel.Version, str]:
+def _version(args: argparse.Namespace, learned: str | None) -> tuple[vllmversion.Version, str]:
     """The vLLM version to size for and where it came from."""
     if getattr(args, "vllm_version", None):
         try:
-            return memmodel.Version.parse(args.vllm_version), "--vllm-version"
+            return vllmversion.Version.parse(args.vllm_version), "--vllm-version"
         except ValueError as exc:
             raise ConfigError("--vllm-version", str(exc)) from None
     for text, where in ((learned, "server.python"), (installed_vllm_version(), "installed")):
         if text:
             try:
-                return memmodel.Version.parse(text), where
+                return vllmversion.Version.parse(text), where
             except ValueError:
                 continue
-    return memmodel.NEWEST_KNOWN, ASSUMED
+    return vllmversion.NEWEST_KNOWN, ASSUMED
 
 
 def _started(
-    args: argparse.Namespace, version: memmodel.Version, version_from: str | None = None
-) -> memmodel.Version:
+    args: argparse.Namespace, version: vllmversion.Version, version_from: str | None = None
+) -> vllmversion.Version:
     """The version with what the engine's environment says of it (r1sup's own, plus ``server.env`` with
     --config): FlashInfer's sampler (VLLM_USE_FLASHINFER_SAMPLER; when it is unset and the version is
     the one installed next to r1sup, whether FlashInfer is installed there too, which is how vLLM decides
@@ -203,7 +203,7 @@ def _started(
         sampler = memmodel.flashinfer_sampler_from_env(env)
     except ValueError as exc:
         raise ConfigError("environment", str(exc)) from None
-    if sampler is None and version_from == "installed" and memmodel.rules(version).flashinfer_warmup_alone:
+    if sampler is None and version_from == "installed" and vllmversion.rules(version).flashinfer_warmup_alone:
         sampler = installed_flashinfer()
     return version.started(flashinfer_sampler=sampler, compile_cache=profiles.compile_cache_state(env))
 
@@ -308,7 +308,7 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise ConfigError(model_field, exc.message) from None
     if getattr(args, "dtype", None):
-        arch = memmodel.with_dtype(arch, args.dtype)
+        arch = modelarch.with_dtype(arch, args.dtype)
     if pp > 1:
         problem = memmodel.pp_refusal(arch, pp)
         if problem:
@@ -320,7 +320,7 @@ def main(args: argparse.Namespace) -> int:
     cal, launched = known.calibration, None
     if cal is not None and (pp > 1 or (cal.version is not None and cal.version != version)):
         cal = None  # measured on another vLLM release (or for one GPU of an unsplit model): it does not hold
-    if pp == 1 and (known.learned is None or memmodel.as_version(known.learned) == version):
+    if pp == 1 and (known.learned is None or vllmversion.as_version(known.learned) == version):
         # what run launches now: this fingerprint's saved profile when it fits, its figures those measured
         launched = _launched(known, args, arch, device, version)
         if launched is not None and launched is not known.calibrated_by:
@@ -376,7 +376,7 @@ def _measured_by(profile: Any) -> memmodel.Calibration | None:
     if not profile.observations:
         return None
     try:
-        version = memmodel.as_version(profiles.fingerprint_vllm(profile.fingerprint))
+        version = vllmversion.as_version(profiles.fingerprint_vllm(profile.fingerprint))
         return memmodel.Calibration(EngineFlags.from_dict(profile.flags), profile.observations, version)
     except (TypeError, ValueError):
         return None
