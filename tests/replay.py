@@ -29,9 +29,10 @@ from r1sup.core import config as cfg
 from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue
 from r1sup.core.hardware import GIB, DeviceFacts, GpuInfo
 from r1sup.core.probing import ProbeResult
-from r1sup.supervision.daemon import Cause, Daemon, State
+from r1sup.supervision.daemon import Daemon
 from r1sup.supervision.runner import Runner
 from r1sup.supervision.session import Session
+from r1sup.supervision.states import Cause, State
 from r1sup.supervision.tuner import ModelKnowledge
 from r1sup.supervision.world import World
 from r1sup_proc import write_config

@@ -15,9 +15,10 @@ from r1sup.core import failure as F
 from r1sup.core.events import AttemptFailed, EventQueue, Launching, Probing, SearchStepped
 from r1sup.core.flags import EngineFlags
 from r1sup.core.profile_fit import Degraded
-from r1sup.supervision.daemon import Cause, Daemon, IllegalTransition, State
+from r1sup.supervision.daemon import Daemon
 from r1sup.supervision.runner import Runner
 from r1sup.supervision.session import Session
+from r1sup.supervision.states import Cause, IllegalTransition, State
 from r1sup_proc import write_config
 from replay import Recorded
 

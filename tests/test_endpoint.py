@@ -14,7 +14,7 @@ import pytest
 from conftest import free_port
 from r1sup.adapters.endpoint import METRICS_REUSE_S, Endpoint, View, live, loop_limit_s, ready, route
 from r1sup.adapters.metrics import Metrics
-from r1sup.supervision.daemon import State
+from r1sup.supervision.states import State
 
 
 def view(state: str = "serving", age: float = 0.5, limit: float = 150.0, status: Any = None) -> View:

@@ -13,7 +13,8 @@ from r1sup.adapters.metrics import Metrics
 from r1sup.adapters.notify import Notifier
 from r1sup.core.capacity import Capacity
 from r1sup.core.probing import ProbeResult
-from r1sup.supervision.daemon import LEGAL, IllegalTransition, State, backoff_delay
+from r1sup.supervision.daemon import backoff_delay
+from r1sup.supervision.states import LEGAL, IllegalTransition, State
 
 
 @pytest.fixture

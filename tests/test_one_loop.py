@@ -14,7 +14,7 @@ import pytest
 from r1sup.core import config as cfg
 from r1sup.core import errors
 from r1sup.core import failure as F
-from r1sup.supervision import daemon, loop, runner, worker
+from r1sup.supervision import loop, runner, serving, worker
 from r1sup.supervision.loop import Loop, Phase
 from replay import STARTUP, FakeClock, Replay, Script, ScriptedQueue, Signal, log_lines
 
@@ -130,7 +130,7 @@ def test_a_whole_run_is_one_run_of_the_loop(tmp_path: Path, monkeypatch: pytest.
         runner.ProbeWait,
         runner.Flushing,
         runner.Stopping,
-        daemon.Serving,
+        serving.Serving,
         loop.Waiting,  # the backoff
     }
     assert {w.__name__ for w in waits} <= entries.phases, entries.phases

@@ -17,7 +17,8 @@ from r1sup.core import errors
 from r1sup.core import failure as F
 from r1sup.core.errors import InternalError, PreflightError
 from r1sup.core.liveness import Figures
-from r1sup.supervision.daemon import LEGAL, Cause, State, backoff_delay
+from r1sup.supervision.daemon import backoff_delay
+from r1sup.supervision.states import LEGAL, Cause, State
 from replay import CHECK_LATENCY_S, IDLE, RUNTIME_OOM, STARTUP, Replay, Script, log_lines, stats_line
 
 S = State
@@ -797,7 +798,7 @@ def test_every_transition_of_the_state_table_has_a_replay() -> None:
     table = {(a, b) for a, targets in LEGAL.items() for b in targets if a is not b}
     table |= {(a, a) for a, targets in LEGAL.items() if a in targets}
     missing = sorted(f"{a.value} -> {b.value}" for a, b in table - set(COVERS))
-    assert not missing, f"transitions of daemon.LEGAL without a replay test: {missing}"
+    assert not missing, f"transitions of states.LEGAL without a replay test: {missing}"
     unknown = sorted(f"{a.value} -> {b.value}" for a, b in set(COVERS) - table)
     assert not unknown, f"replays of transitions the table forbids: {unknown}"
 

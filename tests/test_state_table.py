@@ -1,8 +1,8 @@
-"""The daemon's state table (``daemon.TRANSITIONS``): complete as a graph, its ends without a way out."""
+"""The daemon's state table (``states.TRANSITIONS``): complete as a graph, its ends without a way out."""
 
 from __future__ import annotations
 
-from r1sup.supervision.daemon import LEGAL, TRANSITIONS, State
+from r1sup.supervision.states import LEGAL, TRANSITIONS, State
 
 
 def _reachable(start: State) -> set[State]:
