@@ -270,6 +270,8 @@ def test_only_the_subscribers_write_status_json_the_metrics_and_sd_notify():
 # ``publish`` handed in, or a bus with the log's sink alone where there is no daemon's bus).
 DIRECT_LOGGERS = {
     "supervision/runner.py": "vLLM's relayed lines, the loading progress, a launch's start, verdict and stop",
+    "supervision/prober.py": "the probe's start and verdict (probe_started, probe_passed, probe_queued, "
+    "probe_failed), the runner's before the probe had a module of its own",
     "adapters/statefiles.py": "files set aside, the state directory's lock: beneath the sinks (status.json "
     "is written through it) and called from every layer",
     "state/profiles.py": "the profile store's saves, imports and exports, and what the fingerprint lacks",

@@ -121,6 +121,11 @@ def _serve_recover_then_stop(config: Path, state: Path, notify: NotifySocket) ->
         assert short["short"] and short["prompts"] and short["wave_requests"] == 0, short
         assert short["wave"].startswith("the profile's"), short
         assert proc.named("probe_passed")[0]["wave"]["concurrency_proven"] >= 1
+        # what status shows of it is the capacity that full probe measured, marked as the profile's
+        # (issue 36): its context requests' size, not the short prompts'
+        capacity = st["capacity"]
+        assert capacity["context_from_profile"] is True and capacity["wave_from_profile"] is True, capacity
+        assert capacity["probe_tokens"] > 1000, capacity  # the full probe's near-context requests
         proc.signal(signal.SIGTERM)
         assert proc.wait(120) == 0, proc.tail()
         assert not engine_processes(config)

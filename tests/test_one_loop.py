@@ -14,7 +14,7 @@ import pytest
 from r1sup.core import config as cfg
 from r1sup.core import errors
 from r1sup.core import failure as F
-from r1sup.supervision import loop, runner, serving, worker
+from r1sup.supervision import launch, loop, serving, worker
 from r1sup.supervision.loop import Loop, Phase
 from replay import STARTUP, FakeClock, Replay, Script, ScriptedQueue, Signal, log_lines
 
@@ -125,11 +125,11 @@ def test_a_whole_run_is_one_run_of_the_loop(tmp_path: Path, monkeypatch: pytest.
     assert r.log.named("serving_failed")[0]["failure_class"] == F.ENGINE_DEAD
     assert entries.runs == 1
     waits = {
-        runner.Awaiting,  # the preflight
-        runner.Starting,
-        runner.ProbeWait,
-        runner.Flushing,
-        runner.Stopping,
+        launch.Awaiting,  # the preflight
+        launch.Starting,
+        launch.ProbeWait,
+        launch.Flushing,
+        launch.Stopping,
         serving.Serving,
         loop.Waiting,  # the backoff
     }

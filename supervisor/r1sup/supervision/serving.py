@@ -25,8 +25,9 @@ from r1sup.core.events import (
     Signalled,
 )
 from r1sup.core.failure import Failure
+from r1sup.supervision.launch import Flushing, Launch, LaunchHost
 from r1sup.supervision.loop import Done, Phase, Stop
-from r1sup.supervision.runner import EXIT_DRAIN_S, Flushing, Launch, LaunchHost
+from r1sup.supervision.runner import EXIT_DRAIN_S
 from r1sup.supervision.world import World
 
 # A /metrics read not back after this many times its own timeout (daemon.health_timeout_s, which bounds

@@ -316,8 +316,14 @@ class Tuner:
         )
 
     def _proven_warm(self, flags: EngineFlags) -> bool:
-        proven = getattr(self.runner, "proven", None)
+        proven = self._proven()
         return proven is not None and proven.proven_warm and proven.flags == flags.to_dict()
+
+    def _proven(self) -> Any:
+        """The saved profile a launch of its flags stands on (:attr:`r1sup.supervision.prober.Prober.proven`);
+        None for a runner without a prober (a test's)."""
+        prober = getattr(self.runner, "prober", None)
+        return prober.proven if prober is not None else None
 
     def _cold_start_of_warm_profile(self, flags: EngineFlags, launch: Any, failure: Failure) -> bool:
         """A memory failure of a proven profile's flags on a cold compile cache, the profile proven warm."""
@@ -336,7 +342,7 @@ class Tuner:
             return
         if profiles.compile_cache_state(engine_env(self.config)) != "cold":
             return
-        proven = self.runner.proven
+        proven = self._proven()
         assert proven is not None  # _proven_warm
         version = self.know.version().started(compile_cache="cold")
         try:
