@@ -1,7 +1,7 @@
 """What r1sup knows about the box and the model before a launch, and the search and planner built on it.
 
 Pure (core): :class:`ModelKnowledge` (the probed device, the model's architecture, the versions; gathered
-by :func:`r1sup.supervision.footing.gather_knowledge`), the search of a bring-up (:func:`new_search`), the
+by :func:`r1sup.adapters.knowledge.gather`), the search of a bring-up (:func:`new_search`), the
 first launch's flags (:func:`first_decision`) and its reason with the box in it, the planner's plan for a
 launch's flags (:func:`plan_for`, the one call the tuner and the run records make), and a calibration from
 a launch's figures.

@@ -1,9 +1,10 @@
 """What a search starts from, the same for ``tune`` and ``run``: what is known of the device and the
-model (:func:`gather_knowledge`), the first launch's flags (:func:`plan_first_decision`), this config's
-fingerprint on this box with its key and the profile store (:class:`Footing`), and the memory model's
-calibration from an earlier launch. The decisions are the core's (:mod:`r1sup.core.knowledge`), the
-lookup the state's (:mod:`r1sup.state.calibration`); this module gathers the facts and says what it found
-as events (written by the log's sink: :func:`r1sup.supervision.subscribers.logging_bus`).
+model (gathered by :func:`r1sup.adapters.knowledge.gather`), the first launch's flags
+(:func:`plan_first_decision`), this config's fingerprint on this box with its key and the profile store
+(:class:`Footing`), and the memory model's calibration from an earlier launch. The decisions are the
+core's (:mod:`r1sup.core.knowledge`), the lookup the state's (:mod:`r1sup.state.calibration`); this module
+puts them together and says what it found as events (written by the log's sink:
+:func:`r1sup.supervision.subscribers.logging_bus`).
 """
 
 from __future__ import annotations
@@ -12,40 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from r1sup.core.config import Config
-from r1sup.core.events import DeviceProbeFailed, PlanMade, PlannerCalibrated, PlannerNote, Publish
+from r1sup.core.events import PlanMade, PlannerCalibrated, Publish
 from r1sup.core.flags import EngineFlags
 from r1sup.core.knowledge import ModelKnowledge, adopt_versions, first_decision
 from r1sup.supervision.subscribers import logging_bus
-
-
-def gather_knowledge(config: Config, log: Any, engine: Any = None) -> ModelKnowledge:
-    """Device facts and the model's architecture, best effort: missing pieces only make the search blunter.
-
-    ``engine`` is the preflight's :class:`r1sup.adapters.preflight.EngineEnv` (the versions of vLLM and
-    torch)."""
-    from r1sup.adapters import devices, modelinfo
-    from r1sup.core import modelarch
-    from r1sup.core.errors import ConfigError
-
-    publish = logging_bus(log).publish
-    know = ModelKnowledge()
-    if engine is not None:
-        know.vllm_version, know.torch_version = engine.version, engine.torch_version
-    try:
-        know.device = devices.probe()
-    except Exception as exc:  # noqa: BLE001 - device probing must never stop a launch
-        publish(DeviceProbeFailed(f"{type(exc).__name__}: {exc}", search=True))
-    try:
-        model_config = modelinfo.load_model_config(config.model.name, config.model.revision)
-        know.arch = modelarch.arch_from_config(model_config)
-        know.config_hash = modelinfo.config_hash(model_config)
-    except ConfigError as exc:
-        know.notes.append(f"model architecture unknown ({exc.message}); the search uses vLLM's numbers only")
-    except (ValueError, KeyError, TypeError) as exc:
-        know.notes.append(f"model config.json not understood ({exc}); the search uses vLLM's numbers only")
-    for note in know.notes:
-        publish(PlannerNote(note))
-    return know
 
 
 def plan_first_decision(

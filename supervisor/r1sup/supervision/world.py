@@ -66,9 +66,12 @@ def _read_metrics(endpoint: Endpoint, timeout: float, at: float | None = None) -
 
 
 def _knowledge(config: Config, log: Any, engine: Any = None) -> Any:
-    from r1sup.supervision.footing import gather_knowledge
+    """What is known of the box and the model (:func:`r1sup.adapters.knowledge.gather`), what was missing
+    written by the log's sink."""
+    from r1sup.adapters.knowledge import gather
+    from r1sup.supervision.subscribers import logging_bus
 
-    return gather_knowledge(config, log, engine=engine)
+    return gather(config, logging_bus(log).publish, engine=engine)
 
 
 def _preflight(config: Config, log: Any, check: Callable[[], None]) -> Any:
