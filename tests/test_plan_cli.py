@@ -204,6 +204,38 @@ def test_without_a_gpu_it_plans_for_the_cpu_backend(
     assert code == 0 and "vLLM CPU backend" in text and "no NVIDIA GPU" in text
 
 
+def test_the_cpu_backend_says_fits_only_reduced_as_tune_says_reduced(
+    capsys: pytest.CaptureFixture[str], tiny_model: Path, tmp_path: Path
+) -> None:
+    # issue 36, one answer: the demo's flags (32,768 tokens over a KV budget pinned at 4,000,000 bytes) fit
+    # only at 3,712 tokens; the tune that follows says REDUCED, and so does the plan now, with the KV
+    # budget that keeps the context (one request's blocks and the null block, 1,024 bytes a token)
+    def config(context: int) -> str:
+        path = tmp_path / f"demo-{context}.toml"
+        path.write_text(
+            f'[model]\nname = "{tiny_model}"\n[start]\nmax_model_len = {context}\n'
+            "gpu_memory_utilization = 0.5\nkv_cache_memory_bytes = 4000000\n"
+            f'[state]\ndir = "{tmp_path / "state"}"\n',
+            encoding="utf-8",
+        )
+        return str(path)
+
+    d = run_json(capsys, "--config", config(32768))
+    assert d["device"]["backend"] == "cpu" and d["recommended"]["max_model_len"] == 3712
+    red = d["reduced"]
+    assert (red["context"], red["asked_context"]) == (3712, 32768), red
+    assert red["ways_out"] == [
+        "--kv-cache-memory-bytes 33685504 (the KV cache of one request of 32768 tokens; 4000000 now)"
+    ]
+    assert (32768 // 128 + 1) * 128 * d["kv_bytes_per_token"] == 33685504
+    code = main(["plan", "--config", config(32768)])
+    verdict = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("verdict"))
+    assert code == 7 and verdict.startswith("verdict FITS only reduced (exit 7)"), verdict
+    assert "context 3,712 of the 32,768 asked; what keeps it: --kv-cache-memory-bytes 33685504" in verdict
+    # a context it keeps whole is not reduced
+    assert run_json(capsys, "--config", config(2048))["reduced"] is None
+
+
 # --- the vLLM version, its batch defaults and what a launch measured ----------------------------------
 
 

@@ -1360,6 +1360,40 @@ def fewer_seqs(
     return seqs if seqs < default else None
 
 
+def _own_reduction(
+    arch: ModelArch, device: DeviceFacts, choice: Choice, asked_context: int, v: Version
+) -> Reduction | None:
+    """The own branch's (CPU backend, pipeline stages, auto-fit) :class:`Reduction`: its recommendation
+    gives up more than half the asked context, as :meth:`Search.reduction` says it of the search's (the
+    sequences are vLLM's own there, never lowered); None when it does not."""
+    context = choice.context
+    if 2 * context >= asked_context:
+        return None
+    flags = choice.ev.flags
+    seqs = M.resolve_batch(arch, device, flags, v).max_num_seqs
+    ways: tuple[str, ...] = ()
+    if device.backend == "cpu" and flags.kv_cache_memory_bytes is not None:
+        # a pinned KV budget is the CPU backend's whole lever: the bytes one request of the asked context
+        # takes (its blocks and the null block), where the node has them
+        per_token = M.kv_bytes_per_token(arch, flags.kv_cache_dtype, flags.tensor_parallel_size)
+        need = math.ceil(M.kv_bytes_for_context(asked_context, per_token, M.block_size(device.backend)))
+        if need <= (device.free_bytes or device.total_bytes):
+            ways = (
+                f"--kv-cache-memory-bytes {need} (the KV cache of one request of {asked_context} tokens; "
+                f"{flags.kv_cache_memory_bytes} now)",
+            )
+    if ways:
+        reason = f"reduced: context {context} of the {asked_context} asked; ways out: {ways[0]}"
+    else:
+        budget = (
+            "a larger KV budget: --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE or --gpu-memory-utilization"
+            if device.backend == "cpu"
+            else "fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU"
+        )
+        reason = f"reduced: context {context} of the {asked_context} asked; no way out found ({budget})"
+    return Reduction(reason, context, asked_context, seqs, seqs, ways)
+
+
 def _search_recommendation(
     arch: ModelArch,
     device: DeviceFacts,
@@ -1774,6 +1808,8 @@ def assess(
         )
         verdict, reason = ("fits" if proven == flags else "fits_with_changes"), why
         fits = verdict == "fits"
+    if found_by is None and verdict == "fits_with_changes" and choice is not None:
+        reduced = _own_reduction(arch, device, choice, asked_context, v)
     return Assessment(
         v=v,
         flags=flags,
