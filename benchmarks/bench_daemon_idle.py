@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -104,6 +105,18 @@ def sample(pid: int, seconds: float) -> tuple[float, float, float, int]:
     return float(max(rss)), float(sum(rss) / len(rss)), 100.0 * cpu / wall, len(rss)
 
 
+def spawn_run(config: Path, env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``r1sup run --config config`` (JSON log lines into ``log``), started from the repository's root."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", "run", "--config", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+
+
 def cleanup(config: Path) -> list[int]:
     """Kill any fake engine of this config still alive; returns their pids."""
     from r1sup.adapters.launcher import instance_id, leftovers
@@ -138,14 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = work / "r1sup.log"
     code = 1
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", "run", "--config", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
+        proc = spawn_run(config, env, log)
         try:
             if not wait_serving(proc, work):
                 print(f"r1sup did not reach 'serving' (exit {proc.poll()}); log: {log_path}", file=sys.stderr)

@@ -202,7 +202,7 @@ def daemon_endpoint(tree: Path, work: Path) -> Iterator[int | None]:
     """A real ``r1sup run`` of ``tree`` on the fake engine, serving, with its endpoint on a free port:
     yields that port (None: it did not reach ``serving``); stopped with SIGTERM, and any fake engine of
     it killed, at the end."""
-    from bench_daemon_idle import cleanup, free_port, wait_serving, write_config
+    from bench_daemon_idle import cleanup, free_port, spawn_run, wait_serving, write_config
 
     config = write_config(work, free_port())
     metrics_port = free_port()
@@ -217,13 +217,7 @@ def daemon_endpoint(tree: Path, work: Path) -> Iterator[int | None]:
     }
     env.pop("NOTIFY_SOCKET", None)
     with (work / "r1sup.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "r1sup.cli.app", "--log-format", "json", "run", "--config", str(config)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+        proc = spawn_run(config, env, log)
         try:
             yield metrics_port if wait_serving(proc, work) else None
         finally:
