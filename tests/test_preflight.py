@@ -197,6 +197,30 @@ def test_an_unchanged_install_is_not_imported_again_and_a_changed_one_is(tmp_pat
     assert err.field == "server.launch" and imported(imports) == 8
 
 
+def test_the_fingerprints_versions_come_from_the_remembered_check_without_an_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # plan --config fingerprints the config to find its saved profile: after a tune or a run on the box,
+    # the preflight's remembered check of the same install answers (the demo: 7.3 s became 0.6 s), read
+    # only; an upgrade changes the install key, and the engine is asked again
+    from r1sup.adapters import launcher
+
+    site, imports = tmp_path / "site", tmp_path / "imports"
+    fake_vllm(site, "0.1.0", imports)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    state = tmp_path / "state"
+    config = build(state={"dir": str(state)})
+    assert preflight.engine_versions(config)["vllm"] == "0.1.0" and imported(imports) == 1
+    assert not state.exists()  # nothing remembered, and nothing written by the versions' reader
+    preflight.check_engine_cached(config, launcher.engine_env(config))  # the preflight remembers it
+    assert imported(imports) == 2
+    before = (state / preflight.CACHE_FILE).read_bytes()
+    assert preflight.engine_versions(config)["vllm"] == "0.1.0" and imported(imports) == 2
+    assert (state / preflight.CACHE_FILE).read_bytes() == before
+    fake_vllm(site, "0.2.0", imports)  # upgraded in place
+    assert preflight.engine_versions(config)["vllm"] == "0.2.0" and imported(imports) == 3
+
+
 def test_a_changed_interpreter_is_checked_again(tmp_path: Path) -> None:
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')

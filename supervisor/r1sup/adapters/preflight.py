@@ -379,11 +379,21 @@ def check_engine(
 
 def engine_versions(config: Config) -> dict[str, str | None]:
     """``{"vllm": ..., "torch": ...}`` read the way the preflight reads them, for callers that fingerprint
-    without a preflight (profile export and import); raises :class:`PreflightError` where the interpreter
-    could not tell (the caller decides what that costs)."""
-    from r1sup.adapters import launcher
+    without a preflight (``plan --config``, profile export and import): the preflight's remembered check
+    of the same install (``STATE_DIR/preflight.json``, read only) where there is one, else the engine
+    asked (an import of vLLM, 10 s and more); raises :class:`PreflightError` where the interpreter could
+    not tell (the caller decides what that costs)."""
+    from r1sup.adapters import launcher, statefiles
 
-    return check_engine(config, launcher.engine_env(config)).versions()
+    env = launcher.engine_env(config)
+    key = install_key(config, env)
+    if key is not None:
+        path = Path(config.state.dir) / CACHE_FILE
+        cache, problem = statefiles.inspect_json(path, expect_schema=None, max_bytes=1 << 20)
+        hit = cached_engine(cache, key, time.time()) if problem is None else None
+        if hit is not None:
+            return hit.versions()
+    return check_engine(config, env).versions()
 
 
 def _text(value: Any) -> str | None:
