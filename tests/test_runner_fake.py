@@ -369,12 +369,13 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
     try:
         launch = launch_ready(runner)
         flags = launch.flags.to_dict()
-        runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), PROVEN)  # another's flags
+        another = EngineFlags.from_dict({**flags, "max_model_len": 4096})  # another profile's flags
+        runner.prober.prove_with(another, PROVEN)
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe is not None and launch.probe.requests == 4
         full_wave = launch.probe.wave
         assert full_wave is not None and full_wave.sent is not None and full_wave.sent > 1, full_wave
-        runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=launch.probe.prompt_tokens))
+        runner.prober.prove_with(launch.flags, replace(PROVEN, prompt_tokens=launch.probe.prompt_tokens))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe.requests == 1 and launch.probe.succeeded == 1
         # a record saved without the sizing (an older profile): the prompt is sized with /tokenize
@@ -383,7 +384,8 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         # vLLM allocated this launch the KV cache the full probe passed with: short prompts
         kv = launch.figures.kv_cache_tokens
         assert kv is not None
-        runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=full_size), Figures(kv_cache_tokens=kv))
+        proven = replace(PROVEN, prompt_tokens=full_size)
+        runner.prober.prove_with(launch.flags, proven, Figures(kv_cache_tokens=kv))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert launch.probe.requests == 1 and launch.probe.prompt_tokens <= SHORT_PROMPT_TOKENS
         # and the full probe's wave, as many requests as this launch's, all passed, stands for its own:
@@ -391,7 +393,7 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
         for sent, carried in ((full_wave.sent, True), (full_wave.sent - 1, False)):
             before = replace(full_wave, sent=sent, succeeded=sent, duration_s=123.0)
             proven = replace(PROVEN, prompt_tokens=full_size, wave=before)
-            runner.prove_with(launch.flags, proven, Figures(kv_cache_tokens=kv))
+            runner.prober.prove_with(launch.flags, proven, Figures(kv_cache_tokens=kv))
             with capture_logs() as logs:
                 assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
             (started,) = [e for e in logs if e["event"] == "probe_started"]
@@ -400,7 +402,7 @@ def test_a_proven_profile_gets_the_short_probe_and_only_with_its_flags(tmp_path:
             assert started["wave_requests"] == (0 if carried else full_wave.sent), started
             assert ("wave" in started) is carried
         # the full probe passed with a larger cache than vLLM allocated now: full-length prompts
-        runner.prove_with(
+        runner.prober.prove_with(
             launch.flags, replace(PROVEN, prompt_tokens=full_size), Figures(kv_cache_tokens=kv + 1)
         )
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
@@ -465,7 +467,7 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
         assert full is not None and not full.sizing_reused and full.tokenize_calls > 4
         assert full.sizing["model"] == "r1" and len(full.sizing["prompts"]) == 4
 
-        runner.prove_with(
+        runner.prober.prove_with(
             launch.flags, full
         )  # the saved profile's flags: its record stands in for the sizing
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
@@ -476,13 +478,13 @@ def test_a_proven_profile_reuses_its_prompt_sizing_and_falls_back_to_tokenize(tm
 
         # a record this server does not count alike (another template or tokenizer): sized again
         entry = {**full.sizing["prompts"][0], "tokens": full.sizing["prompts"][0]["tokens"] - 1}
-        runner.prove_with(launch.flags, replace(full, sizing={**full.sizing, "prompts": [entry]}))
+        runner.prober.prove_with(launch.flags, replace(full, sizing={**full.sizing, "prompts": [entry]}))
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert not launch.probe.sizing_reused and launch.probe.tokenize_calls > 1
         assert launch.probe.prompt_tokens == short.prompt_tokens
 
         # another profile's flags: no record is passed, the prompts are sized
-        runner.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), full)
+        runner.prober.prove_with(EngineFlags.from_dict({**flags, "max_model_len": 4096}), full)
         assert runner.loop.run(runner.probe(launch)) == F.NO_FAILURE
         assert not launch.probe.sizing_reused and launch.probe.tokenize_calls > 4
 
@@ -504,7 +506,7 @@ def test_the_short_probe_fails_on_an_engine_dead_behind_a_healthy_health_check(t
     launch = None
     try:
         launch = launch_ready(runner)
-        runner.prove_with(launch.flags, replace(PROVEN, prompt_tokens=8100))
+        runner.prober.prove_with(launch.flags, replace(PROVEN, prompt_tokens=8100))
         failure = runner.loop.run(runner.probe(launch))
         assert launch.probe is not None and launch.probe.requests == 1
         assert failure.cls != F.NONE and failure.phase == F.PHASE_SERVING, failure

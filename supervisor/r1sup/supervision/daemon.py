@@ -441,20 +441,20 @@ class Daemon:
             (yield from self._consult_fleet(key)) if saved is None and start is None else fleet.Consulted()
         )
         saved = saved or shared.profile
-        self.runner.prove_with(None)
+        self.runner.prober.prove_with(None)
         if saved is not None:
             saved = self._fitting_profile(saved, store, key)
         elif start is None:  # no best profile: the degraded one a tune kept, while nothing better fits
             saved = self._spare_profile(store, key)
         if saved is not None and self.degraded is not None:
             start = EngineFlags.from_dict(saved.flags)
-            self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
+            self.runner.prober.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
             why = f"degraded profile {saved.key}: {self.degraded.reason}"
             self.publish(B.ProfileFound(saved.key, saved.flags, degraded=True))
         elif saved is not None:
             self.saved_slo = (saved.flags, saved.slo_result)  # exported while these flags serve
             start = EngineFlags.from_dict(saved.flags)
-            self.runner.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
+            self.runner.prober.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
             where = "the fleet's profile" if shared.profile is not None else "saved profile"
             why = f"{where} {key} (tuned {saved.updated_at})"
             self.publish(B.ProfileFound(key, saved.flags, updated_at=saved.updated_at))

@@ -28,11 +28,8 @@ from r1sup.core.config import Config
 from r1sup.core.errors import InternalError, R1supError
 from r1sup.core.events import CheckDone, ChildEOF, ChildOutput, EventQueue, Publish
 from r1sup.core.failure import Failure
-from r1sup.core.figures import EMPTY as EMPTY_FIGURES
-from r1sup.core.figures import Figures
 from r1sup.core.flags import EngineFlags
 from r1sup.core.logparse import LogLine, LogReader
-from r1sup.core.probing import ProbeResult
 from r1sup.supervision.launch import (
     Awaiting,
     Cancel,
@@ -443,15 +440,6 @@ class Runner:
         return launch_verdict(launch, code, phase, when)
 
     # --- probing (r1sup.supervision.prober) --------------------------------------------------------
-
-    def prove_with(
-        self,
-        flags: EngineFlags | None,
-        probe: ProbeResult | None = None,
-        figures: Figures = EMPTY_FIGURES,
-    ) -> None:
-        """A saved profile's flags and the record of its full probe (:meth:`Prober.prove_with`)."""
-        self.prober.prove_with(flags, probe, figures)
 
     def probe(self, launch: Launch) -> Generator[Phase, Any, Failure]:
         """Run the load probe against the launched server (:meth:`Prober.run`); NONE when it passed."""
