@@ -442,10 +442,8 @@ class Daemon:
         )
         saved = saved or shared.profile
         self.runner.prober.prove_with(None)
-        if saved is not None:
-            saved = self._fitting_profile(saved, store, key)
-        elif start is None:  # no best profile: the degraded one a tune kept, while nothing better fits
-            saved = self._spare_profile(store, key)
+        if start is None:  # the flags of a saved profile, unless a reload named the flags
+            saved = self._launchable(saved, store, key)
         if saved is not None and self.degraded is not None:
             start = EngineFlags.from_dict(saved.flags)
             self.runner.prober.prove_with(start, ProbeResult.from_dict(saved.probe), saved.observations)
@@ -514,46 +512,34 @@ class Daemon:
         except OSError as exc:
             self.publish(B.StateDirUnusable(f"cannot remove {nofit.path_in(self.config.state.dir)}: {exc}"))
 
-    def _fitting_profile(self, saved: Any, store: Any, key: str) -> Any:
-        """The saved profile when it fits what is free now; else the degraded one kept beside it when that
-        fits (self.degraded says so); else None (the search sizes a configuration for what is free)."""
+    def _launchable(self, saved: Any, store: Any, key: str) -> Any:
+        """The profile to launch, picked as ``plan --config`` picks it: the saved (or the fleet's) profile
+        ``saved`` when it fits what is free now; else the degraded one kept beside it when
+        :func:`r1sup.core.profile_fit.spare_serves` says so (self.degraded says why; the daemon watches
+        for the memory to come back); else None (the search sizes a configuration for what is free)."""
         from r1sup.core import profile_fit, search
         from r1sup.state import profiles
 
         self.degraded = None
         check = new_search(self.config, self.know)
-        if profile_fit.fits_now(check, EngineFlags.from_dict(saved.flags)):
-            return saved
-        now = search.conditions(self.know.device)
-        self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
+        why = ""
+        if saved is not None:
+            if profile_fit.fits_now(check, EngineFlags.from_dict(saved.flags)):
+                return saved
+            now = search.conditions(self.know.device)
+            self.publish(B.ProfileDoesNotFit(key, saved.flags, now))
+            free = now.free_gib if now is not None else None
+            why = f"the best profile {key} does not fit what is free now ({free} GiB)"
         spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
-        free = now.free_gib if now is not None else None
-        reason = f"the best profile {key} does not fit what is free now ({free} GiB)"
-        if spare is not None and profile_fit.spare_serves(check, EngineFlags.from_dict(spare.flags), True):
-            self.degraded = Degraded(key, reason, utc_now_iso(zulu=False))
-            return spare
-        return None
-
-    def _spare_profile(self, store: Any, key: str) -> Any:
-        """No best profile for this key: the degraded one kept beside it (a ``tune`` or an earlier run
-        found it while other processes held memory), when it fits what is free now and nothing better
-        does (self.degraded says so, and the daemon watches for the memory to come back); else None,
-        and the search sizes a configuration for what is free."""
-        from r1sup.core import profile_fit
-        from r1sup.state import profiles
-
-        self.degraded = None
-        spare = store.load(profiles.fingerprint_key(profiles.degraded_fingerprint(self.fingerprint or {})))
-        if spare is None:
-            return None
-        if not profile_fit.spare_serves(
-            new_search(self.config, self.know), EngineFlags.from_dict(spare.flags), False
+        if spare is None or not profile_fit.spare_serves(
+            check, EngineFlags.from_dict(spare.flags), saved is not None
         ):
             return None
-        reason = spare.conditions.get("reason") if isinstance(spare.conditions, dict) else None
-        why = f"no best profile {key} yet; the degraded one kept beside it" + (
-            f": {reason}" if reason else ""
-        )
+        if saved is None:  # the degraded one a tune (or an earlier run) kept, while nothing better fits
+            reason = spare.conditions.get("reason") if isinstance(spare.conditions, dict) else None
+            why = f"no best profile {key} yet; the degraded one kept beside it" + (
+                f": {reason}" if reason else ""
+            )
         self.degraded = Degraded(key, why, utc_now_iso(zulu=False))
         return spare
 
