@@ -383,17 +383,11 @@ def engine_versions(config: Config) -> dict[str, str | None]:
     of the same install (``STATE_DIR/preflight.json``, read only) where there is one, else the engine
     asked (an import of vLLM, 10 s and more); raises :class:`PreflightError` where the interpreter could
     not tell (the caller decides what that costs)."""
-    from r1sup.adapters import launcher, statefiles
+    from r1sup.adapters import launcher
 
     env = launcher.engine_env(config)
-    key = install_key(config, env)
-    if key is not None:
-        path = Path(config.state.dir) / CACHE_FILE
-        cache, problem = statefiles.inspect_json(path, expect_schema=None, max_bytes=1 << 20)
-        hit = cached_engine(cache, key, time.time()) if problem is None else None
-        if hit is not None:
-            return hit.versions()
-    return check_engine(config, env).versions()
+    hit = _remembered(config, env)[3]
+    return hit.versions() if hit is not None else check_engine(config, env).versions()
 
 
 def _text(value: Any) -> str | None:
@@ -492,6 +486,21 @@ def remembered(cache: Mapping[str, Any] | None, key: str, engine: EngineEnv, now
     return {"schema_version": CACHE_SCHEMA, "entries": [entry, *kept][:CACHE_ENTRIES]}
 
 
+def _remembered(
+    config: Config, env: Mapping[str, str], check: Callable[[], None] = lambda: None
+) -> tuple[str | None, dict[str, Any] | None, str | None, EngineEnv | None]:
+    """What ``STATE_DIR/preflight.json`` holds for this install, read only (the preflight's and the
+    fingerprint's lookup): the install key (None: it could not be had), the file's content, why it is
+    unusable (None when it is fine or missing), and the remembered check of that key if still fresh."""
+    from r1sup.adapters import statefiles
+
+    key = install_key(config, env, check=check)
+    path = Path(config.state.dir) / CACHE_FILE
+    cache, problem = statefiles.inspect_json(path, expect_schema=None, max_bytes=1 << 20)
+    hit = cached_engine(cache, key, time.time()) if key is not None else None
+    return key, cache, problem, hit
+
+
 def check_engine_cached(
     config: Config,
     env: Mapping[str, str],
@@ -509,11 +518,9 @@ def check_engine_cached(
     check_interpreter(interpreter(config))
     path = Path(config.state.dir) / CACHE_FILE
     t0 = time.monotonic()
-    key = install_key(config, env, check=check)
-    cache, problem = statefiles.inspect_json(path, expect_schema=None, max_bytes=1 << 20)
+    _, cache, problem, hit = _remembered(config, env, check)
     if problem is not None and publish is not None:
         publish(PreflightCacheUnusable(str(path), problem))
-    hit = cached_engine(cache, key, time.time()) if key is not None else None
     if hit is not None:
         return replace(hit, seconds=round(time.monotonic() - t0, 2))
     engine = check_engine(config, env, check=check)
