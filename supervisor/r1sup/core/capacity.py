@@ -262,8 +262,8 @@ def verified(
     want = asked_for or Asked()
     obs = figures or Figures()
     context = _count(max_model_len) or _count(obs.max_model_len)
-    earlier = stands_on is not None and stands_on.ok
-    measured = stands_on if earlier and stands_on is not None else probe
+    measured = stands_on if stands_on is not None and stands_on.ok else probe
+    earlier = measured is not probe
     prompt, output = _count(measured.prompt_tokens), _count(measured.output_tokens)
     at_context = _count(measured.concurrency_proven)
     wave = probe.wave
@@ -289,7 +289,7 @@ def verified(
         concurrent_limit=_count(wave.limit) if wave is not None else None,
         context_from_profile=earlier,
         # the short probe took the full probe's wave (runner: proven_wave) rather than sending one
-        wave_from_profile=earlier and wave is not None and stands_on is not None and wave == stands_on.wave,
+        wave_from_profile=earlier and wave is not None and wave == measured.wave,
     )
     because = out.shortfalls()
     if reduced and not because:
