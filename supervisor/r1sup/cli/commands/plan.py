@@ -390,23 +390,16 @@ def _origin(
     memory model calibrated by a saved profile's launch, or estimates."""
     if launched is not None:
         when = _when(launched.updated_at)
+        whose = f"the saved profile {launched.key} of {when}"
         if shared_from is not None:
-            return {
-                "source": "shared_profile",
-                "profile": launched.key,
-                "updated_at": launched.updated_at,
-                "launches": 1,
-                "store": shared_from,
-                "text": f"the fleet's profile {launched.key} of {when} (profile store {shared_from}), which "
-                "run launches now; its KV as vLLM measured it",
-            }
+            whose = f"the fleet's profile {launched.key} of {when} (profile store {shared_from})"
         return {
-            "source": "saved_profile",
+            "source": "saved_profile" if shared_from is None else "shared_profile",
             "profile": launched.key,
             "updated_at": launched.updated_at,
             "launches": 1,
-            "text": f"the saved profile {launched.key} of {when}, which run launches now; its KV as vLLM "
-            "measured it",
+            **({"store": shared_from} if shared_from is not None else {}),
+            "text": f"{whose}, which run launches now; its KV as vLLM measured it",
         }
     if cal is not None and calibrated_by is not None:
         when = _when(calibrated_by.updated_at)
