@@ -1034,11 +1034,7 @@ class Search:
             whose = "asked" if self.facts.user.max_num_seqs else "vLLM's default"
             gives.append(f"{seqs} requests at once of the {want} {whose}")
         reason = "reduced: " + " and ".join(gives) + "; "
-        reason += (
-            "ways out: " + "; ".join(ways)
-            if ways
-            else "no way out found (fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU)"
-        )
+        reason += "ways out: " + "; ".join(ways) if ways else f"no way out found ({WAYS_TRIED})"
         return Reduction(reason, context, asked, seqs, want, tuple(ways))
 
     def ways_to(self, context: int, seqs: int) -> list[str]:
@@ -1360,6 +1356,10 @@ def fewer_seqs(
     return seqs if seqs < default else None
 
 
+WAYS_TRIED = "fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU"
+"""The ways out a reduction's search tries on a GPU (:meth:`Search.ways_to`), named when none gives it."""
+
+
 def _own_reduction(
     arch: ModelArch, device: DeviceFacts, choice: Choice, asked_context: int, v: Version
 ) -> Reduction | None:
@@ -1388,7 +1388,7 @@ def _own_reduction(
         budget = (
             "a larger KV budget: --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE or --gpu-memory-utilization"
             if device.backend == "cpu"
-            else "fp8 weights, tensor parallel, a 4-bit checkpoint, a larger GPU"
+            else WAYS_TRIED
         )
         reason = f"reduced: context {context} of the {asked_context} asked; no way out found ({budget})"
     return Reduction(reason, context, asked_context, seqs, seqs, ways)
